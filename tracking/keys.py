@@ -1,0 +1,69 @@
+"""The one home of every metric key name cliptrack reads or writes.
+
+Keys follow the Tinker convention ``name:reduction`` with exactly one colon. Values are plain
+floats; token counts are integers carried as floats (exact up to 2**53 tokens).
+"""
+
+from __future__ import annotations
+
+LOSS_SUM = "loss:sum"
+"""Sum of per-token losses over eligible tokens (unchanged by cliptrack)."""
+LOSS_TOKENS = "loss_tokens:sum"
+"""Number of eligible tokens (``mask != 0``), in tokens."""
+CLIPPED_TOKENS = "clipped_tokens:sum"
+"""Eligible tokens where clipping bites (PPO) or the coefficient departs from the ratio (CISPO)."""
+CLIPPED_LOW_TOKENS = "clipped_low_tokens:sum"
+"""Clipped tokens on the low side of the band (ratio < clip_low_threshold)."""
+CLIPPED_HIGH_TOKENS = "clipped_high_tokens:sum"
+"""Clipped tokens on the high side of the band (ratio > clip_high_threshold)."""
+CLIP_FRACTION = "clip_fraction:mean"
+"""``clipped_tokens:sum / loss_tokens:sum``; absent when no token was eligible."""
+
+REWARD = "reward:mean"
+"""Mean sequence reward of the step's sampled completions."""
+THROUGHPUT = "tokens_per_second:mean"
+"""Training throughput of the step, in loss tokens per second of wall time."""
+STEP_TIME = "step_time_s:mean"
+"""Wall time of the step, in seconds."""
+
+CLIP_COUNT_KEYS = (CLIPPED_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+"""Integer count keys present exactly when the loss clips."""
+CLIP_SERIES_KEYS = (CLIP_FRACTION, CLIPPED_TOKENS, LOSS_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+"""The per-step clip series the tracker records, in display order."""
+
+# Keys of the per-datum Miles/Tinker wire form (``loss_fn_outputs[i]``), without reduction suffix.
+DATUM_LOSS_TOKENS = "loss_tokens"
+DATUM_CLIPPED_TOKENS = "clipped_tokens"
+DATUM_CLIPPED_LOW_TOKENS = "clipped_low_tokens"
+DATUM_CLIPPED_HIGH_TOKENS = "clipped_high_tokens"
+DATUM_LOGPROBS = "logprobs"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Split ``name:reduction``; raise ValueError naming the key unless it has exactly one colon."""
+    if not isinstance(key, str):
+        raise TypeError(f"metric key {key!r} is a {type(key).__name__}, expected str 'name:reduction'")
+    parts = key.split(":")
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise ValueError(
+            f"metric key {key!r} must have exactly one colon, as 'name:reduction' (e.g. 'loss:sum'); "
+            f"it has {key.count(':')}"
+        )
+    return parts[0], parts[1]
+
+
+# ---- Run metadata: how a run's backend and time axis are stored in each sink -------------------
+TAG_BACKEND = "cliptrack.backend"
+"""MLflow tag, W&B config key and W&B group naming the training stack (e.g. "megatron", "miles")."""
+TAG_RUN_KIND = "cliptrack.kind"
+"""MLflow tag: "training" for logged runs, "comparison" for the parent comparison run."""
+WANDB_STEP_METRIC = "trainer/step"
+"""W&B column holding the trainer's own step; every metric is declared against it."""
+WANDB_WALL_TIME = "trainer/wall_time"
+"""W&B column holding the point's wall time (unix seconds) as handed to the tracker."""
+
+# ---- JSONL spool / local run layout -------------------------------------------------------------
+# <dir>/<run_id>/run.json     {"run_id", "run_name", "backend", "config", "started", "status"}
+# <dir>/<run_id>/points.jsonl one line per point: {"step": int, "wall_time": float, "metrics": {...}}
+RUN_META_FILE = "run.json"
+POINTS_FILE = "points.jsonl"
