@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from tracking.counts import ClipCounts
 
-Threshold = Union[float, Tensor]
+Threshold = float | Tensor
+"""An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
 
 PPO_CLIP_LOW = 0.8
 """Tinker's default absolute lower ratio bound for PPO."""
@@ -130,7 +131,7 @@ def ppo(
     _check_thresholds(clip_low_threshold, clip_high_threshold, invalid)
     ratio = torch.exp(logprobs - sampling_logprobs)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, clip_low_threshold, clip_high_threshold) * advantages
+    clipped = _clamp(ratio, clip_low_threshold, clip_high_threshold) * advantages
     loss = -(torch.minimum(unclipped, clipped) * weight).sum()
     with torch.no_grad():
         bites = (clipped < unclipped) & eligible
@@ -156,7 +157,7 @@ def cispo(
     eligible, weight, invalid = _prepare(logprobs, sampling_logprobs, advantages, mask)
     _check_thresholds(clip_low_threshold, clip_high_threshold, invalid)
     ratio = torch.exp(logprobs - sampling_logprobs).detach()
-    coefficient = torch.clamp(ratio, clip_low_threshold, clip_high_threshold)
+    coefficient = _clamp(ratio, clip_low_threshold, clip_high_threshold)
     loss = -(coefficient * advantages * logprobs * weight).sum()
     with torch.no_grad():
         n_low = ((ratio < clip_low_threshold) & eligible).sum()
@@ -223,6 +224,12 @@ LOSSES = {
 """Loss functions by Tinker ``loss_fn`` name."""
 CLIPPING_LOSSES = frozenset({"ppo", "cispo"})
 """Names of the losses that clip and so emit clip counts."""
+
+
+def _clamp(ratio: Tensor, low: Threshold, high: Threshold) -> Tensor:
+    """``torch.clamp`` with number or tensor bounds (one call either way)."""
+    bounds: Any = (low, high)
+    return torch.clamp(ratio, *bounds)
 
 
 def _check_tensor(name: str, value: object, *, like: Tensor | None = None, floating: bool = False) -> None:

@@ -81,7 +81,7 @@ def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> 
         total = sum(weights)
         if total == 0:
             return math.fsum(values) / len(values)
-        return math.fsum(v * w for v, w in zip(values, weights)) / total
+        return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
     if reduction == "min":
         return min(values)
     if reduction == "max":

@@ -1,0 +1,64 @@
+"""Counting adds no host synchronisation: every tensor-to-host conversion raises while the losses run."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from adapters import losses
+
+HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
+
+
+@contextlib.contextmanager
+def host_sync_forbidden():
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_CONVERSIONS}
+
+    def forbid(name):
+        def raiser(self, *args, **kwargs):
+            raise AssertionError(f"host synchronisation: Tensor.{name} called")
+
+        return raiser
+
+    for name in HOST_CONVERSIONS:
+        setattr(torch.Tensor, name, forbid(name))
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_the_guard_catches_a_sync():
+    with host_sync_forbidden(), pytest.raises(AssertionError, match="host synchronisation"):
+        torch.ones(2).sum().item()
+
+
+@pytest.mark.parametrize("name", ["ppo", "cispo", "importance_sampling", "dro", "cross_entropy"])
+@pytest.mark.parametrize("tensor_thresholds", [False, True])
+def test_loss_forward_backward_and_accumulation_never_sync(name, tensor_thresholds):
+    torch.manual_seed(1)
+    policy = torch.nn.Linear(8, 1)
+    micro_batches = []
+    for rows, cols in [(2, 5), (1, 17), (3, 4)]:
+        features = torch.randn(rows, cols, 8)
+        sampling = torch.randn(rows, cols) * 0.1 - 1.0
+        micro_batches.append((features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float()))
+    kwargs = {"beta": 0.1} if name == "dro" else {}
+    if name in losses.CLIPPING_LOSSES and tensor_thresholds:
+        kwargs = {"clip_low_threshold": torch.tensor(0.8), "clip_high_threshold": torch.tensor(1.2)}
+    total = None
+    with host_sync_forbidden():
+        for features, sampling, adv, mask in micro_batches:
+            logprobs = -torch.nn.functional.softplus(policy(features).squeeze(-1))
+            if name == "cross_entropy":
+                out = losses.cross_entropy(logprobs, mask)
+            else:
+                out = losses.LOSSES[name](logprobs, sampling, adv, mask, **kwargs)
+            out.loss.backward()
+            total = out if total is None else total + out
+    assert total is not None
+    assert int(total.loss_tokens) == sum(int((m != 0).sum()) for *_, m in micro_batches)
+    assert policy.weight.grad is not None
