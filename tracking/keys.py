@@ -67,3 +67,12 @@ WANDB_WALL_TIME = "trainer/wall_time"
 # <dir>/<run_id>/points.jsonl one line per point: {"step": int, "wall_time": float, "metrics": {...}}
 RUN_META_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
+
+# ---- Miles' own train-step log dict (``{"keys": [...], "values": [count, *sums]}``) -----------
+MILES_PG_CLIPFRAC = "pg_clipfrac"
+"""Miles' log-dict key for PPO clipping: per token ``clamp(r)*A < r*A``, reduced by Miles' loss
+reducer (a token sum with ``--calculate-per-token-loss``, a sum of per-sample means without)."""
+
+# ---- Appended by the tracking layer -------------------------------------------------------------
+TAG_RUN_ID = "cliptrack.run_id"
+"""MLflow tag (and W&B run id) holding cliptrack's own run id: the JSONL run directory's name."""

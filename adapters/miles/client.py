@@ -1,0 +1,344 @@
+"""The client side: per-datum counts summed exactly, per request and per training client.
+
+Inputs are ForwardBackwardOutputs as a Miles runtime returns them (ours, tinker's own type, their
+JSON dicts, or tinker's chunk merge of several), or bare lists of per-datum outputs. Counts are
+read from the per-datum fields (``loss_tokens``, ``clipped_tokens``, ``clipped_low_tokens``,
+``clipped_high_tokens``), summed as Python ints, and the fraction is formed once from the sums, so
+chunks of any size arriving in any order give the same metrics as one unchunked request.
+
+Mixed losses: the counts of PPO and CISPO mean the same thing (eligible tokens whose update
+clipping changed), so outputs of either sum together. A loss that never clips carries no clip
+fields; mixing its outputs with a clipping loss's within one request or step leaves a clip
+fraction with no meaning (its tokens would count as eligible but could never clip), so it is
+refused with a ValueError.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.miles.wire import read_count
+from adapters.output import ForwardBackwardOutput, merge_metrics, validate_metrics
+from tracking import keys
+from tracking.counts import ClipCounts
+
+MAX_CHUNK_DATUMS = 1024
+"""Most datums in one chunk of a Tinker forward_backward request."""
+
+_CLIP_FIELDS = (keys.DATUM_CLIPPED_TOKENS, keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS)
+
+
+@dataclass(frozen=True)
+class OutputCounts:
+    """Exact sums over the datums of one output (or several), in tokens.
+
+    ``clips``: ``True`` when every datum carries clip counts, ``False`` when none does, ``None``
+    when there are no datums. ``clip_counts`` is set exactly when ``clips`` is ``True``.
+    """
+
+    datums: int
+    loss_tokens: int
+    clips: bool | None
+    clip_counts: ClipCounts | None
+
+    def metrics(self) -> dict[str, float]:
+        """``loss_tokens:sum`` and, for a clipping loss, the clip counts and fraction."""
+        if self.clip_counts is not None:
+            return self.clip_counts.to_metrics()
+        return {keys.LOSS_TOKENS: float(self.loss_tokens)}
+
+    def __add__(self, other: OutputCounts) -> OutputCounts:
+        if not isinstance(other, OutputCounts):
+            return NotImplemented
+        _check_same_kind(self.clips, other.clips, "")
+        clips = self.clips if other.clips is None else other.clips
+        total = None
+        if clips:
+            total = (self.clip_counts or ClipCounts(0, 0, 0, 0)) + (other.clip_counts or ClipCounts(0, 0, 0, 0))
+        return OutputCounts(self.datums + other.datums, self.loss_tokens + other.loss_tokens, clips, total)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    counts: OutputCounts
+    metrics: dict[str, float]
+    datum_outputs: list[Any]
+    output_type: str
+
+
+def datum_counts(datum: object, where: str = "datum") -> tuple[int, ClipCounts | None]:
+    """``(loss_tokens, clip counts or None)`` of one per-datum output, validated."""
+    if not isinstance(datum, Mapping):
+        raise TypeError(f"{where} must be a dict of field -> TensorData, got {type(datum).__name__}")
+    if keys.DATUM_LOSS_TOKENS not in datum:
+        raise ValueError(
+            f"{where} has no {keys.DATUM_LOSS_TOKENS!r} field (fields: {sorted(datum)}); the runtime must "
+            "return per-datum token counts"
+        )
+    loss_tokens = read_count(datum[keys.DATUM_LOSS_TOKENS], f"{where}[{keys.DATUM_LOSS_TOKENS!r}]")
+    present = [name for name in _CLIP_FIELDS if name in datum]
+    if not present:
+        return loss_tokens, None
+    if len(present) != len(_CLIP_FIELDS):
+        absent = [name for name in _CLIP_FIELDS if name not in datum]
+        raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
+    clipped, low, high = (read_count(datum[name], f"{where}[{name!r}]") for name in _CLIP_FIELDS)
+    try:
+        return loss_tokens, ClipCounts(loss_tokens, clipped, low, high)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> OutputCounts:
+    """Exact sums over per-datum outputs; ValueError if clipping and non-clipping datums mix."""
+    n = loss_tokens = clipped = low = high = 0
+    clips: bool | None = None
+    for i, datum in enumerate(datums):
+        tokens, counts = datum_counts(datum, f"{where}[{i}]")
+        if clips is None:
+            clips = counts is not None
+        elif clips != (counts is not None):
+            raise ValueError(
+                f"{where}[{i}] {'carries' if counts is not None else 'lacks'} clip counts but earlier datums "
+                f"{'do not' if counts is not None else 'do'}: a loss that clips and one that never clips "
+                "cannot share one clip fraction"
+            )
+        n += 1
+        loss_tokens += tokens
+        if counts is not None:
+            clipped += counts.clipped_tokens
+            low += counts.clipped_low_tokens
+            high += counts.clipped_high_tokens
+    total = ClipCounts(loss_tokens, clipped, low, high) if clips else None
+    return OutputCounts(n, loss_tokens, clips, total)
+
+
+def aggregate_datums(outputs: object) -> dict[str, float]:
+    """The step's metrics from per-datum outputs, with counts summed exactly.
+
+    ``outputs``: one ForwardBackwardOutput (ours or tinker's, including tinker's
+    ``combine_fwd_bwd_output_results`` of chunks) or its JSON dict; a sequence of those (chunks, in
+    any order); or a sequence of per-datum outputs (``{field: TensorData}``). Other metrics of the
+    outputs are merged with Tinker's reductions; ``loss_tokens:sum``, the clip counts and
+    ``clip_fraction:mean`` always come from the per-datum sums (a loss that never clips yields no
+    clip keys). Raises ValueError for bad or inconsistent counts and for mixed loss kinds.
+    """
+    chunks = [_read_output(o, f"outputs[{i}]") for i, o in enumerate(_as_outputs(outputs))]
+    return _step_metrics(chunks)
+
+
+def _as_outputs(outputs: object) -> list[object]:
+    if _is_output(outputs):
+        return [outputs]
+    if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Iterable):
+        raise TypeError(
+            f"expected a ForwardBackwardOutput, its JSON dict, or a list of them or of per-datum "
+            f"outputs; got {type(outputs).__name__}"
+        )
+    items = list(outputs)
+    kinds = {_is_output(item) for item in items}
+    if kinds == {True}:
+        return items
+    if kinds == {False}:  # bare per-datum outputs: one request without metrics
+        return [ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=items, metrics={})]
+    if not items:
+        return []
+    raise TypeError("outputs mixes ForwardBackwardOutputs with bare per-datum outputs")
+
+
+def _is_output(value: object) -> bool:
+    if isinstance(value, Mapping):
+        return "loss_fn_outputs" in value
+    return hasattr(value, "loss_fn_outputs") and hasattr(value, "metrics")
+
+
+def _read_output(output: object, where: str) -> _Chunk:
+    """Validate one output completely (nothing is summed anywhere until this returns)."""
+    if not _is_output(output):
+        raise TypeError(f"{where} must be a ForwardBackwardOutput or its JSON dict, got {type(output).__name__}")
+    if isinstance(output, Mapping):
+        datum_outputs = output["loss_fn_outputs"]
+        metrics = output.get("metrics", {})
+        output_type = output.get("loss_fn_output_type", "")
+    else:
+        datum_outputs = output.loss_fn_outputs  # type: ignore[attr-defined]
+        metrics = output.metrics  # type: ignore[attr-defined]
+        output_type = output.loss_fn_output_type  # type: ignore[attr-defined]
+    if not isinstance(datum_outputs, Sequence) or isinstance(datum_outputs, (str, bytes)):
+        raise TypeError(f"{where}.loss_fn_outputs must be a list, got {type(datum_outputs).__name__}")
+    counts = count_datums(datum_outputs, f"{where}.loss_fn_outputs")
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{where}.metrics must be a dict, got {type(metrics).__name__}")
+    try:
+        checked = validate_metrics(metrics) if metrics else {}
+    except ValueError as exc:
+        raise ValueError(f"{where}.metrics: {exc}") from exc
+    _check_metrics_agree(checked, counts, where)
+    return _Chunk(counts, checked, list(datum_outputs), str(output_type))
+
+
+def _check_metrics_agree(metrics: Mapping[str, float], counts: OutputCounts, where: str) -> None:
+    """Count keys an output's metrics carry must equal the sums of its per-datum counts."""
+    expected = counts.metrics()
+    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
+        if key not in metrics:
+            continue
+        if counts.datums == 0:
+            if metrics[key] != 0:
+                raise ValueError(
+                    f"{where}.metrics[{key!r}] = {metrics[key]:.0f} but the output has no per-datum "
+                    "outputs to take exact counts from"
+                )
+            continue
+        if key not in expected:
+            raise ValueError(
+                f"{where}.metrics carry {key!r} but its datums carry no clip counts: a loss that never "
+                "clips must emit no clip keys"
+            )
+        if metrics[key] != expected[key]:
+            raise ValueError(
+                f"{where}.metrics[{key!r}] = {metrics[key]:.0f} but its datums sum to {expected[key]:.0f}"
+            )
+
+
+def _check_same_kind(before: bool | None, now: bool | None, where: str) -> None:
+    if before is None or now is None or before == now:
+        return
+    raise ValueError(
+        f"{where}this output comes from a loss that {'clips' if now else 'never clips'} but earlier "
+        f"outputs of the step come from one that {'clips' if before else 'never clips'}: their tokens "
+        "cannot share one clip fraction (PPO and CISPO sum together; cross_entropy, "
+        "importance_sampling and dro belong in steps of their own)"
+    )
+
+
+def _step_metrics(chunks: Sequence[_Chunk]) -> dict[str, float]:
+    total = OutputCounts(0, 0, None, None)
+    for i, chunk in enumerate(chunks):
+        _check_same_kind(total.clips, chunk.counts.clips, f"outputs[{i}]: ")
+        total = total + chunk.counts
+    with_metrics = [c for c in chunks if c.metrics]
+    merged = merge_metrics([c.metrics for c in with_metrics], [c.counts.datums for c in with_metrics])
+    for key in (keys.LOSS_TOKENS, *keys.CLIP_SERIES_KEYS):
+        merged.pop(key, None)
+    merged.update(total.metrics())
+    return merged
+
+
+@dataclass
+class _StepState:
+    chunks: list[_Chunk] = field(default_factory=list)
+    clips: bool | None = None
+
+
+class UnknownClientError(LookupError):
+    """An output arrived for a training client that was never registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+class ClientAggregator:
+    """Per-client, per-step exact sums of a runtime shared by several training clients.
+
+    One training client is one run. For each ``(client, step)`` the aggregator sums the counts of
+    every output :meth:`add`-ed (the chunks of a request, in any order, and several
+    forward_backward calls of the step) and :meth:`emit` returns one ``ForwardBackwardOutput``
+    for the step. Each output is validated completely before anything is summed, so a bad output
+    raises and leaves the earlier sums exactly as they were. Thread-safe.
+
+    ``keep_outputs``: keep the per-datum outputs and return them, in arrival order, in the emitted
+    output's ``loss_fn_outputs`` (off by default: the metrics need only the counts).
+    """
+
+    def __init__(self, *, keep_outputs: bool = False) -> None:
+        self.keep_outputs = keep_outputs
+        self._lock = threading.Lock()
+        self._steps: dict[str, dict[int, _StepState]] = {}
+        self._emitted: dict[str, set[int]] = {}
+
+    def register(self, client_id: str) -> None:
+        """Start accepting outputs for ``client_id`` (a run); ValueError if already registered."""
+        if not isinstance(client_id, str) or not client_id:
+            raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
+        with self._lock:
+            if client_id in self._steps:
+                raise ValueError(f"client {client_id!r} is already registered")
+            self._steps[client_id] = {}
+            self._emitted[client_id] = set()
+
+    @property
+    def clients(self) -> tuple[str, ...]:
+        """Registered client ids, in registration order."""
+        with self._lock:
+            return tuple(self._steps)
+
+    def pending_steps(self, client_id: str) -> list[int]:
+        """Steps of ``client_id`` with outputs added but not yet emitted, ascending."""
+        with self._lock:
+            return sorted(self._client(client_id))
+
+    def add(self, client_id: str, step: int, output: object) -> OutputCounts:
+        """Add one output (a chunk, a whole request, or tinker's merge of chunks) to a step.
+
+        Returns the output's own counts. Raises UnknownClientError for an unregistered client and
+        ValueError for a bad step, bad counts, an already-emitted step, or a loss kind that does
+        not match the step's earlier outputs; the sums are then unchanged.
+        """
+        _check_step(step)
+        chunk = _read_output(output, f"client {client_id!r} step {step} output")
+        with self._lock:
+            steps = self._client(client_id)
+            if step in self._emitted[client_id]:
+                raise ValueError(
+                    f"client {client_id!r} step {step} was already emitted; an output arriving after "
+                    "emit() would be lost"
+                )
+            state = steps.get(step) or _StepState()
+            _check_same_kind(state.clips, chunk.counts.clips, f"client {client_id!r} step {step}: ")
+            if not self.keep_outputs:
+                chunk = _Chunk(chunk.counts, chunk.metrics, [], chunk.output_type)
+            state.chunks.append(chunk)
+            if chunk.counts.clips is not None:
+                state.clips = chunk.counts.clips
+            steps[step] = state
+        return chunk.counts
+
+    def emit(self, client_id: str, step: int) -> ForwardBackwardOutput:
+        """The step's ``ForwardBackwardOutput`` for ``client_id``; the step is then closed.
+
+        Metrics: the outputs' metrics merged with Tinker's reductions, with ``loss_tokens:sum``,
+        the clip counts and ``clip_fraction:mean`` from the exact per-datum sums.
+        """
+        _check_step(step)
+        with self._lock:
+            steps = self._client(client_id)
+            if step not in steps:
+                done = " (it was already emitted)" if step in self._emitted[client_id] else ""
+                raise ValueError(f"client {client_id!r} has no outputs for step {step}{done}")
+            state = steps[step]
+            metrics = _step_metrics(state.chunks)
+            output_type = next((c.output_type for c in state.chunks if c.output_type), "")
+            datum_outputs = [d for c in state.chunks for d in c.datum_outputs]
+            del steps[step]
+            self._emitted[client_id].add(step)
+        return ForwardBackwardOutput(
+            loss_fn_output_type=output_type, loss_fn_outputs=datum_outputs, metrics=metrics
+        )
+
+    def _client(self, client_id: str) -> dict[int, _StepState]:
+        try:
+            return self._steps[client_id]
+        except KeyError:
+            known = ", ".join(repr(c) for c in self._steps) or "none"
+            raise UnknownClientError(
+                f"unknown client {client_id!r}: register() it before adding outputs (registered: {known})"
+            ) from None
+
+
+def _check_step(step: object) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0 (the trainer's own step), got {step!r}")

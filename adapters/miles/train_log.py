@@ -1,0 +1,217 @@
+"""Exact clip counts from Miles' own train-step log dict, when it carries them.
+
+What Miles produces (``miles/backends/megatron_utils/loss.py``, ``model.py``): the loss function
+handed to Megatron returns, per micro-batch, ``{"keys": [k1, k2, ...], "values": tensor([count,
+v1, v2, ...])}``. Each ``v`` is a reported metric reduced by Miles' ``sum_of_sample_mean``:
+
+- ``--calculate-per-token-loss`` on: ``v = sum over eligible tokens of x`` and
+  ``count = sum over samples of max(loss_mask.sum(), 1)`` (tokens; a sample with no eligible token
+  counts 1). For ``pg_clipfrac``, ``x`` is 1 where PPO clipping bites
+  (``-clamp(r, 1-eps_clip, 1+eps_clip_high)*A > -r*A``, the SPEC's rule), so ``v`` is the
+  clipped-token count.
+- off (Miles' default): ``v = sum over samples of (sum over the sample's eligible tokens of x) /
+  max(loss_mask.sum(), 1)`` and ``count`` is the number of samples. A sum of per-sample fractions
+  cannot be turned back into a token count, so nothing exact can be read.
+
+``train_one_step`` concatenates the micro-batches' values and sums them over the DP x CP group
+before dividing by the summed count; each context-parallel rank counts its samples' full masks in
+``count`` but only its own slice of the tokens in ``v`` (Miles multiplies the result by the CP size
+to compensate). This module reads the summed dict, before that division.
+
+A cliptrack-aware Miles loss can add exact entries with :func:`log_entries` (``loss_tokens``,
+``clipped_tokens``, ``clipped_low_tokens``, ``clipped_high_tokens``, token sums on the rank's own
+slice); with them the low/high split is known and ``loss_tokens`` does not depend on the
+``max(., 1)`` above.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tracking import keys
+from tracking.counts import ClipCounts, as_count
+
+PER_TOKEN_FLAG = "--calculate-per-token-loss"
+"""The Miles flag (``args.calculate_per_token_loss``) under which the log dict's sums are token sums."""
+
+FLOAT32_EXACT = 2**24
+"""Largest count a float32 log value carries exactly."""
+
+
+@dataclass(frozen=True)
+class TrainLogCounts:
+    """Token counts read from a Miles log dict; the low/high split only when the log carries it."""
+
+    loss_tokens: int
+    clipped_tokens: int
+    clipped_low_tokens: int | None
+    clipped_high_tokens: int | None
+
+    @property
+    def fraction(self) -> float | None:
+        """``clipped_tokens / loss_tokens``; ``None`` when no token was eligible."""
+        return None if self.loss_tokens == 0 else self.clipped_tokens / self.loss_tokens
+
+    def clip_counts(self) -> ClipCounts:
+        """As :class:`ClipCounts`; ValueError when the log has no low/high split."""
+        if self.clipped_low_tokens is None or self.clipped_high_tokens is None:
+            raise ValueError(
+                f"this Miles log carries {keys.MILES_PG_CLIPFRAC!r} but no low/high split; add "
+                "adapters.miles.log_entries(loss_output) to the Miles loss's reported dict to log "
+                f"{keys.DATUM_CLIPPED_LOW_TOKENS!r} and {keys.DATUM_CLIPPED_HIGH_TOKENS!r}"
+            )
+        return ClipCounts(self.loss_tokens, self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens)
+
+    def metrics(self) -> dict[str, float]:
+        """The SPEC's clip metrics (needs the low/high split, see :meth:`clip_counts`)."""
+        return self.clip_counts().to_metrics()
+
+
+def log_entries(out: Any) -> dict[str, Any]:
+    """Entries a Miles loss adds to its reported dict for exact counts (device tensors, no sync).
+
+    ``out``: an :class:`adapters.losses.LossOutput` of a clipping loss over the micro-batch's
+    (CP-local) tokens. Values are float64 0-dim tensors, exact below 2**53 tokens.
+    """
+    if out.clipped_tokens is None:
+        raise ValueError("log_entries needs the output of a clipping loss (ppo or cispo)")
+    return {
+        keys.DATUM_LOSS_TOKENS: out.loss_tokens.double(),
+        keys.DATUM_CLIPPED_TOKENS: out.clipped_tokens.double(),
+        keys.DATUM_CLIPPED_LOW_TOKENS: out.clipped_low_tokens.double(),
+        keys.DATUM_CLIPPED_HIGH_TOKENS: out.clipped_high_tokens.double(),
+    }
+
+
+def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float], bool]:
+    """``(keys, values, float32)`` of a log dict, checking its shape."""
+    if not isinstance(log, Mapping) or "keys" not in log or "values" not in log:
+        raise ValueError(f"{where} must be a Miles log dict {{'keys': [...], 'values': [count, *sums]}}")
+    names = list(log["keys"])
+    raw = log["values"]
+    float32 = False
+    if hasattr(raw, "detach"):  # torch tensor
+        float32 = str(raw.dtype) in ("torch.float32", "torch.bfloat16", "torch.float16")
+        raw = raw.detach().cpu().reshape(-1).tolist()
+    elif hasattr(raw, "dtype") and hasattr(raw, "tolist"):  # numpy array
+        float32 = str(raw.dtype) in ("float32", "float16")
+        raw = raw.reshape(-1).tolist()
+    values = [float(v) for v in raw]
+    if len(values) != len(names) + 1:
+        raise ValueError(
+            f"{where} has {len(names)} keys but {len(values)} values; expected [count, *one sum per key]"
+        )
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"{where}['keys'] must be distinct strings, got {names!r}")
+    return names, values, float32
+
+
+def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Element-wise sum of Miles log dicts (micro-batches, DP x CP ranks), as Miles reduces them.
+
+    Every dict must carry the same keys in the same order. Values are summed with ``math.fsum``;
+    the result's ``values`` are Python floats and it remembers whether any input was float32.
+    """
+    logs = list(logs)
+    if not logs:
+        raise ValueError("sum_train_logs needs at least one log dict")
+    names, total_columns, any32 = None, None, False
+    for i, log in enumerate(logs):
+        these, values, float32 = _values(log, f"logs[{i}]")
+        any32 = any32 or float32
+        if names is None:
+            names, total_columns = these, [[v] for v in values]
+            continue
+        if these != names:
+            raise ValueError(f"logs[{i}] has keys {these!r} but logs[0] has {names!r}")
+        assert total_columns is not None
+        for column, v in zip(total_columns, values, strict=True):
+            column.append(v)
+    assert total_columns is not None
+    return {"keys": names, "values": [math.fsum(c) for c in total_columns], "float32": any32}
+
+
+def read_train_log(
+    log: Mapping[str, Any], *, calculate_per_token_loss: bool, context_parallel_size: int = 1
+) -> TrainLogCounts:
+    """Exact token counts from a Miles log dict summed over micro-batches and DP x CP ranks.
+
+    ``calculate_per_token_loss``: the Miles run's ``args.calculate_per_token_loss`` (the log dict
+    itself does not say). ``context_parallel_size``: Miles' CP size (``count`` counts every token
+    once per CP rank). Clipped tokens come from ``clipped_tokens`` when present, else Miles'
+    ``pg_clipfrac``; ``loss_tokens`` from the ``loss_tokens`` entry when present, else
+    ``count / context_parallel_size`` (exact only when every sample has an eligible token).
+
+    Raises ValueError in per-sample-mean mode (exact token counts cannot be recovered), for float32
+    values beyond 2**24, and for counts that are not whole, negative or inconsistent.
+    """
+    if not isinstance(calculate_per_token_loss, bool):
+        raise TypeError(f"calculate_per_token_loss must be a bool, got {calculate_per_token_loss!r}")
+    if isinstance(context_parallel_size, bool) or not isinstance(context_parallel_size, int) or context_parallel_size < 1:
+        raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
+    names, values, float32 = _values(log, "log")
+    float32 = float32 or bool(log.get("float32", False))
+    if not calculate_per_token_loss:
+        raise ValueError(
+            "this Miles log was produced in per-sample-mean mode (calculate_per_token_loss=False): its "
+            "values are sums of per-sample means and its count is a number of samples, so exact token "
+            f"counts cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
+            "per datum (adapters.miles.forward_backward_loss / aggregate_datums)"
+        )
+    entries = dict(zip(names, values, strict=True))
+
+    def count(name: str, value: float) -> int:
+        if float32 and abs(value) > FLOAT32_EXACT:
+            raise ValueError(
+                f"log value {name!r} = {value:.0f} is beyond 2**24 in float32 and no longer an exact count; "
+                "log the counts as float64 (adapters.miles.log_entries does)"
+            )
+        return as_count(f"log value {name!r}", value)
+
+    if keys.DATUM_CLIPPED_TOKENS in entries:
+        clipped = count(keys.DATUM_CLIPPED_TOKENS, entries[keys.DATUM_CLIPPED_TOKENS])
+        if keys.MILES_PG_CLIPFRAC in entries:
+            miles = count(keys.MILES_PG_CLIPFRAC, entries[keys.MILES_PG_CLIPFRAC])
+            if miles != clipped:
+                raise ValueError(
+                    f"log value {keys.MILES_PG_CLIPFRAC!r} = {miles} disagrees with "
+                    f"{keys.DATUM_CLIPPED_TOKENS!r} = {clipped}: both count the tokens where clipping bites"
+                )
+    elif keys.MILES_PG_CLIPFRAC in entries:
+        clipped = count(keys.MILES_PG_CLIPFRAC, entries[keys.MILES_PG_CLIPFRAC])
+    else:
+        raise ValueError(
+            f"this Miles log has neither {keys.MILES_PG_CLIPFRAC!r} nor {keys.DATUM_CLIPPED_TOKENS!r} "
+            f"(keys: {names}): its loss does not clip, so there is no clip count to read"
+        )
+
+    total = count("count", values[0])
+    if total % context_parallel_size:
+        raise ValueError(
+            f"log count {total} is not a multiple of context_parallel_size={context_parallel_size}: "
+            "every CP rank counts the same samples"
+        )
+    if keys.DATUM_LOSS_TOKENS in entries:
+        loss_tokens = count(keys.DATUM_LOSS_TOKENS, entries[keys.DATUM_LOSS_TOKENS])
+        if loss_tokens > total // context_parallel_size:
+            raise ValueError(
+                f"log value {keys.DATUM_LOSS_TOKENS!r} = {loss_tokens} exceeds count / CP size = "
+                f"{total // context_parallel_size}; was context_parallel_size right?"
+            )
+    else:
+        loss_tokens = total // context_parallel_size
+
+    low = high = None
+    has_low, has_high = keys.DATUM_CLIPPED_LOW_TOKENS in entries, keys.DATUM_CLIPPED_HIGH_TOKENS in entries
+    if has_low != has_high:
+        raise ValueError("the log carries one side of the low/high split without the other")
+    if has_low:
+        low = count(keys.DATUM_CLIPPED_LOW_TOKENS, entries[keys.DATUM_CLIPPED_LOW_TOKENS])
+        high = count(keys.DATUM_CLIPPED_HIGH_TOKENS, entries[keys.DATUM_CLIPPED_HIGH_TOKENS])
+        ClipCounts(loss_tokens, clipped, low, high)  # validates clipped <= loss, low + high == clipped
+    elif clipped > loss_tokens:
+        raise ValueError(f"clipped tokens {clipped} exceed loss tokens {loss_tokens} in this log")
+    return TrainLogCounts(loss_tokens, clipped, low, high)
