@@ -76,3 +76,11 @@ reducer (a token sum with ``--calculate-per-token-loss``, a sum of per-sample me
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"
 """MLflow tag (and W&B run id) holding cliptrack's own run id: the JSONL run directory's name."""
+
+# ---- Comparison runs (MLflow) ---------------------------------------------------------------------
+TAG_COMPARED_RUNS = "cliptrack.compared_runs"
+"""MLflow tag on a comparison run: comma-separated run ids of the compared runs, reference first."""
+TAG_COMPARED_IN = "cliptrack.compared_in"
+"""MLflow tag on a compared training run: comma-separated ids of the comparison runs that include it."""
+TAG_VERDICT = "cliptrack.verdict"
+"""MLflow tag on a comparison run: the clip-fraction verdict ("equivalent", "different", "inconclusive")."""

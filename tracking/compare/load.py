@@ -149,13 +149,13 @@ def load_mlflow(
     else:
         experiment_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
 
-    runs = []
+    runs: list[Any] = []
     if not refs:
         if experiment is None:
             raise ValueError("load_mlflow: name runs (ids or names) or an experiment to load from")
-        for run in client.search_runs(experiment_ids, max_results=50000):
-            if run.data.tags.get(keys.TAG_RUN_KIND) != "comparison":
-                runs.append(run)
+        for found in client.search_runs(experiment_ids, max_results=50000):
+            if found.data.tags.get(keys.TAG_RUN_KIND) != "comparison":
+                runs.append(found)
         if not runs:
             raise RunNotFoundError(f"experiment {experiment!r} in {where} has no training runs")
     for ref in refs:

@@ -228,7 +228,8 @@ class ComparisonResult:
                           f"within ±{_tol_text(self, m.CLIP.name)}.",
         }[verdict]
         axis = {"step": "step", "tokens": "tokens seen", "time": "wall time"}[self.align]
-        context = (f"Aligned by {axis}, window {self.window or ':'}; intervals: {pct}% circular block bootstrap "
+        span = "all steps" if self.window.start is None and self.window.end is None else f"window {self.window}"
+        context = (f"Aligned by {axis}, {span}; intervals: {pct}% circular block bootstrap "
                    f"over steps ({self.n_boot} replicates, seed {self.seed}).")
         return "\n".join([head, context, *lines, *(f"Note: {n}" for n in self.notes)])
 
