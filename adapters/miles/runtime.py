@@ -215,10 +215,11 @@ def _datum_loss(
             f"loss_fn_inputs lacks {missing}, needed by {loss_fn!r} (it has {sorted(inputs)})"
         )
     if "target_tokens" in inputs:
-        targets, _ = read_array(inputs["target_tokens"], "loss_fn_inputs['target_tokens']")
-        if targets.size != lp.numel():
+        targets = inputs["target_tokens"]
+        size = targets.numel() if isinstance(targets, Tensor) else read_array(targets, "target_tokens")[0].size
+        if size != lp.numel():
             raise ValueError(
-                f"target_tokens has {targets.size} entries but the policy's logprobs tensor has "
+                f"target_tokens has {size} entries but the policy's logprobs tensor has "
                 f"{lp.numel()}: one log-prob per target token is needed"
             )
     mask_name = "mask" if "mask" in inputs else ("weights" if loss_fn != "cross_entropy" else None)

@@ -161,7 +161,7 @@ def read_train_log(
             f"counts cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
             "per datum (adapters.miles.forward_backward_loss / aggregate_datums)"
         )
-    entries = dict(zip(names, values, strict=True))
+    entries = dict(zip(names, values[1:], strict=True))
 
     def count(name: str, value: float) -> int:
         if float32 and abs(value) > FLOAT32_EXACT:

@@ -25,6 +25,7 @@ import numpy as np
 from adapters.output import ForwardBackwardOutput, metrics_of
 from tracking.counts import as_count
 
+_TinkerTensorData: Any
 try:  # tinker's own value type, so outputs pass through tinker's helpers unchanged
     from tinker.types import TensorData as _TinkerTensorData
 
