@@ -1,0 +1,83 @@
+"""One rank of a multi-process Megatron test: ``python _megatron_worker.py OUT_DIR TP PP CP``.
+
+Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Runs every scenario of
+``_megatron_setup.SCENARIOS`` through Megatron-Core's real schedule on gloo, reduces with
+``adapters.megatron.reduce_losses`` while counting ``torch.distributed.all_reduce`` calls, hands the
+result to every pipeline stage, and writes ``OUT_DIR/rank<RANK>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> int:
+    out_dir, tp, pp, cp = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from adapters.megatron import broadcast_from_last_stage, reduce_losses
+    from tests import _megatron_setup as setup
+    from tests.megatron_shim import cpu_megatron
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result: dict = {"rank": rank, "steps": {}}
+    with cpu_megatron():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+        )
+        dp = parallel_state.get_data_parallel_world_size()
+        dp_rank = parallel_state.get_data_parallel_rank()
+        cp_rank = parallel_state.get_context_parallel_rank()
+        dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        result["dp_cp_ranks"] = dist.get_process_group_ranks(dp_cp)
+        result["tp_ranks"] = dist.get_process_group_ranks(parallel_state.get_tensor_model_parallel_group())
+        result["last_stage"] = parallel_state.is_pipeline_last_stage()
+        model = setup.build_model(
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+        )
+        n_seq = dp * setup.N_MICRO * setup.MICRO_BATCH
+        for scenario in setup.SCENARIOS:
+            batch = setup.global_batch(scenario, n_seq, dp=dp)
+            data = list(setup.micro_batches(scenario, batch, dp_rank, cp_rank, cp))
+            model.zero_grad(set_to_none=True)
+            reports = setup.run_step(model, scenario, data, seq_len=setup.SEQ_LEN // cp)
+            calls: list[int] = []
+            original = dist.all_reduce
+
+            def counting(*args, _orig=original, **kwargs):  # type: ignore[no-untyped-def]
+                calls.append(1)
+                return _orig(*args, **kwargs)
+
+            dist.all_reduce = counting  # type: ignore[assignment]
+            try:
+                fbo = reduce_losses(reports)
+            finally:
+                dist.all_reduce = original  # type: ignore[assignment]
+            everywhere = broadcast_from_last_stage(fbo)
+            result["steps"][scenario] = {
+                "n_reports": len(reports),
+                "all_reduce_calls": len(calls),
+                "metrics": None if fbo is None else fbo.metrics,
+                "broadcast_metrics": everywhere.metrics,
+            }
+        parallel_state.destroy_model_parallel()
+    dist.barrier()
+    dist.destroy_process_group()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

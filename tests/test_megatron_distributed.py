@@ -1,0 +1,134 @@
+"""Megatron-Core's real schedule on several gloo processes over 127.0.0.1: exact merged counts.
+
+Each layout runs every scenario of ``_megatron_setup.SCENARIOS`` (PPO with unequal micro-batches
+and an all-zero micro-batch, a DP rank with no eligible token, CISPO, a step where nothing clips,
+cross entropy) and compares the merged metrics with one process computing the whole global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from tests import _megatron_setup as setup  # noqa: E402
+
+from tracking import keys  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_megatron_worker.py"
+COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch(tmp_path: Path, world: int, tp: int, pp: int, cp: int) -> list[dict]:
+    """Start ``world`` worker processes on loopback and return their results by rank."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+        )
+        log = (tmp_path / f"rank{rank}.log").open("w")
+        cmd = [sys.executable, str(WORKER), str(tmp_path), str(tp), str(pp), str(cp)]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            code = -9
+        log.close()
+        if code != 0:
+            failed.append(f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:])
+    assert not failed, "\n".join(failed)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _check_layout(results: list[dict], dp: int) -> None:
+    n_seq = dp * setup.N_MICRO * setup.MICRO_BATCH
+    for scenario in setup.SCENARIOS:
+        expected = setup.expected_metrics(scenario, setup.global_batch(scenario, n_seq, dp=dp))
+        for res in results:
+            step = res["steps"][scenario]
+            if not res["last_stage"]:
+                assert step["n_reports"] == 0 and step["metrics"] is None
+                assert step["all_reduce_calls"] == 0
+            else:
+                assert step["n_reports"] == setup.N_MICRO
+                assert step["all_reduce_calls"] == 1, f"{scenario}: one collective per step"
+                got = step["metrics"]
+                assert set(got) == set(expected), f"{scenario} rank {res['rank']}: keys {sorted(got)}"
+                for key in COUNT_KEYS:
+                    if key in expected:
+                        assert got[key] == expected[key], f"{scenario} rank {res['rank']} {key}"
+                assert got.get(keys.CLIP_FRACTION) == expected.get(keys.CLIP_FRACTION)
+                assert got[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
+            # every rank, any pipeline stage, ends up with the last stage's output
+            last = next(r for r in results if r["last_stage"])
+            assert step["broadcast_metrics"] == last["steps"][scenario]["metrics"]
+
+
+def _check_nontrivial(results: list[dict]) -> None:
+    """Guard: the layouts' data really has clipped tokens and empty ranks where meant."""
+    metrics = next(r for r in results if r["last_stage"])["steps"]
+    assert metrics["ppo"]["metrics"][keys.CLIPPED_TOKENS] > 0
+    assert metrics["ppo"]["metrics"][keys.CLIPPED_LOW_TOKENS] > 0
+    assert metrics["ppo"]["metrics"][keys.CLIPPED_HIGH_TOKENS] > 0
+    assert metrics["cispo"]["metrics"][keys.CLIPPED_TOKENS] > 0
+    assert metrics["ppo_nothing_clips"]["metrics"][keys.CLIP_FRACTION] == 0.0
+    assert keys.CLIP_FRACTION not in metrics["cross_entropy"]["metrics"]
+    assert keys.CLIPPED_TOKENS not in metrics["cross_entropy"]["metrics"]
+
+
+def test_data_parallel_2(tmp_path: Path) -> None:
+    results = _launch(tmp_path, world=2, tp=1, pp=1, cp=1)
+    _check_layout(results, dp=2)
+    _check_nontrivial(results)
+    assert [r["dp_cp_ranks"] for r in results] == [[0, 1], [0, 1]]
+
+
+def test_tensor_parallel_2_by_data_parallel_2(tmp_path: Path) -> None:
+    results = _launch(tmp_path, world=4, tp=2, pp=1, cp=1)
+    _check_layout(results, dp=2)
+    _check_nontrivial(results)
+    for res in results:
+        # the merge group holds no tensor-parallel peer: TP ranks (same tokens) are not summed twice
+        assert set(res["dp_cp_ranks"]) & set(res["tp_ranks"]) == {res["rank"]}
+        assert len(res["dp_cp_ranks"]) == 2 and len(res["tp_ranks"]) == 2
+
+
+def test_data_parallel_2_by_context_parallel_2(tmp_path: Path) -> None:
+    results = _launch(tmp_path, world=4, tp=1, pp=1, cp=2)
+    _check_layout(results, dp=2)
+    _check_nontrivial(results)
+    for res in results:
+        assert sorted(res["dp_cp_ranks"]) == [0, 1, 2, 3]  # DP x CP: slices of a sequence are summed
+
+
+def test_pipeline_parallel_2(tmp_path: Path) -> None:
+    results = _launch(tmp_path, world=2, tp=1, pp=2, cp=1)
+    assert [r["last_stage"] for r in results] == [False, True]
+    _check_layout(results, dp=1)
+    _check_nontrivial(results)
