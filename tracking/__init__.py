@@ -6,4 +6,12 @@ Importing this package never imports torch.
 from tracking import keys
 from tracking.counts import ClipCounts
 
-__all__ = ["ClipCounts", "keys"]
+__all__ = ["ClipCounts", "Tracker", "keys"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Tracker":  # imported on first use: ``import tracking`` stays light
+        from tracking.tracker import Tracker
+
+        return Tracker
+    raise AttributeError(f"module 'tracking' has no attribute {name!r}")

@@ -1,0 +1,196 @@
+"""MLflow sink: one MLflow run per training job, metrics sent with ``MlflowClient.log_batch``.
+
+The embedded default is a local sqlite store, ``sqlite:///mlflow.db`` in the working directory,
+unless ``MLFLOW_TRACKING_URI`` or an explicit URI says otherwise; any tracking URI works,
+including a remote ``mlflow server`` (``http://host:port``). Metric keys are sent exactly as
+given (``:`` and ``/`` survive). Each point's timestamp is its wall time in milliseconds.
+
+MLflow stores NaN as NaN and +/-inf as +/-1.7976931348623157e308 (its sqlite schema cannot hold
+infinities); the JSONL log keeps the exact value. Re-sending a batch is harmless: MLflow merges
+metric rows identical in (key, value, timestamp, step), which is what makes replay duplicate-free.
+
+Against a remote server each attempt is governed by MLflow's own HTTP retry settings
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``,
+``MLFLOW_HTTP_REQUEST_TIMEOUT``); attempts run on the sink's thread, never the training thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from tracking import keys
+from tracking.sinks.base import Point, RunInfo, SinkError, SinkRejected
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+"""Embedded default store, relative to the working directory at ``open`` time."""
+RUN_KIND_TRAINING = "training"
+
+_PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """The explicit URI, else ``MLFLOW_TRACKING_URI``, else the local sqlite default; relative
+    sqlite paths made absolute so that ``cliptrack replay`` finds the same store from anywhere."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/") and ":memory:" not in uri:
+        uri = prefix + os.path.abspath(uri[len(prefix) :])
+    return uri
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``{"a": {"b": 1}}`` -> ``("a.b", "1")``: nested dicts joined with ``.``, values stringified."""
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from flatten_config(value, name + ".")
+        else:
+            yield name, str(value)
+
+
+class MlflowSink:
+    """Logs to MLflow; ``tracking_uri=None`` means the default above, ``experiment=None`` the run's."""
+
+    name = "mlflow"
+
+    def __init__(self, tracking_uri: str | None = None, experiment: str | None = None) -> None:
+        from mlflow.utils import validation  # imported here, on the constructing thread, once
+
+        self._validation = validation
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.experiment = experiment
+        self.mlflow_run_id: str | None = None
+        self.params_dropped: list[str] = []
+        self._client: Any = None
+
+    @property
+    def location(self) -> str:
+        run = self.mlflow_run_id or "(not created yet)"
+        return f"mlflow {self.tracking_uri} experiment {self.experiment!r} run {run}"
+
+    def check_key(self, key: str) -> None:
+        """Refuse keys MLflow refuses (bad characters, non-normal paths, > 250 characters)."""
+        try:
+            self._validation._validate_metric_name(key)
+        except Exception as exc:
+            raise ValueError(f"MLflow refuses metric key {key!r}: {_message(exc)}") from None
+        limit = self._validation.MAX_ENTITY_KEY_LENGTH
+        if len(key) > limit:
+            raise ValueError(f"MLflow refuses metric key {key!r}: longer than {limit} characters")
+
+    def open(self, run: RunInfo, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        from mlflow import MlflowClient
+
+        state = dict(state or {})
+        self.tracking_uri = state.get("tracking_uri") or self.tracking_uri
+        self.experiment = self.experiment or state.get("experiment") or run.experiment
+        try:
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            run_id = state.get("mlflow_run_id") or self._find_run(client, run)
+            if run_id is None:
+                experiment_id = self._experiment_id(client)
+                tags = {
+                    keys.TAG_RUN_KIND: RUN_KIND_TRAINING,
+                    keys.TAG_RUN_ID: run.run_id,
+                }
+                if run.backend_label is not None:
+                    tags[keys.TAG_BACKEND] = run.backend_label
+                created = client.create_run(
+                    experiment_id, start_time=int(run.started * 1000), tags=tags, run_name=run.run_name
+                )
+                run_id = created.info.run_id
+                params = self._params(run.config)
+                if params:
+                    client.log_batch(run_id, params=params)
+            else:
+                client.get_run(run_id)  # reattaching: the run must exist
+        except Exception as exc:
+            raise _classify(exc, f"could not open the MLflow run at {self.tracking_uri}") from exc
+        self._client = client
+        self.mlflow_run_id = run_id
+        return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "mlflow_run_id": run_id}
+
+    def _params(self, config: Mapping[str, Any]) -> list[Any]:
+        """Config as MLflow params: flattened, stringified, values truncated to MLflow's limit;
+        keys MLflow refuses are left out and listed in ``params_dropped``."""
+        from mlflow.entities import Param
+
+        params = []
+        limit = self._validation.MAX_PARAM_VAL_LENGTH
+        for key, value in flatten_config(config):
+            try:
+                self._validation._validate_param_name(key)
+                if len(key) > self._validation.MAX_ENTITY_KEY_LENGTH:
+                    raise ValueError(key)
+            except Exception:
+                self.params_dropped.append(key)
+                continue
+            params.append(Param(key, value[:limit]))
+        return params
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Log more config as params (MLflow refuses changing an already logged param's value)."""
+        if self._client is None or self.mlflow_run_id is None:
+            raise SinkError("MLflow run is not open")
+        params = self._params(config)
+        if params:
+            self._client.log_batch(self.mlflow_run_id, params=params)
+
+    def _experiment_id(self, client: Any) -> str:
+        found = client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return str(found.experiment_id)
+        try:
+            return str(client.create_experiment(self.experiment))
+        except Exception:  # created concurrently by another process
+            found = client.get_experiment_by_name(self.experiment)
+            if found is None:
+                raise
+            return str(found.experiment_id)
+
+    def _find_run(self, client: Any, run: RunInfo) -> str | None:
+        """A run created earlier for this cliptrack run (its creation was not recorded locally)."""
+        found = client.get_experiment_by_name(self.experiment)
+        if found is None:
+            return None
+        runs = client.search_runs(
+            [found.experiment_id], filter_string=f"tags.`{keys.TAG_RUN_ID}` = '{run.run_id}'", max_results=1
+        )
+        return runs[0].info.run_id if runs else None
+
+    def write(self, points: Sequence[Point]) -> None:
+        from mlflow.entities import Metric
+
+        if self._client is None or self.mlflow_run_id is None:
+            raise SinkError("MLflow run is not open")
+        metrics = [
+            Metric(key, value, int(point.wall_time * 1000), point.step)
+            for point in points
+            for key, value in point.metrics.items()
+        ]
+        try:
+            self._client.log_batch(self.mlflow_run_id, metrics=metrics, synchronous=True)
+        except Exception as exc:
+            raise _classify(exc, f"MLflow log_batch to {self.tracking_uri} failed") from exc
+
+    def close(self, status: str) -> None:
+        if self._client is None or self.mlflow_run_id is None:
+            raise SinkError("MLflow run is not open")
+        try:
+            self._client.set_terminated(self.mlflow_run_id, status=status)
+        except Exception as exc:
+            raise _classify(exc, "could not mark the MLflow run ended") from exc
+
+
+def _message(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(message).split())[:500]
+
+
+def _classify(exc: BaseException, what: str) -> SinkError:
+    code = getattr(exc, "error_code", None)
+    if code in _PERMANENT_CODES:
+        return SinkRejected(f"{what}: {code}: {_message(exc)}")
+    return SinkError(f"{what}: {type(exc).__name__}: {_message(exc)}")
