@@ -140,7 +140,7 @@ def write_mlflow(tracking_uri: str, run: SyntheticRun, experiment: str = "cliptr
     params = [Param(k, str(v)) for k, v in run.config.items()]
     for i in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[i:i + 1000], params=params if i == 0 else [],
-                         tags=[RunTag("cliptrack.run_id", run.run_id)] if i == 0 else [])
+                         tags=[RunTag(keys.TAG_RUN_ID, run.run_id)] if i == 0 else [])
     client.set_terminated(run_id)
     return run_id
 

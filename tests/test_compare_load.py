@@ -1,0 +1,155 @@
+"""Loading the same runs from MLflow, W&B offline files and the JSONL spool gives the same frame.
+
+The runs are written with the real MLflow client (sqlite store), real wandb in offline mode and
+plain JSONL files, in the layouts the tracker's sinks use. Only the W&B *cloud* API is replaced, in
+``test_wandb_online_loader``, by an object serving the same rows (no network here).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pandas as pd
+import pytest
+
+from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow, write_wandb_offline
+from tracking import keys
+from tracking.compare import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
+from tracking.compare.load import RunNotFoundError, read_wandb_records
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stores")
+    megatron, miles = megatron_vs_miles(miles_clip_p=0.14, n_miles=45, miles_missing=(4, 9),
+                                        miles_name="<script>alert(1)</script>")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    ids = {}
+    for run in (megatron, miles):
+        write_jsonl(root / "spool", run)
+        ids[run.run_id] = write_mlflow(uri, run)
+        write_wandb_offline(root / "wb", run)
+    return {"root": root, "uri": uri, "runs": (megatron, miles), "mlflow_ids": ids}
+
+
+def _normalised(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop(columns=["run_id"]).sort_values(["run", "step", "metric"]).reset_index(drop=True)
+
+
+def test_same_frame_from_all_three_stores(stores):
+    megatron, miles = stores["runs"]
+    refs = [megatron.run_id, miles.run_id]
+    from_jsonl = load_jsonl(refs, stores["root"] / "spool")
+    from_wandb = load_wandb_offline(refs, stores["root"] / "wb")
+    from_mlflow = load_mlflow([megatron.run_name, miles.run_name], tracking_uri=stores["uri"])
+    expected_rows = sum(len(p.metrics) for run in (megatron, miles) for p in run.points)
+    assert len(from_jsonl.frame) == expected_rows
+    pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_wandb.frame), check_exact=True)
+    pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_mlflow.frame), check_exact=True)
+    assert [i.backend for i in from_mlflow.runs] == ["megatron", "miles"]
+    assert [i.source for i in (from_jsonl.runs[0], from_wandb.runs[0], from_mlflow.runs[0])] == ["jsonl", "wandb", "mlflow"]
+    assert from_wandb.runs[1].config["seed"] == 2 and from_mlflow.runs[1].config["seed"] == "2"
+
+
+def test_frame_columns_and_values(stores):
+    megatron, _ = stores["runs"]
+    rs = load_jsonl([megatron.run_id], stores["root"] / "spool")
+    f = rs.frame
+    assert list(f.columns) == ["run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value"]
+    step5 = f[(f.step == 5) & (f.metric == keys.CLIPPED_TOKENS)].iloc[0]
+    assert step5.value == megatron.points[5].metrics[keys.CLIPPED_TOKENS]
+    assert step5.tokens_seen == sum(p.metrics[keys.LOSS_TOKENS] for p in megatron.points[:6])
+    assert step5.wall_time == megatron.points[5].wall_time
+    assert step5.elapsed_s == pytest.approx(megatron.points[5].wall_time - megatron.points[0].wall_time)
+
+
+def test_runs_resolved_by_id_and_name_with_clear_errors(stores):
+    megatron, miles = stores["runs"]
+    mlflow_id = stores["mlflow_ids"][miles.run_id]
+    rs = load_runs([mlflow_id, "megatron-run"], tracking_uri=stores["uri"])
+    assert rs.labels == ["<script>alert(1)</script>", "megatron-run"]
+    rs = load_runs([], tracking_uri=stores["uri"], experiment="cliptrack-tests")
+    assert sorted(rs.labels) == sorted([megatron.run_name, miles.run_name])
+    with pytest.raises(RunNotFoundError, match="no run with id or name 'ghost'"):
+        load_runs(["ghost"], tracking_uri=stores["uri"])
+    with pytest.raises(RunNotFoundError, match="runs there: megatron0001"):
+        load_runs(["ghost"], jsonl_dir=stores["root"] / "spool")
+    with pytest.raises(RunNotFoundError, match="no run with id or name 'ghost'"):
+        load_runs(["ghost"], wandb_dir=stores["root"] / "wb")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_runs(["x"], jsonl_dir=stores["root"] / "nowhere")
+    with pytest.raises(ValueError, match="name one store"):
+        load_runs(["x"], jsonl_dir="a", wandb_dir="b")
+
+
+def test_ambiguous_name_lists_ids(tmp_path):
+    megatron, _ = megatron_vs_miles()
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    first, second = write_mlflow(uri, megatron), write_mlflow(uri, megatron)
+    with pytest.raises(RunNotFoundError, match="matches 2 runs") as info:
+        load_mlflow(["megatron-run"], tracking_uri=uri)
+    assert first in str(info.value) and second in str(info.value)
+
+
+def test_jsonl_incomplete_last_line_is_skipped_and_bad_middle_line_is_named(tmp_path):
+    megatron, _ = megatron_vs_miles()
+    run_dir = write_jsonl(tmp_path, megatron)
+    points = run_dir / keys.POINTS_FILE
+    with open(points, "a", encoding="utf-8") as fh:
+        fh.write('{"step": 60, "wall_ti')  # crash mid-write
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rs = load_jsonl([], tmp_path)
+    assert rs.frame.step.max() == 59 and any("incomplete last line" in str(w.message) for w in caught)
+    lines = points.read_text().splitlines()
+    lines[3] = "not json"
+    points.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"points.jsonl:4: not a cliptrack point"):
+        load_jsonl([], tmp_path)
+
+
+def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
+    source = next((stores["root"] / "wb").rglob("run-megatron0001.wandb"))
+    data = bytearray(source.read_bytes())
+    assert sum(1 for r in read_wandb_records(source) if r.WhichOneof("record_type") == "history") == 60
+    damaged = tmp_path / "run-x.wandb"
+    data[200] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        list(read_wandb_records(damaged))
+    truncated = tmp_path / "t" / "run-y.wandb"
+    truncated.parent.mkdir()
+    truncated.write_bytes(source.read_bytes()[:-40])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rs = load_wandb_offline([], truncated.parent)
+    assert 55 <= rs.frame.step.nunique() <= 60
+
+
+def test_wandb_online_loader(stores):
+    """The W&B cloud API is replaced by a stand-in serving the rows the offline run recorded."""
+    megatron, _ = stores["runs"]
+    rows = []
+    for p in megatron.points:
+        rows.append({"_step": len(rows), "_timestamp": 1.0, keys.WANDB_STEP_METRIC: p.step,
+                     keys.WANDB_WALL_TIME: p.wall_time, **p.metrics})
+
+    class FakeRun:
+        id, name, group = megatron.run_id, megatron.run_name, "megatron"
+        config = {keys.TAG_BACKEND: "megatron", "_wandb": {}, **megatron.config}
+
+        def scan_history(self):
+            return iter(json.loads(json.dumps(rows)))
+
+    class FakeApi:
+        def run(self, path):
+            assert path == f"ent/proj/{megatron.run_id}"
+            return FakeRun()
+
+    online = load_runs([f"ent/proj/{megatron.run_id}"], wandb_api=FakeApi())
+    offline = load_jsonl([megatron.run_id], stores["root"] / "spool")
+    pd.testing.assert_frame_equal(_normalised(online.frame), _normalised(offline.frame), check_exact=True)
+    assert "_wandb" not in online.runs[0].config
+    with pytest.raises(ValueError, match="entity/project/run_id"):
+        load_wandb_online(["just-an-id"], api=FakeApi())
