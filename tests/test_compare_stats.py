@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 from tracking import keys
 from tracking.compare import RunSet, Window, compare, parse_window, unit_table
+from tracking.compare.frame import RunInfo
 from tracking.compare.metrics import CLIP, REWARD
 from tracking.compare.stats import (
     DIFFERENT,
@@ -25,7 +26,6 @@ from tracking.compare.stats import (
     ratio_estimate,
     wilson_interval,
 )
-from tracking.compare.frame import RunInfo
 
 
 def runset_of(*runs) -> RunSet:

@@ -75,7 +75,7 @@ def build_report(entity: str, project: str, run_ids: Sequence[str] = (), summary
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
-    filters = [expr.Metric("ID").isin(list(run_ids))] if run_ids else ""
+    filters: Any = expr.And(expr.Metric("ID").isin(list(run_ids))) if run_ids else ""
     runset = wr.Runset(entity=entity, project=project, name="compared runs", filters=filters, groupby=["group"])
     blocks: list[Any] = [
         wr.H1("Clip fraction, reward and throughput by backend"),
