@@ -5,11 +5,14 @@ returns a :class:`LossOutput` whose ``loss`` is the **sum** of per-token losses 
 (``mask != 0``), as Tinker's ``loss:sum``. Counting adds detached int64 0-dim tensors on the input's
 device; it never changes the loss value or any gradient, and never synchronises with the host.
 
-Input values (non-finite entries, masks that are not 0/1, tensor thresholds out of range) are
-checked on the device too: the number of bad entries per input is carried in
-``LossOutput.invalid`` and raised as a ``ValueError`` naming the input the first time the counts
-reach the host (:meth:`LossOutput.check`, :func:`adapters.output.loss_metrics`, the backends'
-reductions). Shapes, Python-number thresholds and ``beta`` are checked at once.
+Input values are checked on the device too, in the same no-sync spirit: one cheap flag per call
+for non-finite logprobs / sampling_logprobs / advantages / weights (NaN or inf propagate through
+``(logprobs - sampling_logprobs) * advantages``), one for masks that are not 0/1, and a count of
+bad tensor-threshold entries. They are carried in ``LossOutput.invalid`` and raised as a
+``ValueError`` the first time counts reach the host (:meth:`LossOutput.check`,
+:func:`adapters.output.loss_metrics`, the backends' reductions). A ``LossOutput`` keeps its inputs
+(detached) so that error names each bad tensor and its number of bad entries. Shapes,
+Python-number thresholds and ``beta`` are checked at once.
 """
 
 from __future__ import annotations
@@ -36,15 +39,15 @@ CISPO_CLIP_HIGH = 4.0
 """Tinker's default absolute upper ratio bound for CISPO."""
 
 INPUT_CHECKS = (
-    "logprobs has {n} non-finite entries (NaN or inf)",
-    "sampling_logprobs has {n} non-finite entries (NaN or inf)",
-    "advantages has {n} non-finite entries (NaN or inf)",
-    "weights has {n} non-finite entries (NaN or inf)",
-    "mask has {n} entries that are neither 0 nor 1",
+    "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages or weights of {n} loss call(s)",
+    "mask entries that are neither 0 nor 1 in {n} loss call(s)",
     "clip thresholds have {n} entries that are negative, non-finite or with low > high",
 )
-"""Messages for the entries of ``LossOutput.invalid``, in order."""
-_LOGPROBS, _SAMPLING, _ADVANTAGES, _WEIGHTS, _MASK, _THRESHOLDS = range(len(INPUT_CHECKS))
+"""Messages for the entries of ``LossOutput.invalid``, in order; ``{n}`` is the entry's value."""
+_NONFINITE, _MASK, _THRESHOLDS = range(len(INPUT_CHECKS))
+
+Sources = tuple[dict[str, Tensor], ...]
+"""Detached inputs of each loss call, by argument name, kept to name bad entries precisely."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class LossOutput:
     clipped_low_tokens: Tensor | None
     clipped_high_tokens: Tensor | None
     invalid: Tensor
+    sources: Sources = ()
 
     @property
     def clips(self) -> bool:
@@ -86,11 +90,12 @@ class LossOutput:
             clipped_low_tokens=add(self.clipped_low_tokens, other.clipped_low_tokens),
             clipped_high_tokens=add(self.clipped_high_tokens, other.clipped_high_tokens),
             invalid=self.invalid + other.invalid,
+            sources=self.sources + other.sources,
         )
 
     def check(self) -> None:
         """Raise ValueError naming every input with bad entries. Synchronises with the host."""
-        raise_invalid(self.invalid)
+        raise_invalid(self.invalid, self.sources)
 
     def clip_counts(self) -> ClipCounts | None:
         """Exact host-side counts (synchronises); ``None`` when the loss never clips."""
@@ -104,12 +109,42 @@ class LossOutput:
         return ClipCounts(*values)
 
 
-def raise_invalid(invalid: Tensor | list[int]) -> None:
-    """Raise ValueError listing the inputs with bad entries in an ``invalid`` count vector."""
+def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
+    """Raise ValueError describing bad loss inputs flagged in an ``invalid`` vector.
+
+    With ``sources`` (the inputs of the loss calls), the message names each bad tensor and its
+    number of bad entries; without, it says which check failed and in how many calls.
+    """
     counts = invalid.tolist() if isinstance(invalid, Tensor) else list(invalid)
+    if not any(counts):
+        return
     problems = [INPUT_CHECKS[i].format(n=int(n)) for i, n in enumerate(counts) if n]
-    if problems:
-        raise ValueError("invalid loss input: " + "; ".join(problems))
+    if sources:
+        precise = _diagnose(sources)
+        if counts[_THRESHOLDS]:
+            precise.append(INPUT_CHECKS[_THRESHOLDS].format(n=int(counts[_THRESHOLDS])))
+        if precise:
+            problems = precise
+        elif counts[_NONFINITE]:
+            problems = ["the loss or logprobs - sampling_logprobs overflows to inf although the inputs are finite"]
+    raise ValueError("invalid loss input: " + "; ".join(problems))
+
+
+def _diagnose(sources: Sources) -> list[str]:
+    """Per-tensor counts of bad entries over all loss calls (host side, only on error)."""
+    nonfinite: dict[str, int] = {}
+    bad_mask = 0
+    for source in sources:
+        for name, tensor in source.items():
+            if name == "mask":
+                if tensor.dtype != torch.bool:
+                    bad_mask += int(((tensor != 0) & (tensor != 1)).sum())
+            elif tensor.is_floating_point():
+                nonfinite[name] = nonfinite.get(name, 0) + int((~torch.isfinite(tensor)).sum())
+    problems = [f"{name} has {n} non-finite entries (NaN or inf)" for name, n in nonfinite.items() if n]
+    if bad_mask:
+        problems.append(f"mask has {bad_mask} entries that are neither 0 nor 1")
+    return problems
 
 
 def ppo(
@@ -127,17 +162,18 @@ def ppo(
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
     broadcast to the token shape for per-datum thresholds).
     """
-    eligible, weight, invalid = _prepare(logprobs, sampling_logprobs, advantages, mask)
-    _check_thresholds(clip_low_threshold, clip_high_threshold, invalid)
-    ratio = torch.exp(logprobs - sampling_logprobs)
+    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
+    log_ratio = logprobs - sampling_logprobs
+    ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = _clamp(ratio, clip_low_threshold, clip_high_threshold) * advantages
-    loss = -(torch.minimum(unclipped, clipped) * weight).sum()
+    loss = -(torch.minimum(unclipped, clipped) * batch.weight).sum()
     with torch.no_grad():
-        bites = (clipped < unclipped) & eligible
+        bites = (clipped < unclipped) & batch.eligible
         n_clipped = bites.sum()
-        n_low = (bites & (ratio < clip_low_threshold)).sum()
-    return LossOutput(loss, eligible.sum(), n_clipped, n_low, n_clipped - n_low, invalid)
+        n_low = (bites & (advantages < 0)).sum()  # clipping bites on the low side exactly when A < 0
+    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
 
 
 def cispo(
@@ -154,15 +190,17 @@ def cispo(
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
     ``r < low``, high side ``r > high``, whatever the sign of ``A``.
     """
-    eligible, weight, invalid = _prepare(logprobs, sampling_logprobs, advantages, mask)
-    _check_thresholds(clip_low_threshold, clip_high_threshold, invalid)
-    ratio = torch.exp(logprobs - sampling_logprobs).detach()
+    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
+    log_ratio = (logprobs - sampling_logprobs).detach()
+    ratio = torch.exp(log_ratio)
     coefficient = _clamp(ratio, clip_low_threshold, clip_high_threshold)
-    loss = -(coefficient * advantages * logprobs * weight).sum()
+    loss = -(coefficient * advantages * logprobs * batch.weight).sum()
     with torch.no_grad():
-        n_low = ((ratio < clip_low_threshold) & eligible).sum()
-        n_high = ((ratio > clip_high_threshold) & eligible).sum()
-    return LossOutput(loss, eligible.sum(), n_low + n_high, n_low, n_high, invalid)
+        departs = (coefficient != ratio) & batch.eligible
+        n_clipped = departs.sum()
+        n_low = (departs & (ratio < coefficient)).sum()
+    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
 
 
 def importance_sampling(
@@ -172,9 +210,10 @@ def importance_sampling(
     mask: Tensor | None = None,
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips."""
-    eligible, weight, invalid = _prepare(logprobs, sampling_logprobs, advantages, mask)
-    loss = -(torch.exp(logprobs - sampling_logprobs) * advantages * weight).sum()
-    return LossOutput(loss, eligible.sum(), None, None, None, invalid)
+    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    log_ratio = logprobs - sampling_logprobs
+    loss = -(torch.exp(log_ratio) * advantages * batch.weight).sum()
+    return batch.output(loss, log_ratio)
 
 
 def dro(
@@ -188,10 +227,11 @@ def dro(
     """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    eligible, weight, invalid = _prepare(logprobs, sampling_logprobs, advantages, mask)
-    objective = logprobs * advantages - 0.5 * beta * (logprobs - sampling_logprobs) ** 2
-    loss = -(objective * weight).sum()
-    return LossOutput(loss, eligible.sum(), None, None, None, invalid)
+    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    log_ratio = logprobs - sampling_logprobs
+    objective = logprobs * advantages - 0.5 * beta * log_ratio**2
+    loss = -(objective * batch.weight).sum()
+    return batch.output(loss, log_ratio)
 
 
 def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> LossOutput:
@@ -199,19 +239,15 @@ def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None)
 
     Eligible tokens are ``mask != 0`` when a mask is given, else ``weights != 0``.
     """
-    _check_tensor("logprobs", logprobs, floating=True)
     _check_tensor("weights", weights, like=logprobs)
-    invalid = torch.zeros(len(INPUT_CHECKS), dtype=torch.int64, device=logprobs.device)
-    with torch.no_grad():
-        invalid[_LOGPROBS] = (~torch.isfinite(logprobs)).sum()
-        invalid[_WEIGHTS] = (~torch.isfinite(weights)).sum() if weights.is_floating_point() else 0
+    batch = _Batch(logprobs, None, weights, mask, advantages_name="weights")
+    weighted = weights * logprobs
     if mask is None:
-        eligible = weights.detach() != 0
-        loss = -(weights * logprobs).sum()
+        batch.eligible = weights.detach() != 0
+        loss = -weighted.sum()
     else:
-        eligible, weight = _eligible(mask, logprobs, invalid)
-        loss = -(weights * logprobs * weight).sum()
-    return LossOutput(loss, eligible.sum(), None, None, None, invalid)
+        loss = -(weighted * batch.weight).sum()
+    return batch.output(loss, logprobs.detach())
 
 
 LOSSES = {
@@ -247,39 +283,75 @@ def _check_tensor(name: str, value: object, *, like: Tensor | None = None, float
             raise ValueError(f"{name} is on {value.device} but logprobs is on {like.device}")
 
 
-def _eligible(mask: Tensor, logprobs: Tensor, invalid: Tensor) -> tuple[Tensor, Tensor]:
-    """Eligible-token booleans and the mask as a multiplier in the loss's dtype."""
-    _check_tensor("mask", mask, like=logprobs)
-    mask = mask.detach()
-    if mask.dtype == torch.bool:
-        return mask, mask.to(logprobs.dtype)
-    eligible = mask != 0
-    with torch.no_grad():
-        invalid[_MASK] = (eligible & (mask != 1)).sum()
-    return eligible, mask.to(logprobs.dtype)
+class _Batch:
+    """Checked per-token inputs of one loss call: eligible tokens, the mask as a multiplier."""
+
+    def __init__(
+        self,
+        logprobs: Tensor,
+        sampling_logprobs: Tensor | None,
+        advantages: Tensor,
+        mask: Tensor | None,
+        *,
+        advantages_name: str = "advantages",
+    ) -> None:
+        _check_tensor("logprobs", logprobs, floating=True)
+        self.sources: dict[str, Tensor] = {"logprobs": logprobs.detach()}
+        if sampling_logprobs is not None:
+            _check_tensor("sampling_logprobs", sampling_logprobs, like=logprobs, floating=True)
+            self.sources["sampling_logprobs"] = sampling_logprobs.detach()
+        _check_tensor(advantages_name, advantages, like=logprobs, floating=advantages_name == "advantages")
+        self.sources[advantages_name] = advantages.detach()
+        self.device = logprobs.device
+        self.mask_bad: Tensor | None = None
+        if mask is None:
+            self.eligible = torch.ones(logprobs.shape, dtype=torch.bool, device=self.device)
+            self.weight: Tensor | float = 1.0
+            return
+        _check_tensor("mask", mask, like=logprobs)
+        mask = mask.detach()
+        self.sources["mask"] = mask
+        if mask.dtype == torch.bool:
+            self.eligible = mask
+        else:
+            self.eligible = mask != 0
+            # A mask is 0/1 exactly when sum(m) == sum(m*m) == count(m != 0) (equality in
+            # Cauchy-Schwarz); summed in float64 so the sums of 0/1 are exact.
+            self._mask_sums = (mask.sum(dtype=torch.float64), (mask * mask).sum(dtype=torch.float64))
+        self.weight = mask.to(logprobs.dtype)
+
+    def output(
+        self,
+        loss: Tensor,
+        propagated: Tensor,
+        clipped: Tensor | None = None,
+        low: Tensor | None = None,
+        high: Tensor | None = None,
+        thresholds_bad: Tensor | None = None,
+    ) -> LossOutput:
+        """Assemble the output.
+
+        Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum
+        of ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn
+        into a harmless 0 still shows): one extra reduction. A sum that overflows from finite
+        inputs (beyond 3.4e38) is reported as such.
+        """
+        with torch.no_grad():
+            loss_tokens = self.eligible.sum()
+            nonfinite = (~torch.isfinite(loss.detach() + propagated.detach().sum())).to(torch.int64)
+            if hasattr(self, "_mask_sums"):
+                total, squares = self._mask_sums
+                mask_bad = ((total != loss_tokens) | (squares != loss_tokens)).to(torch.int64)
+            else:
+                mask_bad = torch.zeros((), dtype=torch.int64, device=self.device)
+            if thresholds_bad is None:
+                thresholds_bad = torch.zeros((), dtype=torch.int64, device=self.device)
+            invalid = torch.stack([nonfinite, mask_bad, thresholds_bad])
+        return LossOutput(loss, loss_tokens, clipped, low, high, invalid, (self.sources,))
 
 
-def _prepare(
-    logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Check shapes now and values on device; return (eligible, weight, invalid)."""
-    _check_tensor("logprobs", logprobs, floating=True)
-    _check_tensor("sampling_logprobs", sampling_logprobs, like=logprobs, floating=True)
-    _check_tensor("advantages", advantages, like=logprobs, floating=True)
-    invalid = torch.zeros(len(INPUT_CHECKS), dtype=torch.int64, device=logprobs.device)
-    with torch.no_grad():
-        invalid[_LOGPROBS] = (~torch.isfinite(logprobs)).sum()
-        invalid[_SAMPLING] = (~torch.isfinite(sampling_logprobs)).sum()
-        invalid[_ADVANTAGES] = (~torch.isfinite(advantages)).sum()
-    if mask is None:
-        eligible = torch.ones(logprobs.shape, dtype=torch.bool, device=logprobs.device)
-        return eligible, eligible.to(logprobs.dtype), invalid
-    eligible, weight = _eligible(mask, logprobs, invalid)
-    return eligible, weight, invalid
-
-
-def _check_thresholds(low: Threshold, high: Threshold, invalid: Tensor) -> None:
-    """Python-number thresholds are checked now; tensor thresholds on device into ``invalid``."""
+def _check_thresholds(low: Threshold, high: Threshold, device: torch.device) -> Tensor | None:
+    """Check Python-number thresholds now; count bad tensor-threshold entries on device."""
     for name, value in (("clip_low_threshold", low), ("clip_high_threshold", high)):
         if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
             raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
@@ -288,9 +360,9 @@ def _check_thresholds(low: Threshold, high: Threshold, invalid: Tensor) -> None:
     if not isinstance(low, Tensor) and not isinstance(high, Tensor):
         if low > high:
             raise ValueError(f"clip_low_threshold={low!r} is above clip_high_threshold={high!r}")
-        return
+        return None
     with torch.no_grad():
-        lo = torch.as_tensor(low, device=invalid.device)
-        hi = torch.as_tensor(high, device=invalid.device)
+        lo = torch.as_tensor(low, device=device)
+        hi = torch.as_tensor(high, device=device)
         bad = (lo > hi) | (lo < 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)
-        invalid[_THRESHOLDS] = bad.sum()
+        return bad.sum()

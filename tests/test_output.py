@@ -183,3 +183,28 @@ def test_bad_counts_are_refused(metrics, match):
 def test_non_numeric_metric_value_is_refused():
     with pytest.raises(ValueError, match="'reward:mean' must be a number"):
         validate_metrics({"reward:mean": "high"})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.float64])
+def test_valid_masks_of_any_dtype_pass_and_bad_ones_are_caught(dtype):
+    good = torch.tensor([0, 1, 1, 0, 1], dtype=dtype)
+    out = losses.ppo(torch.zeros(5), torch.zeros(5), torch.ones(5), good)
+    assert loss_metrics(out)[keys.LOSS_TOKENS] == 3.0
+    bad = torch.tensor([0, 2, 1, 0, -1], dtype=dtype)  # sum == count of nonzero; squares are not
+    with pytest.raises(ValueError, match="mask has 2 entries that are neither 0 nor 1"):
+        loss_metrics(losses.ppo(torch.zeros(5), torch.zeros(5), torch.ones(5), bad))
+
+
+def test_minus_inf_logprobs_are_caught_although_the_ratio_hides_them():
+    lp = torch.tensor([0.0, float("-inf"), -1.0])
+    for fn in (losses.ppo, losses.importance_sampling):
+        with pytest.raises(ValueError, match="logprobs has 1 non-finite"):
+            loss_metrics(fn(lp, torch.zeros(3), torch.ones(3)))
+
+
+def test_errors_without_the_inputs_still_say_what_is_wrong():
+    from adapters.losses import raise_invalid
+
+    with pytest.raises(ValueError, match="non-finite values .* of 2 loss call"):
+        raise_invalid([2, 0, 0])
+    raise_invalid([0, 0, 0])
