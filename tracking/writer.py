@@ -72,6 +72,7 @@ class SinkLane:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         state: dict[str, Any] | None = None,
+        from_disk: bool = False,
     ) -> None:
         self.sink = sink
         self.name: str = sink.name
@@ -99,8 +100,11 @@ class SinkLane:
         self._status: str | None = None
         self._warned = False
         self._configs: deque[dict[str, Any]] = deque()
-        if self._ack.points:
+        if self._ack.points or from_disk:
             self._from_journal = True  # resuming: the unacknowledged tail is on disk
+        settings = getattr(sink, "settings", None)
+        if state is None and callable(settings):  # so that replay can reach a sink that never opened
+            run_dir.update_meta(sinks={self.name: {**settings(), "closed": False}})
         self._thread = threading.Thread(target=self._run, name=f"cliptrack-{self.name}", daemon=True)
 
     # ---- writer-thread side --------------------------------------------------------------------
@@ -182,6 +186,13 @@ class SinkLane:
     # ---- lane thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         locked = self.run_dir.lock_sink(self.name)
+        if not locked:
+            self.error = f"another process is writing {self.name} for run {self.run.run_id}"
+            with self._cond:
+                self.state = "failing"
+                self._cond.notify_all()
+            self.opened.set()
+            return
         try:
             if not self._open():
                 return

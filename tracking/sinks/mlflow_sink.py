@@ -70,6 +70,10 @@ class MlflowSink:
         run = self.mlflow_run_id or "(not created yet)"
         return f"mlflow {self.tracking_uri} experiment {self.experiment!r} run {run}"
 
+    def settings(self) -> dict[str, Any]:
+        """What replay needs to reach this store before any run was created."""
+        return {"tracking_uri": self.tracking_uri, "experiment": self.experiment}
+
     def check_key(self, key: str) -> None:
         """Refuse keys MLflow refuses (bad characters, non-normal paths, > 250 characters)."""
         try:

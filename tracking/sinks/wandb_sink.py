@@ -70,6 +70,10 @@ class WandbSink:
             where = f" {url}" if url else f" {os.path.dirname(self.run.dir)}"
         return f"wandb {self.mode} project {self.project!r} run {self._run_id or '(not started)'}{where}"
 
+    def settings(self) -> dict[str, Any]:
+        """What replay needs to resume this run."""
+        return {"project": self.project, "entity": self.entity, "mode": self.mode, "dir": self.dir}
+
     def check_key(self, key: str) -> None:
         if key in (keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME) or key.startswith("_"):
             raise ValueError(f"W&B reserves the key {key!r}; choose another metric name")

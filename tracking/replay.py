@@ -1,0 +1,163 @@
+"""``cliptrack replay``: push spooled points to the backends that did not take them.
+
+For every run directory under the given roots (default ``.cliptrack``), and every remote sink
+recorded in its run.json, the points of points.jsonl past that sink's acknowledged offset are
+sent, in order, in batches, and the sink's run is marked with the run's final status. Nothing is
+duplicated: progress is acknowledged batch by batch, and a batch re-sent after an ambiguous
+failure is merged by MLflow (identical key, value, timestamp, step). W&B runs are resumed by id
+(``resume="allow"``). A run whose training process is still alive (its lock is held) is skipped;
+a run whose process died without closing (status RUNNING) is marked FAILED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tracking.sinks.base import FAILED, RUNNING, RunInfo
+from tracking.spool import Ack, RunDir, pending, run_dirs, sink_states
+from tracking.writer import SinkLane
+
+
+@dataclass
+class ReplayResult:
+    """What replay did for one sink of one run; ``pushed`` counts points (log calls)."""
+
+    run_id: str
+    sink: str
+    pushed: int
+    left: int
+    status: str
+    outcome: str  # "up to date" | "replayed" | "failed" | "skipped: ..."
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("up to date", "replayed") or self.outcome.startswith("skipped")
+
+    def line(self) -> str:
+        text = f"run {self.run_id} {self.sink}: {self.outcome}"
+        if self.outcome == "replayed" or self.pushed:
+            text += f", {self.pushed} points pushed"
+        if self.left:
+            text += f", {self.left} still pending"
+        if self.outcome in ("replayed", "up to date"):
+            text += f", status {self.status}"
+        if self.error:
+            text += f" ({self.error})"
+        return text
+
+
+def make_replay_sink(name: str, state: dict[str, Any], tracking_uri: str | None = None) -> Any:
+    """The sink named in run.json, rebuilt from its recorded replay state."""
+    if name == "mlflow":
+        from tracking.sinks.mlflow_sink import MlflowSink
+
+        return MlflowSink(tracking_uri or state.get("tracking_uri"), state.get("experiment"))
+    if name == "wandb":
+        from tracking.sinks.wandb_sink import WandbSink
+
+        return WandbSink(state.get("project"), entity=state.get("entity"), mode=state.get("mode"),
+                         dir=state.get("dir"))
+    raise ValueError(f"run.json names an unknown sink {name!r}")
+
+
+def replay_run(
+    run_dir: RunDir,
+    *,
+    sinks: set[str] | None = None,
+    tracking_uri: str | None = None,
+    timeout_s: float = 120.0,
+    dry_run: bool = False,
+) -> list[ReplayResult]:
+    """Replay one run directory; see the module docstring."""
+    meta = run_dir.read_meta()
+    if not run_dir.lock_sink("jsonl"):
+        return [ReplayResult(run_dir.run_id, "*", 0, 0, str(meta.get("status")),
+                             "skipped: the run is still being logged by a live process")]
+    try:
+        status = meta.get("status") or FAILED
+        if status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
+            status = FAILED
+            if not dry_run:
+                run_dir.update_meta(status=status)
+        run = RunInfo(
+            run_id=str(meta.get("run_id") or run_dir.run_id),
+            run_name=str(meta.get("run_name") or run_dir.run_id),
+            backend_label=meta.get("backend"),
+            config=dict(meta.get("config") or {}),
+            started=float(meta.get("started") or 0.0),
+            experiment=str(meta.get("experiment") or "cliptrack"),
+        )
+        results = []
+        for name, state in sink_states(meta).items():
+            if sinks is not None and name not in sinks:
+                continue
+            results.append(_replay_sink(run_dir, run, name, state, status, tracking_uri, timeout_s, dry_run))
+        return results
+    finally:
+        run_dir.unlock_sink("jsonl")
+
+
+def _replay_sink(
+    run_dir: RunDir, run: RunInfo, name: str, state: dict[str, Any], status: str,
+    tracking_uri: str | None, timeout_s: float, dry_run: bool,
+) -> ReplayResult:
+    ack = run_dir.read_ack(name)
+    left, _ = pending(run_dir, name)
+    if left == 0 and state.get("closed") and state.get("status") == status:
+        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+    if dry_run:
+        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+    try:
+        sink = make_replay_sink(name, state, tracking_uri)
+    except Exception as exc:  # noqa: BLE001
+        return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
+    resume = {k: v for k, v in state.items() if k not in ("closed", "status")}
+    if tracking_uri:
+        resume["tracking_uri"] = tracking_uri
+    lane = SinkLane(sink, run_dir, run, max_buffered_points=2000, max_batch_points=2000,
+                    backoff_initial_s=0.5, backoff_max_s=5.0, state=resume, from_disk=True)
+    lane.set_journal_end(Ack(ack.points + left, run_dir.journal_size()))
+    deadline = time.monotonic() + timeout_s
+    lane.start()
+    lane.stop(status, deadline)
+    lane.join(timeout_s + 5.0)
+    pushed = lane.acked_points - ack.points
+    remaining = max(0, ack.points + left - lane.acked_points)
+    if lane.closed_cleanly and remaining == 0:
+        return ReplayResult(run.run_id, name, pushed, 0, status, "replayed")
+    return ReplayResult(run.run_id, name, pushed, remaining, status, "failed", lane.error or "timed out")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("roots", nargs="*", default=[".cliptrack"],
+                        help="spool directories (or run directories) to replay; default .cliptrack")
+    parser.add_argument("--run", action="append", dest="runs", metavar="RUN_ID", help="only this run (repeatable)")
+    parser.add_argument("--sink", action="append", dest="sinks", metavar="NAME",
+                        help="only this sink: mlflow or wandb (repeatable)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI to use instead of the recorded one")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")
+    parser.add_argument("--dry-run", action="store_true", help="only say what is pending")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracking.tracker import _ensure_log_handler
+
+    _ensure_log_handler()
+    found = [rd for root in args.roots for rd in run_dirs(os.path.expanduser(root))]
+    if args.runs:
+        found = [rd for rd in found if rd.run_id in set(args.runs)]
+    if not found:
+        print(f"cliptrack replay: no runs under {', '.join(args.roots)}")
+        return 0
+    ok = True
+    for run_dir in found:
+        for result in replay_run(run_dir, sinks=set(args.sinks) if args.sinks else None,
+                                 tracking_uri=args.tracking_uri, timeout_s=args.timeout, dry_run=args.dry_run):
+            print(result.line())
+            ok = ok and result.ok
+    return 0 if ok else 1
