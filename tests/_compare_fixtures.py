@@ -159,3 +159,23 @@ def write_wandb_offline(directory: Path, run: SyntheticRun, project: str = "clip
         wb.log({keys.WANDB_STEP_METRIC: p.step, keys.WANDB_WALL_TIME: p.wall_time, **p.metrics})
     wb.finish()
     return Path(wb.dir).parent
+
+
+def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, wandb_dir: Path) -> str:
+    """Log the run's points through ``tracking.Tracker`` to MLflow, W&B (offline) and the spool.
+
+    The tracker stamps its own wall times, so only steps and values match ``run.points``.
+    Returns the tracker's run id (the spool directory name and the W&B run id).
+    """
+    from tracking.tracker import Tracker
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    with Tracker(run_name=run.run_name, backends=["mlflow", "wandb"], backend_label=run.backend, config=run.config,
+                 tracking_uri=tracking_uri, experiment="cliptrack-tests", spool_dir=spool_dir,
+                 wandb_mode="offline", wandb_dir=wandb_dir, wandb_project="cliptrack-tests",
+                 handle_signals=False) as tracker:
+        for p in run.points:
+            tracker.log(p.step, dict(p.metrics))
+        run_id = tracker.run_id
+    assert run_id is not None
+    return run_id

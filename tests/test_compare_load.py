@@ -71,7 +71,7 @@ def test_runs_resolved_by_id_and_name_with_clear_errors(stores):
     assert rs.labels == ["<script>alert(1)</script>", "megatron-run"]
     rs = load_runs([], tracking_uri=stores["uri"], experiment="cliptrack-tests")
     assert sorted(rs.labels) == sorted([megatron.run_name, miles.run_name])
-    with pytest.raises(RunNotFoundError, match="no run with id or name 'ghost'"):
+    with pytest.raises(RunNotFoundError, match="no run with id, name or cliptrack run id 'ghost'"):
         load_runs(["ghost"], tracking_uri=stores["uri"])
     with pytest.raises(RunNotFoundError, match="runs there: megatron0001"):
         load_runs(["ghost"], jsonl_dir=stores["root"] / "spool")
@@ -153,3 +153,34 @@ def test_wandb_online_loader(stores):
     assert "_wandb" not in online.runs[0].config
     with pytest.raises(ValueError, match="entity/project/run_id"):
         load_wandb_online(["just-an-id"], api=FakeApi())
+
+
+@pytest.mark.slow
+def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
+    """End to end: Tracker -> MLflow (sqlite), W&B (offline) and JSONL sinks -> the same frame."""
+    from tests._compare_fixtures import log_with_tracker
+    from tracking.compare import compare
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    megatron, miles = megatron_vs_miles(miles_clip_p=0.16, miles_missing=(2,))
+    ids = [log_with_tracker(r, tracking_uri=uri, spool_dir=tmp_path / "spool", wandb_dir=tmp_path / "wb")
+           for r in (megatron, miles)]
+    frames = {
+        "jsonl": load_jsonl(ids, tmp_path / "spool"),
+        "wandb": load_wandb_offline(ids, tmp_path / "wb"),
+        "mlflow": load_mlflow(ids, tracking_uri=uri),  # by the cliptrack run id tag
+    }
+    assert load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run_id == frames["mlflow"].runs[0].run_id
+    base = _normalised(frames["jsonl"].frame)
+    assert len(base) == sum(len(p.metrics) for r in (megatron, miles) for p in r.points)
+    for source in ("wandb", "mlflow"):
+        other = _normalised(frames[source].frame)
+        exact = ["run", "backend", "step", "tokens_seen", "metric", "value"]
+        pd.testing.assert_frame_equal(base[exact], other[exact], check_exact=True)
+        # MLflow keeps wall time in whole milliseconds
+        pd.testing.assert_frame_equal(base[["wall_time", "elapsed_s"]], other[["wall_time", "elapsed_s"]],
+                                      check_exact=False, atol=2e-3, rtol=0)
+    assert [i.backend for i in frames["mlflow"].runs] == ["megatron", "miles"]
+    result = compare(frames["mlflow"])
+    assert result.difference("clip_fraction").verdict == "different"
+    assert result.difference("clip_fraction").estimate.n_units == 59

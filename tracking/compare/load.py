@@ -126,7 +126,7 @@ def load_mlflow(
 ) -> RunSet:
     """Load runs from an MLflow tracking store (any URI: sqlite, file, http server).
 
-    ``refs`` are run ids or run names. With ``experiment`` (a name or id) and no refs, every
+    ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With ``experiment`` (a name or id) and no refs, every
     training run of that experiment is loaded (comparison runs, tagged ``cliptrack.kind=comparison``,
     are left out); with both, names are looked up inside that experiment only.
     """
@@ -174,7 +174,14 @@ def load_mlflow(
                 ids = ", ".join(m.info.run_id for m in matches)
                 raise RunNotFoundError(f"run name {ref!r} matches {len(matches)} runs in {where} ({ids}): pass a run id")
             if not matches:
-                raise RunNotFoundError(f"no run with id or name {ref!r} in {where}")
+                matches = client.search_runs(
+                    experiment_ids, filter_string=f"tags.`{keys.TAG_RUN_ID}` = {_mlflow_quote(ref)}", max_results=100
+                )
+            if len(matches) > 1:
+                ids = ", ".join(m.info.run_id for m in matches)
+                raise RunNotFoundError(f"cliptrack run id {ref!r} matches {len(matches)} runs in {where} ({ids})")
+            if not matches:
+                raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
             run = matches[0]
         runs.append(run)
 
