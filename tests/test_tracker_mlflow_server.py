@@ -1,0 +1,123 @@
+"""A real ``mlflow server`` on loopback (sqlite backend), killed and restarted under a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tracking import keys
+from tracking.tracker import Tracker
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 10_000
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class MlflowServer:
+    """``mlflow server --backend-store-uri sqlite:///DB --host 127.0.0.1 --port PORT`` in its own
+    process group, so that a kill takes the uvicorn worker down with it."""
+
+    def __init__(self, db: Path, port: int, log: Path) -> None:
+        self.db, self.port, self.log = db, port, log
+        self.proc: subprocess.Popen | None = None
+        self.uri = f"http://127.0.0.1:{port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                ["mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--workers", "1"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"mlflow server not healthy after {timeout_s} s: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+
+def _values(step: int) -> dict[str, float]:
+    return {keys.LOSS_SUM: step * 0.5, keys.REWARD: (step % 97) / 96, "throughput/tokens:mean": float(step % 5)}
+
+
+def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_path, monkeypatch):
+    # each attempt against the dead server fails at once instead of after MLflow's own HTTP retries
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    server = MlflowServer(tmp_path / "server.db", _free_port(), tmp_path / "server.log")
+    server.start()
+    spool = tmp_path / "spool"
+    try:
+        tracker = Tracker("server-run", backends=(server.uri,), backend_label="miles", spool_dir=spool,
+                          experiment="server-test", flush_interval_s=0.1, close_timeout_s=2, handle_signals=False)
+        lane = tracker._lanes[0]
+        for step in range(STEPS):
+            tracker.log(step, _values(step))
+            if step == 3000:  # killed mid-run, with batches in flight
+                server.kill()
+            elif step == 6000:  # back while training runs: the sink recovers from the spool by itself
+                server.start()
+                deadline = time.monotonic() + 90
+                while lane.pending_points() or lane.state != "ok":
+                    assert time.monotonic() < deadline, f"no recovery: {lane.state} {lane.error}"
+                    time.sleep(0.1)
+            elif step == 8000:  # killed again; this time the run ends before it is back
+                server.kill()
+        tracker.close()
+        assert tracker.pending()["mlflow"] > 0  # the tail waits on disk
+        meta = json.loads((spool / tracker.run_id / keys.RUN_META_FILE).read_text())
+        assert meta["sinks"]["mlflow"]["closed"] is False
+
+        server.start()
+        replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+                                capture_output=True, text=True, cwd=REPO, timeout=180)
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert f"run {tracker.run_id} mlflow: replayed" in replay.stdout
+
+        client = MlflowClient(server.uri)
+        experiment = client.get_experiment_by_name("server-test")
+        runs = client.search_runs([experiment.experiment_id])
+        assert len(runs) == 1
+        run = runs[0]
+        assert run.info.status == "FINISHED" and run.data.tags[keys.TAG_BACKEND] == "miles"
+        for key in _values(0):
+            history = client.get_metric_history(run.info.run_id, key)
+            steps = sorted(m.step for m in history)
+            assert steps == list(range(STEPS)), (key, len(steps), len(set(steps)))  # each point once
+            assert all(m.value == _values(m.step)[key] for m in history)
+    finally:
+        server.kill()

@@ -1,0 +1,79 @@
+"""W&B offline: the run's ``.wandb`` transaction log, read back with wandb's own protobuf classes.
+
+No network is used: W&B runs offline (``WANDB_MODE=offline``), its real local writer included.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests._tracking_wandb_log import history, of_type
+from tracking import keys
+from tracking.tracker import Tracker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    return tmp_path
+
+
+def _wandb_file(root: Path, run_id: str) -> Path:
+    (path,) = root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+    return path
+
+
+def _counts(i: int) -> dict[str, float]:
+    low, high = i % 3, i % 5
+    return {keys.LOSS_TOKENS: 100.0 + i, keys.CLIPPED_TOKENS: float(low + high),
+            keys.CLIPPED_LOW_TOKENS: float(low), keys.CLIPPED_HIGH_TOKENS: float(high)}
+
+
+def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offline):
+    steps = [0, 1, 2, 10, 3, 3, 4, 9, 5]  # a resumed run going back, and a repeated step
+    with Tracker("wb-order", backends=("wandb",), backend_label="miles", config={"lr": 0.1},
+                 spool_dir=offline / "spool", wandb_dir=offline, flush_interval_s=0.05) as tracker:
+        assert "wandb offline" in tracker.locations()["wandb"]
+        for i, step in enumerate(steps):
+            tracker.log(step, {**_counts(i), keys.REWARD: i / 10, keys.LOSS_SUM: math.nan if i == 4 else -i})
+    path = _wandb_file(offline, tracker.run_id)
+
+    rows = history(path)
+    assert [(r[keys.WANDB_STEP_METRIC], r[keys.REWARD]) for r in rows] == [(s, i / 10) for i, s in enumerate(steps)]
+    for i, row in enumerate(rows):
+        assert row[keys.CLIP_FRACTION] == (i % 3 + i % 5) / (100 + i)  # formed from the sums
+        assert row[keys.CLIPPED_TOKENS] == i % 3 + i % 5
+        assert (math.isnan(row[keys.LOSS_SUM]) if i == 4 else row[keys.LOSS_SUM] == -i)
+    jsonl = [json.loads(line) for line in (offline / "spool" / tracker.run_id / keys.POINTS_FILE).read_text().splitlines()]
+    assert [r[keys.WANDB_WALL_TIME] for r in rows] == [p["wall_time"] for p in jsonl]
+
+    (run,) = of_type(path, "run")
+    assert run.run_id == tracker.run_id and run.display_name == "wb-order" and run.run_group == "miles"
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config[keys.TAG_BACKEND] == "miles" and config["lr"] == 0.1
+    metrics = of_type(path, "metric")
+    assert any(m.glob_name == "*" and m.step_metric == keys.WANDB_STEP_METRIC for m in metrics)
+    (fraction,) = [m for m in metrics if m.name == keys.CLIP_FRACTION]
+    assert fraction.step_metric == keys.WANDB_STEP_METRIC and fraction.summary.mean and fraction.summary.last
+    assert [e.exit_code for e in of_type(path, "exit")][0] == 0
+
+
+def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(offline):
+    with pytest.raises(RuntimeError, match="diverged"):
+        with Tracker("wb-fail", backends=("wandb",), spool_dir=offline / "spool", wandb_dir=offline) as tracker:
+            tracker.log(0, {keys.REWARD: 1.0})
+            raise RuntimeError("diverged")
+    path = _wandb_file(offline, tracker.run_id)
+    assert [r[keys.REWARD] for r in history(path)] == [1.0]
+    assert of_type(path, "exit")[0].exit_code == 1
+    meta = json.loads((offline / "spool" / tracker.run_id / keys.RUN_META_FILE).read_text())
+    assert meta["status"] == "FAILED" and meta["sinks"]["wandb"]["status"] == "FAILED"
