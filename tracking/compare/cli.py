@@ -62,6 +62,15 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     return runset, result
 
 
+def format_result(result: Any) -> str:
+    """The verdict table and the plain-language summary, as printed in the terminal."""
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
+        table = result.formatted_table().to_string(index=False)
+    return f"{table}\n\n{result.summary()}"
+
+
 def run(args: argparse.Namespace) -> int:
     if len(args.runs) < 2 and not args.experiment:
         print("cliptrack compare: name at least two runs (RUN_A RUN_B ...)", file=sys.stderr)
@@ -71,12 +80,7 @@ def run(args: argparse.Namespace) -> int:
     except (LookupError, ValueError, FileNotFoundError) as exc:
         print(f"cliptrack compare: {exc}", file=sys.stderr)
         return 2
-    import pandas as pd
-
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
-        print(result.formatted_table().to_string(index=False))
-    print()
-    print(result.summary())
+    print(format_result(result))
     if args.html:
         from tracking.compare.dashboard import write_dashboard
 

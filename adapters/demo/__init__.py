@@ -1,0 +1,1 @@
+"""A small, real RL run on CPU through both backend paths: what ``cliptrack demo`` trains."""

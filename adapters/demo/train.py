@@ -1,0 +1,265 @@
+"""The demo's training loop, once per backend path, with a different amount of off-policyness.
+
+Both paths train the same policy on the same task with the same seed. Each step samples a batch
+(from a sampler that may lag the trained policy by ``staleness`` steps), then runs ``epochs``
+optimisation passes over it; every pass after the first is off-policy, so the ratio drifts and
+clipping bites. The gradient is that of the token mean over the step's batch in both paths.
+
+* Megatron path: :func:`adapters.megatron.make_loss_func` per micro-batch (micro-batches of
+  unequal sizes), the reports reduced by :func:`adapters.megatron.reduce_losses`. With
+  Megatron-Core installed and a CUDA device, the micro-batches run through Megatron-Core's own
+  ``get_forward_backward_func()`` schedule; otherwise through a plain micro-batch loop (the
+  schedule allocates its token counter on CUDA).
+* Miles-runtime path: the runtime's :func:`adapters.miles.forward_backward_loss` per chunk of
+  datums (one datum per completion, trimmed to its own length), the per-datum outputs sent over
+  JSON as a REST frontend would and summed per client by :class:`adapters.miles.ClientAggregator`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from adapters.demo.task import Policy, Rollout, TaskConfig, rollout
+from adapters.output import ForwardBackwardOutput, merge_outputs
+from tracking import keys
+
+PATHS = ("megatron", "miles")
+"""The two backend paths the demo trains through."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One demo run. ``steps`` training steps of ``prompts_per_step * group_size`` completions."""
+
+    path: str
+    loss: str = "ppo"
+    steps: int = 40
+    epochs: int = 2
+    staleness: int = 0
+    prompts_per_step: int = 16
+    group_size: int = 4
+    micro_batches: int = 4
+    datums_per_chunk: int = 24
+    learning_rate: float = 1e-2
+    seed: int = 0
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
+        if self.loss not in ("ppo", "cispo"):
+            raise ValueError(f"the demo trains with a clipping loss, 'ppo' or 'cispo'; got {self.loss!r}")
+        for name in ("steps", "epochs", "prompts_per_step", "group_size", "micro_batches", "datums_per_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0 steps, got {self.staleness}")
+
+    def as_config(self) -> dict[str, Any]:
+        """The run's configuration, for the tracker."""
+        return {
+            "path": self.path, "loss": self.loss, "steps": self.steps, "epochs": self.epochs,
+            "staleness": self.staleness, "prompts_per_step": self.prompts_per_step,
+            "group_size": self.group_size, "micro_batches": self.micro_batches,
+            "datums_per_chunk": self.datums_per_chunk, "learning_rate": self.learning_rate,
+            "seed": self.seed, "task": vars(self.task),
+        }
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One training step: its merged output and the metrics logged beside the clip series."""
+
+    step: int
+    output: ForwardBackwardOutput
+    metrics: dict[str, float]
+
+
+StepFn = Callable[[Policy, torch.optim.Optimizer, Rollout, RunConfig, int], list[ForwardBackwardOutput]]
+
+
+def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepResult]:
+    """Train one run; yield each step's result as soon as the step is done.
+
+    ``use_schedule`` (Megatron path): ``None`` picks Megatron-Core's schedule when it can run
+    (megatron-core installed, CUDA available, ``parallel_state`` initialised), ``True`` forces it.
+    """
+    torch.manual_seed(run.seed)
+    generator = torch.Generator().manual_seed(run.seed)
+    policy = Policy(run.task)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=run.learning_rate)
+    history: deque[dict[str, Tensor]] = deque(maxlen=run.staleness + 1)
+    sampler = Policy(run.task)
+    if run.path == "megatron":
+        step_fn: StepFn = megatron_step_fn(use_schedule)
+    else:
+        step_fn = MilesClient(run).step
+    for step in range(run.steps):
+        history.append(copy.deepcopy(policy.state_dict()))
+        sampler.load_state_dict(history[0])  # the oldest kept weights: ``staleness`` steps behind
+        start = time.perf_counter()
+        batch = rollout(sampler, run.task, run.prompts_per_step, run.group_size, generator)
+        outputs = step_fn(policy, optimizer, batch, run, step)
+        output = merge_outputs(outputs)
+        seconds = time.perf_counter() - start
+        metrics = {
+            keys.REWARD: float(batch.reward.mean()),
+            keys.THROUGHPUT: output.metrics[keys.LOSS_TOKENS] / seconds,
+            keys.STEP_TIME: seconds,
+        }
+        yield StepResult(step, output, metrics)
+
+
+def _micro_batch_bounds(sequences: int, parts: int) -> list[tuple[int, int]]:
+    """Unequal micro-batches: sizes 1, 2, ... in proportion, covering all ``sequences``."""
+    parts = min(parts, sequences)
+    weights = list(range(1, parts + 1))
+    cuts = [0]
+    for i in range(1, parts):
+        cuts.append(max(cuts[-1] + 1, round(sequences * sum(weights[:i]) / sum(weights))))
+    cuts.append(sequences)
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _loss_inputs(batch: Rollout, lo: int, hi: int) -> dict[str, Tensor]:
+    return {
+        "sampling_logprobs": batch.sampling_logprobs[lo:hi],
+        "advantages": batch.advantages[lo:hi],
+        "mask": batch.mask[lo:hi],
+    }
+
+
+def megatron_step_fn(use_schedule: bool | None) -> StepFn:
+    """The Megatron path's step: Megatron-Core's schedule where it can run, else a plain loop."""
+    if use_schedule is None:
+        use_schedule = _schedule_available()
+    return _megatron_schedule_step if use_schedule else _megatron_loop_step
+
+
+def _schedule_available() -> bool:
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and parallel_state.model_parallel_is_initialized()
+
+
+def _megatron_loop_step(
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
+) -> list[ForwardBackwardOutput]:
+    from adapters.megatron import make_loss_func, reduce_losses
+
+    total_tokens = float(batch.mask.sum())
+    outputs = []
+    for _ in range(run.epochs):
+        optimizer.zero_grad(set_to_none=True)
+        reports = []
+        for lo, hi in _micro_batch_bounds(batch.sequences, run.micro_batches):
+            loss_func = make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
+            loss, _num_tokens, report = loss_func(policy(batch.prompts[lo:hi], batch.tokens[lo:hi]))
+            (loss / total_tokens).backward()  # token mean over the step's batch
+            reports.append(report)
+        optimizer.step()
+        outputs.append(reduce_losses(reports, group=None))
+    return outputs
+
+
+class _MegatronPolicy(torch.nn.Module):
+    """The policy as Megatron-Core's schedule expects a model: a module with a ``config``."""
+
+    def __init__(self, policy: Policy) -> None:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        super().__init__()
+        self.policy = policy
+        self.config = TransformerConfig(
+            num_layers=1, hidden_size=policy.task.hidden, num_attention_heads=1,
+            use_cpu_initialization=True, pipeline_dtype=torch.float32, calculate_per_token_loss=True,
+        )
+
+    def set_input_tensor(self, tensor: Any) -> None:  # first and last stage at once: nothing to receive
+        pass
+
+    def forward(self, prompts: Tensor, tokens: Tensor) -> Tensor:
+        return self.policy(prompts, tokens)
+
+
+def _megatron_schedule_step(
+    policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
+) -> list[ForwardBackwardOutput]:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from adapters.megatron import make_loss_func, reduce_losses
+
+    model = _MegatronPolicy(policy)
+    total_tokens = float(batch.mask.sum())
+    bounds = _micro_batch_bounds(batch.sequences, run.micro_batches)
+
+    def forward_step(data_iterator: Iterator[tuple[int, int]], model: _MegatronPolicy) -> tuple[Tensor, Any]:
+        lo, hi = next(data_iterator)
+        output = model(batch.prompts[lo:hi], batch.tokens[lo:hi])
+        return output, make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
+
+    outputs = []
+    for _ in range(run.epochs):
+        optimizer.zero_grad(set_to_none=True)
+        reports = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(bounds), model=[model],
+            num_microbatches=len(bounds), seq_length=run.task.length, micro_batch_size=1,
+        )
+        # calculate_per_token_loss: the schedule back-propagates summed losses; divide by the
+        # step's tokens as finalize_model_grads would, for the token mean over the batch.
+        for parameter in policy.parameters():
+            if parameter.grad is not None:
+                parameter.grad /= total_tokens
+        optimizer.step()
+        outputs.append(reduce_losses(reports))
+    return outputs
+
+
+class MilesClient:
+    """The Miles path: a runtime computing per-datum losses, a client summing them per run."""
+
+    def __init__(self, run: RunConfig, client_id: str | None = None) -> None:
+        from adapters.miles import ClientAggregator
+
+        self.client_id = client_id or f"demo-{run.path}-{run.seed}"
+        self.aggregator = ClientAggregator()
+        self.aggregator.register(self.client_id)
+
+    def step(
+        self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
+    ) -> list[ForwardBackwardOutput]:
+        from adapters.miles import forward_backward_loss, output_from_json, output_to_json
+
+        lengths = [int(n) for n in batch.mask.sum(dim=1).long()]
+        total_tokens = float(sum(lengths))
+        for _ in range(run.epochs):
+            optimizer.zero_grad(set_to_none=True)
+            for lo in range(0, batch.sequences, run.datums_per_chunk):
+                hi = min(lo + run.datums_per_chunk, batch.sequences)
+                current = policy(batch.prompts[lo:hi], batch.tokens[lo:hi])
+                datums = [
+                    {
+                        "target_tokens": batch.tokens[i, : lengths[i]],
+                        "logprobs": batch.sampling_logprobs[i, : lengths[i]],
+                        "advantages": batch.advantages[i, : lengths[i]],
+                    }
+                    for i in range(lo, hi)
+                ]
+                result = forward_backward_loss(
+                    datums, [current[i - lo, : lengths[i]] for i in range(lo, hi)], run.loss
+                )
+                (result.loss / total_tokens).backward()
+                reply = output_from_json(output_to_json(result.output))  # over the wire, as over HTTP
+                self.aggregator.add(self.client_id, step, reply)
+            optimizer.step()
+        return [self.aggregator.emit(self.client_id, step)]
