@@ -3,8 +3,13 @@
 Importing this package never imports torch.
 """
 
+from typing import TYPE_CHECKING
+
 from tracking import keys
 from tracking.counts import ClipCounts
+
+if TYPE_CHECKING:
+    from tracking.tracker import Tracker
 
 __all__ = ["ClipCounts", "Tracker", "keys"]
 

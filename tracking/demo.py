@@ -97,11 +97,10 @@ def run(args: argparse.Namespace) -> int:
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     """Compare the runs: print the table and verdict, write the dashboard and the panels."""
     from tracking.compare import compare, load_runs
+    from tracking.compare.cli import format_result
     from tracking.compare.dashboard import write_dashboard
     from tracking.compare.panels_mlflow import log_comparison
     from tracking.compare.panels_wandb import save_or_write
-
-    from tracking.compare.cli import format_result
 
     runs = load_runs(run_ids, tracking_uri=tracking_uri)
     result = compare(runs)

@@ -168,7 +168,9 @@ def _megatron_loop_step(
             (loss / total_tokens).backward()  # token mean over the step's batch
             reports.append(report)
         optimizer.step()
-        outputs.append(reduce_losses(reports, group=None))
+        output = reduce_losses(reports, group=None)
+        assert output is not None
+        outputs.append(output)
     return outputs
 
 
@@ -221,7 +223,9 @@ def _megatron_schedule_step(
             if parameter.grad is not None:
                 parameter.grad /= total_tokens
         optimizer.step()
-        outputs.append(reduce_losses(reports))
+        output = reduce_losses(reports)
+        assert output is not None, "one process is the last pipeline stage"
+        outputs.append(output)
     return outputs
 
 
