@@ -294,7 +294,7 @@ def test_every_point_is_kept_in_order_exactly(tmp_path_factory, points):
             tracker.log(step, metrics)
     lines = _points(root / tracker.run_id)
     assert len(lines) == len(points)
-    for line, (step, metrics) in zip(lines, points):
+    for line, (step, metrics) in zip(lines, points, strict=True):
         assert line["step"] == step
         assert line["metrics"].keys() == metrics.keys()
         for key, value in metrics.items():

@@ -40,7 +40,7 @@ def test_one_run_per_job_whatever_the_number_of_ranks(tmp_path, db_uri, world):
         for rank in range(world)
     ]
     outputs = [p.communicate(timeout=240) for p in procs]
-    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+    for rank, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
         assert proc.returncode == 0, f"rank {rank}: {err[-3000:]}"
     lines = sorted(out.strip().splitlines()[-1] for out, _ in outputs)
     assert lines[0].startswith("rank 0 active=True run_id=")

@@ -1,0 +1,127 @@
+"""Sink selection by name/URI, the JSONL layout and spool readers, MLflow key rules."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tracking import keys
+from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
+from tracking.sinks.base import Point, RunInfo
+from tracking.sinks.jsonl_sink import JsonlSink
+from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
+from tracking.sinks.wandb_sink import WandbSink, resolve_mode
+from tracking.spool import Ack, RunDir, pending, run_dirs
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "where"),
+    [
+        ("mlflow", MlflowSink, "sqlite:///"),
+        ("sqlite:///x.db", MlflowSink, "sqlite:///"),
+        ("http://127.0.0.1:5000", MlflowSink, "http://127.0.0.1:5000"),
+        ("https://mlflow.example.org", MlflowSink, "https://mlflow.example.org"),
+        ("postgresql://u@h/db", MlflowSink, "postgresql://u@h/db"),
+        ("wandb", WandbSink, "project 'cliptrack'"),
+        ("wandb:rl-clips", WandbSink, "project 'rl-clips'"),
+        ("wandb:team/rl-clips", WandbSink, "project 'rl-clips'"),
+    ],
+)
+def test_backends_are_selected_by_name_or_uri(spec, kind, where, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    sink = make_sink(spec)
+    assert isinstance(sink, kind) and isinstance(sink, Sink)
+    assert where in sink.location
+
+
+def test_wandb_entity_and_mode(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent")
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert resolve_mode(None) == "offline"  # no credentials anywhere
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_mode(None) == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_mode(None) == "disabled" and resolve_mode("offline") == "offline"
+    assert make_sink("wandb:team/p").entity == "team"
+
+
+@pytest.mark.parametrize("spec", ["neptune", "s3://bucket/x", "", 42])
+def test_unknown_backends_are_refused_with_the_choices(spec):
+    with pytest.raises(ValueError, match="unknown tracking backend|neither a name"):
+        make_sink(spec)
+
+
+def test_jsonl_specs_name_a_directory():
+    assert is_jsonl("jsonl") and jsonl_root("jsonl") is None
+    assert jsonl_root("jsonl:/tmp/runs") == "/tmp/runs" and jsonl_root("jsonl:///tmp/runs") == "/tmp/runs"
+    assert jsonl_root("file:///tmp/runs") == "/tmp/runs"
+    assert not is_jsonl("mlflow") and not is_jsonl("sqlite:///x.db")
+
+
+def test_default_mlflow_store_is_sqlite_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5001")
+    assert resolve_tracking_uri(None) == "http://127.0.0.1:5001"
+    assert resolve_tracking_uri("sqlite:///rel/m.db") == f"sqlite:///{tmp_path / 'rel' / 'm.db'}"
+    assert resolve_tracking_uri("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
+
+
+@pytest.mark.parametrize("key", ["loss:sum", "clip_fraction:mean", "kl/policy:mean", "a b-c.d:max"])
+def test_mlflow_accepts_tinker_keys(key):
+    MlflowSink("sqlite:///unused.db").check_key(key)
+
+
+@pytest.mark.parametrize("key", ["loss@rank0:sum", "../x:sum", "a//b:sum", "/x:sum", "x" * 251])
+def test_mlflow_refuses_keys_by_name(key):
+    with pytest.raises(ValueError, match="MLflow refuses metric key") as info:
+        MlflowSink("sqlite:///unused.db").check_key(key)
+    assert repr(key) in str(info.value)
+
+
+def test_config_is_flattened_for_mlflow_params():
+    config = {"a": 1, "b": {"c": {"d": [1, 2]}, "e": None}, "f": {}}
+    assert dict(flatten_config(config)) == {"a": "1", "b.c.d": "[1, 2]", "b.e": "None", "f": "{}"}
+
+
+def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tmp_path):
+    run = RunInfo("abc123", "name", "megatron", {"k": {"v": 1}}, started=1700000000.5)
+    sink = JsonlSink(tmp_path, fsync=False)
+    sink.open(run)
+    points = [Point(3, 1700000001.25, {"a:mean": 0.5}), Point(1, 1700000002.0, {"a:mean": float("inf")})]
+    ends = sink.append(points)
+    sink.flush()
+    run_dir = tmp_path / "abc123"
+    assert ends[-1] == (run_dir / keys.POINTS_FILE).stat().st_size
+    with open(run_dir / keys.POINTS_FILE, "ab") as fh:  # a crash in the middle of a line
+        fh.write(b'{"step": 9, "wall_ti')
+    sink.close("FINISHED")
+    meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
+    assert {k: meta[k] for k in ("run_id", "run_name", "backend", "config", "started", "status")} == {
+        "run_id": "abc123", "run_name": "name", "backend": "megatron", "config": {"k": {"v": 1}},
+        "started": 1700000000.5, "status": "FINISHED"}
+    lines = (run_dir / keys.POINTS_FILE).read_text().splitlines()
+    assert json.loads(lines[0]) == {"step": 3, "wall_time": 1700000001.25, "metrics": {"a:mean": 0.5}}
+    assert "Infinity" in lines[1]
+    reader = RunDir(tmp_path, "abc123")
+    assert [(p, end) for p, end in reader.read_points()] == list(zip(points, ends, strict=True))
+    assert [p for p, _ in reader.read_points(ends[0])] == points[1:]
+    assert pending(reader, "mlflow") == (2, os.path.getsize(run_dir / keys.POINTS_FILE))
+    reader.write_ack("mlflow", Ack(1, ends[0]))
+    assert reader.read_ack("mlflow") == Ack(1, ends[0]) and pending(reader, "mlflow")[0] == 1
+    assert [r.run_id for r in run_dirs(tmp_path)] == ["abc123"] == [r.run_id for r in run_dirs(run_dir)]
+
+
+def test_a_live_run_lock_excludes_a_second_writer(tmp_path):
+    first, second = RunDir(tmp_path, "r"), RunDir(tmp_path, "r")
+    assert first.lock_sink("mlflow")
+    assert not second.lock_sink("mlflow")  # flock is per open file: a second opener is refused
+    first.unlock_sink("mlflow")
+    assert second.lock_sink("mlflow")
+    second.unlock_sink("mlflow")
