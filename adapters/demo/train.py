@@ -178,10 +178,12 @@ class _MegatronPolicy(torch.nn.Module):
     """The policy as Megatron-Core's schedule expects a model: a module with a ``config``."""
 
     def __init__(self, policy: Policy) -> None:
+        from megatron.core.enums import ModelType
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         super().__init__()
         self.policy = policy
+        self.model_type = ModelType.encoder_or_decoder
         self.config = TransformerConfig(
             num_layers=1, hidden_size=policy.task.hidden, num_attention_heads=1,
             use_cpu_initialization=True, pipeline_dtype=torch.float32, calculate_per_token_loss=True,
