@@ -13,6 +13,7 @@ so float differences between layouts never move a token across a threshold.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,6 +139,38 @@ def plain_ppo_counts(batch: GlobalBatch, low: float = 0.8, high: float = 1.2) ->
     is_low = eligible & (a < 0) & (batch.deltas < math.log(low))
     is_high = eligible & (a > 0) & (batch.deltas > math.log(high))
     return int(eligible.sum()), int((is_low | is_high).sum()), int(is_low.sum()), int(is_high.sum())
+
+
+COLLECTIVES = (
+    "all_reduce", "all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tensor", "broadcast",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather_object", "broadcast_object_list",
+    "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+)
+"""The ``torch.distributed`` communication functions :func:`counted_collectives` wraps."""
+
+
+@contextlib.contextmanager
+def counted_collectives() -> Iterator[list[str]]:
+    """Record the name of every ``torch.distributed`` communication call inside the block."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def wrap(name: str, fn: Any) -> Any:
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return counting
+
+    for name, fn in originals.items():
+        setattr(dist, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
 
 
 # ---- Megatron side (imported lazily: tests skip when megatron-core is absent) ----------------------

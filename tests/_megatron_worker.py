@@ -2,7 +2,7 @@
 
 Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Runs every scenario of
 ``_megatron_setup.SCENARIOS`` through Megatron-Core's real schedule on gloo, reduces with
-``adapters.megatron.reduce_losses`` while counting ``torch.distributed.all_reduce`` calls, hands the
+``adapters.megatron.reduce_losses`` while counting ``torch.distributed`` collectives, hands the
 result to every pipeline stage, and writes ``OUT_DIR/rank<RANK>.json``.
 """
 
@@ -16,6 +16,24 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _explicit_group(rank: int, world: int) -> dict:
+    """Without parallel_state: reports from the loss function, the world group passed in, and the
+    last rank holding no report at all (it contributes zeros to the one collective)."""
+    import torch.distributed as dist
+
+    from adapters.megatron import make_loss_func, reduce_losses
+    from tests import _megatron_setup as setup
+
+    batch = setup.global_batch("ppo", world * setup.MICRO_BATCH, dp=world)
+    rows = slice(rank * setup.MICRO_BATCH, (rank + 1) * setup.MICRO_BATCH)
+    inputs = setup.loss_inputs("ppo", batch, rows, slice(None))
+    logprobs = setup.reference_logprobs(batch.tokens[rows], batch.labels[rows])
+    reports = [] if rank == world - 1 else [make_loss_func("ppo", inputs)(logprobs)[2]]
+    with setup.counted_collectives() as calls:
+        fbo = reduce_losses(reports, group=dist.group.WORLD)
+    return {"metrics": fbo.metrics if fbo is not None else None, "collectives": calls}
 
 
 def main() -> int:
@@ -34,7 +52,10 @@ def main() -> int:
     result: dict = {"rank": rank, "steps": {}}
     with cpu_megatron():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            create_gloo_process_groups=False,  # the default backend is gloo already
         )
         dp = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -53,26 +74,18 @@ def main() -> int:
             data = list(setup.micro_batches(scenario, batch, dp_rank, cp_rank, cp))
             model.zero_grad(set_to_none=True)
             reports = setup.run_step(model, scenario, data, seq_len=setup.SEQ_LEN // cp)
-            calls: list[int] = []
-            original = dist.all_reduce
-
-            def counting(*args, _orig=original, **kwargs):  # type: ignore[no-untyped-def]
-                calls.append(1)
-                return _orig(*args, **kwargs)
-
-            dist.all_reduce = counting  # type: ignore[assignment]
-            try:
+            with setup.counted_collectives() as calls:
                 fbo = reduce_losses(reports)
-            finally:
-                dist.all_reduce = original  # type: ignore[assignment]
             everywhere = broadcast_from_last_stage(fbo)
             result["steps"][scenario] = {
                 "n_reports": len(reports),
-                "all_reduce_calls": len(calls),
+                "collectives": calls,
                 "metrics": None if fbo is None else fbo.metrics,
                 "broadcast_metrics": everywhere.metrics,
             }
         parallel_state.destroy_model_parallel()
+    if tp == pp == cp == 1:
+        result["explicit_group"] = _explicit_group(rank, world)
     dist.barrier()
     dist.destroy_process_group()
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))

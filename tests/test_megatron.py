@@ -51,23 +51,6 @@ def host_sync_forbidden() -> Iterator[None]:
             setattr(torch.Tensor, name, method)
 
 
-@contextlib.contextmanager
-def counted_all_reduce() -> Iterator[list[int]]:
-    """Count calls of ``torch.distributed.all_reduce`` inside the block."""
-    calls: list[int] = []
-    original = dist.all_reduce
-
-    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    dist.all_reduce = counting  # type: ignore[assignment]
-    try:
-        yield calls
-    finally:
-        dist.all_reduce = original  # type: ignore[assignment]
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -111,7 +94,7 @@ def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scena
     model = setup.build_model()
     reports = setup.run_step(model, scenario, data, seq_len=setup.SEQ_LEN)
     assert len(reports) == setup.N_MICRO
-    with counted_all_reduce() as calls:
+    with setup.counted_collectives() as calls:
         fbo = mg.reduce_losses(reports)
     assert len(calls) == 1
     expected = setup.expected_metrics(scenario, batch)
@@ -311,7 +294,7 @@ def test_bad_input_values_raise_after_the_one_collective(megatron_one_rank):
     inputs = dict(inputs, advantages=inputs["advantages"].clone())
     inputs["advantages"][3] = float("nan")
     bad = mg.make_loss_func("ppo", inputs)(logprobs)[2]
-    with counted_all_reduce() as calls, pytest.raises(ValueError, match="advantages"):
+    with setup.counted_collectives() as calls, pytest.raises(ValueError, match="advantages"):
         mg.reduce_losses([good, bad])
     assert len(calls) == 1
 

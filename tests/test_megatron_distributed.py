@@ -18,8 +18,9 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from adapters.losses import ppo  # noqa: E402
+from adapters.output import loss_metrics  # noqa: E402
 from tests import _megatron_setup as setup  # noqa: E402
-
 from tracking import keys  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -74,10 +75,10 @@ def _check_layout(results: list[dict], dp: int) -> None:
             step = res["steps"][scenario]
             if not res["last_stage"]:
                 assert step["n_reports"] == 0 and step["metrics"] is None
-                assert step["all_reduce_calls"] == 0
+                assert step["collectives"] == []
             else:
                 assert step["n_reports"] == setup.N_MICRO
-                assert step["all_reduce_calls"] == 1, f"{scenario}: one collective per step"
+                assert len(step["collectives"]) == 1, f"{scenario}: one collective per step, got {step['collectives']}"
                 got = step["metrics"]
                 assert set(got) == set(expected), f"{scenario} rank {res['rank']}: keys {sorted(got)}"
                 for key in COUNT_KEYS:
@@ -102,11 +103,34 @@ def _check_nontrivial(results: list[dict]) -> None:
     assert keys.CLIPPED_TOKENS not in metrics["cross_entropy"]["metrics"]
 
 
-def test_data_parallel_2(tmp_path: Path) -> None:
-    results = _launch(tmp_path, world=2, tp=1, pp=1, cp=1)
+@pytest.fixture(scope="module")
+def dp2_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return _launch(tmp_path_factory.mktemp("dp2"), world=2, tp=1, pp=1, cp=1)
+
+
+def test_data_parallel_2(dp2_results: list[dict]) -> None:
+    results = dp2_results
     _check_layout(results, dp=2)
     _check_nontrivial(results)
     assert [r["dp_cp_ranks"] for r in results] == [[0, 1], [0, 1]]
+    # on gloo the one collective is an all-to-all (one round), see adapters.megatron.merge_packed
+    assert all(r["steps"]["ppo"]["collectives"] == ["all_to_all_single"] for r in results)
+
+
+def test_explicit_group_without_parallel_state(dp2_results: list[dict]) -> None:
+    """The same processes, reports passed with group=WORLD; rank 1 has none and still joins."""
+    results = dp2_results
+    batch = setup.global_batch("ppo", 2 * setup.MICRO_BATCH, dp=2)
+    rows = slice(0, setup.MICRO_BATCH)
+    logprobs = setup.reference_logprobs(batch.tokens[rows], batch.labels[rows])
+    expected = loss_metrics(ppo(logprobs, **setup.loss_inputs("ppo", batch, rows, slice(None))))
+    assert expected[keys.CLIPPED_TOKENS] > 0
+    for res in results:
+        got = res["explicit_group"]
+        assert len(got["collectives"]) == 1, got["collectives"]
+        assert set(got["metrics"]) == set(expected)
+        for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION):
+            assert got["metrics"][key] == expected[key]
 
 
 def test_tensor_parallel_2_by_data_parallel_2(tmp_path: Path) -> None:

@@ -1,0 +1,157 @@
+"""Merging a step's clip sums across 4 gloo ranks: one collective for all keys vs one per key.
+
+Four processes on 127.0.0.1 (gloo), each holding the reports of 4 micro-batches from
+``adapters.megatron.make_loss_func``. Per step, interleaved round-robin in one run, median seconds
+of the slowest rank (blocks of steps start from a barrier):
+
+- anchor: sum each of the 5 keys (``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum``, low,
+  high) over micro-batches and ``all_reduce`` each one (5 collectives);
+- ``adapters.megatron.merged_sums``: all keys packed in one float64 vector, one collective (on
+  gloo an ``all_to_all_single``, see ``adapters.megatron.merge_packed``; target: ratio <= 0.33,
+  i.e. at least 3x faster);
+- the same vector in one gloo ``all_reduce``, for the record of why gloo does not use it;
+- ``adapters.megatron.reduce_losses``: the same plus the host read-back and the output built.
+
+Run: ``python benchmarks/merge.py``. ``run()`` returns the rows as dicts for ``run_all``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._timing import Row, markdown  # noqa: E402
+
+WORLD = 4
+MICRO_BATCHES = 4
+TOKENS = 2048
+"""Tokens per micro-batch (shape of the loss inputs)."""
+BLOCK = 10
+"""Steps per timed block: a block starts from a barrier and its time is divided by BLOCK, so the
+skew of ranks leaving the barrier is not billed to one merge."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _reports(rank: int) -> list[dict]:
+    import torch
+
+    from adapters.megatron import make_loss_func
+
+    gen = torch.Generator().manual_seed(rank)
+    reports = []
+    for _ in range(MICRO_BATCHES):
+        logprobs = -torch.rand(TOKENS, generator=gen) * 3
+        inputs = {
+            "sampling_logprobs": logprobs + 0.3 * torch.randn(TOKENS, generator=gen),
+            "advantages": torch.randn(TOKENS, generator=gen),
+            "mask": (torch.rand(TOKENS, generator=gen) > 0.2).float(),
+        }
+        reports.append(make_loss_func("ppo", inputs)(logprobs)[2])
+    return reports
+
+
+def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from adapters.megatron import merged_sums, reduce_losses, sum_reports
+    from tracking import keys
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    group = dist.group.WORLD
+    reports = _reports(rank)
+    per_key = (keys.LOSS_SUM, keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIPPED_LOW_TOKENS,
+               keys.CLIPPED_HIGH_TOKENS)
+
+    def one_per_key() -> None:
+        for key in per_key:
+            total = torch.stack([report[key] for report in reports]).sum()
+            dist.all_reduce(total, group=group)
+
+    def one_collective() -> None:
+        merged_sums(reports, group=group)
+
+    def one_all_reduce() -> None:
+        packed = sum_reports(reports)
+        dist.all_reduce(packed, group=group)
+
+    def whole_reduction() -> None:
+        reduce_losses(reports, group=group)
+
+    fns = {"per_key": one_per_key, "packed": one_collective, "all_reduce": one_all_reduce,
+           "reduce": whole_reduction}
+    samples = torch.zeros(len(fns), repeats, dtype=torch.float64)
+    for _ in range(10):  # warm-up
+        for fn in fns.values():
+            fn()
+    for block in range(repeats):  # interleaved blocks, each starting from a barrier
+        for i, fn in enumerate(fns.values()):
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            for _ in range(BLOCK):
+                fn()
+            samples[i, block] = (time.perf_counter() - start) / BLOCK
+    dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)  # a step lasts until its slowest rank
+    medians = {name: float(samples[i].median()) for i, name in enumerate(fns)}
+    check = reduce_losses(reports, group=group).metrics
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put((medians, check))
+
+
+def run(repeats: int = 60) -> list[dict]:
+    """Rows (``name``, ``median_s``, ``anchor``, ``ratio`` = median / anchor's median, ``target``)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        procs = [ctx.Process(target=_worker, args=(rank, port, repeats, queue)) for rank in range(WORLD)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=600)
+    finally:
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_before
+    failed = [f"rank {r} exited {p.exitcode}" for r, p in enumerate(procs) if p.exitcode != 0]
+    if failed:
+        raise RuntimeError("merge benchmark: " + ", ".join(failed))
+    medians, _ = queue.get()
+    anchor = f"one all_reduce per key (5 keys), {WORLD} gloo ranks"
+    rows = [
+        Row(anchor, medians["per_key"], anchor, 1.0),
+        Row(f"merged_sums: all keys in one collective (all_to_all on gloo), {WORLD} gloo ranks",
+            medians["packed"], anchor, medians["packed"] / medians["per_key"], "≤ 0.33 (≥ 3× faster)"),
+        Row("the same packed vector in one all_reduce (gloo ring; not used on gloo)", medians["all_reduce"],
+            anchor, medians["all_reduce"] / medians["per_key"]),
+        Row("reduce_losses: one collective + host read-back + output", medians["reduce"], anchor,
+            medians["reduce"] / medians["per_key"]),
+    ]
+    return [row.as_dict() for row in rows]
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table."""
+    return markdown([Row(**row) for row in rows])
+
+
+if __name__ == "__main__":
+    print(f"{MICRO_BATCHES} micro-batches of {TOKENS} tokens per rank; medians of interleaved steps\n")
+    print(table(run()))
