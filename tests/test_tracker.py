@@ -50,7 +50,8 @@ def _history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, flo
     return sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key))
 
 
-def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri):
+def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
+    caplog.set_level(logging.INFO, logger="cliptrack")
     config = {"lr": 3e-4, "optimizer": {"beta1": 0.9, "name": "adam"}, "long": "x" * 7000}
     before = time.time()
     with Tracker("roundtrip", backends=(db_uri, "jsonl"), backend_label="megatron", config=config,
@@ -73,6 +74,11 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri):
     assert walls == sorted(walls) and before <= walls[0] and walls[-1] <= after
 
     client, run = _mlflow_run(db_uri, tracker)
+    start, summary = caplog.records[0].getMessage(), caplog.records[-1].getMessage()
+    assert len(caplog.records) == 2  # one line at start, one at close, nothing else
+    assert tracker.run_id in start and db_uri in start and f"run {run.info.run_id}" in start
+    assert str(run_dir) in start and "backend=megatron" in start
+    assert f"run {tracker.run_id} FINISHED: 300 points (900 values)" in summary and "mlflow: all written" in summary
     assert run.info.status == "FINISHED"
     assert run.data.tags[keys.TAG_BACKEND] == "megatron"
     assert run.data.tags[keys.TAG_RUN_KIND] == "training"

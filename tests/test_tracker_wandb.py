@@ -77,3 +77,34 @@ def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(off
     assert of_type(path, "exit")[0].exit_code == 1
     meta = json.loads((offline / "spool" / tracker.run_id / keys.RUN_META_FILE).read_text())
     assert meta["status"] == "FAILED" and meta["sinks"]["wandb"]["status"] == "FAILED"
+
+
+def test_replay_resumes_the_wandb_run_with_only_the_unacknowledged_points(offline):
+    """A spool as a crash leaves it: six points on disk, W&B acknowledged the first two."""
+    import subprocess
+    import sys
+
+    from tracking.sinks.base import Point, RunInfo
+    from tracking.sinks.jsonl_sink import JsonlSink
+    from tracking.sinks.wandb_sink import WandbSink
+    from tracking.spool import Ack
+
+    run = RunInfo("0123456789abcdef0123456789abcdef", "crashed", "megatron", {"lr": 0.5}, started=1.7e9)
+    journal = JsonlSink(offline / "spool")
+    journal.open(run)
+    ends = journal.append([Point(step, 1.7e9 + step, {keys.REWARD: step / 10}) for step in range(6)])
+    journal.flush()
+    run_dir = journal.run_dir
+    settings = WandbSink(dir=offline).settings()
+    run_dir.update_meta(sinks={"wandb": {**settings, "closed": False}})  # what a live lane records
+    run_dir.write_ack("wandb", Ack(2, ends[1]))
+
+    replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(offline / "spool")],
+                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run.run_id} wandb: replayed, 4 points pushed, status FAILED" in replay.stdout  # died: FAILED
+    path = _wandb_file(offline, run.run_id)
+    assert [(r[keys.WANDB_STEP_METRIC], r[keys.REWARD]) for r in history(path)] == [(s, s / 10) for s in range(2, 6)]
+    assert [r[keys.WANDB_WALL_TIME] for r in history(path)] == [1.7e9 + s for s in range(2, 6)]
+    assert of_type(path, "exit")[0].exit_code == 1
+    assert run_dir.read_ack("wandb") == Ack(6, ends[-1])

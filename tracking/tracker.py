@@ -180,6 +180,7 @@ class Tracker:
         self._closed = False
         self._lanes: list[SinkLane] = []
         self._known_keys: set[str] = set()
+        self.sinks: list[Any] = []
         if not self.active:
             return
         if isinstance(backends, str):
@@ -220,7 +221,8 @@ class Tracker:
         _ensure_log_handler()
         self.journal = JsonlSink(Path(root))
         self.journal.open(self.run)
-        self.run_dir = RunDir(Path(root), self.run_id)
+        assert self.journal.run_dir is not None
+        self.run_dir: RunDir = self.journal.run_dir  # one instance: its lock serialises run.json updates
         self.run_dir.lock_sink("jsonl")  # tells `cliptrack replay` that this run is live
         self._lanes = [
             SinkLane(

@@ -14,7 +14,8 @@ Memory bound: the inbox holds at most what one flush interval brings (the writer
 ``max_batch_points``); each lane holds at most ``max_buffered_points`` points in memory. A lane
 that falls further behind (slow or dead backend) drops its in-memory copies, which are already on
 disk, and reads the tail of points.jsonl instead: nothing is discarded, and memory stays bounded
-by ``flush interval's points + lanes x max_buffered_points``. A process crash loses at most the
+by ``flush interval's points + lanes x max_buffered_points`` (the inbox can only grow past one
+interval if the local disk itself stalls). A process crash loses at most the
 points of the last, unflushed interval; ``close`` drains everything.
 """
 

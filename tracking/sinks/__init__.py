@@ -73,7 +73,22 @@ def is_jsonl(spec: Any) -> bool:
     return isinstance(spec, str) and (spec == "jsonl" or spec.startswith(("jsonl:", "file:")))
 
 
-def make_sink(
+def make_sink(spec: Any, **options: Any) -> Any:
+    """The remote sink a spec names (see the table above); JSONL specs are handled by the tracker.
+
+    ``options``: ``tracking_uri``, ``experiment`` (MLflow), ``wandb_project``, ``wandb_mode``,
+    ``wandb_dir`` (W&B). A missing optional dependency is reported with the extra to install.
+    """
+    try:
+        return _make_sink(spec, **options)
+    except ModuleNotFoundError as exc:
+        extra = "wandb" if "wandb" in str(exc.name) else "mlflow"
+        raise ModuleNotFoundError(
+            f"tracking backend {spec!r} needs {exc.name!r}: pip install 'cliptrack[{extra}]'", name=exc.name
+        ) from exc
+
+
+def _make_sink(
     spec: Any,
     *,
     tracking_uri: str | None = None,
@@ -82,7 +97,6 @@ def make_sink(
     wandb_mode: str | None = None,
     wandb_dir: str | os.PathLike[str] | None = None,
 ) -> Any:
-    """The remote sink a spec names (see the table above); JSONL specs are handled by the tracker."""
     if not isinstance(spec, str):
         if all(hasattr(spec, attr) for attr in ("name", "open", "write", "close", "check_key")):
             return spec
