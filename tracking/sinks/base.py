@@ -85,6 +85,10 @@ class Sink(Protocol):
     tracker and must either take the whole batch, raise ``PartialWrite`` saying how many of its
     leading points were taken, or raise. Re-sending a batch after an ambiguous failure must not
     duplicate points where the backend allows it (MLflow does: identical metric rows are merged).
+
+    Optional methods: ``settings() -> dict`` (what replay needs to reach the backend before the
+    run was ever opened; recorded in run.json at start) and ``log_config(config)`` (config added
+    mid-run; failures there only warn).
     """
 
     name: str
