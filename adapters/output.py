@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts
+from tracking.counts import ClipCounts, as_count, metrics_of
 
 try:  # tinker's own type when available, so outputs pass through tinker's helpers unchanged
     from tinker.types import ForwardBackwardOutput
@@ -38,19 +38,6 @@ __all__ = [
 ]
 
 
-def metrics_of(output: object) -> Mapping[str, Any]:
-    """The metrics mapping of a ForwardBackwardOutput (ours or tinker's) or of its JSON dict form."""
-    if isinstance(output, Mapping):
-        if "metrics" not in output:
-            raise ValueError(f"output dict has no 'metrics' field (fields: {sorted(output)})")
-        metrics = output["metrics"]
-    else:
-        metrics = getattr(output, "metrics", None)
-    if not isinstance(metrics, Mapping):
-        raise TypeError(f"expected a ForwardBackwardOutput or its JSON dict, got {type(output).__name__}")
-    return metrics
-
-
 def clip_counts(output: object) -> ClipCounts | None:
     """Exact clip counts of an output (ours, tinker's, or its JSON dict); ``None`` if the loss never clips."""
     return ClipCounts.from_metrics(metrics_of(output))
@@ -66,8 +53,6 @@ def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
         out[key] = float(value)
     counts = ClipCounts.from_metrics(out)  # validates counts: integers, >= 0, clipped <= loss tokens
     if keys.LOSS_TOKENS in out:
-        from tracking.counts import as_count
-
         as_count(keys.LOSS_TOKENS, out[keys.LOSS_TOKENS])
     if counts is not None:
         out.update(counts.to_metrics())  # the fraction is always the one formed from the sums
@@ -115,8 +100,6 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
             merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
             continue
         if key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
-            from tracking.counts import as_count
-
             merged[key] = float(sum(as_count(key, v) for v in values))
             continue
         value = _reduce(reduction, values, weights)

@@ -9,8 +9,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tracking import keys
+
+
+def metrics_of(output: object) -> Mapping[str, Any]:
+    """The metrics mapping of a ForwardBackwardOutput (cliptrack's or tinker's) or of its JSON dict."""
+    if isinstance(output, Mapping):
+        if "metrics" not in output:
+            raise ValueError(f"output dict has no 'metrics' field (fields: {sorted(output)})")
+        metrics = output["metrics"]
+    else:
+        metrics = getattr(output, "metrics", None)
+    if not isinstance(metrics, Mapping):
+        raise ValueError(
+            f"expected a ForwardBackwardOutput (or its JSON dict) with a 'metrics' mapping, "
+            f"got {type(output).__name__}"
+        )
+    return metrics
 
 
 def as_count(name: str, value: object) -> int:

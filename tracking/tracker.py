@@ -57,7 +57,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts, as_count
+from tracking.counts import ClipCounts, as_count, metrics_of
 from tracking.sinks import FAILED, FINISHED, KILLED, Point, RunInfo, is_jsonl, jsonl_root, make_sink
 from tracking.sinks.jsonl_sink import JsonlSink
 from tracking.spool import RunDir
@@ -82,22 +82,6 @@ def global_rank() -> int:
     if rank is not None and rank.strip().lstrip("-").isdigit():
         return int(rank)
     return 0
-
-
-def metrics_of(output: object) -> Mapping[str, Any]:
-    """The metrics mapping of a ForwardBackwardOutput (cliptrack's or tinker's) or of its JSON dict."""
-    if isinstance(output, Mapping):
-        if "metrics" not in output:
-            raise ValueError(f"output dict has no 'metrics' field (fields: {sorted(output)})")
-        metrics = output["metrics"]
-    else:
-        metrics = getattr(output, "metrics", None)
-    if not isinstance(metrics, Mapping):
-        raise ValueError(
-            f"expected a ForwardBackwardOutput (or its JSON dict) with a 'metrics' mapping, "
-            f"got {type(output).__name__}"
-        )
-    return metrics
 
 
 def _ensure_log_handler() -> None:
