@@ -23,6 +23,9 @@ Loss scaling (what Megatron-Core 0.16.1 does with the 3-tuple, ``forward_step_ca
   does the rest: the gradient is that of the **mean over micro-batches (and DP x CP ranks) of each
   micro-batch's token mean**. A micro-batch whose mask is all zero contributes a zero loss.
 
+Under context parallelism each CP rank's ``num_tokens`` and counts cover its own slice of the
+sequences; the DP x CP merge (and ``finalize_model_grads``' token total) adds the slices.
+
 In both modes the report's ``loss:sum`` is a copy taken before Megatron's in-place scaling, so the
 metrics carry the unscaled sum of per-token losses, and counting leaves the loss value and every
 gradient exactly as the same loss without counting would.

@@ -17,13 +17,13 @@ Run: ``python benchmarks/merge.py``. ``run()`` returns the rows as dicts for ``r
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -62,7 +62,8 @@ def _reports(rank: int) -> list[dict]:
     return reports
 
 
-def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
+def _worker(rank: int, port: int, repeats: int, block: int) -> None:
+    """One rank: time the variants; rank 0 prints the medians as JSON."""
     import torch
     import torch.distributed as dist
 
@@ -97,43 +98,36 @@ def _worker(rank: int, port: int, repeats: int, queue: Any) -> None:
     for _ in range(10):  # warm-up
         for fn in fns.values():
             fn()
-    for block in range(repeats):  # interleaved blocks, each starting from a barrier
+    for rep in range(repeats):  # interleaved blocks, each starting from a barrier
         for i, fn in enumerate(fns.values()):
             dist.barrier(group=group)
             start = time.perf_counter()
-            for _ in range(BLOCK):
+            for _ in range(block):
                 fn()
-            samples[i, block] = (time.perf_counter() - start) / BLOCK
+            samples[i, rep] = (time.perf_counter() - start) / block
     dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)  # a step lasts until its slowest rank
     medians = {name: float(samples[i].median()) for i, name in enumerate(fns)}
-    check = reduce_losses(reports, group=group).metrics
     dist.destroy_process_group()
     if rank == 0:
-        queue.put((medians, check))
+        print(json.dumps(medians))
 
 
-def run(repeats: int = 60) -> list[dict]:
+def run(repeats: int = 60, block: int = BLOCK) -> list[dict]:
     """Rows (``name``, ``median_s``, ``anchor``, ``ratio`` = median / anchor's median, ``target``)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
     port = _free_port()
-    env_before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        procs = [ctx.Process(target=_worker, args=(rank, port, repeats, queue)) for rank in range(WORLD)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(timeout=600)
-    finally:
-        if env_before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env_before
-    failed = [f"rank {r} exited {p.exitcode}" for r, p in enumerate(procs) if p.exitcode != 0]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    procs = [
+        subprocess.Popen([*cmd, str(rank), str(port), str(repeats), str(block)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(WORLD)
+    ]
+    outputs = [proc.communicate(timeout=600) for proc in procs]
+    failed = [f"rank {r} exited {p.returncode}: {err[-1500:]}" for r, (p, (_, err)) in
+              enumerate(zip(procs, outputs, strict=True)) if p.returncode != 0]
     if failed:
-        raise RuntimeError("merge benchmark: " + ", ".join(failed))
-    medians, _ = queue.get()
+        raise RuntimeError("merge benchmark: " + "\n".join(failed))
+    medians = json.loads(outputs[0][0].strip().splitlines()[-1])
     anchor = f"one all_reduce per key (5 keys), {WORLD} gloo ranks"
     rows = [
         Row(anchor, medians["per_key"], anchor, 1.0),
@@ -153,5 +147,8 @@ def table(rows: list[dict]) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        _worker(*(int(arg) for arg in sys.argv[2:6]))
+        sys.exit(0)
     print(f"{MICRO_BATCHES} micro-batches of {TOKENS} tokens per rank; medians of interleaved steps\n")
     print(table(run()))
