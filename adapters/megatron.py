@@ -129,9 +129,10 @@ def make_loss_func(
     per-token loss, ``num_tokens`` the int64 count of eligible tokens, ``report`` the 0-dim tensors
     ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling), ``loss_tokens:sum``
     and, for clipping losses, ``clipped_tokens:sum``, ``clipped_low_tokens:sum``,
-    ``clipped_high_tokens:sum``, plus the bad-input vector under :data:`REPORT_INVALID`. Errors
-    in names, shapes or Python-number options are raised here; bad tensor values are counted on
-    device and raised by :func:`reduce_losses`.
+    ``clipped_high_tokens:sum``, plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
+    missing input and option names are raised here, shapes and Python-number options when the loss
+    runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
+    :func:`reduce_losses` after its collective.
     """
     fn = _resolve_loss(loss_fn)
     name = getattr(fn, "__name__", repr(fn))
