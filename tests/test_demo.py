@@ -73,28 +73,13 @@ def test_miles_run_is_more_off_policy_than_megatron_run(demo):
 def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):
     """The demo's Megatron path through Megatron-Core's own schedule (CPU shim) equals the plain loop."""
     pytest.importorskip("megatron.core")
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
     from adapters.demo.train import RunConfig, train
-    from tests.megatron_shim import cpu_megatron
-    from tests.test_megatron import _free_port
+    from tests._harness import megatron_one_rank
 
     config = RunConfig(path="megatron", steps=1, epochs=1, seed=3)
     loop = [r.output.metrics for r in train(config, use_schedule=False)]
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    try:
-        with cpu_megatron():
-            parallel_state.initialize_model_parallel(1, 1)
-            try:
-                scheduled = [r.output.metrics for r in train(config, use_schedule=True)]
-            finally:
-                parallel_state.destroy_model_parallel()
-    finally:
-        if created:
-            dist.destroy_process_group()
+    with megatron_one_rank():
+        scheduled = [r.output.metrics for r in train(config, use_schedule=True)]
     assert len(loop) == len(scheduled) == 1
     for key in (keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS):
         assert loop[0][key] == scheduled[0][key]

@@ -6,10 +6,8 @@ Multi-process layouts (DP, TPxDP, DPxCP, PP) are in ``test_megatron_distributed.
 from __future__ import annotations
 
 import ast
-import contextlib
 import math
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,67 +15,26 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters import megatron as mg
 from adapters.losses import INPUT_CHECKS, ppo
+from tests import _harness as harness
 from tests import _megatron_setup as setup
+from tests._harness import host_sync_forbidden
 from tests.reference import objective_ppo
 from tracking import keys
 
-HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
 REPO = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def host_sync_forbidden() -> Iterator[None]:
-    """Every tensor-to-host conversion raises inside the block."""
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_CONVERSIONS}
-
-    def forbid(name: str):  # type: ignore[no-untyped-def]
-        def raiser(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            raise AssertionError(f"host synchronisation: Tensor.{name} called")
-
-        return raiser
-
-    for name in HOST_CONVERSIONS:
-        setattr(torch.Tensor, name, forbid(name))
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def megatron_one_rank() -> Iterator[None]:
     """Megatron's parallel_state on a one-rank gloo group over 127.0.0.1, CUDA literals on CPU."""
     pytest.importorskip("megatron.core")
-    from megatron.core import parallel_state
-
-    from tests.megatron_shim import cpu_megatron
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
-    with cpu_megatron():
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            if created:
-                dist.destroy_process_group()
+    with harness.megatron_one_rank():
+        yield
 
 
 def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ pytest.importorskip("megatron.core")
 from adapters.losses import ppo  # noqa: E402
 from adapters.output import loss_metrics  # noqa: E402
 from tests import _megatron_setup as setup  # noqa: E402
+from tests._harness import free_port
 from tracking import keys  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -28,15 +28,9 @@ WORKER = HERE / "_megatron_worker.py"
 COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _launch(tmp_path: Path, world: int, tp: int, pp: int, cp: int) -> list[dict]:
     """Start ``world`` worker processes on loopback and return their results by rank."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(

@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from adapters import losses
-
-HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
-
-
-@contextlib.contextmanager
-def host_sync_forbidden():
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_CONVERSIONS}
-
-    def forbid(name):
-        def raiser(self, *args, **kwargs):
-            raise AssertionError(f"host synchronisation: Tensor.{name} called")
-
-        return raiser
-
-    for name in HOST_CONVERSIONS:
-        setattr(torch.Tensor, name, forbid(name))
-    try:
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+from tests._harness import host_sync_forbidden
 
 
 def test_the_guard_catches_a_sync():

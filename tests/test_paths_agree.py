@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from adapters.megatron import make_loss_func, reduce_losses
 from adapters.miles import ClientAggregator, forward_backward_loss, output_to_json
+from tests import _harness as harness
 from tests import _megatron_setup as setup
 from tracking import keys
 
@@ -70,31 +69,12 @@ def clip_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: metrics[k] for k in CLIP_METRICS if k in metrics}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def megatron_one_rank() -> Iterator[None]:
     """Megatron's parallel_state on a one-rank gloo group over 127.0.0.1, CUDA literals on CPU."""
     pytest.importorskip("megatron.core")
-    from megatron.core import parallel_state
-
-    from tests.megatron_shim import cpu_megatron
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    with cpu_megatron():
-        parallel_state.initialize_model_parallel(1, 1)
-        try:
-            yield
-        finally:
-            parallel_state.destroy_model_parallel()
-            if created:
-                dist.destroy_process_group()
+    with harness.megatron_one_rank():
+        yield
 
 
 @pytest.mark.parametrize("scenario", ["ppo", "cispo", "ppo_nothing_clips", "cross_entropy"])

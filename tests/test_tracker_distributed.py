@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests._harness import free_port
 from tracking import keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,15 +24,9 @@ def db_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return uri
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_one_run_per_job_whatever_the_number_of_ranks(tmp_path, db_uri, world):
-    spool, port = tmp_path / "spool", _free_port()
+    spool, port = tmp_path / "spool", free_port()
     procs = [
         subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", "dist", str(spool), db_uri,
                           str(rank), str(world), str(port)],

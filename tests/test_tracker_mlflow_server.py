@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests._harness import free_port
 from tracking import keys
 from tracking.tracker import Tracker
 
@@ -26,12 +26,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MlflowServer:
@@ -78,7 +72,7 @@ def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_p
     # each attempt against the dead server fails at once instead of after MLflow's own HTTP retries
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    server = MlflowServer(tmp_path / "server.db", _free_port(), tmp_path / "server.log")
+    server = MlflowServer(tmp_path / "server.db", free_port(), tmp_path / "server.log")
     server.start()
     spool = tmp_path / "spool"
     try:
