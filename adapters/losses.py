@@ -40,7 +40,7 @@ CISPO_CLIP_HIGH = 4.0
 
 INPUT_CHECKS = (
     "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages or weights of {n} loss call(s)",
-    "mask entries that are neither 0 nor 1 in {n} loss call(s)",
+    "mask has {n} entries that are neither 0 nor 1",
     "clip thresholds have {n} entries that are negative, non-finite or with low > high",
 )
 """Messages for the entries of ``LossOutput.invalid``, in order; ``{n}`` is the entry's value."""
@@ -171,8 +171,8 @@ def ppo(
     loss = -(torch.minimum(unclipped, clipped) * batch.weight).sum()
     with torch.no_grad():
         bites = (clipped < unclipped) & batch.eligible
-        n_clipped = bites.sum()
-        n_low = (bites & (advantages < 0)).sum()  # clipping bites on the low side exactly when A < 0
+        n_clipped = torch.count_nonzero(bites)
+        n_low = torch.count_nonzero(bites & (advantages < 0))  # clipping bites on the low side exactly when A < 0
     return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
 
 
@@ -198,8 +198,8 @@ def cispo(
     loss = -(coefficient * advantages * logprobs * batch.weight).sum()
     with torch.no_grad():
         departs = (coefficient != ratio) & batch.eligible
-        n_clipped = departs.sum()
-        n_low = (departs & (ratio < coefficient)).sum()
+        n_clipped = torch.count_nonzero(departs)
+        n_low = torch.count_nonzero(departs & (ratio < coefficient))
     return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
 
 
@@ -315,9 +315,8 @@ class _Batch:
             self.eligible = mask
         else:
             self.eligible = mask != 0
-            # A mask is 0/1 exactly when sum(m) == sum(m*m) == count(m != 0) (equality in
-            # Cauchy-Schwarz); summed in float64 so the sums of 0/1 are exact.
-            self._mask_sums = (mask.sum(dtype=torch.float64), (mask * mask).sum(dtype=torch.float64))
+            # 0/1 entries equal their own eligibility (0 or 1); any other value, NaN too, differs.
+            self.mask_bad = torch.count_nonzero(mask != self.eligible)
         self.weight = mask.to(logprobs.dtype)
 
     def output(
@@ -337,12 +336,10 @@ class _Batch:
         inputs (beyond 3.4e38) is reported as such.
         """
         with torch.no_grad():
-            loss_tokens = self.eligible.sum()
+            loss_tokens = torch.count_nonzero(self.eligible)  # int64, no int64 copy of the mask
             nonfinite = (~torch.isfinite(loss.detach() + propagated.detach().sum())).to(torch.int64)
-            if hasattr(self, "_mask_sums"):
-                total, squares = self._mask_sums
-                mask_bad = ((total != loss_tokens) | (squares != loss_tokens)).to(torch.int64)
-            else:
+            mask_bad = self.mask_bad
+            if mask_bad is None:
                 mask_bad = torch.zeros((), dtype=torch.int64, device=self.device)
             if thresholds_bad is None:
                 thresholds_bad = torch.zeros((), dtype=torch.int64, device=self.device)
