@@ -6,13 +6,13 @@ returns a :class:`LossOutput` whose ``loss`` is the **sum** of per-token losses 
 device; it never changes the loss value or any gradient, and never synchronises with the host.
 
 Input values are checked on the device too, in the same no-sync spirit: one cheap flag per call
-for non-finite logprobs / sampling_logprobs / advantages / weights (NaN or inf propagate through
-``(logprobs - sampling_logprobs) * advantages``), one for masks that are not 0/1, and a count of
-bad tensor-threshold entries. They are carried in ``LossOutput.invalid`` and raised as a
-``ValueError`` the first time counts reach the host (:meth:`LossOutput.check`,
-:func:`adapters.output.loss_metrics`, the backends' reductions). A ``LossOutput`` keeps its inputs
-(detached) so that error names each bad tensor and its number of bad entries. Shapes,
-Python-number thresholds and ``beta`` are checked at once.
+for non-finite logprobs / sampling_logprobs / advantages / weights (NaN or inf propagate into the
+loss or into the sum of ``logprobs - sampling_logprobs``), an exact count of mask entries that
+are not 0/1, and a count of bad tensor-threshold entries. They are carried in
+``LossOutput.invalid`` and raised as a ``ValueError`` the first time counts reach the host
+(:meth:`LossOutput.check`, :func:`adapters.output.loss_metrics`, the backends' reductions). A
+``LossOutput`` keeps its inputs (detached) so that error names each bad tensor and its number of
+bad entries. Shapes, Python-number thresholds and ``beta`` are checked at once.
 """
 
 from __future__ import annotations

@@ -88,3 +88,24 @@ def per_token_cispo(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, low: flo
                 out.high += 1
     out.loss = math.fsum(terms)
     return out
+
+
+def per_token_loss(kind: str, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, beta: float = 0.0) -> Counts:
+    """Eligible tokens and the summed loss of a never-clipping loss, one token at a time in float64."""
+    out = Counts()
+    terms = []
+    for x, s, a, m in zip(lp.flatten().tolist(), slp.flatten().tolist(), adv.flatten().tolist(),
+                          mask.flatten().tolist(), strict=True):
+        if m == 0:
+            continue
+        out.loss_tokens += 1
+        if kind == "importance_sampling":
+            terms.append(-math.exp(x - s) * a)
+        elif kind == "dro":
+            terms.append(-(x * a - 0.5 * beta * (x - s) ** 2))
+        elif kind == "cross_entropy":  # ``adv`` holds the weights
+            terms.append(-a * x)
+        else:
+            raise ValueError(kind)
+    out.loss = math.fsum(terms)
+    return out

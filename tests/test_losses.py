@@ -106,6 +106,20 @@ def test_loss_and_gradients_bit_identical_to_objective_without_counting(dtype, d
         assert torch.equal(x1.grad, x2.grad)
 
 
+@given(data=st.data(), beta=st.floats(0.0, 2.0))
+def test_never_clipping_losses_match_per_token_reference(data, beta):
+    lp, slp, adv, mask = data.draw(batches())
+    cases = {
+        "importance_sampling": losses.importance_sampling(lp, slp, adv, mask),
+        "dro": losses.dro(lp, slp, adv, mask, beta=beta),
+        "cross_entropy": losses.cross_entropy(lp, adv, mask),
+    }
+    for kind, out in cases.items():
+        ref = reference.per_token_loss(kind, lp, slp, adv, mask, beta)
+        assert int(out.loss_tokens) == ref.loss_tokens, kind
+        assert float(out.loss) == pytest.approx(ref.loss, rel=1e-4, abs=1e-4 * max(1, ref.loss_tokens)), kind
+
+
 @given(data=st.data())
 def test_never_clipping_losses_count_tokens_and_emit_no_clip_fields(data):
     lp, slp, adv, mask = data.draw(batches())
