@@ -184,3 +184,37 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
     result = compare(frames["mlflow"])
     assert result.difference("clip_fraction").verdict == "different"
     assert result.difference("clip_fraction").estimate.n_units == 59
+
+
+@pytest.mark.slow
+def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkeypatch):
+    """``cliptrack replay`` resumes a W&B run by id: the run then spans two offline run directories,
+    and every point of both must be loaded, as one run, by id and without refs."""
+    import time
+
+    from tracking.sinks.base import Point as SinkPoint
+    from tracking.sinks.base import RunInfo as SinkRun
+    from tracking.sinks.wandb_sink import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    run = SinkRun("0123456789abcdef0123456789abcdef", "resumed", "miles", {"lr": 0.5}, started=1.7e9)
+    first = WandbSink(dir=tmp_path)
+    state = first.open(run)
+    first.write([SinkPoint(s, 1.7e9 + s, {keys.REWARD: s / 10}) for s in range(3)])
+    first.close("FAILED")
+    time.sleep(1.1)  # W&B names run directories by the second they started
+    second = WandbSink(dir=tmp_path)
+    second.open(run, state)  # what replay does: resume the same run id
+    second.write([SinkPoint(s, 1.7e9 + s, {keys.REWARD: s / 10}) for s in range(3, 6)])
+    second.close("FINISHED")
+    assert len(list(tmp_path.rglob("run-*.wandb"))) == 2
+
+    for refs in ([run.run_id], ["resumed"], []):
+        rs = load_wandb_offline(refs, tmp_path)
+        assert rs.labels == ["resumed"], refs
+        rows = rs.frame[rs.frame.metric == keys.REWARD].sort_values("step")
+        assert rows.step.tolist() == list(range(6)) and rows.value.tolist() == [s / 10 for s in range(6)]
+        assert rows.wall_time.tolist() == [1.7e9 + s for s in range(6)]
+        assert rs.runs[0].backend == "miles" and rs.runs[0].config["lr"] == 0.5

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import warnings
 import zlib
@@ -327,13 +328,39 @@ def wandb_run_files(directory: str | Path) -> list[Path]:
     return sorted(p for p in root.rglob("run-*.wandb") if p.is_file() and "latest-run" not in p.parts)
 
 
+_RUN_DIR_TIME = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-")
+
+
+def _started(path: Path) -> str:
+    """The ``YYYYMMDD_HHMMSS`` start stamp of a W&B run directory's name ("" when absent)."""
+    found = _RUN_DIR_TIME.match(path.parent.name)
+    return found.group(1) if found else ""
+
+
+def _merge_segments(segments: list[tuple[RunInfo, list[Point]]]) -> list[tuple[RunInfo, list[Point]]]:
+    """One entry per W&B run id: a run resumed later (``cliptrack replay``, ``resume=``) leaves one
+    run directory per process; their points are concatenated in the order the segments started."""
+    merged: dict[str, tuple[RunInfo, list[Point]]] = {}
+    for info, points in segments:
+        if info.run_id not in merged:
+            merged[info.run_id] = (info, list(points))
+            continue
+        first, kept = merged[info.run_id]
+        config = {**first.config, **info.config}
+        merged[info.run_id] = (RunInfo(first.run_id, first.run_name or info.run_name, first.backend or info.backend,
+                                       first.source, first.location, config), kept + list(points))
+    return list(merged.values())
+
+
 def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from W&B run directories on disk (offline runs, or online runs' local copies).
 
     ``refs`` are W&B run ids or display names; empty loads every run found under ``directory``.
+    A run resumed by another process (e.g. ``cliptrack replay``) spans several run directories;
+    they are read as one run.
     """
-    files = wandb_run_files(directory)
-    runs = [_wandb_offline_run(path, str(path.parent)) for path in files]
+    files = sorted(wandb_run_files(directory), key=lambda p: (_started(p), str(p)))
+    runs = _merge_segments([_wandb_offline_run(path, str(path.parent)) for path in files])
     chosen = _choose(refs, [(run, run[0].run_id, run[0].run_name) for run in runs], f"W&B dir {directory}")
     return RunSet.from_points(chosen)
 
