@@ -49,7 +49,7 @@ from torch import Tensor
 from adapters.losses import INPUT_CHECKS, LOSSES, LossOutput, raise_invalid
 from adapters.output import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts
+from tracking.counts import ClipCounts, as_count
 
 __all__ = [
     "AUTO",
@@ -381,15 +381,16 @@ def output_from_sums(values: Sequence[float], *, loss_fn_output_type: str = "Arr
     for key in _COUNT_KEYS:
         if fields[key] >= _MAX_EXACT:
             raise ValueError(f"{key}={fields[key]!r} reached 2**53 tokens and is no longer exact in float64")
+    # whole, non-negative token counts (a hand-written report may carry a float or negative count)
+    counts = {key: as_count(f"{key} (summed over micro-batches and ranks)", fields[key]) for key in _COUNT_KEYS}
     loss_sum = fields[keys.LOSS_SUM]
     if not math.isfinite(loss_sum):
         raise ValueError(f"{keys.LOSS_SUM} is {loss_sum!r} after merging: a loss value was not finite")
     metrics: dict[str, float] = {keys.LOSS_SUM: float(loss_sum)}
     if n_clip:
-        counts = ClipCounts(*(int(fields[k]) for k in _COUNT_KEYS))
-        metrics.update(counts.to_metrics())
+        metrics.update(ClipCounts(*(counts[k] for k in _COUNT_KEYS)).to_metrics())
     else:
-        metrics[keys.LOSS_TOKENS] = float(int(fields[keys.LOSS_TOKENS]))
+        metrics[keys.LOSS_TOKENS] = float(counts[keys.LOSS_TOKENS])
     return ForwardBackwardOutput(loss_fn_output_type=loss_fn_output_type, loss_fn_outputs=[], metrics=metrics)
 
 

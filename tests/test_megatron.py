@@ -312,6 +312,12 @@ def test_token_weighted_not_a_mean_of_micro_batch_fractions():
         ([_report(1.0, 3, 2, 2)], ValueError, "exceeds loss_tokens"),
         ([_report(float("nan"), 3)], ValueError, "not finite"),
         ([3.0], TypeError, "micro-batch 0: report is a float"),
+        # counts from a hand-written loss: never truncated to an int or emitted negative
+        ([{**_report(1.0, 3), keys.LOSS_TOKENS: torch.tensor(2.5)}], ValueError, "loss_tokens:sum.*fraction 2.5"),
+        ([{**_report(1.0, 3, 0, 1), keys.LOSS_TOKENS: torch.tensor(2.5)}], ValueError, "loss_tokens:sum.*fraction"),
+        ([{**_report(1.0, 3, 0, 1), keys.CLIPPED_LOW_TOKENS: torch.tensor(0.5),
+           keys.CLIPPED_HIGH_TOKENS: torch.tensor(0.5)}], ValueError, "clipped_low_tokens:sum.*fraction 0.5"),
+        ([_report(1.0, -3)], ValueError, "loss_tokens:sum .*must be >= 0"),
     ],
 )
 def test_bad_reports_are_named(reports, error, message):
