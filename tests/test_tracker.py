@@ -126,6 +126,8 @@ BAD_INPUTS = [
     (0, {"ok:mean": None}, "'ok:mean' must be a real number, got NoneType"),
     (0, {"ok:mean": np.array([1.0, 2.0])}, r"'ok:mean' must be a real number, got ndarray .*\.item\(\)"),
     (0, {"ok:mean": 1 + 2j}, "'ok:mean' must be a real number, got complex"),
+    (0, {"big:sum": 10**400}, "'big:sum': int value too large for a 64-bit float"),
+    (0, {"big:sum": 10**5000}, "'big:sum': int value too large for a 64-bit float"),
     (0, {}, "step 0: no metrics to log"),
     (0, [("ok:mean", 1.0)], "metrics must be a mapping"),
     (-1, {"ok:mean": 1.0}, "step must be >= 0, got -1"),

@@ -416,15 +416,18 @@ class Tracker:
             kind = type(value)
             if kind is float:
                 out[key] = value
-            elif kind is int:
-                out[key] = float(value)
-            elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+                continue
+            if kind is not int and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise ValueError(
                     f"step {step}: metric {key!r} must be a real number, got {type(value).__name__} {value!r}"
                     + (" (call .item() on tensors)" if hasattr(value, "item") else "")
                 )
-            else:
+            try:
                 out[key] = float(value)
+            except OverflowError:
+                raise ValueError(
+                    f"step {step}: metric {key!r}: {type(value).__name__} value too large for a 64-bit float"
+                ) from None
         if keys.LOSS_TOKENS in out or keys.CLIPPED_TOKENS in out:
             self._check_counts(step, out)
         return out
