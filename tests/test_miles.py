@@ -540,3 +540,25 @@ def test_the_path_works_without_tinker_installed(tmp_path):
     assert single[keys.LOSS_TOKENS] == 6 and single[keys.CLIPPED_TOKENS] == 4
     assert single[keys.CLIPPED_LOW_TOKENS] == 2 and single[keys.CLIPPED_HIGH_TOKENS] == 2
     assert emitted[keys.LOSS_TOKENS] == 12 and emitted[keys.CLIP_FRACTION] == 8 / 12
+
+
+def test_a_sum_metric_missing_from_some_outputs_is_dropped_not_summed_partially():
+    """An output without metrics (a bare JSON dict) among outputs with ``loss:sum``: as in tinker's
+    merge, a key missing from any output of the step is dropped, never summed over part of it."""
+    datums, policy = make_batch(10, seed=22)
+    first = forward_backward_loss(datums[:6], policy[:6], "ppo").output
+    second = json.loads(json.dumps(output_to_json(forward_backward_loss(datums[6:], policy[6:], "ppo").output)))
+    second["metrics"] = {}
+    expected = reference_counts(datums, policy)
+    agg = ClientAggregator()
+    agg.register("run")
+    agg.add("run", 0, first)
+    agg.add("run", 0, second)
+    for metrics in (agg.emit("run", 0).metrics, aggregate_datums([first, second]), aggregate_datums([second, first])):
+        assert keys.LOSS_SUM not in metrics  # the first output's loss alone would be a wrong sum
+        assert_exact(metrics, expected)
+    # an output with no datums and no metrics changes nothing
+    empty = {"loss_fn_outputs": [], "metrics": {}}
+    both = aggregate_datums([first, empty])
+    assert both[keys.LOSS_SUM] == first.metrics[keys.LOSS_SUM]
+    assert_exact(both, expected[:6])

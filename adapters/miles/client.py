@@ -122,7 +122,8 @@ def aggregate_datums(outputs: object) -> dict[str, float]:
     ``outputs``: one ForwardBackwardOutput (ours or tinker's, including tinker's
     ``combine_fwd_bwd_output_results`` of chunks) or its JSON dict; a sequence of those (chunks, in
     any order); or a sequence of per-datum outputs (``{field: TensorData}``). Other metrics of the
-    outputs are merged with Tinker's reductions; ``loss_tokens:sum``, the clip counts and
+    outputs are merged with Tinker's reductions (a key missing from any output that holds datums is
+    dropped, as in Tinker, rather than summed over part of the step); ``loss_tokens:sum``, the clip counts and
     ``clip_fraction:mean`` always come from the per-datum sums (a loss that never clips yields no
     clip keys). Raises ValueError for bad or inconsistent counts and for mixed loss kinds.
     """
@@ -220,7 +221,9 @@ def _step_metrics(chunks: Sequence[_Chunk]) -> dict[str, float]:
     for i, chunk in enumerate(chunks):
         _check_same_kind(total.clips, chunk.counts.clips, f"outputs[{i}]: ")
         total = total + chunk.counts
-    with_metrics = [c for c in chunks if c.metrics]
+    # Tinker's rule: a key missing from any output that holds datums is dropped (an output without
+    # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
+    with_metrics = [c for c in chunks if c.metrics or c.counts.datums]
     merged = merge_metrics([c.metrics for c in with_metrics], [c.counts.datums for c in with_metrics])
     for key in (keys.LOSS_TOKENS, *keys.CLIP_SERIES_KEYS):
         merged.pop(key, None)
