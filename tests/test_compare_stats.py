@@ -114,6 +114,20 @@ def test_reward_and_throughput_relative_differences():
     assert tps.verdict == DIFFERENT
 
 
+def test_relative_difference_keeps_its_sign_for_a_negative_reference_reward():
+    a = synthetic_run("a", "a", "megatron", seed=3, reward=-0.5)
+    b = synthetic_run("b", "b", "miles", seed=4, reward=-0.6)  # lower reward than the reference
+    result = compare(runset_of(a, b))
+    reward = result.difference("reward")
+    ref = np.mean([p.metrics[keys.REWARD] for p in a.points])
+    other = np.mean([p.metrics[keys.REWARD] for p in b.points])
+    assert other < ref < 0
+    assert reward.estimate.value == pytest.approx((other - ref) / abs(ref))
+    assert reward.estimate.high < -0.05 and reward.verdict == DIFFERENT
+    assert reward.estimate.value == pytest.approx(-0.2, abs=0.03)
+    assert result.formatted_table().set_index("metric").loc["reward", "difference [CI]"].startswith("-")
+
+
 def test_throughput_from_step_time_is_tokens_over_seconds():
     a = synthetic_run("a", "a", "megatron", seed=3, step_time_s=1.0)
     b = synthetic_run("b", "b", "miles", seed=4, step_time_s=1.0)

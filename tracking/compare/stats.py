@@ -112,7 +112,9 @@ def paired_ratio_difference(
     block_length: int | None = None,
     rng: np.random.Generator | None = None,
 ) -> Estimate:
-    """Difference of ratio estimates over paired units: ``R_b - R_a``, or ``R_b / R_a - 1`` when ``relative``.
+    """Difference of ratio estimates over paired units: ``R_b - R_a``, or ``(R_b - R_a) / |R_a|`` when
+    ``relative`` (``R_b / R_a - 1`` for a positive reference; dividing by ``|R_a|`` keeps the sign
+    of the difference when the reference is negative, as a reward can be).
 
     Both runs are resampled with the same block indices, so what the two runs share at a step
     (the schedule, the data order) cancels in the difference, as in a paired test.
@@ -126,7 +128,7 @@ def paired_ratio_difference(
         with np.errstate(divide="ignore", invalid="ignore"):
             ra = na / da
             rb = nb / db
-            return rb / ra - 1.0 if relative else rb - ra
+            return (rb - ra) / np.abs(ra) if relative else rb - ra
 
     sums = [a.sum() for a in arrays]
     value = float(stat(*(np.asarray(s) for s in sums)))

@@ -63,7 +63,7 @@ class RunEstimate:
 class Difference:
     """Run ``run`` minus the reference on one quantity, over the units both logged.
 
-    ``estimate`` is absolute (``R_run - R_ref``) or relative (``R_run / R_ref - 1``) as ``relative``
+    ``estimate`` is absolute (``R_run - R_ref``) or relative (``(R_run - R_ref) / |R_ref|``) as ``relative``
     says; ``tolerance`` is in the same terms.
     """
 
