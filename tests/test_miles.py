@@ -228,6 +228,7 @@ def test_runtime_accepts_tinker_datums():
         (lambda d, c: d[0]["mask"]["data"].__setitem__(0, 0.5), r"datum 0: invalid loss input"),
         (lambda d, c: c.update(clip_low_threshold=1.5), r"clip_low_threshold=1.5 is above"),
         (lambda d, c: c.update(beta=0.1), r"loss_fn_config keys \['beta'\] are not used by 'ppo'"),
+        (lambda d, c: d[1]["advantages"]["data"].__setitem__(1, "high"), r"datum 1: loss_fn_inputs\['advantages'\].*'high'"),
     ],
 )
 def test_runtime_bad_input_names_datum_and_input(mutate, message):

@@ -200,8 +200,13 @@ def _input(inputs: Mapping[str, object], name: str, like: Tensor) -> Tensor:
     if isinstance(value, Tensor):
         tensor = value.detach()
     else:
-        array, _ = read_array(value, f"loss_fn_inputs[{name!r}]")
-        tensor = torch.from_numpy(np.asarray(array, dtype=np.float64))
+        where = f"loss_fn_inputs[{name!r}]"
+        array, _ = read_array(value, where)
+        try:
+            numbers = np.asarray(array, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} must hold numbers: {exc}") from exc
+        tensor = torch.from_numpy(numbers)
     return tensor.to(device=like.device, dtype=like.dtype)
 
 
