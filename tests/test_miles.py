@@ -373,6 +373,14 @@ def set_count(chunk, i, name, value, dtype="int64"):
             lambda c: c["loss_fn_outputs"][4].update({keys.DATUM_LOSS_TOKENS: {"data": [1, 2], "dtype": "int64"}}),
             r"exactly one token count",
         ),
+        (
+            lambda c: c["loss_fn_outputs"][2].update({keys.DATUM_LOSS_TOKENS: {"data": [3], "dtype": "int64", "shape": "1"}}),
+            r"\[2\]\['loss_tokens'\] has shape '1'.*list of dimensions",
+        ),
+        (
+            lambda c: c["loss_fn_outputs"][0].update({keys.DATUM_CLIPPED_TOKENS: {"data": [0], "dtype": "int64", "shape": [None]}}),
+            r"\[0\]\['clipped_tokens'\] has shape \[None\]",
+        ),
         (lambda c: c["metrics"].update({keys.LOSS_TOKENS: 10**5}), r"loss_tokens:sum.\] = 100000 but its datums sum to"),
     ],
 )

@@ -121,6 +121,10 @@ def _read_json_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray,
     array = np.asarray(data, dtype=object)
     shape = value.get("shape")
     if shape is not None:
+        if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise ValueError(f"{where} has shape {shape!r}; expected a list of dimensions (ints >= 0)")
         if math.prod(shape) != array.size:
             raise ValueError(f"{where} has {array.size} values but shape {shape}")
         array = array.reshape(shape)
