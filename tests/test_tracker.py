@@ -219,6 +219,30 @@ def test_flush_makes_points_durable_before_close(tmp_path):
         tracker.close()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
+def test_flush_says_false_while_the_local_disk_refuses_the_points(tmp_path, caplog):
+    """A full disk: flush must not claim the points are durable, and warns once, not per flush."""
+    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=60.0, handle_signals=False)
+    real = tracker.journal._fh
+    full = open("/dev/full", "ab")  # every write to it fails with ENOSPC
+    tracker.journal._fh = full
+    try:
+        for step in range(3):
+            tracker.log(step, {"a:mean": float(step)})
+            assert tracker.flush(timeout_s=5) is False
+        assert len([r for r in caplog.records if "cannot flush" in r.getMessage()]) == 1
+    finally:
+        tracker.journal._fh = real
+        try:
+            full.close()
+        except OSError:
+            pass  # what it buffered never reached a disk
+    tracker.log(3, {"a:mean": 3.0})
+    assert tracker.flush(timeout_s=5) is True  # the disk takes points again
+    tracker.close()
+    assert _points(tmp_path / tracker.run_id)[-1]["step"] == 3
+
+
 def test_log_config_reaches_run_json_and_mlflow_params(tmp_path, db_uri):
     with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-config", config={"a": 1}) as tracker:
         tracker.log(0, {"x:mean": 1.0})

@@ -301,7 +301,8 @@ class Tracker:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Write every point logged so far to disk, then wait up to ``timeout_s`` seconds (default
         ``close_timeout_s``) for the healthy backends to take them. True when every backend has;
-        False when one is failing (its points are safe on disk, retried in the background)."""
+        False when one is failing (its points are safe on disk, retried in the background) or when
+        the local disk itself refuses the points (they are held in memory and retried)."""
         if not self.active or self._closed:
             return True
         return self._writer.flush(self.close_timeout_s if timeout_s is None else timeout_s)

@@ -57,6 +57,7 @@ class _Marker:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.journal_points = 0
+        self.durable = False
 
 
 class SinkLane:
@@ -401,6 +402,8 @@ class BackgroundWriter:
         while not marker.done.wait(0.25):
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 return False
+        if not marker.durable:  # the local disk refused the points: they are held in memory, retried
+            return False
         return all(lane.wait_acked(marker.journal_points, deadline) for lane in self.lanes)
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -422,6 +425,7 @@ class BackgroundWriter:
         batches: list[Batch] = []
         markers: list[_Marker] = []
         inbox = self._inbox
+        healthy = True
         while inbox:
             points: list[Point] = []
             while inbox and len(points) < self.max_batch_points:
@@ -443,6 +447,7 @@ class BackgroundWriter:
                     LOG.warning("cannot write %s: %s; points are held in memory and retried",
                                 self.journal.location, exc)
                 self.journal_error = str(exc)
+                healthy = False
                 break
             batches.append(Batch(points, self.points_journaled, ends))
             self.points_journaled += len(points)
@@ -451,9 +456,15 @@ class BackgroundWriter:
             try:
                 self.journal.flush()
             except Exception as exc:  # noqa: BLE001
-                LOG.warning("cannot flush %s: %s", self.journal.location, exc)
+                healthy = False
+                if self.journal_error is None:
+                    LOG.warning("cannot flush %s: %s", self.journal.location, exc)
+                self.journal_error = str(exc)
             for batch in batches:
                 for lane in self.lanes:
                     lane.offer(batch)
+        if healthy and batches:
+            self.journal_error = None
         for marker in markers:
+            marker.durable = healthy
             marker.done.set()
