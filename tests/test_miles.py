@@ -502,11 +502,25 @@ def test_miles_log_dict_in_per_sample_mean_mode_is_refused():
 def test_miles_log_dict_bad_shapes_and_inexact_values_are_refused():
     with pytest.raises(ValueError, match="2 keys but 2 values"):
         read_train_log({"keys": ["loss", "pg_clipfrac"], "values": [3.0, 1.0]}, calculate_per_token_loss=True)
-    with pytest.raises(ValueError, match="beyond 2\\*\\*24 in float32"):
+    with pytest.raises(ValueError, match="'count' = 33554432 is beyond 16777216 in float32"):
         read_train_log(
             {"keys": ["pg_clipfrac"], "values": torch.tensor([2.0**25, 3.0], dtype=torch.float32)},
             calculate_per_token_loss=True,
         )
+    # half precision: 1001 tokens in bfloat16 reads back as 1000; 2049 in float16 as 2048
+    with pytest.raises(ValueError, match="'count' = 1000 is beyond 256 in bfloat16"):
+        read_train_log(
+            {"keys": ["pg_clipfrac"], "values": torch.tensor([1001.0, 3.0], dtype=torch.bfloat16)},
+            calculate_per_token_loss=True,
+        )
+    with pytest.raises(ValueError, match="logs\\[1\\] value 'count' = 4096 is beyond 2048 in float16"):
+        sum_train_logs([
+            {"keys": ["pg_clipfrac"], "values": torch.tensor([10.0, 3.0], dtype=torch.float16)},
+            {"keys": ["pg_clipfrac"], "values": torch.tensor([4096.0, 2049.0], dtype=torch.float16)},
+        ])
+    # counts exact in their own dtype stay exact when summed past its limit; other values are not counts
+    halves = [{"keys": ["pg_clipfrac", "loss"], "values": torch.tensor([200.0, 7.0, 1e6], dtype=torch.bfloat16)}] * 3
+    assert read_train_log(sum_train_logs(halves), calculate_per_token_loss=True).loss_tokens == 600
     with pytest.raises(ValueError, match="whole number of tokens"):
         read_train_log({"keys": ["pg_clipfrac"], "values": [10.0, 2.5]}, calculate_per_token_loss=True)
     with pytest.raises(ValueError, match="neither 'pg_clipfrac' nor 'clipped_tokens'"):

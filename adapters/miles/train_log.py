@@ -40,6 +40,17 @@ PER_TOKEN_FLAG = "--calculate-per-token-loss"
 FLOAT32_EXACT = 2**24
 """Largest count a float32 log value carries exactly."""
 
+EXACT_BELOW = {"float32": FLOAT32_EXACT, "float16": 2**11, "bfloat16": 2**8}
+"""Largest whole number each reduced-precision dtype carries exactly (every smaller one is exact too)."""
+
+_COUNT_ENTRIES = (
+    keys.MILES_PG_CLIPFRAC,
+    keys.DATUM_LOSS_TOKENS,
+    keys.DATUM_CLIPPED_TOKENS,
+    keys.DATUM_CLIPPED_LOW_TOKENS,
+    keys.DATUM_CLIPPED_HIGH_TOKENS,
+)
+
 
 @dataclass(frozen=True)
 class TrainLogCounts:
@@ -86,18 +97,18 @@ def log_entries(out: Any) -> dict[str, Any]:
     }
 
 
-def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float], bool]:
-    """``(keys, values, float32)`` of a log dict, checking its shape."""
+def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]:
+    """``(keys, values)`` of a log dict, checking its shape and that its counts are exact in its dtype."""
     if not isinstance(log, Mapping) or "keys" not in log or "values" not in log:
         raise ValueError(f"{where} must be a Miles log dict {{'keys': [...], 'values': [count, *sums]}}")
     names = list(log["keys"])
     raw = log["values"]
-    float32 = False
+    dtype = ""
     if hasattr(raw, "detach"):  # torch tensor
-        float32 = str(raw.dtype) in ("torch.float32", "torch.bfloat16", "torch.float16")
+        dtype = str(raw.dtype).removeprefix("torch.")
         raw = raw.detach().cpu().reshape(-1).tolist()
     elif hasattr(raw, "dtype") and hasattr(raw, "tolist"):  # numpy array
-        float32 = str(raw.dtype) in ("float32", "float16")
+        dtype = str(raw.dtype)
         raw = raw.reshape(-1).tolist()
     values = [float(v) for v in raw]
     if len(values) != len(names) + 1:
@@ -106,22 +117,30 @@ def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float],
         )
     if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ValueError(f"{where}['keys'] must be distinct strings, got {names!r}")
-    return names, values, float32
+    limit = EXACT_BELOW.get(dtype)
+    if limit is not None:
+        counted = [("count", values[0])] + [(n, v) for n, v in zip(names, values[1:], strict=True) if n in _COUNT_ENTRIES]
+        for name, value in counted:
+            if abs(value) > limit:
+                raise ValueError(
+                    f"{where} value {name!r} = {value:.0f} is beyond {limit} in {dtype} and no longer an exact "
+                    "count; log the counts as float64 (adapters.miles.log_entries does)"
+                )
+    return names, values
 
 
 def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Element-wise sum of Miles log dicts (micro-batches, DP x CP ranks), as Miles reduces them.
 
     Every dict must carry the same keys in the same order. Values are summed with ``math.fsum``;
-    the result's ``values`` are Python floats and it remembers whether any input was float32.
+    the result's ``values`` are Python floats (each input's counts are checked exact in its dtype).
     """
     logs = list(logs)
     if not logs:
         raise ValueError("sum_train_logs needs at least one log dict")
-    names, total_columns, any32 = None, None, False
+    names, total_columns = None, None
     for i, log in enumerate(logs):
-        these, values, float32 = _values(log, f"logs[{i}]")
-        any32 = any32 or float32
+        these, values = _values(log, f"logs[{i}]")
         if names is None:
             names, total_columns = these, [[v] for v in values]
             continue
@@ -131,7 +150,7 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         for column, v in zip(total_columns, values, strict=True):
             column.append(v)
     assert total_columns is not None
-    return {"keys": names, "values": [math.fsum(c) for c in total_columns], "float32": any32}
+    return {"keys": names, "values": [math.fsum(c) for c in total_columns]}
 
 
 def read_train_log(
@@ -145,15 +164,15 @@ def read_train_log(
     ``pg_clipfrac``; ``loss_tokens`` from the ``loss_tokens`` entry when present, else
     ``count / context_parallel_size`` (exact only when every sample has an eligible token).
 
-    Raises ValueError in per-sample-mean mode (exact token counts cannot be recovered), for float32
-    values beyond 2**24, and for counts that are not whole, negative or inconsistent.
+    Raises ValueError in per-sample-mean mode (exact token counts cannot be recovered), for counts
+    beyond what their dtype carries exactly (float32 2**24, float16 2**11, bfloat16 2**8), and for
+    counts that are not whole, negative or inconsistent.
     """
     if not isinstance(calculate_per_token_loss, bool):
         raise TypeError(f"calculate_per_token_loss must be a bool, got {calculate_per_token_loss!r}")
     if isinstance(context_parallel_size, bool) or not isinstance(context_parallel_size, int) or context_parallel_size < 1:
         raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
-    names, values, float32 = _values(log, "log")
-    float32 = float32 or bool(log.get("float32", False))
+    names, values = _values(log, "log")
     if not calculate_per_token_loss:
         raise ValueError(
             "this Miles log was produced in per-sample-mean mode (calculate_per_token_loss=False): its "
@@ -164,11 +183,6 @@ def read_train_log(
     entries = dict(zip(names, values[1:], strict=True))
 
     def count(name: str, value: float) -> int:
-        if float32 and abs(value) > FLOAT32_EXACT:
-            raise ValueError(
-                f"log value {name!r} = {value:.0f} is beyond 2**24 in float32 and no longer an exact count; "
-                "log the counts as float64 (adapters.miles.log_entries does)"
-            )
         return as_count(f"log value {name!r}", value)
 
     if keys.DATUM_CLIPPED_TOKENS in entries:
