@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts, as_count, metrics_of
+from tracking.counts import ClipCounts, as_count, exact_clip_metrics, metrics_of
 
 try:  # tinker's own type when available, so outputs pass through tinker's helpers unchanged
     from tinker.types import ForwardBackwardOutput
@@ -51,12 +51,7 @@ def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__} {value!r}")
         out[key] = float(value)
-    counts = ClipCounts.from_metrics(out)  # validates counts: integers, >= 0, clipped <= loss tokens
-    if keys.LOSS_TOKENS in out:
-        as_count(keys.LOSS_TOKENS, out[keys.LOSS_TOKENS])
-    if counts is not None:
-        out.update(counts.to_metrics())  # the fraction is always the one formed from the sums
-    return out
+    return exact_clip_metrics(out)
 
 
 def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> float | None:
@@ -105,11 +100,8 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
         value = _reduce(reduction, values, weights)
         if value is not None:
             merged[key] = value
-    merged.pop(keys.CLIP_FRACTION, None)
-    counts = ClipCounts.from_metrics(merged)
-    if counts is not None:
-        merged.update(counts.to_metrics())
-    return merged
+    merged.pop(keys.CLIP_FRACTION, None)  # a merged ``:mean`` is datum-weighted: never the token fraction
+    return exact_clip_metrics(merged)
 
 
 def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:

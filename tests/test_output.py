@@ -208,3 +208,13 @@ def test_errors_without_the_inputs_still_say_what_is_wrong():
     with pytest.raises(ValueError, match="non-finite values .* of 2 loss call"):
         raise_invalid([2, 0, 0])
     raise_invalid([0, 0, 0])
+
+
+def test_a_stale_fraction_is_never_kept_when_no_token_was_eligible():
+    stale = {keys.LOSS_TOKENS: 0.0, keys.CLIPPED_TOKENS: 0.0, keys.CLIPPED_LOW_TOKENS: 0.0,
+             keys.CLIPPED_HIGH_TOKENS: 0.0, keys.CLIP_FRACTION: 0.0}
+    assert keys.CLIP_FRACTION not in validate_metrics(stale)
+    assert keys.CLIP_FRACTION not in merge_outputs([ForwardBackwardOutput("x", [{}], stale)]).metrics
+    wrong = {**stale, keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0,
+             keys.CLIP_FRACTION: 0.5}
+    assert validate_metrics(wrong)[keys.CLIP_FRACTION] == 0.1

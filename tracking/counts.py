@@ -138,3 +138,21 @@ class ClipCounts:
                 f"({keys.CLIPPED_LOW_TOKENS!r}, {keys.CLIPPED_HIGH_TOKENS!r})"
             )
         return cls(as_count(keys.LOSS_TOKENS, metrics[keys.LOSS_TOKENS]), clipped, low, high)
+
+
+def exact_clip_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """A copy of ``metrics`` with its token counts checked and the clip fraction formed from them.
+
+    Raises ValueError naming a bad count. When the metrics carry clip counts, any incoming
+    ``clip_fraction:mean`` is replaced by ``clipped_tokens:sum / loss_tokens:sum`` (and dropped when
+    no token was eligible: a fraction is never invented); without clip counts the metrics are
+    returned unchanged.
+    """
+    out = dict(metrics)
+    if keys.LOSS_TOKENS in out:
+        as_count(keys.LOSS_TOKENS, out[keys.LOSS_TOKENS])
+    counts = ClipCounts.from_metrics(out)
+    if counts is not None:
+        out.pop(keys.CLIP_FRACTION, None)
+        out.update(counts.to_metrics())
+    return out

@@ -57,7 +57,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts, as_count, metrics_of
+from tracking.counts import exact_clip_metrics, metrics_of
 from tracking.sinks import FAILED, FINISHED, KILLED, Point, RunInfo, is_jsonl, jsonl_root, make_sink
 from tracking.sinks.jsonl_sink import JsonlSink
 from tracking.spool import RunDir
@@ -430,7 +430,10 @@ class Tracker:
                     f"step {step}: metric {key!r}: {type(value).__name__} value too large for a 64-bit float"
                 ) from None
         if keys.LOSS_TOKENS in out or keys.CLIPPED_TOKENS in out:
-            self._check_counts(step, out)
+            try:
+                out = exact_clip_metrics(out)
+            except ValueError as exc:
+                raise ValueError(f"step {step}: {exc}") from None
         return out
 
     def _check_new_key(self, step: int, key: Any) -> None:
@@ -444,15 +447,3 @@ class Tracker:
             except ValueError as exc:
                 raise ValueError(f"step {step}: {exc}") from None
         self._known_keys.add(key)
-
-    @staticmethod
-    def _check_counts(step: int, out: dict[str, float]) -> None:
-        try:
-            if keys.LOSS_TOKENS in out:
-                as_count(keys.LOSS_TOKENS, out[keys.LOSS_TOKENS])
-            counts = ClipCounts.from_metrics(out)
-        except ValueError as exc:
-            raise ValueError(f"step {step}: {exc}") from None
-        if counts is not None:
-            out.pop(keys.CLIP_FRACTION, None)
-            out.update(counts.to_metrics())
