@@ -49,7 +49,7 @@ from torch import Tensor
 from adapters.losses import INPUT_CHECKS, LOSSES, LossOutput, raise_invalid
 from adapters.output import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts, as_count
+from tracking.counts import ClipCounts, as_count, token_metrics
 
 __all__ = [
     "AUTO",
@@ -69,7 +69,7 @@ __all__ = [
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``adapters.losses.INPUT_CHECKS`` order)."""
 
-_COUNT_KEYS = (keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS)
+_COUNT_KEYS = keys.TOKEN_COUNT_KEYS
 _N_REPORTS = "reports"
 _N_CLIP_REPORTS = "clip_reports"
 PACKED_FIELDS: tuple[str, ...] = (
@@ -387,10 +387,8 @@ def output_from_sums(values: Sequence[float], *, loss_fn_output_type: str = "Arr
     if not math.isfinite(loss_sum):
         raise ValueError(f"{keys.LOSS_SUM} is {loss_sum!r} after merging: a loss value was not finite")
     metrics: dict[str, float] = {keys.LOSS_SUM: float(loss_sum)}
-    if n_clip:
-        metrics.update(ClipCounts(*(counts[k] for k in _COUNT_KEYS)).to_metrics())
-    else:
-        metrics[keys.LOSS_TOKENS] = float(counts[keys.LOSS_TOKENS])
+    clip_counts = ClipCounts(*(counts[k] for k in _COUNT_KEYS)) if n_clip else None
+    metrics.update(token_metrics(counts[keys.LOSS_TOKENS], clip_counts))
     return ForwardBackwardOutput(loss_fn_output_type=loss_fn_output_type, loss_fn_outputs=[], metrics=metrics)
 
 

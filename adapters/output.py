@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts, as_count, exact_clip_metrics, metrics_of
+from tracking.counts import ClipCounts, as_count, exact_clip_metrics, metrics_of, token_metrics
 
 try:  # tinker's own type when available, so outputs pass through tinker's helpers unchanged
     from tinker.types import ForwardBackwardOutput
@@ -94,7 +94,7 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
             merged[key] = values[0]
             merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
             continue
-        if key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
+        if key in keys.TOKEN_COUNT_KEYS:
             merged[key] = float(sum(as_count(key, v) for v in values))
             continue
         value = _reduce(reduction, values, weights)
@@ -138,8 +138,6 @@ def loss_metrics(*outputs: Any) -> dict[str, float]:
     total.check()
     counts = total.clip_counts()
     metrics = {keys.LOSS_SUM: float(total.loss.detach().double().item())}
-    if counts is None:
-        metrics[keys.LOSS_TOKENS] = float(int(total.loss_tokens.item()))
-    else:
-        metrics.update(counts.to_metrics())
+    loss_tokens = counts.loss_tokens if counts is not None else int(total.loss_tokens.item())
+    metrics.update(token_metrics(loss_tokens, counts))
     return metrics

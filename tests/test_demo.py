@@ -34,7 +34,7 @@ def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
     out, _ = demo
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = 'training'")
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_TRAINING}'")
     assert sorted(r.data.tags[keys.TAG_BACKEND] for r in runs) == ["megatron", "miles"]
     for run in runs:
         assert run.info.status == "FINISHED"

@@ -156,3 +156,11 @@ def exact_clip_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
         out.pop(keys.CLIP_FRACTION, None)
         out.update(counts.to_metrics())
     return out
+
+
+def token_metrics(loss_tokens: int, counts: ClipCounts | None) -> dict[str, float]:
+    """The token metrics of a step: the clip counts and fraction for a loss that clips
+    (``counts``), else ``loss_tokens:sum`` alone — a loss that never clips emits no clip keys."""
+    if counts is not None:
+        return counts.to_metrics()
+    return {keys.LOSS_TOKENS: float(as_count(keys.LOSS_TOKENS, loss_tokens))}

@@ -28,6 +28,8 @@ STEP_TIME = "step_time_s:mean"
 
 CLIP_COUNT_KEYS = (CLIPPED_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
 """Integer count keys present exactly when the loss clips."""
+TOKEN_COUNT_KEYS = (LOSS_TOKENS, *CLIP_COUNT_KEYS)
+"""Every key holding an exact token count (summed, never averaged)."""
 CLIP_SERIES_KEYS = (CLIP_FRACTION, CLIPPED_TOKENS, LOSS_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
 """The per-step clip series the tracker records, in display order."""
 
@@ -37,6 +39,8 @@ DATUM_CLIPPED_TOKENS = "clipped_tokens"
 DATUM_CLIPPED_LOW_TOKENS = "clipped_low_tokens"
 DATUM_CLIPPED_HIGH_TOKENS = "clipped_high_tokens"
 DATUM_LOGPROBS = "logprobs"
+DATUM_CLIP_FIELDS = (DATUM_CLIPPED_TOKENS, DATUM_CLIPPED_LOW_TOKENS, DATUM_CLIPPED_HIGH_TOKENS)
+"""Per-datum fields present exactly when the datum's loss clips."""
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -56,7 +60,9 @@ def split_key(key: str) -> tuple[str, str]:
 TAG_BACKEND = "cliptrack.backend"
 """MLflow tag, W&B config key and W&B group naming the training stack (e.g. "megatron", "miles")."""
 TAG_RUN_KIND = "cliptrack.kind"
-"""MLflow tag: "training" for logged runs, "comparison" for the parent comparison run."""
+"""MLflow tag: :data:`RUN_KIND_TRAINING` for logged runs, :data:`RUN_KIND_COMPARISON` for comparisons."""
+RUN_KIND_TRAINING = "training"
+RUN_KIND_COMPARISON = "comparison"
 WANDB_STEP_METRIC = "trainer/step"
 """W&B column holding the trainer's own step; every metric is declared against it."""
 WANDB_WALL_TIME = "trainer/wall_time"

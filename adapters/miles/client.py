@@ -23,12 +23,12 @@ from typing import Any
 from adapters.miles.wire import read_count
 from adapters.output import ForwardBackwardOutput, merge_metrics, validate_metrics
 from tracking import keys
-from tracking.counts import ClipCounts
+from tracking.counts import ClipCounts, token_metrics
 
 MAX_CHUNK_DATUMS = 1024
 """Most datums in one chunk of a Tinker forward_backward request."""
 
-_CLIP_FIELDS = (keys.DATUM_CLIPPED_TOKENS, keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS)
+_CLIP_FIELDS = keys.DATUM_CLIP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,7 @@ class OutputCounts:
 
     def metrics(self) -> dict[str, float]:
         """``loss_tokens:sum`` and, for a clipping loss, the clip counts and fraction."""
-        if self.clip_counts is not None:
-            return self.clip_counts.to_metrics()
-        return {keys.LOSS_TOKENS: float(self.loss_tokens)}
+        return token_metrics(self.loss_tokens, self.clip_counts)
 
     def __add__(self, other: OutputCounts) -> OutputCounts:
         if not isinstance(other, OutputCounts):
@@ -184,7 +182,7 @@ def _read_output(output: object, where: str) -> _Chunk:
 def _check_metrics_agree(metrics: Mapping[str, float], counts: OutputCounts, where: str) -> None:
     """Count keys an output's metrics carry must equal the sums of its per-datum counts."""
     expected = counts.metrics()
-    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
+    for key in keys.TOKEN_COUNT_KEYS:
         if key not in metrics:
             continue
         if counts.datums == 0:
@@ -225,7 +223,7 @@ def _step_metrics(chunks: Sequence[_Chunk]) -> dict[str, float]:
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
     with_metrics = [c for c in chunks if c.metrics or c.counts.datums]
     merged = merge_metrics([c.metrics for c in with_metrics], [c.counts.datums for c in with_metrics])
-    for key in (keys.LOSS_TOKENS, *keys.CLIP_SERIES_KEYS):
+    for key in (*keys.TOKEN_COUNT_KEYS, keys.CLIP_FRACTION):
         merged.pop(key, None)
     merged.update(total.metrics())
     return merged

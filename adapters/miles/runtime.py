@@ -27,7 +27,7 @@ from adapters import losses
 from adapters.miles.wire import count_data, read_array, tensor_data
 from adapters.output import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts
+from tracking.counts import ClipCounts, token_metrics
 
 THRESHOLD_FIELDS = ("clip_low_threshold", "clip_high_threshold")
 """Per-datum ``loss_fn_inputs`` (and ``loss_fn_config`` keys) holding absolute ratio bounds."""
@@ -121,8 +121,7 @@ def forward_backward_loss(
 
     clips = loss_fn in losses.CLIPPING_LOSSES
     if not outs:
-        empty = ClipCounts(0, 0, 0, 0)
-        metrics = {keys.LOSS_SUM: 0.0, **(empty.to_metrics() if clips else {keys.LOSS_TOKENS: 0.0})}
+        metrics = {keys.LOSS_SUM: 0.0, **token_metrics(0, ClipCounts(0, 0, 0, 0) if clips else None)}
         return RequestResult(
             loss=torch.zeros((), device=device),
             output=ForwardBackwardOutput(loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics),
@@ -156,7 +155,7 @@ def forward_backward_loss(
         loss_fn_outputs.append(datum_out)
 
     metrics = {keys.LOSS_SUM: math.fsum(float(row[0]) for row in stats)}
-    metrics.update(total.to_metrics() if clips else {keys.LOSS_TOKENS: float(loss_tokens)})
+    metrics.update(token_metrics(loss_tokens, total if clips else None))
     loss = torch.stack([o.loss for o in outs]).sum()
     return RequestResult(
         loss=loss,

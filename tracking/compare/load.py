@@ -155,7 +155,7 @@ def load_mlflow(
         if experiment is None:
             raise ValueError("load_mlflow: name runs (ids or names) or an experiment to load from")
         for found in client.search_runs(experiment_ids, max_results=50000):
-            if found.data.tags.get(keys.TAG_RUN_KIND) != "comparison":
+            if found.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON:
                 runs.append(found)
         if not runs:
             raise RunNotFoundError(f"experiment {experiment!r} in {where} has no training runs")

@@ -97,7 +97,7 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
         exp_id = exp.experiment_id if exp else client.create_experiment(name)
     summary = result.summary()
     tags = {
-        keys.TAG_RUN_KIND: "comparison",
+        keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON,
         keys.TAG_COMPARED_RUNS: ",".join(i.run_id for i in infos),
         keys.TAG_VERDICT: result.on_policy_verdict,
         "mlflow.note.content": summary,

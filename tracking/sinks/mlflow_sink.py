@@ -25,7 +25,6 @@ from tracking.sinks.base import Point, RunInfo, SinkError, SinkRejected
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 """Embedded default store, relative to the working directory at ``open`` time."""
-RUN_KIND_TRAINING = "training"
 
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
 
@@ -96,7 +95,7 @@ class MlflowSink:
             if run_id is None:
                 experiment_id = self._experiment_id(client)
                 tags = {
-                    keys.TAG_RUN_KIND: RUN_KIND_TRAINING,
+                    keys.TAG_RUN_KIND: keys.RUN_KIND_TRAINING,
                     keys.TAG_RUN_ID: run.run_id,
                 }
                 if run.backend_label is not None:

@@ -106,7 +106,7 @@ class WandbSink:
             self.run.define_metric(keys.WANDB_STEP_METRIC)
             self.run.define_metric("*", step_metric=keys.WANDB_STEP_METRIC)
             self.run.define_metric(keys.CLIP_FRACTION, step_metric=keys.WANDB_STEP_METRIC, summary="mean,last")
-            for key in (keys.CLIPPED_TOKENS, keys.LOSS_TOKENS, keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS):
+            for key in keys.TOKEN_COUNT_KEYS:
                 self.run.define_metric(key, step_metric=keys.WANDB_STEP_METRIC, summary="last")
         except Exception as exc:
             raise SinkError(f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}") from exc
