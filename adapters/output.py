@@ -9,10 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracking import keys
 from tracking.counts import ClipCounts, as_count, exact_clip_metrics, metrics_of, token_metrics
+
+if TYPE_CHECKING:
+    from adapters.losses import LossOutput
 
 try:  # tinker's own type when available, so outputs pass through tinker's helpers unchanged
     from tinker.types import ForwardBackwardOutput
@@ -124,20 +127,26 @@ def _field(output: object, name: str) -> Any:
     return getattr(output, name)
 
 
-def loss_metrics(*outputs: Any) -> dict[str, float]:
+def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
     """Metrics of one or more ``adapters.losses.LossOutput`` (summed): ``loss:sum`` and the counts.
 
     Synchronises with the host once and raises ValueError for invalid loss inputs. A loss that
     never clips yields only ``loss:sum`` and ``loss_tokens:sum``.
     """
+    import torch
+
+    from adapters.losses import raise_invalid
+
     if not outputs:
         raise ValueError("loss_metrics needs at least one LossOutput")
     total = outputs[0]
     for other in outputs[1:]:
         total = total + other
-    total.check()
-    counts = total.clip_counts()
-    metrics = {keys.LOSS_SUM: float(total.loss.detach().double().item())}
-    loss_tokens = counts.loss_tokens if counts is not None else int(total.loss_tokens.item())
-    metrics.update(token_metrics(loss_tokens, counts))
+    clip_fields = (total.clipped_tokens, total.clipped_low_tokens, total.clipped_high_tokens)
+    fields = [total.loss.detach(), total.loss_tokens, *(f for f in clip_fields if f is not None)]
+    values = torch.cat([torch.stack([f.double() for f in fields]), total.invalid.double()]).tolist()  # one sync
+    raise_invalid([int(v) for v in values[len(fields):]], total.sources)
+    counts = ClipCounts(*values[1:5]) if total.clips else None
+    metrics = {keys.LOSS_SUM: values[0]}
+    metrics.update(token_metrics(values[1], counts))
     return metrics
