@@ -94,7 +94,6 @@ class SinkLane:
         self._queue: deque[Batch] = deque()
         self._buffered = 0
         self._from_journal = False
-        self._journal_end = Ack()
         self._ack = run_dir.read_ack(self.name)
         self._journal_end = self._ack
         self._stopping = False

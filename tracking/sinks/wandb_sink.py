@@ -110,7 +110,7 @@ class WandbSink:
                 self.run.define_metric(key, step_metric=keys.WANDB_STEP_METRIC, summary="last")
         except Exception as exc:
             raise SinkError(f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}") from exc
-        return {"project": self.project, "entity": self.entity, "mode": self.mode, "dir": self.dir}
+        return self.settings()
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         if self.run is None:
