@@ -86,7 +86,6 @@ clipping loss, then the bad-input counts. float64 because the loss sum is a floa
 stays exact below 2**53 tokens (checked on the host after the reduction); one dtype means one
 collective.
 """
-_MAX_EXACT = 2**53
 
 LossFunc = Callable[[Tensor], tuple[Tensor, Tensor, dict[str, Tensor]]]
 """What Megatron-Core calls with the model's output tensor: ``(loss, num_tokens, report)``."""
@@ -378,9 +377,6 @@ def output_from_sums(values: Sequence[float], *, loss_fn_output_type: str = "Arr
             f"{n_clip} of {n_reports} micro-batch reports come from a clipping loss and the rest from a loss "
             "that never clips; one step must use one kind of loss"
         )
-    for key in _COUNT_KEYS:
-        if fields[key] >= _MAX_EXACT:
-            raise ValueError(f"{key}={fields[key]!r} reached 2**53 tokens and is no longer exact in float64")
     # whole, non-negative token counts (a hand-written report may carry a float or negative count)
     counts = {key: as_count(f"{key} (summed over micro-batches and ranks)", fields[key]) for key in _COUNT_KEYS}
     loss_sum = fields[keys.LOSS_SUM]

@@ -351,3 +351,12 @@ def test_module_does_not_import_megatron():
     code = "import sys, adapters.megatron; print('megatron' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_merged_counts_at_2_to_the_53_are_refused():
+    fields = dict.fromkeys(mg.PACKED_FIELDS, 0.0)
+    fields.update({keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: float(2**53), mg.PACKED_FIELDS[5]: 1.0})
+    with pytest.raises(ValueError, match="reached 2\\*\\*53"):
+        mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS])
+    fields[keys.LOSS_TOKENS] = float(2**53 - 1)
+    assert mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS]).metrics[keys.LOSS_TOKENS] == 2**53 - 1

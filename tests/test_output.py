@@ -218,3 +218,13 @@ def test_a_stale_fraction_is_never_kept_when_no_token_was_eligible():
     wrong = {**stale, keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0,
              keys.CLIP_FRACTION: 0.5}
     assert validate_metrics(wrong)[keys.CLIP_FRACTION] == 0.1
+
+
+def test_counts_at_2_to_the_53_are_refused_as_no_longer_exact():
+    from tracking.counts import as_count
+
+    assert as_count("n", float(2**53 - 1)) == 2**53 - 1
+    with pytest.raises(ValueError, match="reached 2\\*\\*53"):
+        as_count("n", float(2**53))
+    with pytest.raises(ValueError, match="reached 2\\*\\*53"):
+        clip_counts(ForwardBackwardOutput("x", [], {keys.LOSS_TOKENS: float(2**53 + 2), keys.CLIPPED_TOKENS: 0.0}))

@@ -13,6 +13,9 @@ from typing import Any
 
 from tracking import keys
 
+MAX_EXACT_COUNT = 2**53
+"""Token counts carried as floats are exact below this; a float at or above it is ambiguous."""
+
 
 def metrics_of(output: object) -> Mapping[str, Any]:
     """The metrics mapping of a ForwardBackwardOutput (cliptrack's or tinker's) or of its JSON dict."""
@@ -43,8 +46,8 @@ def as_count(name: str, value: object) -> int:
             raise ValueError(f"{name} must be a finite token count, got {value!r}")
         if not value.is_integer():
             raise ValueError(f"{name} must be a whole number of tokens, got the fraction {value!r}")
-        if abs(value) > 2**53:
-            raise ValueError(f"{name}={value!r} is beyond 2**53 and no longer exact as a float")
+        if abs(value) >= MAX_EXACT_COUNT:
+            raise ValueError(f"{name}={value!r} reached 2**53 and is no longer exact as a float")
         number = int(value)
     else:
         raise ValueError(f"{name} must be a token count (int), got {type(value).__name__} {value!r}")

@@ -1,7 +1,7 @@
 """The one home of every metric key name cliptrack reads or writes.
 
 Keys follow the Tinker convention ``name:reduction`` with exactly one colon. Values are plain
-floats; token counts are integers carried as floats (exact up to 2**53 tokens).
+floats; token counts are integers carried as floats (exact below 2**53 tokens).
 """
 
 from __future__ import annotations
