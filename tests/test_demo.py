@@ -57,6 +57,14 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     assert "verdict:" in stdout and "clip_fraction" in stdout
     assert "mlflow ui --backend-store-uri" in stdout
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cliptrack-demo")
+    [comparison] = client.search_runs([experiment.experiment_id],
+                                      f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
+    artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
+    assert {"dashboard.html", "comparison.csv"} <= artifacts
 
 
 def test_miles_run_is_more_off_policy_than_megatron_run(demo):

@@ -105,8 +105,8 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     runs = load_runs(run_ids, tracking_uri=tracking_uri)
     result = compare(runs)
     print(format_result(result))
-    write_dashboard(out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles")
-    comparison_id = log_comparison(runs, result, tracking_uri=tracking_uri)
+    dashboard = write_dashboard(out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles")
+    comparison_id = log_comparison(runs, result, tracking_uri=tracking_uri, dashboard=dashboard)
     panels: dict[str, Any] = save_or_write("cliptrack", "cliptrack-demo", run_ids, result.summary(),
                                            out=out / "wandb-panels.json", online=False)
     return [f"verdict: {result.on_policy_verdict}",

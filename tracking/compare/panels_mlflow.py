@@ -17,6 +17,7 @@ in several comparisons, while a run has only one parent.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -76,8 +77,12 @@ def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Pat
 
 
 def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str | None = None,
-                   experiment: str | None = None, run_name: str | None = None) -> str:
+                   experiment: str | None = None, run_name: str | None = None,
+                   dashboard: str | Path | None = None) -> str:
     """Log the comparison as an MLflow run; return its run id.
+
+    ``dashboard``: an HTML dashboard of this comparison already written (by ``write_dashboard``)
+    to log as the artifact instead of rendering it again.
 
     ``experiment`` defaults to the experiment of the reference run when it was loaded from this
     MLflow store, else ``cliptrack-comparisons``.
@@ -128,7 +133,10 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
             write_figures(runset, result, root / "figures")
             result.table().to_csv(root / "comparison.csv", index=False)
             (root / "comparison.md").write_text(result.to_markdown(), encoding="utf-8")
-            write_dashboard(root / "dashboard.html", runset, result)
+            if dashboard is None:
+                write_dashboard(root / "dashboard.html", runset, result)
+            else:
+                shutil.copyfile(dashboard, root / "dashboard.html")
             client.log_artifacts(run_id, str(root))
         for info in same_store:
             try:
