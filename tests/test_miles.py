@@ -423,6 +423,11 @@ def test_mixed_loss_kinds_unknown_clients_and_closed_steps_are_refused():
     mixed["metrics"] = {}
     with pytest.raises(ValueError, match=r"\[5\] lacks clip counts but earlier datums do"):
         aggregate_datums(mixed)
+    # across the outputs of one call: the offending output is named
+    with pytest.raises(ValueError, match=r"^outputs\[2\]: this output comes from a loss that never clips"):
+        aggregate_datums(
+            [forward_backward_loss(datums, policy, loss).output for loss in ("ppo", "cispo", "importance_sampling")]
+        )
 
 
 def test_a_step_of_a_loss_that_never_clips_emits_no_clip_keys():

@@ -35,14 +35,29 @@ _CLIP_FIELDS = keys.DATUM_CLIP_FIELDS
 class OutputCounts:
     """Exact sums over the datums of one output (or several), in tokens.
 
-    ``clips``: ``True`` when every datum carries clip counts, ``False`` when none does, ``None``
-    when there are no datums. ``clip_counts`` is set exactly when ``clips`` is ``True``.
+    ``clip_counts``: the summed clip counts when every datum carries them, ``None`` when none does
+    or there are no datums; its ``loss_tokens`` equals ``loss_tokens``. Adding counts of a loss that
+    clips to counts of one that never clips raises ValueError.
     """
 
     datums: int
     loss_tokens: int
-    clips: bool | None
     clip_counts: ClipCounts | None
+
+    def __post_init__(self) -> None:
+        if self.clip_counts is None:
+            return
+        if self.datums == 0:
+            raise ValueError("clip_counts of no datums: with no datums nothing says whether the loss clips")
+        if self.clip_counts.loss_tokens != self.loss_tokens:
+            raise ValueError(
+                f"clip_counts.loss_tokens={self.clip_counts.loss_tokens} != loss_tokens={self.loss_tokens}"
+            )
+
+    @property
+    def clips(self) -> bool | None:
+        """``True`` when the datums carry clip counts, ``False`` when not, ``None`` when there are none."""
+        return None if self.datums == 0 else self.clip_counts is not None
 
     def metrics(self) -> dict[str, float]:
         """``loss_tokens:sum`` and, for a clipping loss, the clip counts and fraction."""
@@ -51,12 +66,15 @@ class OutputCounts:
     def __add__(self, other: OutputCounts) -> OutputCounts:
         if not isinstance(other, OutputCounts):
             return NotImplemented
-        _check_same_kind(self.clips, other.clips, "")
-        clips = self.clips if other.clips is None else other.clips
-        total = None
-        if clips:
-            total = (self.clip_counts or ClipCounts(0, 0, 0, 0)) + (other.clip_counts or ClipCounts(0, 0, 0, 0))
-        return OutputCounts(self.datums + other.datums, self.loss_tokens + other.loss_tokens, clips, total)
+        _check_same_kind(self.clips, other.clips)
+        total = self.clip_counts
+        if other.clip_counts is not None:
+            total = other.clip_counts if total is None else total + other.clip_counts
+        return OutputCounts(self.datums + other.datums, self.loss_tokens + other.loss_tokens, total)
+
+
+NO_COUNTS = OutputCounts(0, 0, None)
+"""The counts of no datums (the start of a sum)."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +110,11 @@ def datum_counts(datum: object, where: str = "datum") -> tuple[int, ClipCounts |
 
 def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> OutputCounts:
     """Exact sums over per-datum outputs; ValueError if clipping and non-clipping datums mix."""
-    n = loss_tokens = clipped = low = high = 0
-    clips: bool | None = None
+    n = loss_tokens = 0
+    total: ClipCounts | None = None
     for i, datum in enumerate(datums):
         tokens, counts = datum_counts(datum, f"{where}[{i}]")
-        if clips is None:
-            clips = counts is not None
-        elif clips != (counts is not None):
+        if n and (total is not None) != (counts is not None):
             raise ValueError(
                 f"{where}[{i}] {'carries' if counts is not None else 'lacks'} clip counts but earlier datums "
                 f"{'do not' if counts is not None else 'do'}: a loss that clips and one that never clips "
@@ -107,11 +123,8 @@ def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> Ou
         n += 1
         loss_tokens += tokens
         if counts is not None:
-            clipped += counts.clipped_tokens
-            low += counts.clipped_low_tokens
-            high += counts.clipped_high_tokens
-    total = ClipCounts(loss_tokens, clipped, low, high) if clips else None
-    return OutputCounts(n, loss_tokens, clips, total)
+            total = counts if total is None else total + counts
+    return OutputCounts(n, loss_tokens, total)
 
 
 def aggregate_datums(outputs: object) -> dict[str, float]:
@@ -126,7 +139,10 @@ def aggregate_datums(outputs: object) -> dict[str, float]:
     clip keys). Raises ValueError for bad or inconsistent counts and for mixed loss kinds.
     """
     chunks = [_read_output(o, f"outputs[{i}]") for i, o in enumerate(_as_outputs(outputs))]
-    return _step_metrics(chunks)
+    total = NO_COUNTS
+    for i, chunk in enumerate(chunks):
+        total = _added(total, chunk.counts, f"outputs[{i}]: ")
+    return _step_metrics(chunks, total)
 
 
 def _as_outputs(outputs: object) -> list[object]:
@@ -203,22 +219,27 @@ def _check_metrics_agree(metrics: Mapping[str, float], counts: OutputCounts, whe
             )
 
 
-def _check_same_kind(before: bool | None, now: bool | None, where: str) -> None:
+def _check_same_kind(before: bool | None, now: bool | None) -> None:
     if before is None or now is None or before == now:
         return
     raise ValueError(
-        f"{where}this output comes from a loss that {'clips' if now else 'never clips'} but earlier "
+        f"this output comes from a loss that {'clips' if now else 'never clips'} but earlier "
         f"outputs of the step come from one that {'clips' if before else 'never clips'}: their tokens "
         "cannot share one clip fraction (PPO and CISPO sum together; cross_entropy, "
         "importance_sampling and dro belong in steps of their own)"
     )
 
 
-def _step_metrics(chunks: Sequence[_Chunk]) -> dict[str, float]:
-    total = OutputCounts(0, 0, None, None)
-    for i, chunk in enumerate(chunks):
-        _check_same_kind(total.clips, chunk.counts.clips, f"outputs[{i}]: ")
-        total = total + chunk.counts
+def _added(total: OutputCounts, counts: OutputCounts, where: str) -> OutputCounts:
+    """``total + counts``, a mixed-kind ValueError prefixed with ``where``."""
+    try:
+        return total + counts
+    except ValueError as exc:
+        raise ValueError(f"{where}{exc}") from exc
+
+
+def _step_metrics(chunks: Sequence[_Chunk], total: OutputCounts) -> dict[str, float]:
+    """The step's metrics: the chunks' metrics merged, the token metrics from ``total`` (their sum)."""
     # Tinker's rule: a key missing from any output that holds datums is dropped (an output without
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
     with_metrics = [c for c in chunks if c.metrics or c.counts.datums]
@@ -232,7 +253,7 @@ def _step_metrics(chunks: Sequence[_Chunk]) -> dict[str, float]:
 @dataclass
 class _StepState:
     chunks: list[_Chunk] = field(default_factory=list)
-    clips: bool | None = None
+    total: OutputCounts = NO_COUNTS
 
 
 class UnknownClientError(LookupError):
@@ -299,12 +320,11 @@ class ClientAggregator:
                     "emit() would be lost"
                 )
             state = steps.get(step) or _StepState()
-            _check_same_kind(state.clips, chunk.counts.clips, f"client {client_id!r} step {step}: ")
+            total = _added(state.total, chunk.counts, f"client {client_id!r} step {step}: ")
             if not self.keep_outputs:
                 chunk = _Chunk(chunk.counts, chunk.metrics, [], chunk.output_type)
             state.chunks.append(chunk)
-            if chunk.counts.clips is not None:
-                state.clips = chunk.counts.clips
+            state.total = total
             steps[step] = state
         return chunk.counts
 
@@ -321,7 +341,7 @@ class ClientAggregator:
                 done = " (it was already emitted)" if step in self._emitted[client_id] else ""
                 raise ValueError(f"client {client_id!r} has no outputs for step {step}{done}")
             state = steps[step]
-            metrics = _step_metrics(state.chunks)
+            metrics = _step_metrics(state.chunks, state.total)
             output_type = next((c.output_type for c in state.chunks if c.output_type), "")
             datum_outputs = [d for c in state.chunks for d in c.datum_outputs]
             del steps[step]
