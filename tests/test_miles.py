@@ -430,6 +430,23 @@ def test_mixed_loss_kinds_unknown_clients_and_closed_steps_are_refused():
         )
 
 
+def test_steps_accept_numpy_integers_and_stop_at_the_trackers_64_bit_bound():
+    datums, policy = make_batch(4, seed=22)
+    agg = ClientAggregator()
+    agg.register("run")
+    agg.add("run", np.int64(2), forward_backward_loss(datums[:2], policy[:2], "ppo").output)
+    agg.add("run", 2, forward_backward_loss(datums[2:], policy[2:], "ppo").output)
+    assert agg.pending_steps("run") == [2] and type(agg.pending_steps("run")[0]) is int
+    assert_exact(agg.emit("run", np.uint32(2)).metrics, reference_counts(datums, policy))
+    agg.add("run", 2**63 - 1, forward_backward_loss(datums, policy, "ppo").output)
+    with pytest.raises(ValueError, match=r"step 9223372036854775808 does not fit a signed 64-bit integer"):
+        agg.add("run", 2**63, forward_backward_loss(datums, policy, "ppo").output)
+    for bad in (True, 2.0, np.float64(2.0), "2", np.int64(-1)):
+        with pytest.raises(ValueError, match="step must be an int >= 0"):
+            agg.add("run", bad, forward_backward_loss(datums, policy, "ppo").output)
+    assert agg.pending_steps("run") == [2**63 - 1]
+
+
 def test_a_step_of_a_loss_that_never_clips_emits_no_clip_keys():
     datums, policy = make_batch(8, seed=19)
     agg = ClientAggregator()

@@ -15,6 +15,7 @@ refused with a ValueError.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from adapters.miles.wire import read_count
 from adapters.output import ForwardBackwardOutput, merge_metrics, validate_metrics
 from tracking import keys
 from tracking.counts import ClipCounts, token_metrics
+from tracking.tracker import MAX_STEP
 
 MAX_CHUNK_DATUMS = 1024
 """Most datums in one chunk of a Tinker forward_backward request."""
@@ -310,7 +312,7 @@ class ClientAggregator:
         ValueError for a bad step, bad counts, an already-emitted step, or a loss kind that does
         not match the step's earlier outputs; the sums are then unchanged.
         """
-        _check_step(step)
+        step = _check_step(step)
         chunk = _read_output(output, f"client {client_id!r} step {step} output")
         with self._lock:
             steps = self._client(client_id)
@@ -334,7 +336,7 @@ class ClientAggregator:
         Metrics: the outputs' metrics merged with Tinker's reductions, with ``loss_tokens:sum``,
         the clip counts and ``clip_fraction:mean`` from the exact per-datum sums.
         """
-        _check_step(step)
+        step = _check_step(step)
         with self._lock:
             steps = self._client(client_id)
             if step not in steps:
@@ -360,6 +362,12 @@ class ClientAggregator:
             ) from None
 
 
-def _check_step(step: object) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+def _check_step(step: object) -> int:
+    """``step`` as an int; ValueError unless an integer (numpy's too, not a bool) in [0, MAX_STEP]
+    (the tracker's bound: a signed 64-bit integer)."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
         raise ValueError(f"step must be an int >= 0 (the trainer's own step), got {step!r}")
+    step = int(step)
+    if step > MAX_STEP:
+        raise ValueError(f"step {step} does not fit a signed 64-bit integer")
+    return step
