@@ -14,10 +14,11 @@ loss inputs' validity (``LossOutput.invalid``) is checked too.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -32,19 +33,28 @@ from tracking.counts import ClipCounts, token_metrics
 THRESHOLD_FIELDS = ("clip_low_threshold", "clip_high_threshold")
 """Per-datum ``loss_fn_inputs`` (and ``loss_fn_config`` keys) holding absolute ratio bounds."""
 
-CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "ppo": THRESHOLD_FIELDS,
-    "cispo": THRESHOLD_FIELDS,
-    "importance_sampling": (),
-    "dro": ("beta",),
-    "cross_entropy": (),
-}
+REQUIRED = inspect.Parameter.empty
+"""The default of an option that ``loss_fn_config`` must give."""
+
+
+def _keyword_options(loss_fn: str) -> dict[str, Any]:
+    """The keyword-only parameters of loss ``loss_fn`` -> their defaults (``REQUIRED`` when none)."""
+    fn = cast(Callable[..., losses.LossOutput], losses.LOSSES[loss_fn])
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
+
+CONFIG_OPTIONS: dict[str, dict[str, Any]] = {name: _keyword_options(name) for name in losses.LOSSES}
+"""The ``loss_fn_config`` keys each loss accepts (its keyword-only parameters) -> their defaults."""
+
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {name: tuple(options) for name, options in CONFIG_OPTIONS.items()}
 """The ``loss_fn_config`` keys each loss accepts."""
 
-DEFAULT_THRESHOLDS = {
-    "ppo": (losses.PPO_CLIP_LOW, losses.PPO_CLIP_HIGH),
-    "cispo": (losses.CISPO_CLIP_LOW, losses.CISPO_CLIP_HIGH),
+DEFAULT_THRESHOLDS: dict[str, tuple[float, float]] = {
+    name: (CONFIG_OPTIONS[name][THRESHOLD_FIELDS[0]], CONFIG_OPTIONS[name][THRESHOLD_FIELDS[1]])
+    for name in losses.LOSSES
+    if name in losses.CLIPPING_LOSSES
 }
+"""Tinker's default ``(clip_low_threshold, clip_high_threshold)`` of each clipping loss (its signature's)."""
 
 OUTPUT_TYPE = "ArrayRecord"
 """``loss_fn_output_type`` of the outputs built here (the class name Tinker's proto path reports)."""
@@ -176,8 +186,9 @@ def _check_config(loss_fn: str, config: Mapping[str, float] | None) -> dict[str,
     for key, value in config.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
-    if loss_fn == "dro" and "beta" not in config:
-        raise ValueError("loss_fn 'dro' needs loss_fn_config['beta']")
+    missing = [key for key, default in CONFIG_OPTIONS[loss_fn].items() if default is REQUIRED and key not in config]
+    if missing:
+        raise ValueError(f"loss_fn {loss_fn!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing))
     return {k: float(v) for k, v in config.items()}
 
 
