@@ -54,10 +54,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def encode_points(points: list[Point]) -> list[bytes]:
     """Each point as one JSONL line (bytes, newline-terminated)."""
-    return [
-        (json.dumps({"step": p.step, "wall_time": p.wall_time, "metrics": p.metrics}) + "\n").encode()
-        for p in points
-    ]
+    return [(json.dumps(p.to_json()) + "\n").encode() for p in points]
 
 
 class RunDir:

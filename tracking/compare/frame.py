@@ -25,18 +25,10 @@ import numpy as np
 import pandas as pd
 
 from tracking import keys
+from tracking.sinks.base import Point
 
 COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value")
 """Column order of the tidy frame."""
-
-
-@dataclass(frozen=True)
-class Point:
-    """One logged point: the trainer's step, its wall time (unix seconds) and metric values."""
-
-    step: int
-    wall_time: float
-    metrics: Mapping[str, float]
 
 
 @dataclass(frozen=True)
