@@ -13,7 +13,7 @@ from tracking.sinks.base import Point, RunInfo
 from tracking.sinks.jsonl_sink import JsonlSink
 from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
 from tracking.sinks.wandb_sink import WandbSink, resolve_mode
-from tracking.spool import Ack, RunDir, pending, run_dirs
+from tracking.spool import Ack, RunDir, pending, run_dirs, spool_runs
 
 
 @pytest.mark.parametrize(
@@ -116,6 +116,30 @@ def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tm
     reader.write_ack("mlflow", Ack(1, ends[0]))
     assert reader.read_ack("mlflow") == Ack(1, ends[0]) and pending(reader, "mlflow")[0] == 1
     assert [r.run_id for r in run_dirs(tmp_path)] == ["abc123"] == [r.run_id for r in run_dirs(run_dir)]
+
+
+def test_whole_run_reader_warns_on_a_torn_last_line_and_names_a_bad_middle_line(tmp_path):
+    run = RunDir(tmp_path, "r1")
+    run.path.mkdir()
+    good = [Point(0, 10.0, {"a:mean": 1.5}), Point(1, 11.0, {"a:mean": 2.5})]
+    run.points_path.write_bytes(b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in good)
+                                + b'{"step": 2, "wall_ti')
+    assert [p for p, _ in run.read_points()] == good  # the incremental reader stops silently
+    with pytest.warns(UserWarning, match=r"points.jsonl:3: incomplete last line skipped"):
+        assert run.load_points() == good
+    run.points_path.write_bytes(b'{"step": 0}\n' + json.dumps(good[1].to_json()).encode() + b"\n")
+    with pytest.raises(ValueError, match=r"points.jsonl:1: not a cliptrack point"):
+        run.load_points()
+    assert RunDir(tmp_path, "absent").load_points() == []
+
+
+def test_spool_runs_are_listed_by_name_and_run_dirs_oldest_first(tmp_path):
+    for run_id, started in (("b", 1.0), ("a", 2.0), ("c", 0.5)):
+        RunDir(tmp_path, run_id).update_meta(run_id=run_id, started=started)
+    (tmp_path / "not-a-run").mkdir()
+    assert [r.run_id for r in spool_runs(tmp_path)] == ["a", "b", "c"]
+    assert [r.run_id for r in run_dirs(tmp_path)] == ["c", "b", "a"]
+    assert spool_runs(tmp_path / "nowhere") == []
 
 
 def test_a_live_run_lock_excludes_a_second_writer(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,8 +117,9 @@ class RunDir:
             return 0
 
     # ---- reading points back -------------------------------------------------------------------
-    def read_points(self, offset: int = 0, end: int | None = None) -> Iterator[tuple[Point, int]]:
-        """Yield ``(point, end_offset)`` for each complete line from byte ``offset`` up to ``end``."""
+    def _lines(self, offset: int = 0) -> Iterator[tuple[bytes, int]]:
+        """Yield ``(line, end_offset)`` for each line of points.jsonl from byte ``offset``; the last
+        line may lack its newline (a torn tail)."""
         try:
             fh = open(self.points_path, "rb")
         except FileNotFoundError:
@@ -126,12 +128,49 @@ class RunDir:
             fh.seek(offset)
             position = offset
             for line in fh:
-                if not line.endswith(b"\n"):
-                    return  # torn tail: the writer died mid-line
-                if end is not None and position + len(line) > end:
-                    return
                 position += len(line)
-                yield Point.from_json(json.loads(line)), position
+                yield line, position
+
+    def read_points(self, offset: int = 0, end: int | None = None) -> Iterator[tuple[Point, int]]:
+        """Yield ``(point, end_offset)`` for each complete line from byte ``offset`` up to ``end``.
+
+        Stops silently at a line without its newline (a writer died mid-line, or is still writing).
+        """
+        for line, position in self._lines(offset):
+            if not line.endswith(b"\n"):
+                return  # torn tail: the writer died mid-line
+            if end is not None and position > end:
+                return
+            yield Point.from_json(json.loads(line)), position
+
+    def load_points(self) -> list[Point]:
+        """Every point of points.jsonl, each line checked, for reading a run back whole.
+
+        A last line that is not a point (a crash mid-write) is skipped with a warning; any other bad
+        line raises ValueError naming ``<points.jsonl>:<line number>``. Blank lines are skipped.
+        Metric values are kept as read (not converted to float), so that the caller can name one
+        that is not a number.
+        """
+        lines = [line.decode("utf-8").removesuffix("\n").removesuffix("\r") for line, _ in self._lines()]
+        points: list[Point] = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                point = Point(int(record["step"]), float(record["wall_time"]), dict(record["metrics"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                if number == len(lines):
+                    # A crash while writing leaves at most the last line incomplete; everything before it stands.
+                    warnings.warn(f"{self.points_path}:{number}: incomplete last line skipped ({exc})",
+                                  stacklevel=2)
+                    continue
+                raise ValueError(
+                    f"{self.points_path}:{number}: not a cliptrack point "
+                    '({"step": int, "wall_time": float, "metrics": {...}}): ' + f"{exc}"
+                ) from exc
+            points.append(point)
+        return points
 
     # ---- live-writer locks ---------------------------------------------------------------------
     def lock_sink(self, sink: str) -> bool:
@@ -156,15 +195,23 @@ class RunDir:
             fh.close()
 
 
-def run_dirs(root: str | os.PathLike[str]) -> list[RunDir]:
-    """Every run directory under ``root`` (those holding a run.json), oldest first."""
+def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
+    """The run directories directly under the spool directory ``root`` (those holding a run.json),
+    sorted by name (the run id); ``[]`` when ``root`` is not a directory."""
     base = Path(root)
-    if (base / keys.RUN_META_FILE).is_file():  # root is itself a run directory
-        return [RunDir(base.parent, base.name)]
     if not base.is_dir():
         return []
     found = [RunDir(base, p.name) for p in base.iterdir() if (p / keys.RUN_META_FILE).is_file()]
-    return sorted(found, key=lambda r: (r.read_meta().get("started") or 0, r.run_id))
+    return sorted(found, key=lambda r: r.run_id)
+
+
+def run_dirs(root: str | os.PathLike[str]) -> list[RunDir]:
+    """Every run directory under ``root`` (those holding a run.json; ``root`` itself if it is one),
+    oldest first."""
+    base = Path(root)
+    if (base / keys.RUN_META_FILE).is_file():  # root is itself a run directory
+        return [RunDir(base.parent, base.name)]
+    return sorted(spool_runs(base), key=lambda r: (r.read_meta().get("started") or 0, r.run_id))
 
 
 def pending(run: RunDir, sink: str) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from tracking import keys
 from tracking.compare.frame import Point, RunInfo, RunSet
+from tracking.spool import RunDir, spool_runs
 
 _SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
 
@@ -33,47 +34,26 @@ class RunNotFoundError(LookupError):
 # ---------------------------------------------------------------------------------------- JSONL
 
 
-def _jsonl_runs(directory: Path) -> list[Path]:
+def _jsonl_runs(directory: Path) -> list[RunDir]:
+    """The run directories of the spool ``directory``, by name (the first is the comparison's reference)."""
     if not directory.is_dir():
         raise FileNotFoundError(f"JSONL run directory {str(directory)!r} does not exist")
-    return sorted(p.parent for p in directory.glob(f"*/{keys.RUN_META_FILE}"))
-
-
-def _read_points_jsonl(path: Path) -> list[Point]:
-    points: list[Point] = []
-    if not path.exists():
-        return points
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            point = Point(int(record["step"]), float(record["wall_time"]), dict(record["metrics"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            if number == len(lines):
-                # A crash while writing leaves at most the last line incomplete; everything before it stands.
-                warnings.warn(f"{path}:{number}: incomplete last line skipped ({exc})", stacklevel=3)
-                continue
-            raise ValueError(
-                f"{path}:{number}: not a cliptrack point "
-                '({"step": int, "wall_time": float, "metrics": {...}}): ' + f"{exc}"
-            ) from exc
-        points.append(point)
-    return points
+    return spool_runs(directory)
 
 
 def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``).
 
-    ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory.
+    ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory. Points are
+    read by ``RunDir.load_points``: a torn last line is skipped with a warning, any other bad line
+    raises ValueError naming the file and line.
     """
     root = Path(directory)
     found = []
     for run_dir in _jsonl_runs(root):
-        meta = json.loads((run_dir / keys.RUN_META_FILE).read_text(encoding="utf-8"))
+        meta = run_dir.read_meta()
         info = RunInfo(
-            run_id=str(meta.get("run_id") or run_dir.name),
+            run_id=str(meta.get("run_id") or run_dir.run_id),
             run_name=str(meta.get("run_name") or ""),
             backend=str(meta.get("backend") or ""),
             source="jsonl",
@@ -83,9 +63,7 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
         found.append((info, run_dir))
     chosen = _choose(refs, [(info, info.run_id, info.run_name) for info, _ in found], f"JSONL dir {root}")
     by_id = {info.run_id: run_dir for info, run_dir in found}
-    return RunSet.from_points(
-        (info, _read_points_jsonl(by_id[info.run_id] / keys.POINTS_FILE)) for info in chosen
-    )
+    return RunSet.from_points((info, by_id[info.run_id].load_points()) for info in chosen)
 
 
 def _choose(refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: str) -> list[Any]:
