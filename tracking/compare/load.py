@@ -145,23 +145,20 @@ def load_mlflow(
                 run = None
         except MlflowException:
             run = None
+        lookups = (  # by run name, then by cliptrack run id; the first that matches decides
+            (f"attributes.run_name = {_mlflow_quote(ref)}", f"run name {ref!r}", ": pass a run id"),
+            (f"tags.`{keys.TAG_RUN_ID}` = {_mlflow_quote(ref)}", f"cliptrack run id {ref!r}", ""),
+        )
+        for filter_string, what, hint in lookups if run is None else ():
+            matches = client.search_runs(experiment_ids, filter_string=filter_string, max_results=100)
+            if len(matches) > 1:
+                ids = ", ".join(m.info.run_id for m in matches)
+                raise RunNotFoundError(f"{what} matches {len(matches)} runs in {where} ({ids}){hint}")
+            if matches:
+                run = matches[0]
+                break
         if run is None:
-            matches = client.search_runs(
-                experiment_ids, filter_string=f"attributes.run_name = {_mlflow_quote(ref)}", max_results=100
-            )
-            if len(matches) > 1:
-                ids = ", ".join(m.info.run_id for m in matches)
-                raise RunNotFoundError(f"run name {ref!r} matches {len(matches)} runs in {where} ({ids}): pass a run id")
-            if not matches:
-                matches = client.search_runs(
-                    experiment_ids, filter_string=f"tags.`{keys.TAG_RUN_ID}` = {_mlflow_quote(ref)}", max_results=100
-                )
-            if len(matches) > 1:
-                ids = ", ".join(m.info.run_id for m in matches)
-                raise RunNotFoundError(f"cliptrack run id {ref!r} matches {len(matches)} runs in {where} ({ids})")
-            if not matches:
-                raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
-            run = matches[0]
+            raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
         runs.append(run)
 
     items = []
