@@ -78,6 +78,9 @@ POINTS_FILE = "points.jsonl"
 MILES_PG_CLIPFRAC = "pg_clipfrac"
 """Miles' log-dict key for PPO clipping: per token ``clamp(r)*A < r*A``, reduced by Miles' loss
 reducer (a token sum with ``--calculate-per-token-loss``, a sum of per-sample means without)."""
+MILES_COUNT_SCALE = "count_scale"
+"""Entry of cliptrack's Miles loss (``adapters.miles.custom_loss``): per micro-batch its samples on
+CP rank 0, 0 elsewhere; each count entry divided by it is the exact token sum, in any form of the log."""
 
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"

@@ -4,7 +4,8 @@
   loss of one forward_backward request and returns the per-datum outputs in Tinker's wire form.
 - Client side (:mod:`adapters.miles.client`): :func:`aggregate_datums` turns per-datum outputs
   into the step's metrics; :class:`ClientAggregator` keeps the sums per client and step.
-- Miles' own log dict (:mod:`adapters.miles.train_log`): :func:`read_train_log`.
+- Miles' own log dict (:mod:`adapters.miles.train_log`): :func:`read_train_log`; a ready Miles
+  loss adding exact count entries to it: :mod:`adapters.miles.custom_loss`.
 - Wire forms (:mod:`adapters.miles.wire`): TensorData, JSON dicts, tinker's protobuf.
 """
 
@@ -18,12 +19,19 @@ from adapters.miles.client import (
     datum_counts,
 )
 from adapters.miles.runtime import RequestResult, forward_backward_loss
-from adapters.miles.train_log import TrainLogCounts, log_entries, read_train_log, sum_train_logs
+from adapters.miles.train_log import (
+    MilesCountWarning,
+    TrainLogCounts,
+    log_entries,
+    read_train_log,
+    sum_train_logs,
+)
 from adapters.miles.wire import output_from_json, output_to_json, output_to_proto
 
 __all__ = [
     "MAX_CHUNK_DATUMS",
     "ClientAggregator",
+    "MilesCountWarning",
     "OutputCounts",
     "RequestResult",
     "TrainLogCounts",

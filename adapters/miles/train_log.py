@@ -21,13 +21,20 @@ to compensate). This module reads the summed dict, before that division.
 A cliptrack-aware Miles loss can add exact entries with :func:`log_entries` (``loss_tokens``,
 ``clipped_tokens``, ``clipped_low_tokens``, ``clipped_high_tokens``, token sums on the rank's own
 slice); with them the low/high split is known and ``loss_tokens`` does not depend on the
-``max(., 1)`` above.
+``max(., 1)`` above. The ready loss :mod:`adapters.miles.custom_loss` adds them scaled, with
+:data:`COUNT_SCALE`, so they read back exactly from every form of the log, including the dict
+``aggregate_train_losses`` returns and the ``train/*`` values Miles' tracker logs.
+
+Without those entries (a stock Miles log) ``loss_tokens`` is ``count / cp_size``: every sample
+whose loss mask is all zero adds one token there (and lowers the fraction); :func:`read_train_log`
+warns, and subtracts them exactly when given the step's loss masks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +50,28 @@ FLOAT32_EXACT = 2**24
 EXACT_BELOW = {"float32": FLOAT32_EXACT, "float16": 2**11, "bfloat16": 2**8}
 """Largest whole number each reduced-precision dtype carries exactly (every smaller one is exact too)."""
 
+COUNT_ENTRIES = (
+    keys.DATUM_LOSS_TOKENS,
+    keys.DATUM_CLIPPED_TOKENS,
+    keys.DATUM_CLIPPED_LOW_TOKENS,
+    keys.DATUM_CLIPPED_HIGH_TOKENS,
+)
+"""cliptrack's token-count entries in a Miles log dict, in order."""
+COUNT_SCALE = keys.MILES_COUNT_SCALE
+"""The entry dividing :data:`COUNT_ENTRIES` when they are scaled (``adapters.miles.custom_loss``)."""
+TRACKER_PREFIX = "train/"
+"""Prefix Miles' ``log_train_step`` puts before each entry of the aggregated dict."""
+_EXACT_SCALED = 2**53
+"""Largest scaled entry (tokens x samples of the step) float64 carries exactly."""
+
+
+class MilesCountWarning(UserWarning):
+    """A stock Miles log's ``loss_tokens`` counts one token for every all-masked sample."""
+
+
 _COUNT_ENTRIES = (
     keys.MILES_PG_CLIPFRAC,
+    COUNT_SCALE,
     keys.DATUM_LOSS_TOKENS,
     keys.DATUM_CLIPPED_TOKENS,
     keys.DATUM_CLIPPED_LOW_TOKENS,
@@ -153,26 +180,100 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"keys": names, "values": [math.fsum(c) for c in total_columns]}
 
 
+def _scaled_counts(entries: Mapping[str, float], where: str) -> TrainLogCounts:
+    """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``adapters.miles.custom_loss``)."""
+    missing = [name for name in COUNT_ENTRIES if name not in entries]
+    if missing:
+        raise ValueError(f"{where} has {COUNT_SCALE!r} but not {missing}: it was not written by adapters.miles.custom_loss")
+    scale = entries[COUNT_SCALE]
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{where} value {COUNT_SCALE!r} = {scale!r} must be > 0 (the samples of the step)")
+    counts = []
+    for name in COUNT_ENTRIES:
+        value = entries[name]
+        if not math.isfinite(value) or abs(value) >= _EXACT_SCALED:
+            raise ValueError(f"{where} value {name!r} = {value!r} is not an exact scaled count (beyond 2**53)")
+        # value = tokens * s and scale = s for one s (Miles' division by its count applies to both):
+        # the quotient is the token count up to a few float64 roundings, so it rounds exactly.
+        tokens = value / scale
+        nearest = round(tokens)
+        if abs(tokens - nearest) > 1e-6 * max(1.0, abs(tokens)):
+            raise ValueError(
+                f"{where} value {name!r} / {COUNT_SCALE!r} = {tokens!r} is not a whole number of tokens; "
+                "were the entries summed over every micro-batch and DP x CP rank of the step?"
+            )
+        counts.append(as_count(f"log value {name!r}", float(nearest)))
+    ClipCounts(*counts)  # validates clipped <= loss_tokens, low + high == clipped
+    return TrainLogCounts(*counts)
+
+
+def _aggregated_entries(log: Mapping[str, Any]) -> dict[str, float]:
+    """``{entry: value}`` of an aggregated Miles dict, ``train/`` prefixes (Miles' tracker) removed."""
+    entries: dict[str, float] = {}
+    for name, value in log.items():
+        if not isinstance(name, str):
+            continue
+        bare = name.removeprefix(TRACKER_PREFIX)
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            entries[bare] = float(value)
+    return entries
+
+
 def read_train_log(
-    log: Mapping[str, Any], *, calculate_per_token_loss: bool, context_parallel_size: int = 1
+    log: Mapping[str, Any],
+    *,
+    calculate_per_token_loss: bool | None = None,
+    context_parallel_size: int = 1,
+    loss_masks: Sequence[Any] | None = None,
 ) -> TrainLogCounts:
-    """Exact token counts from a Miles log dict summed over micro-batches and DP x CP ranks.
+    """Exact token counts from a Miles log of one optimizer step.
 
-    ``calculate_per_token_loss``: the Miles run's ``args.calculate_per_token_loss`` (the log dict
-    itself does not say). ``context_parallel_size``: Miles' CP size (``count`` counts every token
-    once per CP rank). Clipped tokens come from ``clipped_tokens`` when present, else Miles'
-    ``pg_clipfrac``; ``loss_tokens`` from the ``loss_tokens`` entry when present, else
-    ``count / context_parallel_size`` (exact only when every sample has an eligible token).
+    ``log`` is one of:
 
-    Raises ValueError in per-sample-mean mode (exact token counts cannot be recovered), for counts
-    beyond what their dtype carries exactly (float32 2**24, float16 2**11, bfloat16 2**8), and for
-    counts that are not whole, negative or inconsistent.
+    - the log dict summed over micro-batches and DP x CP ranks (``{"keys", "values": [count,
+      *sums]}``, :func:`sum_train_logs`), before Miles' division;
+    - with the entries of :mod:`adapters.miles.custom_loss`, also the ``{entry: value}`` dict
+      ``aggregate_train_losses`` returns or the ``{"train/entry": value}`` dict Miles logs. These
+      read back exactly whatever the mode and CP size; the arguments below are not needed.
+
+    For a stock log (Miles' own entries only): ``calculate_per_token_loss``, the Miles run's
+    ``args.calculate_per_token_loss`` (the log dict itself does not say), must be True;
+    ``context_parallel_size``: Miles' CP size (``count`` counts every token once per CP rank).
+    Clipped tokens come from ``clipped_tokens`` when present, else Miles' ``pg_clipfrac``;
+    ``loss_tokens`` from the ``loss_tokens`` entry when present, else ``count /
+    context_parallel_size``, which counts one token for every sample whose loss mask is all zero
+    (Miles' ``max(mask.sum(), 1)``): a :class:`MilesCountWarning` says so, once per call.
+    ``loss_masks``: the step's per-sample loss masks (e.g. Miles' ``rollout_data["loss_masks"]``
+    of the step); with them those samples are counted, named in the warning and subtracted.
+
+    Raises ValueError in per-sample-mean mode without cliptrack's entries (exact token counts
+    cannot be recovered), for counts beyond what their dtype carries exactly (float32 2**24,
+    float16 2**11, bfloat16 2**8), and for counts that are not whole, negative or inconsistent.
     """
-    if not isinstance(calculate_per_token_loss, bool):
+    if calculate_per_token_loss is not None and not isinstance(calculate_per_token_loss, bool):
         raise TypeError(f"calculate_per_token_loss must be a bool, got {calculate_per_token_loss!r}")
     if isinstance(context_parallel_size, bool) or not isinstance(context_parallel_size, int) or context_parallel_size < 1:
         raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
+    if isinstance(log, Mapping) and "keys" not in log and "values" not in log:
+        entries = _aggregated_entries(log)
+        if COUNT_SCALE in entries:
+            return _scaled_counts(entries, "log")
+        raise ValueError(
+            "this Miles log is already divided by Miles' count (aggregate_train_losses' output or the "
+            f"logged train/* values) and has no {COUNT_SCALE!r} entry: exact counts cannot be recovered "
+            "from it. Use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss, or "
+            "read the summed log dict"
+        )
     names, values = _values(log, "log")
+    if COUNT_SCALE in names:
+        return _scaled_counts(dict(zip(names, values[1:], strict=True)), "log")
+    if calculate_per_token_loss is None:
+        raise ValueError(
+            "calculate_per_token_loss is needed for a Miles log without cliptrack's count entries: "
+            f"pass the run's args.calculate_per_token_loss ({PER_TOKEN_FLAG})"
+        )
     if not calculate_per_token_loss:
         raise ValueError(
             "this Miles log was produced in per-sample-mean mode (calculate_per_token_loss=False): its "
@@ -217,6 +318,7 @@ def read_train_log(
             )
     else:
         loss_tokens = total // context_parallel_size
+        loss_tokens -= _warn_all_masked(loss_masks, loss_tokens)
 
     low = high = None
     has_low, has_high = keys.DATUM_CLIPPED_LOW_TOKENS in entries, keys.DATUM_CLIPPED_HIGH_TOKENS in entries
@@ -229,3 +331,37 @@ def read_train_log(
     elif clipped > loss_tokens:
         raise ValueError(f"clipped tokens {clipped} exceed loss tokens {loss_tokens} in this log")
     return TrainLogCounts(loss_tokens, clipped, low, high)
+
+
+def _warn_all_masked(loss_masks: Sequence[Any] | None, loss_tokens: int) -> int:
+    """Warn (once) that all-masked samples inflate a stock log's ``loss_tokens``; return how many.
+
+    Without ``loss_masks`` the number is unknown and 0 is returned (nothing subtracted).
+    """
+    fix = (
+        "use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss for exact "
+        "counts"
+    )
+    if loss_masks is None:
+        warnings.warn(
+            "this Miles log has no loss_tokens entry: its count adds max(loss_mask.sum(), 1) per sample, "
+            "so every sample whose loss mask is all zero adds one token to loss_tokens (and lowers the "
+            f"clip fraction); pass loss_masks= to subtract them, or {fix}",
+            MilesCountWarning,
+            stacklevel=3,
+        )
+        return 0
+    masked = sum(1 for mask in loss_masks if float(mask.sum() if hasattr(mask, "sum") else sum(mask)) == 0)
+    if masked:
+        if masked > loss_tokens:
+            raise ValueError(
+                f"loss_masks has {masked} all-masked samples but the log counts only {loss_tokens} tokens: "
+                "are these the masks of this step?"
+            )
+        warnings.warn(
+            f"{masked} of {len(loss_masks)} samples have an all-zero loss mask; Miles counted each as one "
+            f"token, subtracted here ({loss_tokens} -> {loss_tokens - masked} loss tokens); {fix}",
+            MilesCountWarning,
+            stacklevel=3,
+        )
+    return masked

@@ -1,0 +1,167 @@
+"""A ready Miles loss: Miles' own PPO policy loss plus exact clip-count entries in its log dict.
+
+Use it from Miles' command line (the module must be importable on every training worker)::
+
+    --loss-type custom_loss \\
+    --custom-loss-function-path adapters.miles.custom_loss.policy_loss_with_clip_counts
+
+:func:`policy_loss_with_clip_counts` has Miles' custom-loss signature ``(args, batch, logits,
+sum_of_sample_mean) -> (loss, log_dict)``. It calls Miles' ``policy_loss_function`` with the same
+arguments and returns its loss unchanged (same value, same autograd graph, so the same gradients)
+and its log dict plus :data:`COUNT_ENTRIES` and :data:`adapters.miles.train_log.COUNT_SCALE`.
+
+How the entries survive Miles' aggregation exactly
+--------------------------------------------------
+Miles' ``loss_function`` turns each micro-batch's log dict into ``values = [count, *entries]``
+(``count``: the micro-batch's samples, or with ``--calculate-per-token-loss`` the sum over its
+samples of ``max(loss_mask.sum(), 1)``), and ``aggregate_train_losses`` sums ``values`` over the
+micro-batches and the DP x CP group, then reports ``entry * cp_size / N`` with ``N`` the summed
+``count``. Every reported value is therefore divided by ``N``, which the loss cannot know (it
+depends on every rank's masks), so no entry can come out as a token count by itself. What the
+loss does know is ``G``, the samples of the optimizer step (``args.global_batch_size``, or the
+batch's ``dynamic_global_batch_size``; Miles scales its own loss by it). So, per micro-batch:
+
+- each count entry is ``(tokens on this rank's CP slice) * G``: the slices of the CP ranks add up
+  to the sample's tokens, and the sum over the step is ``tokens * G``;
+- :data:`~adapters.miles.train_log.COUNT_SCALE` is the micro-batch's number of samples on CP rank
+  0 and 0 on the other CP ranks: the sum over the step is ``G``.
+
+Both are divided by the same ``N / cp_size``, so ``entry / count_scale`` is the exact token sum in
+every form of the log: the summed dict before Miles' division, the dict ``aggregate_train_losses``
+returns, and the ``train/*`` values Miles' tracker logs. In per-sample-mean mode (Miles' default)
+``N = cp_size * G`` and ``count_scale`` comes out as exactly 1, so the logged entries *are* the
+token counts. All values are whole numbers held in float64 (Miles' values tensor becomes float64),
+exact while ``tokens * G < 2**53``. :func:`adapters.miles.read_train_log` reads them.
+
+``loss_tokens`` counts the eligible tokens (``loss_mask != 0``) without Miles' ``max(., 1)``;
+``clipped_tokens`` the tokens where clipping bites, taken from Miles' own clip decision
+(``compute_policy_loss``'s ``clipfrac``, the same tokens as its ``pg_clipfrac``);
+``clipped_low_tokens`` those with a negative advantage (ratio below ``1 - eps_clip``),
+``clipped_high_tokens`` those with a positive one (ratio above ``1 + eps_clip_high``).
+
+Miles' per-token tensors are only visible inside ``policy_loss_function``; this module observes
+its call of ``compute_policy_loss`` (looked up in the module that defines
+``policy_loss_function``, swapped for a recording wrapper for the duration of the call and
+restored after) and recomputes nothing. Counting adds a few integer reductions on device and no
+host synchronisation.
+"""
+
+from __future__ import annotations
+
+import threading
+from argparse import Namespace
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE
+from tracking import keys
+
+__all__ = ["COUNT_ENTRIES", "COUNT_SCALE", "clip_count_entries", "policy_loss_with_clip_counts"]
+
+_CAPTURE_LOCK = threading.RLock()
+
+
+def _miles_policy_loss() -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    try:
+        from miles.backends.training_utils.loss import policy_loss_function
+    except ImportError as exc:  # pragma: no cover - depends on the user's environment
+        raise ImportError(
+            "adapters.miles.custom_loss runs inside Miles' training loop and needs Miles "
+            f"(miles.backends.training_utils.loss) importable: {exc}"
+        ) from exc
+    return policy_loss_function  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _recording_compute_policy_loss(namespace: dict[str, Any]) -> Iterator[list[tuple[Tensor, Tensor, Tensor]]]:
+    """Swap ``compute_policy_loss`` in ``namespace`` for a wrapper recording ``(ppo_kl, A, clipfrac)``."""
+    original = namespace.get("compute_policy_loss")
+    if original is None:
+        raise RuntimeError(
+            "Miles' policy_loss_function no longer calls compute_policy_loss; this Miles version "
+            "is not supported by adapters.miles.custom_loss"
+        )
+    calls: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def recording(ppo_kl: Tensor, advantages: Tensor, *args: Any, **kwargs: Any) -> Any:
+        pg_losses, clipfrac = original(ppo_kl, advantages, *args, **kwargs)
+        calls.append((ppo_kl.detach(), advantages.detach(), clipfrac.detach()))
+        return pg_losses, clipfrac
+
+    with _CAPTURE_LOCK:
+        namespace["compute_policy_loss"] = recording
+        try:
+            yield calls
+        finally:
+            namespace["compute_policy_loss"] = original
+
+
+def policy_loss_with_clip_counts(
+    args: Namespace,
+    batch: Mapping[str, Any],
+    logits: Tensor,
+    sum_of_sample_mean: Callable[[Tensor], Tensor],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Miles' ``policy_loss_function`` (unchanged loss and gradients) plus exact count entries.
+
+    Arguments are Miles' custom-loss arguments, passed through as they are. Returns Miles'
+    ``(loss, log)`` with :data:`COUNT_ENTRIES` and ``count_scale`` added to ``log`` (0-dim float64
+    tensors on the logits' device, see the module docstring for their encoding).
+    """
+    policy_loss_function = _miles_policy_loss()
+    with _recording_compute_policy_loss(policy_loss_function.__globals__) as calls:
+        loss, log = policy_loss_function(args, batch, logits, sum_of_sample_mean)
+    if not calls:
+        raise RuntimeError("Miles' policy_loss_function did not call compute_policy_loss: no clip decision to count")
+    _, advantages, clipfrac = calls[-1]
+    clash = [k for k in (*COUNT_ENTRIES, COUNT_SCALE) if k in log]
+    if clash:
+        raise ValueError(f"Miles' log dict already has {clash}; cliptrack's count entries would overwrite them")
+    log.update(clip_count_entries(args, batch, advantages, clipfrac, policy_loss_function.__globals__))
+    return loss, log
+
+
+def clip_count_entries(
+    args: Namespace,
+    batch: Mapping[str, Any],
+    advantages: Tensor,
+    clipfrac: Tensor,
+    miles_loss_namespace: Mapping[str, Any],
+) -> dict[str, Tensor]:
+    """The count entries of one micro-batch from Miles' per-token clip decision on this rank.
+
+    ``advantages`` and ``clipfrac``: the per-token tensors of this rank's CP slice, concatenated
+    over the micro-batch's samples, as ``compute_policy_loss`` received and returned them.
+    ``miles_loss_namespace``: the globals of Miles' loss module (its ``get_parallel_state`` and
+    ``get_local_response_loss_masks``).
+    """
+    state = miles_loss_namespace["get_parallel_state"]()
+    local_masks = miles_loss_namespace["get_local_response_loss_masks"](
+        batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], args.qkv_format,
+        batch.get("max_seq_lens", None),
+    )
+    device = clipfrac.device
+    eligible = torch.cat([m.reshape(-1) for m in local_masks]).to(device) != 0
+    if eligible.shape != clipfrac.shape:
+        raise ValueError(
+            f"Miles' clip decision covers {clipfrac.numel()} tokens but this rank's loss masks {eligible.numel()}"
+        )
+    with torch.no_grad():
+        clipped = (clipfrac != 0) & eligible
+        counts = torch.stack([
+            torch.count_nonzero(eligible),
+            torch.count_nonzero(clipped),
+            torch.count_nonzero(clipped & (advantages < 0)),  # clipping bites below 1 - eps only where A < 0
+            torch.count_nonzero(clipped & (advantages > 0)),
+        ]).double()
+    step_samples = int(batch.get("dynamic_global_batch_size", args.global_batch_size))
+    samples = len(batch["response_lengths"]) if state.cp.rank == 0 else 0
+    scaled = counts * step_samples
+    entries = {name: scaled[i] for i, name in enumerate(COUNT_ENTRIES)}
+    entries[COUNT_SCALE] = torch.tensor(float(samples), dtype=torch.float64, device=device)
+    assert set(entries) == {*keys.DATUM_CLIP_FIELDS, keys.DATUM_LOSS_TOKENS, COUNT_SCALE}
+    return entries

@@ -1,0 +1,152 @@
+"""cliptrack's Miles loss against Miles' own code (the released ``miles-rl`` source, on CPU).
+
+Miles' ``loss_function`` runs our loss via ``--loss-type custom_loss`` exactly as its training loop
+would (it loads it with its own ``load_function``), over several micro-batches of unequal size,
+with all-masked samples, in per-sample-mean and per-token mode, on one process and on 2 x 2
+gloo ranks (DP x CP, Miles' zigzag CP slicing). Checked: the loss of every micro-batch and the
+gradient are bit-identical to Miles' ``policy_loss``; our entries read back, from the dict
+``aggregate_train_losses`` returns and from the ``train/*`` dict ``log_train_step`` logs, as the
+exact counts of a plain reference; Miles' own entries are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")  # Miles' log-prob path uses megatron-core's fused cross entropy
+
+from adapters.miles import MilesCountWarning, read_train_log, sum_train_logs  # noqa: E402
+from tests import _miles_loss_case as case  # noqa: E402
+from tests._harness import free_port  # noqa: E402
+from tests._miles_source import VERSION, MilesUnavailable, import_miles  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+COUNT_FIELDS = ("loss_tokens", "clipped_tokens", "clipped_low_tokens", "clipped_high_tokens")
+
+
+@pytest.fixture(scope="module")
+def miles():
+    try:
+        return import_miles()
+    except MilesUnavailable as exc:
+        pytest.skip(f"Miles' source (the miles-rl {VERSION} wheel) is not obtainable here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def one_rank(miles):
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    case.set_parallel_state(miles, dp=1, cp=1)
+    yield miles
+    if created:
+        dist.destroy_process_group()
+
+
+def _expected(dp: int) -> dict[str, int]:
+    ref = case.reference_counts(dp)
+    assert ref["clipped_low_tokens"] > 0 and ref["clipped_high_tokens"] > 0
+    assert ref["miles_count"] > ref["loss_tokens"], "the step must hold all-masked samples"
+    return {k: ref[k] for k in COUNT_FIELDS}
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_sample_mean", "per_token"])
+def test_loss_gradient_and_counts_on_one_rank(one_rank, per_token):
+    miles = one_rank
+    ours = case.run_step(miles, custom=True, per_token=per_token, dp=1, dp_rank=0)
+    stock = case.run_step(miles, custom=False, per_token=per_token, dp=1, dp_rank=0)
+    for a, b in zip(ours["losses"], stock["losses"], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(ours["grad"], stock["grad"]) and ours["grad"].abs().sum() > 0
+    for log_ours, log_stock in zip(ours["logs"], stock["logs"], strict=True):  # Miles' entries untouched
+        n = len(log_stock["keys"])
+        assert log_ours["keys"][:n] == log_stock["keys"]
+        assert torch.equal(log_ours["values"][: n + 1].float(), log_stock["values"].float())
+    expected = _expected(1)
+    assert vars(read_train_log(ours["aggregated"])) == expected
+    assert vars(read_train_log(ours["logged"])) == expected  # the train/* dict Miles' tracker gets
+    assert vars(read_train_log(sum_train_logs(ours["logs"]))) == expected  # the summed dict, before division
+    if not per_token:  # Miles' default mode: the aggregated entries are the token counts themselves
+        assert {k: ours["aggregated"][k] for k in COUNT_FIELDS} == expected
+
+
+def test_stock_log_warns_that_all_masked_samples_inflate_loss_tokens(one_rank):
+    miles = one_rank
+    stock = case.run_step(miles, custom=False, per_token=True, dp=1, dp_rank=0)
+    expected = _expected(1)
+    summed = sum_train_logs(stock["logs"])
+    masks = [s["mask"] for s in case.samples(1)]
+    masked = sum(1 for m in masks if m.sum() == 0)
+    assert masked == 1
+    with pytest.warns(MilesCountWarning, match="all zero adds one token") as record:
+        counts = read_train_log(summed, calculate_per_token_loss=True)
+    assert len(record) == 1
+    assert counts.loss_tokens == expected["loss_tokens"] + masked  # Miles' max(., 1)
+    assert counts.clipped_tokens == expected["clipped_tokens"]
+    with pytest.warns(MilesCountWarning, match=f"{masked} of {len(masks)} samples") as record:
+        counts = read_train_log(summed, calculate_per_token_loss=True, loss_masks=masks)
+    assert len(record) == 1
+    assert counts.loss_tokens == expected["loss_tokens"]
+    with pytest.raises(ValueError, match="already divided by Miles' count"):
+        read_train_log(stock["aggregated"])
+    ours = sum_train_logs(case.run_step(miles, custom=True, per_token=True, dp=1, dp_rank=0)["logs"])
+    with warnings.catch_warnings():  # a log with our entries is exact: no warning
+        warnings.simplefilter("error")
+        assert read_train_log(ours).loss_tokens == expected["loss_tokens"]
+
+
+def test_scaled_entries_that_do_not_divide_are_refused():
+    log = {"loss_tokens": 7.5, "clipped_tokens": 1.0, "clipped_low_tokens": 1.0, "clipped_high_tokens": 0.0,
+           "count_scale": 1.0}
+    with pytest.raises(ValueError, match="'loss_tokens' / 'count_scale' = 7.5 is not a whole number"):
+        read_train_log(log)
+    with pytest.raises(ValueError, match="'count_scale' = 0.0 must be > 0"):
+        read_train_log({**log, "count_scale": 0.0})
+    with pytest.raises(ValueError, match="low \\+ high|clipped"):
+        read_train_log({**log, "loss_tokens": 7.0, "clipped_tokens": 2.0})
+
+
+def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
+    dp, cp = 2, 2
+    world = dp * cp
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        log = (tmp_path / f"rank{rank}.log").open("w")
+        cmd = [sys.executable, str(HERE / "_miles_loss_case.py"), str(tmp_path), str(dp), str(cp)]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            code = -9
+        log.close()
+        if code != 0:
+            failed.append(f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:])
+    assert not failed, "\n".join(failed)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    expected = _expected(dp)
+    for res in results:
+        for mode in ("per_sample", "per_token"):
+            got = res[mode]
+            assert got["same_losses"] and got["same_grad"], (res["rank"], mode)
+            assert got["counts"] == expected, (res["rank"], mode)
+            assert got["counts_logged"] == expected, (res["rank"], mode)
+            for key, value in got["stock_aggregated"].items():  # Miles' own metrics, as without our entries
+                assert got["aggregated"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (res["rank"], mode, key)
+        assert {k: res["per_sample"]["aggregated"][k] for k in COUNT_FIELDS} == expected
