@@ -82,6 +82,14 @@ MILES_COUNT_SCALE = "count_scale"
 """Entry of cliptrack's Miles loss (``adapters.miles.custom_loss``): per micro-batch its samples on
 CP rank 0, 0 elsewhere; each count entry divided by it is the exact token sum, in any form of the log."""
 
+# ---- tinker-cookbook's own metric names (``rl/metric_util.py``, ``utils/trace.py``) --------------
+COOKBOOK_REWARD = "env/all/reward/total"
+"""The cookbook's mean total reward of the step's trajectories (logged by cliptrack as :data:`REWARD`)."""
+COOKBOOK_STEP_TIME = "time/total"
+"""The cookbook's wall time of the step, in seconds (logged as :data:`STEP_TIME`)."""
+COOKBOOK_AC_TOKENS = "env/all/total_ac_tokens"
+"""The cookbook's sampled action tokens of the step (with :data:`COOKBOOK_STEP_TIME`: :data:`THROUGHPUT`)."""
+
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"
 """MLflow tag (and W&B run id) holding cliptrack's own run id: the JSONL run directory's name."""

@@ -1,0 +1,295 @@
+"""The tinker wrapper and the tinker-cookbook logger, with the real ``tinker`` and ``tinker-cookbook``.
+
+Only tinker's network service is stood in for: :class:`InProcessService` answers
+``forward_backward`` with our Miles-runtime path (``adapters.miles.forward_backward_loss``) on a
+tiny logits-table policy and ``optim_step`` with SGD, and returns real tinker types
+(``tinker.types.ForwardBackwardOutput`` decoded from the JSON a REST service would send,
+``tinker.types.OptimStepResponse``) in tinker's own ``AwaitableConcurrentFuture``. Each future is
+completed when the test says so, so resolution order is chosen by the test, not by timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import math
+import os
+import threading
+
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture  # noqa: E402
+
+from adapters.miles import forward_backward_loss, output_to_json  # noqa: E402
+from adapters.tinker import TrackedTrainingClient, cookbook_metrics  # noqa: E402
+from tracking import Tracker, keys  # noqa: E402
+from tracking.spool import spool_runs  # noqa: E402
+
+VOCAB = 9
+DELTAS = (-0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6)
+"""Log-ratios current / sampler, far from PPO's band [0.8, 1.2] (log: -0.22, 0.18)."""
+SEED_KEYS = (keys.LOSS_SUM, keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIP_FRACTION)
+
+
+class InProcessService:
+    """A tinker TrainingClient's service side, in process (see the module docstring)."""
+
+    def __init__(self, *, seed_keys_only: bool = False) -> None:
+        self.weights = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(3))
+        self.weights.requires_grad_(True)
+        self.seed_keys_only = seed_keys_only
+        self.waiting: list[tuple[concurrent.futures.Future, types.ForwardBackwardOutput]] = []
+        self.lock = threading.Lock()
+
+    def logprobs(self, tokens: list[int], targets: list[int]) -> torch.Tensor:
+        logits = self.weights[torch.tensor(tokens)]
+        return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[:, None]).squeeze(-1)
+
+    def forward_backward(self, data, loss_fn, loss_fn_config=None):
+        with self.lock:
+            policy = [self.logprobs(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()) for d in data]
+            result = forward_backward_loss(data, policy, loss_fn, loss_fn_config)
+            result.loss.backward()
+        wire = output_to_json(result.output)
+        if self.seed_keys_only:  # what a service with only the seed's change sends
+            wire["metrics"] = {k: v for k, v in wire["metrics"].items() if k in SEED_KEYS}
+            for out in wire["loss_fn_outputs"]:
+                for name in keys.DATUM_CLIP_FIELDS:
+                    out.pop(name, None)
+        output = types.ForwardBackwardOutput(**wire)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.waiting.append((future, output))
+        return AwaitableConcurrentFuture(future)
+
+    async def forward_backward_async(self, data, loss_fn, loss_fn_config=None):
+        return self.forward_backward(data, loss_fn, loss_fn_config)
+
+    def optim_step(self, adam_params):
+        with self.lock, torch.no_grad():
+            self.weights -= adam_params.learning_rate * self.weights.grad
+            self.weights.grad = None
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(types.OptimStepResponse(metrics={}))
+        return AwaitableConcurrentFuture(future)
+
+    async def optim_step_async(self, adam_params):
+        return self.optim_step(adam_params)
+
+    def resolve(self, order: list[int]) -> None:
+        """Complete the waiting forward_backward futures in ``order`` (indices into the queue)."""
+        queue, self.waiting = self.waiting, []
+        assert sorted(order) == list(range(len(queue)))
+        for i in order:
+            future, output = queue[i]
+            future.set_result(output)
+
+    def get_info(self) -> str:
+        return "in-process"
+
+
+def make_data(service: InProcessService, n: int, seed: int) -> tuple[list[types.Datum], dict[str, int]]:
+    """``n`` datums of different lengths sampled "off-policy" by known log-ratios, and their counts."""
+    gen = torch.Generator().manual_seed(seed)
+    data, totals = [], {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0}
+    for _ in range(n):
+        length = int(torch.randint(2, 9, (), generator=gen))
+        tokens = torch.randint(0, VOCAB, (length,), generator=gen).tolist()
+        targets = torch.randint(0, VOCAB, (length,), generator=gen).tolist()
+        delta = torch.tensor(DELTAS)[torch.randint(0, len(DELTAS), (length,), generator=gen)]
+        advantages = torch.tensor([-1.0, 0.0, 1.0])[torch.randint(0, 3, (length,), generator=gen)]
+        mask = (torch.rand(length, generator=gen) < 0.8).float()
+        with torch.no_grad():
+            sampling = service.logprobs(tokens, targets) - delta
+        data.append(types.Datum(
+            model_input=types.ModelInput.from_ints(tokens),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_torch(torch.tensor(targets)),
+                "logprobs": types.TensorData.from_torch(sampling.float()),
+                "advantages": types.TensorData.from_torch(advantages),
+                "mask": types.TensorData.from_torch(mask),
+            },
+        ))
+        eligible = mask != 0
+        low = eligible & (advantages < 0) & (delta < math.log(0.8))
+        high = eligible & (advantages > 0) & (delta > math.log(1.2))
+        totals["loss_tokens"] += int(eligible.sum())
+        totals["low"] += int(low.sum())
+        totals["high"] += int(high.sum())
+        totals["clipped"] += int((low | high).sum())
+    return data, totals
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a[k] + b[k] for k in a}
+
+
+def logged_points(tracker: Tracker, spool) -> dict[int, dict[str, float]]:
+    tracker.close()
+    [run] = [r for r in spool_runs(spool) if r.run_id == tracker.run_id]
+    by_step: dict[int, dict[str, float]] = {}
+    for point in run.load_points():
+        by_step.setdefault(point.step, {}).update({k: float(v) for k, v in point.metrics.items()})
+    return by_step
+
+
+def check_step(metrics: dict[str, float], expected: dict[str, int], *, split: bool) -> None:
+    assert metrics[keys.LOSS_TOKENS] == expected["loss_tokens"]
+    assert metrics[keys.CLIPPED_TOKENS] == expected["clipped"]
+    assert metrics[keys.CLIP_FRACTION] == expected["clipped"] / expected["loss_tokens"]  # exact, not approximately
+    if split:
+        assert metrics[keys.CLIPPED_LOW_TOKENS] == expected["low"]
+        assert metrics[keys.CLIPPED_HIGH_TOKENS] == expected["high"]
+    else:
+        assert keys.CLIPPED_LOW_TOKENS not in metrics and keys.CLIPPED_HIGH_TOKENS not in metrics
+
+
+@pytest.mark.parametrize("seed_keys_only", [False, True], ids=["full_set", "seed_keys"])
+def test_sync_steps_with_several_calls_resolved_out_of_order(tmp_path, seed_keys_only):
+    service = InProcessService(seed_keys_only=seed_keys_only)
+    tracker = Tracker("tinker-sync", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    assert client.get_info() == "in-process"  # everything else is the client's own
+    expected, returned = {}, []
+    for step, sizes in enumerate([(3, 1, 5), (2, 4), (6,)]):
+        total = {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0}
+        futures = []
+        for i, n in enumerate(sizes):
+            data, counts = make_data(service, n, seed=10 * step + i)
+            total = _add(total, counts)
+            futures.append(client.forward_backward(data, "ppo"))
+        expected[step] = total
+        if step == 0:  # one output arrives before the optimizer step is submitted
+            service.waiting[1][0].set_result(service.waiting[1][1])
+            service.waiting = [service.waiting[0], service.waiting[2]]
+            client.optim_step(types.AdamParams(learning_rate=0.1))
+            service.resolve([1, 0])
+        else:
+            client.optim_step(types.AdamParams(learning_rate=0.1))
+            service.resolve(list(reversed(range(len(service.waiting)))))
+        for future in futures[::2]:  # the caller reads some results, ignores the others
+            output = future.result()
+            returned.append((output, copy.deepcopy(output.metrics)))
+    assert client.flush(timeout_s=60)
+    assert client.logged_steps == [0, 1, 2] and client.pending_steps == []
+    points = logged_points(tracker, tmp_path)
+    assert sorted(points) == [0, 1, 2]
+    for step, total in expected.items():
+        assert total["clipped"] > 0
+        check_step(points[step], total, split=not seed_keys_only)
+    for output, metrics in returned:  # what the caller got is tinker's type, untouched
+        assert isinstance(output, types.ForwardBackwardOutput)
+        assert output.metrics == metrics
+
+
+def test_a_step_is_logged_only_when_its_optim_step_is_submitted_and_every_output_is_back(tmp_path):
+    service = InProcessService()
+    tracker = Tracker("tinker-wait", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker, first_step=7)
+    data, counts = make_data(service, 4, seed=1)
+    more, more_counts = make_data(service, 3, seed=2)
+    client.forward_backward(data, "ppo")
+    client.forward_backward(more, "ppo")
+    service.resolve([0, 1])
+    assert client.logged_steps == [] and client.pending_steps == [7]  # no optim_step yet: more may come
+    client.optim_step(types.AdamParams(learning_rate=0.1))
+    assert client.logged_steps == [7]
+    check_step(logged_points(tracker, tmp_path)[7], _add(counts, more_counts), split=True)
+
+
+def test_async_client(tmp_path):
+    service = InProcessService()
+    tracker = Tracker("tinker-async", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    expected = {}
+
+    async def train() -> None:
+        for step in range(2):
+            total = {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0}
+            futures = []
+            for i in range(3):
+                data, counts = make_data(service, 2 + i, seed=100 + 10 * step + i)
+                total = _add(total, counts)
+                futures.append(await client.forward_backward_async(data, "ppo"))
+            expected[step] = total
+            optim = await client.optim_step_async(types.AdamParams(learning_rate=0.1))
+            service.resolve([2, 0, 1])
+            outputs = await asyncio.gather(*futures)
+            assert all(isinstance(o, types.ForwardBackwardOutput) for o in outputs)
+            await optim
+
+    asyncio.run(train())
+    assert client.flush(timeout_s=60)
+    points = logged_points(tracker, tmp_path)
+    for step, total in expected.items():
+        check_step(points[step], total, split=True)
+
+
+def test_a_failed_call_leaves_its_step_unlogged_with_a_warning(tmp_path):
+    service = InProcessService()
+    tracker = Tracker("tinker-fail", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    data, _ = make_data(service, 2, seed=3)
+    future = client.forward_backward(data, "ppo")
+    client.optim_step(types.AdamParams(learning_rate=0.1))
+    with pytest.warns(RuntimeWarning, match="step 0: forward_backward call 0 of 1 failed"):
+        service.waiting[0][0].set_exception(RuntimeError("service down"))
+    with pytest.raises(RuntimeError, match="service down"):
+        future.result()  # the caller still sees its own error
+    assert client.logged_steps == [] and client.flush(timeout_s=5)
+
+
+def test_cookbook_metric_names():
+    got = cookbook_metrics({
+        "env/all/reward/total": 0.25, "time/total": 4.0, "env/all/total_ac_tokens": 1000,
+        "optim/kl_sample_train_v1": 0.01, "time/sample_async:total": 1.5, "progress/done_frac": 0.5,
+        "a:b:c": 1.0, "text": "hello", "flag": True,
+    })
+    assert got == {
+        keys.REWARD: 0.25, keys.STEP_TIME: 4.0, "env/all/total_ac_tokens:mean": 1000.0,
+        keys.THROUGHPUT: 250.0, "optim/kl_sample_train_v1:mean": 0.01, "time/sample_async:total": 1.5,
+        "progress/done_frac:mean": 0.5, "a_b_c:mean": 1.0,
+    }
+    for key in got:
+        keys.split_key(key)
+
+
+def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeypatch):
+    ml_log = pytest.importorskip("tinker_cookbook.utils.ml_log")
+    from adapters.tinker import CookbookLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    service = InProcessService()
+    tracker = Tracker("cookbook-run", backends=["jsonl"], spool_dir=tmp_path / "spool", handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    cookbook = CookbookLogger(tracker)
+    assert isinstance(cookbook, ml_log.Logger)
+    wandb_logger = ml_log.WandbLogger(project="cliptrack-cookbook", log_dir=tmp_path, wandb_name="run")
+    logger = ml_log.MultiplexLogger([ml_log.JsonLogger(tmp_path / "json"), wandb_logger, cookbook])
+    logger.log_hparams({"learning_rate": 0.1, "loss_fn": "ppo"})
+    expected = {}
+    for i_batch in range(2):
+        data, counts = make_data(service, 5, seed=200 + i_batch)
+        client.forward_backward(data, "ppo")
+        client.optim_step(types.AdamParams(learning_rate=0.1))
+        service.resolve([0])
+        expected[i_batch] = counts
+        logger.log_metrics({"env/all/reward/total": 0.1 * i_batch, "time/total": 2.0,
+                            "env/all/total_ac_tokens": 40 + i_batch, "optim/kl_sample_train_v1": 0.02}, step=i_batch)
+    logger.close()  # closes W&B and the JSON logger; the cliptrack tracker stays with its owner
+    assert client.flush(timeout_s=60)
+    points = logged_points(tracker, tmp_path / "spool")
+    for i_batch, counts in expected.items():
+        check_step(points[i_batch], counts, split=True)  # clipping from the wrapped client ...
+        assert points[i_batch][keys.REWARD] == 0.1 * i_batch  # ... beside the cookbook's own metrics
+        assert points[i_batch][keys.THROUGHPUT] == (40 + i_batch) / 2.0
+        assert points[i_batch]["optim/kl_sample_train_v1:mean"] == 0.02
+    run_json = (tmp_path / "spool" / tracker.run_id / keys.RUN_META_FILE).read_text()
+    assert '"learning_rate": 0.1' in run_json
+    assert (tmp_path / "json" / "metrics.jsonl").is_file()  # the cookbook's loggers ran alongside
+    assert any(p.suffix == ".wandb" for p in (tmp_path / "wandb").rglob("*.wandb"))
+    assert os.environ["WANDB_MODE"] == "offline"
