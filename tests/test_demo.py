@@ -49,6 +49,20 @@ def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
         assert low + high == clipped
 
 
+def test_megatron_path_ran_through_megatron_cores_schedule(demo):
+    """With megatron-core installed, the Megatron run's micro-batches go through its own schedule."""
+    pytest.importorskip("megatron.core")
+    from mlflow.tracking import MlflowClient
+
+    out, stdout = demo
+    schedule = "megatron.core.pipeline_parallel.schedules.forward_backward_no_pipelining"
+    assert f"megatron path ran through: {schedule}" in stdout
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cliptrack-demo")
+    [run] = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_BACKEND}` = 'megatron'")
+    assert run.data.params["schedule"] == schedule
+
+
 def test_dashboard_panels_and_verdict_are_produced(demo):
     out, stdout = demo
     html = (out / "dashboard.html").read_text(encoding="utf-8")

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     run_ids: dict[str, str] = {}
     finals: dict[str, dict[str, float]] = {}
+    schedules: dict[str, str] = {}
     for path in paths:
         config = RunConfig(path=path, loss=args.loss, steps=args.steps, epochs=args.epochs,
                            staleness=args.miles_staleness if path == "miles" else 0, seed=args.seed)
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
             bar = tqdm(train(config), total=config.steps, desc=f"{path:>8}", unit="step",
                        disable=args.no_progress, file=sys.stdout, leave=True)
             for result in bar:
+                if result.step == 0:  # which schedule ran the micro-batches: printed and an MLflow param
+                    tracker.log_config({"schedule": result.schedule})
+                    schedules[path] = result.schedule
                 tracker.log_output(result.step, result.output, extra=result.metrics)
                 bar.set_postfix(clip=f"{result.output.metrics.get(keys.CLIP_FRACTION, 0.0):.3f}",
                                 reward=f"{result.metrics[keys.REWARD]:.3f}")
@@ -76,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     print()
     summary_lines = [f"trained {len(paths)} run(s) in {training_s:.1f} s"]
+    summary_lines += [f"{path} path ran through: {schedule}" for path, schedule in schedules.items()]
     if len(run_ids) >= 2:
         summary_lines += _compare(list(run_ids.values()), tracking_uri, out)
     print("\n".join(summary_lines))

@@ -7,9 +7,10 @@ clipping bites. The gradient is that of the token mean over the step's batch in 
 
 * Megatron path: :func:`adapters.megatron.make_loss_func` per micro-batch (micro-batches of
   unequal sizes), the reports reduced by :func:`adapters.megatron.reduce_losses`. With
-  Megatron-Core installed and a CUDA device, the micro-batches run through Megatron-Core's own
-  ``get_forward_backward_func()`` schedule; otherwise through a plain micro-batch loop (the
-  schedule allocates its token counter on CUDA).
+  megatron-core installed, the micro-batches run through Megatron-Core's own
+  ``get_forward_backward_func()`` schedule, the policy wrapped as a ``MegatronModule``, on a
+  one-rank gloo ``parallel_state`` (on CPU through :mod:`adapters.demo.megatron_cpu`, which says
+  why); without it, through a plain micro-batch loop. :attr:`StepResult.schedule` names which ran.
 * Miles-runtime path: the runtime's :func:`adapters.miles.forward_backward_loss` per chunk of
   datums (one datum per completion, trimmed to its own length), the per-datum outputs sent over
   JSON as a REST frontend would and summed per client by :class:`adapters.miles.ClientAggregator`.
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from adapters.demo import megatron_cpu
 from adapters.demo.task import Policy, Rollout, TaskConfig, rollout
 from adapters.output import ForwardBackwardOutput, merge_outputs
 from tracking import keys
@@ -81,6 +83,13 @@ class StepResult:
     step: int
     output: ForwardBackwardOutput
     metrics: dict[str, float]
+    schedule: str = ""
+    """What ran the step's micro-batches (:data:`SCHEDULE_LOOP`, :data:`SCHEDULE_MILES` or the
+    Megatron-Core schedule function's dotted name)."""
+
+
+SCHEDULE_LOOP = "plain micro-batch loop (megatron-core not installed)"
+SCHEDULE_MILES = "adapters.miles.forward_backward_loss (Miles runtime)"
 
 
 StepFn = Callable[[Policy, torch.optim.Optimizer, Rollout, RunConfig, int], list[ForwardBackwardOutput]]
@@ -89,19 +98,24 @@ StepFn = Callable[[Policy, torch.optim.Optimizer, Rollout, RunConfig, int], list
 def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepResult]:
     """Train one run; yield each step's result as soon as the step is done.
 
-    ``use_schedule`` (Megatron path): ``None`` picks Megatron-Core's schedule when it can run
-    (megatron-core installed, CUDA available, ``parallel_state`` initialised), ``True`` forces it.
+    ``use_schedule`` (Megatron path): ``None`` picks Megatron-Core's schedule when megatron-core is
+    installed, ``True`` forces it, ``False`` runs the plain loop. The schedule runs in
+    :func:`adapters.demo.megatron_cpu.megatron_session` (set up here unless already initialised).
     """
+    if run.path == "megatron" and (use_schedule if use_schedule is not None else megatron_cpu.available()):
+        with megatron_cpu.megatron_session():
+            yield from _train(run, _MegatronScheduleStep())
+        return
+    yield from _train(run, _megatron_loop_step if run.path == "megatron" else MilesClient(run).step)
+
+
+def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
     torch.manual_seed(run.seed)
     generator = torch.Generator().manual_seed(run.seed)
     policy = Policy(run.task)
     optimizer = torch.optim.Adam(policy.parameters(), lr=run.learning_rate)
     history: deque[dict[str, Tensor]] = deque(maxlen=run.staleness + 1)
     sampler = Policy(run.task)
-    if run.path == "megatron":
-        step_fn: StepFn = megatron_step_fn(use_schedule)
-    else:
-        step_fn = MilesClient(run).step
     for step in range(run.steps):
         history.append(copy.deepcopy(policy.state_dict()))
         sampler.load_state_dict(history[0])  # the oldest kept weights: ``staleness`` steps behind
@@ -115,7 +129,8 @@ def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepR
             keys.THROUGHPUT: output.metrics[keys.LOSS_TOKENS] / seconds,
             keys.STEP_TIME: seconds,
         }
-        yield StepResult(step, output, metrics)
+        yield StepResult(step, output, metrics, schedule=getattr(step_fn, "schedule", "") or (
+            SCHEDULE_MILES if run.path == "miles" else SCHEDULE_LOOP))
 
 
 def _micro_batch_bounds(sequences: int, parts: int) -> list[tuple[int, int]]:
@@ -135,21 +150,6 @@ def _loss_inputs(batch: Rollout, lo: int, hi: int) -> dict[str, Tensor]:
         "advantages": batch.advantages[lo:hi],
         "mask": batch.mask[lo:hi],
     }
-
-
-def megatron_step_fn(use_schedule: bool | None) -> StepFn:
-    """The Megatron path's step: Megatron-Core's schedule where it can run, else a plain loop."""
-    if use_schedule is None:
-        use_schedule = _schedule_available()
-    return _megatron_schedule_step if use_schedule else _megatron_loop_step
-
-
-def _schedule_available() -> bool:
-    try:
-        from megatron.core import parallel_state
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and parallel_state.model_parallel_is_initialized()
 
 
 def _megatron_loop_step(
@@ -174,61 +174,78 @@ def _megatron_loop_step(
     return outputs
 
 
-class _MegatronPolicy(torch.nn.Module):
-    """The policy as Megatron-Core's schedule expects a model: a module with a ``config``."""
+def _megatron_model(policy: Policy) -> Any:
+    """The policy as Megatron-Core's schedule expects a model: a ``MegatronModule`` with its config."""
+    from megatron.core.enums import ModelType
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    def __init__(self, policy: Policy) -> None:
-        from megatron.core.enums import ModelType
-        from megatron.core.transformer.transformer_config import TransformerConfig
+    config = TransformerConfig(
+        num_layers=1, hidden_size=policy.task.hidden, num_attention_heads=1,
+        use_cpu_initialization=True, pipeline_dtype=torch.float32, calculate_per_token_loss=True,
+    )
 
-        super().__init__()
-        self.policy = policy
-        self.model_type = ModelType.encoder_or_decoder
-        self.config = TransformerConfig(
-            num_layers=1, hidden_size=policy.task.hidden, num_attention_heads=1,
-            use_cpu_initialization=True, pipeline_dtype=torch.float32, calculate_per_token_loss=True,
-        )
+    class MegatronPolicy(MegatronModule):
+        """The demo policy on Megatron-Core's side: first and last pipeline stage at once."""
 
-    def set_input_tensor(self, tensor: Any) -> None:  # first and last stage at once: nothing to receive
-        pass
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.policy = policy
+            self.model_type = ModelType.encoder_or_decoder
 
-    def forward(self, prompts: Tensor, tokens: Tensor) -> Tensor:
-        return self.policy(prompts, tokens)
+        def set_input_tensor(self, tensor: Any) -> None:  # first and last stage: nothing to receive
+            pass
+
+        def forward(self, prompts: Tensor, tokens: Tensor) -> Tensor:
+            return self.policy(prompts, tokens)
+
+    return MegatronPolicy()
 
 
-def _megatron_schedule_step(
-    policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
-) -> list[ForwardBackwardOutput]:
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+class _MegatronScheduleStep:
+    """The Megatron path's step through Megatron-Core's ``get_forward_backward_func()``."""
 
-    from adapters.megatron import make_loss_func, reduce_losses
+    def __init__(self) -> None:
+        self.schedule = ""
+        self.model: Any = None
 
-    model = _MegatronPolicy(policy)
-    total_tokens = float(batch.mask.sum())
-    bounds = _micro_batch_bounds(batch.sequences, run.micro_batches)
+    def __call__(
+        self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
+    ) -> list[ForwardBackwardOutput]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    def forward_step(data_iterator: Iterator[tuple[int, int]], model: _MegatronPolicy) -> tuple[Tensor, Any]:
-        lo, hi = next(data_iterator)
-        output = model(batch.prompts[lo:hi], batch.tokens[lo:hi])
-        return output, make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
+        from adapters.megatron import make_loss_func, reduce_losses
 
-    outputs = []
-    for _ in range(run.epochs):
-        optimizer.zero_grad(set_to_none=True)
-        reports = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(bounds), model=[model],
-            num_microbatches=len(bounds), seq_length=run.task.length, micro_batch_size=1,
-        )
-        # calculate_per_token_loss: the schedule back-propagates summed losses; divide by the
-        # step's tokens as finalize_model_grads would, for the token mean over the batch.
-        for parameter in policy.parameters():
-            if parameter.grad is not None:
-                parameter.grad /= total_tokens
-        optimizer.step()
-        output = reduce_losses(reports)
-        assert output is not None, "one process is the last pipeline stage"
-        outputs.append(output)
-    return outputs
+        if self.model is None or self.model.policy is not policy:
+            self.model = _megatron_model(policy)
+        total_tokens = float(batch.mask.sum())
+        bounds = _micro_batch_bounds(batch.sequences, run.micro_batches)
+
+        def forward_step(data_iterator: Iterator[tuple[int, int]], model: Any) -> tuple[Tensor, Any]:
+            lo, hi = next(data_iterator)
+            output = model(batch.prompts[lo:hi], batch.tokens[lo:hi])
+            return output, make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
+
+        outputs = []
+        for _ in range(run.epochs):
+            optimizer.zero_grad(set_to_none=True)
+            forward_backward = get_forward_backward_func()
+            self.schedule = f"{forward_backward.__module__}.{forward_backward.__name__}"
+            with megatron_cpu.cpu_redirect():
+                reports = forward_backward(
+                    forward_step_func=forward_step, data_iterator=iter(bounds), model=[self.model],
+                    num_microbatches=len(bounds), seq_length=run.task.length, micro_batch_size=1,
+                )
+            # calculate_per_token_loss: the schedule back-propagates summed losses; divide by the
+            # step's tokens as finalize_model_grads would, for the token mean over the batch.
+            for parameter in policy.parameters():
+                if parameter.grad is not None:
+                    parameter.grad /= total_tokens
+            optimizer.step()
+            output = reduce_losses(reports)
+            assert output is not None, "one process is the last pipeline stage"
+            outputs.append(output)
+        return outputs
 
 
 class MilesClient:
