@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +66,88 @@ def test_megatron_path_ran_through_megatron_cores_schedule(demo):
     experiment = client.get_experiment_by_name("cliptrack-demo")
     [run] = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_BACKEND}` = 'megatron'")
     assert run.data.params["schedule"] == schedule
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@contextlib.contextmanager
+def mlflow_ui(store: Path, cwd: Path) -> Iterator[str]:
+    """A real ``mlflow ui`` on the demo's store, on a free loopback port; yields its URL."""
+    from tests._harness import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (cwd / "mlflow-ui.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{store}", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        for _ in range(240):  # readiness poll: up to ~2 minutes for the server to start
+            if proc.poll() is not None:
+                raise AssertionError(f"mlflow ui exited {proc.returncode}: {(cwd / 'mlflow-ui.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("mlflow ui did not answer")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium on ``url``; ``--virtual-time-budget`` lets the app fetch and draw its charts."""
+    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-quic",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile}", "--window-size=1600,1400", "--virtual-time-budget=60000",
+            "--run-all-compositor-stages-before-draw"]
+    return subprocess.run(base + list(args) + [url], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (.ci/run installs it)")
+def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
+    """``mlflow ui`` on the demo's store, in headless Chromium: the training runs' clip series are
+    charted (line charts over steps), in a training experiment without the comparison's numbers."""
+    from mlflow.tracking import MlflowClient
+
+    out, _ = demo
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cliptrack-demo")
+    runs = client.search_runs([experiment.experiment_id])
+    training = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_TRAINING}
+    assert sorted(training) == ["demo-megatron-ppo-seed0", "demo-miles-ppo-seed0"]
+    assert len(runs) == len(training), "only the training runs belong in the training experiment"
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
+    with mlflow_ui(out / "mlflow.db", tmp_path) as url:
+        charts = f"{url}/#/experiments/{experiment.experiment_id}/runs?compareRunsMode=CHART"
+        shot = tmp_path / "mlflow-training-runs.png"
+        proc = _browse(charts, tmp_path / "profile-shot", f"--screenshot={shot}")
+        assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+        dom = _browse(charts, tmp_path / "profile-charts", "--dump-dom").stdout
+        for name in training:
+            assert name in dom
+        for key in (keys.CLIP_FRACTION, keys.CLIPPED_TOKENS, keys.LOSS_TOKENS):
+            assert key in dom, f"no chart of {key} on the training runs' chart view"
+        assert "clip_fraction.difference" not in dom and "compare:" not in dom
+        for name, run_id in training.items():  # each run's own metric page
+            page = f"{url}/#/experiments/{experiment.experiment_id}/runs/{run_id}/model-metrics"
+            dom = _browse(page, tmp_path / f"profile-{name}", "--dump-dom").stdout
+            assert name in dom
+            for key in keys.CLIP_SERIES_KEYS:
+                assert key in dom, f"{name}: no chart of {key}"
 
 
 def test_dashboard_panels_and_verdict_are_produced(demo):
