@@ -6,6 +6,8 @@ floats; token counts are integers carried as floats (exact below 2**53 tokens).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 LOSS_SUM = "loss:sum"
 """Sum of per-token losses over eligible tokens (unchanged by cliptrack)."""
 LOSS_TOKENS = "loss_tokens:sum"
@@ -89,6 +91,60 @@ COOKBOOK_STEP_TIME = "time/total"
 """The cookbook's wall time of the step, in seconds (logged as :data:`STEP_TIME`)."""
 COOKBOOK_AC_TOKENS = "env/all/total_ac_tokens"
 """The cookbook's sampled action tokens of the step (with :data:`COOKBOOK_STEP_TIME`: :data:`THROUGHPUT`)."""
+
+# ---- Other trackers' spellings: the one table of aliases the comparison loads through -----------
+DUAL_CLIP_FRACTION = "dual_clip_fraction:mean"
+"""verl's ``pg_clipfrac_lower``: tokens with A < 0 where dual-clip PPO's bound ``clip_ratio_c``
+bites (a different rule from the low side of the band), as a fraction of eligible tokens."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """How another tracker spells one of our keys.
+
+    ``approximate``: the logged value is a mean of per-sample or per-micro-batch means (or a token
+    fraction over a count that is not the eligible tokens), never the ratio of token sums our key
+    means; the comparison shows it as approximate. ``source``: who logs it.
+    """
+
+    key: str
+    approximate: bool
+    source: str
+
+
+MILES_STEP = "train/step"
+"""Miles' tracker: the step column its ``train/*`` series are plotted against (W&B)."""
+FOREIGN_STEP_COLUMNS = (MILES_STEP, "_step")
+"""W&B step columns tried, in order, for rows without :data:`WANDB_STEP_METRIC` (``_step``: verl)."""
+
+
+def _miles_spellings() -> dict[str, Alias]:
+    """Our keys logged through Miles' tracker: ``train/<key>`` (W&B keeps ``:``, its MLflow backend
+    rewrites every character outside ``[A-Za-z0-9_-./ ]`` to ``_``). Exact: they are our numbers."""
+    ours = (LOSS_SUM, *TOKEN_COUNT_KEYS, CLIP_FRACTION, REWARD, THROUGHPUT, STEP_TIME)
+    table = {}
+    for key in ours:
+        table[f"train/{key}"] = Alias(key, False, "miles tracker")
+        table[f"train/{key.replace(':', '_')}"] = Alias(key, False, "miles tracker")
+    return table
+
+
+ALIASES: dict[str, Alias] = {
+    **_miles_spellings(),
+    f"train/{MILES_PG_CLIPFRAC}": Alias(CLIP_FRACTION, True, "miles"),  # per-sample means, or clipped / count
+    "actor/pg_clipfrac": Alias(CLIP_FRACTION, True, "verl"),  # mean of micro-batch token means
+    "actor/pg_clipfrac_lower": Alias(DUAL_CLIP_FRACTION, True, "verl"),
+    "critic/score/mean": Alias(REWARD, False, "verl"),  # mean sequence score of the step's batch
+}
+"""Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
+key wins over an alias, an exact alias over an approximate one."""
+
+MILES_SCALED_COUNTS = {f"train/{name}": key for name, key in (
+    ("loss_tokens", LOSS_TOKENS), ("clipped_tokens", CLIPPED_TOKENS),
+    ("clipped_low_tokens", CLIPPED_LOW_TOKENS), ("clipped_high_tokens", CLIPPED_HIGH_TOKENS),
+)}
+"""The count entries of ``adapters.miles.custom_loss`` as Miles' tracker logs them; each divided by
+``train/count_scale`` (:data:`MILES_COUNT_SCALE`) is the exact token count of our key."""
 
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"

@@ -18,7 +18,7 @@ Columns (units):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,9 @@ class RunInfo:
     location: str = ""
     config: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
+    approximate: tuple[str, ...] = ()
+    """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
+    means (``tracking.keys.ALIASES``): shown as approximate, never as exact."""
 
     @property
     def display(self) -> str:
@@ -116,8 +119,7 @@ class RunSet:
         infos = []
         for (info, _), name in zip(pairs, names, strict=True):
             label = name if names.count(name) == 1 else f"{name} ({info.run_id})"
-            infos.append(RunInfo(info.run_id, info.run_name, info.backend, info.source, info.location,
-                                 dict(info.config), label))
+            infos.append(replace(info, config=dict(info.config), label=label))
         frames = [build_frame(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
         return cls(frame=frame, runs=infos)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracking import keys
+from tracking.compare.aliases import canonical_points, foreign_step
 from tracking.compare.frame import Point, RunInfo, RunSet
 from tracking.spool import RunDir, spool_runs
 
@@ -169,6 +170,8 @@ def load_mlflow(
             for m in client.get_metric_history(run.info.run_id, key):
                 by_step.setdefault(int(m.step), {})[m.key] = float(m.value)
                 wall[int(m.step)] = max(wall.get(int(m.step), -math.inf), m.timestamp / 1000.0)
+        points, approximate = canonical_points(
+            [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())])
         info = RunInfo(
             run_id=run.info.run_id,
             run_name=run.info.run_name or "",
@@ -176,8 +179,9 @@ def load_mlflow(
             source="mlflow",
             location=str(client.tracking_uri),
             config=dict(run.data.params),
+            approximate=approximate,
         )
-        items.append((info, [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())]))
+        items.append((info, points))
     return RunSet.from_points(items)
 
 
@@ -270,14 +274,18 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[RunInfo, list[Point]]
                 points.append(point)
     config.pop("_wandb", None)
     backend = config.get(keys.TAG_BACKEND) or group
+    points, approximate = canonical_points(points)
     info = RunInfo(run_id=run_id or path.stem.removeprefix("run-"), run_name=name, backend=str(backend or ""),
-                   source="wandb", location=location, config=config)
+                   source="wandb", location=location, config=config, approximate=approximate)
     return info, points
 
 
 def _history_point(row: dict[str, Any]) -> Point | None:
-    """A W&B history row as a Point; rows without ``trainer/step`` are not cliptrack points."""
+    """A W&B history row as a Point, at ``trainer/step`` (cliptrack) or another tracker's step
+    column (``keys.FOREIGN_STEP_COLUMNS``); rows with neither are skipped."""
     step = _numeric(row.get(keys.WANDB_STEP_METRIC))
+    if step is None:
+        step = foreign_step(row)
     if step is None:
         return None
     wall = _numeric(row.get(keys.WANDB_WALL_TIME))
@@ -285,7 +293,7 @@ def _history_point(row: dict[str, Any]) -> Point | None:
         wall = _numeric(row.get("_timestamp"))
     metrics = {}
     for key, value in row.items():
-        if key.startswith("_") or key in _SKIP_WANDB_KEYS:
+        if key.startswith("_") or key in _SKIP_WANDB_KEYS or key in keys.FOREIGN_STEP_COLUMNS:
             continue
         number = _numeric(value)
         if number is not None:
@@ -358,10 +366,11 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
             raise ValueError(f"W&B run path {path!r} must be 'entity/project/run_id'")
         run = api.run(path)
         config = {k: v for k, v in dict(run.config).items() if not k.startswith("_")}
-        points = [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None]
+        points, approximate = canonical_points(
+            [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None])
         backend = config.get(keys.TAG_BACKEND) or getattr(run, "group", "") or ""
         info = RunInfo(run_id=run.id, run_name=run.name or "", backend=str(backend), source="wandb",
-                       location=path, config=config)
+                       location=path, config=config, approximate=approximate)
         items.append((info, points))
     return RunSet.from_points(items)
 

@@ -1,0 +1,175 @@
+"""Runs logged by Miles' own tracker and by verl load into the same frame as cliptrack's own runs.
+
+Each run is written by the library that would write it: cliptrack's ``Tracker``; Miles' own
+``tracking_utils`` and ``log_train_step`` (from the released ``miles-rl`` source), whose MLflow
+backend rewrites ``:`` to ``_`` and whose W&B backend plots ``train/*`` against ``train/step``;
+and ``wandb`` / ``mlflow`` called as verl's tracker calls them (``wandb.log(data, step=step)``,
+``mlflow.log_metrics(data, step=step)``). Our own keys passed through Miles' tracker read back
+exactly; Miles' ``pg_clipfrac`` and verl's ``actor/pg_clipfrac`` (means of per-sample or
+per-micro-batch means) read back as approximate clip fractions.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from tracking import Tracker, keys
+from tracking.compare import load_runs
+from tracking.compare.aliases import canonical_metrics
+
+pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+STEPS = 5
+COUNTS = [(120, 30, 18, 12), (100, 12, 5, 7), (90, 0, 0, 0), (130, 26, 20, 6), (110, 11, 1, 10)]
+"""(loss_tokens, clipped, low, high) per step."""
+OURS = ("ours", "miles-exact")
+
+
+def our_metrics(step: int) -> dict[str, float]:
+    loss_tokens, clipped, low, high = COUNTS[step]
+    return {
+        keys.LOSS_SUM: -3.5 + step, keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped,
+        keys.CLIPPED_LOW_TOKENS: low, keys.CLIPPED_HIGH_TOKENS: high, keys.CLIP_FRACTION: clipped / loss_tokens,
+        keys.REWARD: 0.1 * step,
+    }
+
+
+def _miles_args(tmp_path: Path, uri: str, name: str) -> Namespace:
+    return Namespace(
+        use_wandb=True, wandb_mode="offline", wandb_key=None, wandb_host=None, wandb_random_suffix=False,
+        wandb_group=name, wandb_team=None, wandb_project="aliases", wandb_dir=str(tmp_path / "wandb-miles"),
+        rank=0, env_report=None, use_mlflow=True, mlflow_tracking_uri=uri, mlflow_experiment_name="aliases",
+        mlflow_run_name=name, use_tensorboard=False, use_prometheus=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, monkeypatch_module):
+    import mlflow
+    import wandb
+
+    from tests._miles_source import MilesUnavailable, import_miles
+
+    try:
+        miles = import_miles()
+        import importlib
+
+        miles_tracking = importlib.import_module("miles.utils.tracking_utils")
+    except (MilesUnavailable, ImportError) as exc:
+        pytest.skip(f"Miles' tracker source is not obtainable here: {exc}")
+    tmp_path = tmp_path_factory.mktemp("aliases")
+    monkeypatch_module.setenv("WANDB_MODE", "offline")
+    monkeypatch_module.setenv("WANDB_SILENT", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    previous_uri = mlflow.get_tracking_uri()
+    try:
+        # cliptrack's own run
+        with Tracker("ours", backends=[uri, "wandb"], experiment="aliases", spool_dir=tmp_path / "spool",
+                     wandb_project="aliases", wandb_dir=tmp_path / "wandb-ours", wandb_mode="offline",
+                     handle_signals=False) as tracker:
+            for step in range(STEPS):
+                tracker.log(step, our_metrics(step))
+        # Miles' own tracker: our keys, then Miles' stock pg_clipfrac
+        for name in ("miles-exact", "miles-stock"):
+            args = _miles_args(tmp_path, uri, name)
+            miles_tracking.init_tracking(args)
+            for step in range(STEPS):
+                if name == "miles-exact":
+                    loss_dict = our_metrics(step)
+                else:  # a mean of per-sample clip fractions, as Miles' per-sample-mean mode logs it
+                    loss_dict = {"pg_clipfrac": 0.2 + 0.01 * step, "loss": 0.5}
+                miles.log_utils.log_train_step(args, loss_dict, grad_norm=1.0, rollout_id=step, step_id=0,
+                                               num_steps_per_rollout=1, should_log=True)
+            miles_tracking.finish_tracking()
+        # verl's tracker: wandb.log(data, step=step) and mlflow.log_metrics(data, step=step)
+        verl = {step: {"actor/pg_clipfrac": 0.3 - 0.01 * step, "actor/pg_clipfrac_lower": 0.001 * step,
+                       "critic/score/mean": 0.1 * step, "actor/ppo_kl": 0.01} for step in range(STEPS)}
+        run = wandb.init(project="aliases", name="verl", dir=str(tmp_path / "wandb-verl"), mode="offline")
+        for step, data in verl.items():
+            wandb.log(data, step=step)
+        run.finish()
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment("aliases")
+        with mlflow.start_run(run_name="verl"):
+            for step, data in verl.items():
+                mlflow.log_metrics(data, step=step)
+    finally:
+        mlflow.set_tracking_uri(previous_uri)
+    return tmp_path, uri
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def _series(runs, name: str) -> dict[tuple[int, str], float]:
+    """A run's (step, metric) -> value for our keys, with its tokens_seen per step."""
+    frame = runs.frame[(runs.frame.run == runs.info(name).display)]
+    ours = set(our_metrics(0))
+    rows = frame[frame.metric.isin(ours)]
+    values = {(int(r.step), r.metric): float(r.value) for r in rows.itertuples()}
+    values.update({(int(r.step), "tokens_seen"): float(r.tokens_seen) for r in rows.itertuples()})
+    return values
+
+
+def _check(runs) -> None:
+    expected = {(step, key): float(v) for step in range(STEPS) for key, v in our_metrics(step).items()}
+    for name in OURS:
+        got = _series(runs, name)
+        assert {k: v for k, v in got.items() if k[1] != "tokens_seen"} == expected, name
+        assert got == _series(runs, "ours"), name  # same frame, tokens_seen included
+        assert runs.info(name).approximate == ()
+    stock = runs.info("miles-stock")
+    assert stock.approximate == (keys.CLIP_FRACTION,)
+    verl = runs.info("verl")
+    assert verl.approximate == (keys.CLIP_FRACTION, keys.DUAL_CLIP_FRACTION)
+    verl_rows = runs.frame[runs.frame.run == verl.display]
+    by_key = {(int(r.step), r.metric): r.value for r in verl_rows.itertuples()}
+    for step in range(STEPS):
+        assert by_key[step, keys.CLIP_FRACTION] == pytest.approx(0.3 - 0.01 * step)
+        assert by_key[step, keys.REWARD] == pytest.approx(0.1 * step)
+        assert by_key[step, keys.DUAL_CLIP_FRACTION] == pytest.approx(0.001 * step)
+        assert (step, "actor/pg_clipfrac") not in by_key
+    stock_rows = runs.frame[runs.frame.run == stock.display]
+    assert sorted(stock_rows[stock_rows.metric == keys.CLIP_FRACTION].step) == list(range(STEPS))
+
+
+def test_mlflow_runs_of_miles_and_verl_load_as_our_keys(stores):
+    _, uri = stores
+    runs = load_runs(["ours", "miles-exact", "miles-stock", "verl"], tracking_uri=uri)
+    names = {info.run_name for info in runs.runs}
+    assert names == {"ours", "miles-exact", "miles-stock", "verl"}
+    _check(runs)
+
+
+def test_wandb_offline_runs_of_miles_and_verl_load_as_our_keys(stores):
+    tmp_path, _ = stores
+    for directory in ("wandb-ours", "wandb-miles", "wandb-verl"):
+        assert list((tmp_path / directory).rglob("*.wandb")), directory
+    import shutil
+
+    merged = tmp_path / "wandb-all"
+    for directory in ("wandb-ours", "wandb-miles", "wandb-verl"):
+        shutil.copytree(tmp_path / directory, merged / directory)
+    runs = load_runs(wandb_dir=merged)
+    assert {info.run_name for info in runs.runs} == {"ours", "miles-exact", "miles-stock", "verl"}
+    _check(runs)
+
+
+def test_miles_custom_loss_entries_read_back_as_exact_counts():
+    """``adapters.miles.custom_loss``'s entries as Miles logs them (scaled, per-token mode)."""
+    scale = 0.375  # G * cp / N for some step
+    logged = {"train/loss_tokens": 120 * 32 * scale, "train/clipped_tokens": 30 * 32 * scale,
+              "train/clipped_low_tokens": 18 * 32 * scale, "train/clipped_high_tokens": 12 * 32 * scale,
+              "train/count_scale": 32 * scale, "train/pg_clipfrac": 0.24, "train/grad_norm": 1.0}
+    got = canonical_metrics(logged)
+    assert got.metrics[keys.LOSS_TOKENS] == 120 and got.metrics[keys.CLIPPED_TOKENS] == 30
+    assert got.metrics[keys.CLIP_FRACTION] == 30 / 120  # from the counts, not Miles' pg_clipfrac
+    assert got.approximate == frozenset()
+    assert got.metrics["train/grad_norm"] == 1.0  # other names are kept
