@@ -27,7 +27,7 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture  #
 from adapters.miles import forward_backward_loss, output_to_json  # noqa: E402
 from adapters.tinker import TrackedTrainingClient, cookbook_metrics  # noqa: E402
 from tracking import Tracker, keys  # noqa: E402
-from tracking.spool import spool_runs  # noqa: E402
+from tracking.compare import load_runs  # noqa: E402
 
 VOCAB = 9
 DELTAS = (-0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6)
@@ -128,11 +128,12 @@ def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 
 def logged_points(tracker: Tracker, spool) -> dict[int, dict[str, float]]:
+    """What the tracker wrote for its run, read back by the comparison's JSONL loader: step -> metrics."""
     tracker.close()
-    [run] = [r for r in spool_runs(spool) if r.run_id == tracker.run_id]
+    runs = load_runs([tracker.run_id], jsonl_dir=spool)
     by_step: dict[int, dict[str, float]] = {}
-    for point in run.load_points():
-        by_step.setdefault(point.step, {}).update({k: float(v) for k, v in point.metrics.items()})
+    for row in runs.frame.itertuples():
+        by_step.setdefault(int(row.step), {})[row.metric] = float(row.value)
     return by_step
 
 

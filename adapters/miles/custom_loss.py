@@ -30,8 +30,10 @@ Both are divided by the same ``N / cp_size``, so ``entry / count_scale`` is the 
 every form of the log: the summed dict before Miles' division, the dict ``aggregate_train_losses``
 returns, and the ``train/*`` values Miles' tracker logs. In per-sample-mean mode (Miles' default)
 ``N = cp_size * G`` and ``count_scale`` comes out as exactly 1, so the logged entries *are* the
-token counts. All values are whole numbers held in float64 (Miles' values tensor becomes float64),
-exact while ``tokens * G < 2**53``. :func:`adapters.miles.read_train_log` reads them.
+token counts. All values are whole numbers held in float64, exact while ``tokens * G < 2**53``:
+Miles builds its values tensor with ``torch.tensor([count, *log.values()])``, which becomes float64
+with these entries, so Miles' own entries are then summed in float64 too (they agree with a stock
+run's float32 sums to float32 precision). :func:`adapters.miles.read_train_log` reads them.
 
 ``loss_tokens`` counts the eligible tokens (``loss_mask != 0``) without Miles' ``max(., 1)``;
 ``clipped_tokens`` the tokens where clipping bites, taken from Miles' own clip decision
