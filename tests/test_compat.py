@@ -39,7 +39,11 @@ def test_the_bounds_are_checked_at_both_ends():
 def test_installed_tinker_is_a_supported_version():
     """Pinned: upgrading tinker past the verified range fails here first."""
     tinker_compat.check_supported()
-    assert tinker_compat.MINIMUM <= parse_version(tinker_compat.installed_version()) < tinker_compat.SUPPORTED_BELOW
+    assert (
+        tinker_compat.MINIMUM
+        <= parse_version(tinker_compat.installed_version())
+        < tinker_compat.SUPPORTED_BELOW
+    )
 
 
 def test_tinker_seam_refuses_an_unsupported_version_by_name(monkeypatch):
@@ -55,7 +59,10 @@ def test_tinker_seam_refuses_an_unsupported_version_by_name(monkeypatch):
     # the wire code reaches the private API only through the seam
     from adapters.miles import output_from_json, output_to_proto
 
-    payload = {"loss_fn_outputs": [{"loss_tokens": {"data": [3], "dtype": "int64", "shape": [1]}}], "metrics": {}}
+    payload = {
+        "loss_fn_outputs": [{"loss_tokens": {"data": [3], "dtype": "int64", "shape": [1]}}],
+        "metrics": {},
+    }
     with pytest.raises(UnsupportedVersionError, match=message):
         output_from_json(payload)
     with pytest.raises(UnsupportedVersionError, match=message):

@@ -36,7 +36,10 @@ def test_sums_are_exact_and_the_split_survives_only_when_every_term_has_it(terms
     assert total.loss_tokens == sum(t[0] + t[1] + t[2] for t in terms)
     assert total.clipped_tokens == sum(t[0] + t[1] for t in terms)
     if all(t[3] for t in terms):
-        assert (total.clipped_low_tokens, total.clipped_high_tokens) == (sum(t[0] for t in terms), sum(t[1] for t in terms))
+        assert (total.clipped_low_tokens, total.clipped_high_tokens) == (
+            sum(t[0] for t in terms),
+            sum(t[1] for t in terms),
+        )
     else:
         assert total.clipped_low_tokens is None and total.clipped_high_tokens is None
     metrics = total.to_metrics()
@@ -56,9 +59,13 @@ def test_a_loss_that_never_clips_carries_loss_tokens_alone():
 
 
 def test_mixing_clipping_and_non_clipping_counts_is_refused_once_for_all_paths():
-    with pytest.raises(ValueError, match="comes from a loss that never clips but earlier outputs .* one that clips"):
+    with pytest.raises(
+        ValueError, match="comes from a loss that never clips but earlier outputs .* one that clips"
+    ):
         TokenCounts(10, 2, 1, 1) + TokenCounts(5)
-    with pytest.raises(ValueError, match="comes from a loss that clips but earlier outputs .* one that never clips"):
+    with pytest.raises(
+        ValueError, match="comes from a loss that clips but earlier outputs .* one that never clips"
+    ):
         TokenCounts(5) + TokenCounts(10, 2)
 
 
@@ -88,10 +95,14 @@ def test_inconsistent_counts_are_named(args, message):
         ({keys.CLIPPED_LOW_TOKENS: -1.5}, "clipped_low_tokens:sum must be a whole number"),
         ({keys.CLIPPED_HIGH_TOKENS: math.nan}, "clipped_high_tokens:sum must be a finite token count"),
         ({keys.CLIPPED_LOW_TOKENS: 3.0}, r"carry \['clipped_low_tokens:sum'\] but not 'loss_tokens:sum'"),
-        ({keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 3, keys.CLIPPED_LOW_TOKENS: 3.0},
-         "clipped_low_tokens:sum' without its other side"),
-        ({keys.LOSS_TOKENS: 5, keys.CLIPPED_LOW_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0},
-         "but not 'clipped_tokens:sum', the count it splits"),
+        (
+            {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 3, keys.CLIPPED_LOW_TOKENS: 3.0},
+            "clipped_low_tokens:sum' without its other side",
+        ),
+        (
+            {keys.LOSS_TOKENS: 5, keys.CLIPPED_LOW_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0},
+            "but not 'clipped_tokens:sum', the count it splits",
+        ),
         ({keys.CLIP_FRACTION: 7.3}, r"clip_fraction:mean must be a fraction of tokens in \[0, 1\], got 7.3"),
         ({keys.CLIP_FRACTION: -0.01}, r"in \[0, 1\]"),
         ({keys.CLIP_FRACTION: math.nan}, r"in \[0, 1\]"),
@@ -107,7 +118,9 @@ def test_split_keys_alone_are_counts_and_a_fraction_alone_lies_in_0_1(metrics, m
 
 def test_a_fraction_without_counts_is_kept_once_checked():
     assert check_metrics({keys.CLIP_FRACTION: 0.25, "reward:mean": np.float32(0.5)}) == {
-        keys.CLIP_FRACTION: 0.25, "reward:mean": 0.5}
+        keys.CLIP_FRACTION: 0.25,
+        "reward:mean": 0.5,
+    }
     assert check_metrics({keys.CLIP_FRACTION: 1}) == {keys.CLIP_FRACTION: 1.0}
 
 
@@ -132,8 +145,14 @@ def test_every_step_in_range_is_kept_as_an_int(step):
 
 @pytest.mark.parametrize(
     ("step", "message"),
-    [(-1, "step must be >= 0, got -1"), (2**63, "does not fit a signed 64-bit integer"), (True, "got bool"),
-     (1.0, "got float"), ("3", "got str"), (np.float64(2), "got float64")],
+    [
+        (-1, "step must be >= 0, got -1"),
+        (2**63, "does not fit a signed 64-bit integer"),
+        (True, "got bool"),
+        (1.0, "got float"),
+        ("3", "got str"),
+        (np.float64(2), "got float64"),
+    ],
 )
 def test_bad_steps_are_named(step, message):
     with pytest.raises(ValueError, match=message):

@@ -107,15 +107,19 @@ def test_the_toy_runs_through_both_backend_paths(toy):
     # Megatron path: one loss function per micro-batch (a datum here), reduced in one process
     reports = []
     for lp, slp, adv, mask in data:
-        loss_func = mg.make_loss_func("truncated_is", {"sampling_logprobs": slp, "advantages": adv, "mask": mask},
-                                      {"cap": cap})
+        loss_func = mg.make_loss_func(
+            "truncated_is", {"sampling_logprobs": slp, "advantages": adv, "mask": mask}, {"cap": cap}
+        )
         loss, num_tokens, report = loss_func(lp.clone().requires_grad_())
         loss.backward()
         reports.append(report)
     megatron = mg.reduce_losses(reports, group=None).metrics
 
     # Miles runtime path: datums in Tinker's wire form, the request's config, then the client
-    datums = [{"logprobs": slp.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()} for _, slp, adv, mask in data]
+    datums = [
+        {"logprobs": slp.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()}
+        for _, slp, adv, mask in data
+    ]
     policy = [lp.clone().requires_grad_() for lp, *_ in data]
     agg = ClientAggregator()
     agg.register("run")
@@ -135,9 +139,13 @@ def test_the_toy_runs_through_both_backend_paths(toy):
 
 
 def test_the_toys_declared_options_and_inputs_are_checked_on_both_paths(toy):
-    (lp, slp, adv, mask), = batch(1, seed=5)
-    with pytest.raises(ValueError, match=r"loss_fn_config has \['clip_high_threshold'\], which loss truncated_is"):
-        mg.make_loss_func("truncated_is", {"sampling_logprobs": slp, "advantages": adv}, {"clip_high_threshold": 1.2})
+    ((lp, slp, adv, mask),) = batch(1, seed=5)
+    with pytest.raises(
+        ValueError, match=r"loss_fn_config has \['clip_high_threshold'\], which loss truncated_is"
+    ):
+        mg.make_loss_func(
+            "truncated_is", {"sampling_logprobs": slp, "advantages": adv}, {"clip_high_threshold": 1.2}
+        )
     with pytest.raises(ValueError, match=r"lacks \['advantages'\] required by loss truncated_is"):
         mg.make_loss_func("truncated_is", {"sampling_logprobs": slp})
     datum = {"logprobs": slp.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()}
@@ -149,11 +157,13 @@ def test_the_toys_declared_options_and_inputs_are_checked_on_both_paths(toy):
 
 
 def test_a_registered_loss_that_breaks_its_declaration_is_named(toy):
-    (lp, slp, adv, _), = batch(1, seed=6)
+    ((lp, slp, adv, _),) = batch(1, seed=6)
     never = losses.LossSpec("never_is", truncated_is, False, toy.inputs, toy.options)
     losses.register_loss(never)
     try:
-        with pytest.raises(TypeError, match="never_is is registered as never clipping but returned clip counts"):
+        with pytest.raises(
+            TypeError, match="never_is is registered as never clipping but returned clip counts"
+        ):
             mg.make_loss_func("never_is", {"sampling_logprobs": slp, "advantages": adv})(lp)
         datum = {"logprobs": slp.tolist(), "advantages": adv.tolist()}
         with pytest.raises(TypeError, match="'never_is' must return a LossOutput without clip counts"):

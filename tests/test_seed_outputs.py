@@ -51,7 +51,9 @@ def seed_datum(loss_tokens: int, clipped: int) -> dict:
 def in_form(form: str, metrics: dict, datums: list | None = None) -> object:
     datums = datums or []
     if form == "ours":
-        return ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=datums, metrics=metrics)
+        return ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", loss_fn_outputs=datums, metrics=metrics
+        )
     if form == "tinker":
         return TinkerOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=datums, metrics=metrics)
     ours = ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=datums, metrics=metrics)
@@ -77,8 +79,12 @@ def test_read_and_validated_without_the_split(form):
     assert checked[keys.CLIP_FRACTION] == exact(37, 1000)
     assert not SPLIT & set(checked)
     # the split, when present, must still add up
-    with pytest.raises(ValueError, match=r"clipped_low_tokens=1 \+ clipped_high_tokens=1 != clipped_tokens=37"):
-        validate_metrics({**seed_metrics(1000, 37), keys.CLIPPED_LOW_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0})
+    with pytest.raises(
+        ValueError, match=r"clipped_low_tokens=1 \+ clipped_high_tokens=1 != clipped_tokens=37"
+    ):
+        validate_metrics(
+            {**seed_metrics(1000, 37), keys.CLIPPED_LOW_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0}
+        )
 
 
 chunk_counts = st.lists(
@@ -119,7 +125,11 @@ def test_missing_metrics_field_is_empty_in_every_reader():
     assert merge_outputs([payload]).metrics == {}
     assert output_to_json(payload)["metrics"] == {}
     assert output_from_json(payload).metrics == {}
-    assert aggregate_datums(payload) == {keys.LOSS_TOKENS: 4.0, keys.CLIPPED_TOKENS: 1.0, keys.CLIP_FRACTION: 0.25}
+    assert aggregate_datums(payload) == {
+        keys.LOSS_TOKENS: 4.0,
+        keys.CLIPPED_TOKENS: 1.0,
+        keys.CLIP_FRACTION: 0.25,
+    }
     with pytest.raises(ValueError, match="without 'metrics' or 'loss_fn_outputs'"):
         clip_counts({"loss": 1.0})
 
@@ -137,7 +147,11 @@ def test_client_aggregator_sums_seed_datums(form):
         pairs = [(n, rng.randint(0, n)) for n in (rng.randint(0, 50) for _ in range(rng.randint(1, 4)))]
         chunk_tokens, chunk_clipped = sum(n for n, _ in pairs), sum(c for _, c in pairs)
         tokens, clipped = tokens + chunk_tokens, clipped + chunk_clipped
-        agg.add("run", 3, in_form(form, seed_metrics(chunk_tokens, chunk_clipped), [seed_datum(*p) for p in pairs]))
+        agg.add(
+            "run",
+            3,
+            in_form(form, seed_metrics(chunk_tokens, chunk_clipped), [seed_datum(*p) for p in pairs]),
+        )
     metrics = agg.emit("run", 3).metrics
     assert metrics[keys.LOSS_TOKENS] == tokens and metrics[keys.CLIPPED_TOKENS] == clipped
     assert metrics[keys.CLIP_FRACTION] == exact(clipped, tokens)
@@ -145,8 +159,11 @@ def test_client_aggregator_sums_seed_datums(form):
 
 
 def test_client_keeps_the_split_only_when_every_datum_carries_it():
-    with_split = {**seed_datum(10, 3), keys.DATUM_CLIPPED_LOW_TOKENS: count_data(1),
-                  keys.DATUM_CLIPPED_HIGH_TOKENS: count_data(2)}
+    with_split = {
+        **seed_datum(10, 3),
+        keys.DATUM_CLIPPED_LOW_TOKENS: count_data(1),
+        keys.DATUM_CLIPPED_HIGH_TOKENS: count_data(2),
+    }
     assert aggregate_datums([with_split, with_split])[keys.CLIPPED_LOW_TOKENS] == 2.0
     mixed = aggregate_datums([with_split, seed_datum(10, 4)])
     assert mixed[keys.CLIPPED_TOKENS] == 7.0 and mixed[keys.CLIP_FRACTION] == exact(7, 20)
@@ -174,7 +191,11 @@ def test_megatron_reduction_of_seed_reports(micro):
 
 
 def test_megatron_reports_with_and_without_the_split_keep_no_split():
-    full = {**_seed_report(0.5, 10, 3), keys.CLIPPED_LOW_TOKENS: torch.tensor(1), keys.CLIPPED_HIGH_TOKENS: torch.tensor(2)}
+    full = {
+        **_seed_report(0.5, 10, 3),
+        keys.CLIPPED_LOW_TOKENS: torch.tensor(1),
+        keys.CLIPPED_HIGH_TOKENS: torch.tensor(2),
+    }
     metrics = mg.reduce_losses([full, _seed_report(0.5, 10, 4)], group=None).metrics
     assert metrics[keys.CLIPPED_TOKENS] == 7 and metrics[keys.CLIP_FRACTION] == exact(7, 20)
     assert not SPLIT & set(metrics)
@@ -186,19 +207,29 @@ def test_logged_by_the_tracker_and_compared(tmp_path, form):
     totals = {}
     for backend, p in (("megatron", 0.10), ("miles", 0.12)):
         tokens = clipped = 0
-        with Tracker(f"seed-{backend}-{form}", backends=("jsonl",), backend_label=backend, spool_dir=tmp_path,
-                     flush_interval_s=0.05, handle_signals=False) as tracker:
+        with Tracker(
+            f"seed-{backend}-{form}",
+            backends=("jsonl",),
+            backend_label=backend,
+            spool_dir=tmp_path,
+            flush_interval_s=0.05,
+            handle_signals=False,
+        ) as tracker:
             for step in range(40):
                 n = rng.randint(200, 400)
                 c = sum(rng.random() < p for _ in range(n))
                 tokens, clipped = tokens + n, clipped + c
                 tracker.log_output(step, in_form(form, seed_metrics(n, c)), extra={keys.REWARD: rng.random()})
         totals[tracker.run_id] = (tokens, clipped)
-        points = [json.loads(line) for line in (tmp_path / tracker.run_id / keys.POINTS_FILE).read_text().splitlines()]
+        points = [
+            json.loads(line)
+            for line in (tmp_path / tracker.run_id / keys.POINTS_FILE).read_text().splitlines()
+        ]
         assert len(points) == 40
         assert all(not SPLIT & set(point["metrics"]) for point in points)
         assert points[0]["metrics"][keys.CLIP_FRACTION] == exact(
-            int(points[0]["metrics"][keys.CLIPPED_TOKENS]), int(points[0]["metrics"][keys.LOSS_TOKENS]))
+            int(points[0]["metrics"][keys.CLIPPED_TOKENS]), int(points[0]["metrics"][keys.LOSS_TOKENS])
+        )
     runset = load_jsonl(list(totals), tmp_path)
     assert not SPLIT & set(runset.metrics())
     result = compare(runset, n_boot=200)

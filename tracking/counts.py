@@ -94,7 +94,9 @@ class TokenCounts:
                 object.__setattr__(self, name, as_count(name, value))
         low, high, clipped = self.clipped_low_tokens, self.clipped_high_tokens, self.clipped_tokens
         if (low is None) != (high is None):
-            raise ValueError("clipped_low_tokens and clipped_high_tokens come together: one is given without the other")
+            raise ValueError(
+                "clipped_low_tokens and clipped_high_tokens come together: one is given without the other"
+            )
         if clipped is None:
             if low is not None:
                 raise ValueError("a low/high split was given without clipped_tokens")
@@ -206,7 +208,9 @@ def sum_counts(terms: Iterable[TokenCounts | None]) -> TokenCounts | None:
 def check_fraction(value: object) -> float:
     """A ``clip_fraction:mean`` given without counts: a real number in [0, 1], else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{keys.CLIP_FRACTION} must be a number in [0, 1], got {type(value).__name__} {value!r}")
+        raise ValueError(
+            f"{keys.CLIP_FRACTION} must be a number in [0, 1], got {type(value).__name__} {value!r}"
+        )
     number = float(value)
     if not 0.0 <= number <= 1.0:  # NaN fails too
         raise ValueError(f"{keys.CLIP_FRACTION} must be a fraction of tokens in [0, 1], got {number!r}")
@@ -236,5 +240,3 @@ def exact_clip_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     elif keys.CLIP_FRACTION in out:
         out[keys.CLIP_FRACTION] = check_fraction(out[keys.CLIP_FRACTION])
     return out
-
-

@@ -62,7 +62,9 @@ def read_output(output: object, where: str = "output") -> OutputParts:
     if metrics is None:
         metrics = {}
     if not isinstance(metrics, Mapping):
-        raise ValueError(f"{where}.metrics must be a mapping of 'name:reduction' -> number, got {type(metrics).__name__}")
+        raise ValueError(
+            f"{where}.metrics must be a mapping of 'name:reduction' -> number, got {type(metrics).__name__}"
+        )
     if datums is None:
         datums = []
     if not isinstance(datums, Sequence) or isinstance(datums, (str, bytes)):

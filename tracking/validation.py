@@ -49,7 +49,9 @@ def metric_value(key: str, value: object) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise ValueError(f"metric {key!r}: {type(value).__name__} value too large for a 64-bit float") from None
+        raise ValueError(
+            f"metric {key!r}: {type(value).__name__} value too large for a 64-bit float"
+        ) from None
 
 
 def check_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
@@ -58,7 +60,9 @@ def check_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
     Raises ValueError naming a bad key, value, count or fraction.
     """
     if not isinstance(metrics, Mapping):
-        raise ValueError(f"metrics must be a mapping of 'name:reduction' -> number, got {type(metrics).__name__}")
+        raise ValueError(
+            f"metrics must be a mapping of 'name:reduction' -> number, got {type(metrics).__name__}"
+        )
     out: dict[str, float] = {}
     for key, value in metrics.items():
         keys.split_key(key)

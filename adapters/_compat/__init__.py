@@ -29,7 +29,9 @@ def parse_version(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(1).split("."))
 
 
-def check_version(package: str, found: str, minimum: tuple[int, ...], below: tuple[int, ...], uses: str) -> None:
+def check_version(
+    package: str, found: str, minimum: tuple[int, ...], below: tuple[int, ...], uses: str
+) -> None:
     """Raise :class:`UnsupportedVersionError` unless ``minimum <= found < below``.
 
     ``uses``: what the seam relies on, named in the message so an upgrade knows what to re-check.
