@@ -59,7 +59,7 @@ def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scena
     for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION):
         assert fbo.metrics.get(key) == expected.get(key), key
     assert fbo.metrics[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
-    if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # the SPEC's rule, token by token, agrees
+    if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # docs/CONTRACT.md's rule, token by token, agrees
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert (fbo.metrics[keys.LOSS_TOKENS], fbo.metrics[keys.CLIPPED_TOKENS]) == (n, clipped)
         assert (fbo.metrics[keys.CLIPPED_LOW_TOKENS], fbo.metrics[keys.CLIPPED_HIGH_TOKENS]) == (low, high)
