@@ -17,6 +17,7 @@ bad entries. Shapes, Python-number thresholds and ``beta`` are checked at once.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -478,6 +479,17 @@ PACKED_DTYPE = torch.float64
 _HEAD = PACKED_FIELDS.index("calls")
 
 
+@functools.lru_cache(maxsize=256)
+def _constants(device: torch.device, calls: int, clipping: bool, split: bool) -> Tensor:
+    """``[0, calls, clipping_calls, split_calls]`` on ``device``, made once per combination (a fill,
+    never a host-to-device copy); only ever read (``torch.cat`` copies it)."""
+    values = (0.0, float(calls), float(calls if clipping else 0), float(calls if split else 0))
+    out = torch.empty(4, dtype=PACKED_DTYPE, device=device)
+    for i, value in enumerate(values):
+        out[i].fill_(value)
+    return out
+
+
 def pack_values(
     loss: Tensor,
     loss_tokens: Tensor,
@@ -489,17 +501,14 @@ def pack_values(
 ) -> Tensor:
     """The :data:`PACKED_FIELDS` vector of one loss output's tensors, on ``loss``'s device. No sync."""
     device = loss.device
-
-    def value(t: Tensor | None) -> Tensor:
-        if t is None:
-            return torch.zeros((), dtype=PACKED_DTYPE, device=device)
-        return t.detach().reshape(()).to(device=device, dtype=PACKED_DTYPE)
-
-    def number(n: int) -> Tensor:
-        return torch.full((), float(n), dtype=PACKED_DTYPE, device=device)
-
     clipping = clipped_tokens is not None
     split = clipping and clipped_low_tokens is not None and clipped_high_tokens is not None
+    constants = _constants(device, calls, clipping, split)
+    zero = constants[0]
+
+    def value(t: Tensor | None) -> Tensor:
+        return zero if t is None else t.detach().reshape(()).to(device=device, dtype=PACKED_DTYPE)
+
     head = torch.stack(
         [
             value(loss),
@@ -507,12 +516,9 @@ def pack_values(
             value(clipped_tokens),
             value(clipped_low_tokens if split else None),
             value(clipped_high_tokens if split else None),
-            number(calls),
-            number(calls if clipping else 0),
-            number(calls if split else 0),
         ]
     )
-    return torch.cat([head, invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)])
+    return torch.cat([head, constants[1:], invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)])
 
 
 def pack(out: LossOutput) -> Tensor:
