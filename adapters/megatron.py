@@ -204,7 +204,7 @@ def _pack_report(index: int, report: object) -> Tensor:
     if missing:
         raise ValueError(f"micro-batch {index}: report lacks {missing} (has {sorted(report)})")
     clip_present = [k for k in keys.CLIP_COUNT_KEYS if k in report]
-    split = [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS]
+    split = keys.SPLIT_KEYS
     if clip_present and keys.CLIPPED_TOKENS not in report:
         raise ValueError(f"micro-batch {index}: report has {clip_present} but not {keys.CLIPPED_TOKENS!r}")
     if any(k in report for k in split) and not all(k in report for k in split):
