@@ -59,8 +59,10 @@ class LossOutput:
 
     ``loss``: 0-dim, sum of per-token losses over eligible tokens (differentiable for one call;
     detached in a sum). Counts are detached int64 0-dim tensors on the loss's device, in tokens;
-    the clip fields are ``None`` for losses that never clip. ``invalid``: int64 vector, the number
-    of bad entries per input of :data:`INPUT_CHECKS`.
+    the clip fields are ``None`` for losses that never clip, and the low/high pair may be ``None``
+    for a clipping loss that does not split. ``invalid``: int64 vector, the number of bad entries
+    per input of :data:`INPUT_CHECKS`. Moved to the host through one packing (:func:`pack`,
+    :data:`PACKED_FIELDS`).
     """
 
     loss: Tensor

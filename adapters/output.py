@@ -1,7 +1,9 @@
 """``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions.
 
 ``ForwardBackwardOutput`` is tinker's own frozen dataclass when ``tinker`` is installed and an
-identical dataclass otherwise. Metrics are ``name:reduction`` -> float.
+identical dataclass otherwise (:mod:`adapters._compat.tinker`). Metrics are ``name:reduction`` ->
+float. Outputs in any of their three forms (ours, tinker's, the JSON dict) are read through
+:func:`tracking.outputs.read_output`; the low/high split is optional (docs/CONTRACT.md).
 """
 
 from __future__ import annotations
