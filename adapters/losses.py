@@ -308,7 +308,8 @@ class LossSpec:
     """One loss: its Tinker ``loss_fn`` name, function, whether it clips, inputs and options.
 
     The function is called as ``fn(logprobs, **tensor_inputs, **options)`` and returns a
-    :class:`LossOutput` whose clip fields are set exactly when ``clips``.
+    :class:`LossOutput` whose clip fields are set exactly when ``clips``, and whose low/high split
+    is set exactly when ``splits`` (only for a loss that clips).
     """
 
     name: str
@@ -316,6 +317,26 @@ class LossSpec:
     clips: bool
     inputs: tuple[TensorInput, ...]
     options: tuple[Option, ...] = ()
+    splits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.splits and not self.clips:
+            raise ValueError(f"loss {self.name}: splits=True needs clips=True (the split is of the clipped tokens)")
+
+    def check_output(self, out: object) -> LossOutput:
+        """``out`` if it is a :class:`LossOutput` shaped as declared, else TypeError naming the loss."""
+        if not isinstance(out, LossOutput):
+            raise TypeError(f"loss {self.name} returned {type(out).__name__}, expected LossOutput")
+        split = out.clipped_low_tokens is not None and out.clipped_high_tokens is not None
+        if out.clips != self.clips or (out.clips and split != self.splits):
+            def shape(clips: bool, splits: bool) -> str:
+                return "clip counts with the low/high split" if splits else "clip counts" if clips else "no clip counts"
+
+            raise TypeError(
+                f"loss {self.name} is registered as returning {shape(self.clips, self.splits)} but returned "
+                f"{shape(out.clips, out.clips and split)}"
+            )
+        return out
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -447,8 +468,8 @@ def _thresholds(low: float, high: float) -> tuple[Option, ...]:
 
 
 for _spec in (
-    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH)),
-    LossSpec("cispo", cispo, True, _RL_INPUTS, _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH)),
+    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH), splits=True),
+    LossSpec("cispo", cispo, True, _RL_INPUTS, _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH), splits=True),
     LossSpec("importance_sampling", importance_sampling, False, _RL_INPUTS),
     LossSpec("dro", dro, False, _RL_INPUTS, (Option("beta"),)),
     LossSpec("cross_entropy", cross_entropy, False, (TensorInput("weights"), TensorInput("mask", required=False))),

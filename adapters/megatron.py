@@ -143,13 +143,10 @@ def make_loss_func(
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logprobs = output_tensor if output_to_logprobs is None else output_to_logprobs(output_tensor)
         out = fn(logprobs, **inputs, **config)
-        if not isinstance(out, LossOutput):
+        if spec is not None:
+            out = spec.check_output(out)
+        elif not isinstance(out, LossOutput):
             raise TypeError(f"loss function {name} returned {type(out).__name__}, expected LossOutput")
-        if spec is not None and out.clips != spec.clips:
-            raise TypeError(
-                f"loss {name} is registered as {'clipping' if spec.clips else 'never clipping'} but returned "
-                f"{'clip counts' if out.clips else 'no clip counts'}"
-            )
         return out.loss, out.loss_tokens, report_of(out)
 
     loss_func.__name__ = f"{name}_loss_func"

@@ -161,12 +161,40 @@ def test_a_registered_loss_that_breaks_its_declaration_is_named(toy):
     never = losses.LossSpec("never_is", truncated_is, False, toy.inputs, toy.options)
     losses.register_loss(never)
     try:
-        with pytest.raises(
-            TypeError, match="never_is is registered as never clipping but returned clip counts"
-        ):
+        message = "loss never_is is registered as returning no clip counts but returned clip counts"
+        with pytest.raises(TypeError, match=message):
             mg.make_loss_func("never_is", {"sampling_logprobs": slp, "advantages": adv})(lp)
         datum = {"logprobs": slp.tolist(), "advantages": adv.tolist()}
-        with pytest.raises(TypeError, match="'never_is' must return a LossOutput without clip counts"):
+        with pytest.raises(TypeError, match=message):
             forward_backward_loss([datum], [lp], "never_is")
     finally:
         losses.unregister_loss("never_is")
+    splitting = losses.LossSpec("split_is", truncated_is, True, toy.inputs, toy.options, splits=True)
+    losses.register_loss(splitting)
+    try:
+        message = "registered as returning clip counts with the low/high split but returned clip counts$"
+        with pytest.raises(TypeError, match=message):
+            mg.make_loss_func("split_is", {"sampling_logprobs": slp, "advantages": adv})(lp)
+    finally:
+        losses.unregister_loss("split_is")
+    with pytest.raises(ValueError, match="splits=True needs clips=True"):
+        losses.LossSpec("bad", truncated_is, False, toy.inputs, splits=True)
+
+
+def test_an_empty_request_carries_the_declared_keys(toy):
+    assert forward_backward_loss([], [], "truncated_is").output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+    }
+    assert forward_backward_loss([], [], "ppo").output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+        keys.CLIPPED_LOW_TOKENS: 0.0,
+        keys.CLIPPED_HIGH_TOKENS: 0.0,
+    }
+    assert forward_backward_loss([], [], "dro", {"beta": 0.1}).output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+    }

@@ -109,7 +109,7 @@ def forward_backward_loss(
             raise type(exc)(f"datum {i}: {exc}") from exc
 
     if not outs:
-        empty = TokenCounts(0, 0, 0, 0) if spec.clips else TokenCounts(0)
+        empty = TokenCounts(0, 0, 0, 0) if spec.splits else TokenCounts(0, 0) if spec.clips else TokenCounts(0)
         metrics = {keys.LOSS_SUM: 0.0, **empty.to_metrics()}
         return RequestResult(
             loss=torch.zeros((), device=device),
@@ -237,13 +237,7 @@ def _datum_loss(
             options[option.name] = config[option.name]
         elif option.default is not losses.REQUIRED:
             options[option.name] = option.default
-    out = spec.fn(lp, **tensors, **options)
-    if not isinstance(out, losses.LossOutput) or out.clips != spec.clips:
-        raise TypeError(
-            f"loss {spec.name!r} must return a LossOutput {'with' if spec.clips else 'without'} clip counts, "
-            f"as registered; got {type(out).__name__}"
-        )
-    return out
+    return spec.check_output(spec.fn(lp, **tensors, **options))
 
 
 def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Tensor:
