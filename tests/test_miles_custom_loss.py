@@ -150,3 +150,20 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
             for key, value in got["stock_aggregated"].items():  # Miles' own metrics, as without our entries
                 assert got["aggregated"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (res["rank"], mode, key)
         assert {k: res["per_sample"]["aggregated"][k] for k in COUNT_FIELDS} == expected
+
+
+def test_the_miles_seam_refuses_an_unverified_release_and_restores_what_it_swaps(miles, monkeypatch):
+    from adapters._compat import UnsupportedVersionError
+    from adapters._compat import miles as seam
+
+    monkeypatch.setattr(seam, "installed_version", lambda: "0.2.0")
+    with pytest.raises(UnsupportedVersionError, match="miles-rl 0.2.0 is not supported.*compute_policy_loss"):
+        seam.policy_loss()
+    monkeypatch.setattr(seam, "installed_version", lambda: "0.0.2")
+    _, namespace = seam.policy_loss()
+    original = namespace["compute_policy_loss"]
+    with pytest.raises(RuntimeError, match="boom"):
+        with seam.recording_clip_decisions(namespace):
+            assert namespace["compute_policy_loss"] is not original
+            raise RuntimeError("boom")
+    assert namespace["compute_policy_loss"] is original

@@ -42,63 +42,25 @@ run's float32 sums to float32 precision). :func:`adapters.miles.read_train_log` 
 ``clipped_high_tokens`` those with a positive one (ratio above ``1 + eps_clip_high``).
 
 Miles' per-token tensors are only visible inside ``policy_loss_function``; this module observes
-its call of ``compute_policy_loss`` (looked up in the module that defines
-``policy_loss_function``, swapped for a recording wrapper for the duration of the call and
-restored after) and recomputes nothing. Counting adds a few integer reductions on device and no
+its call of ``compute_policy_loss`` through the Miles seam (:mod:`adapters._compat.miles`: swapped
+for a recording wrapper in the module that defines ``policy_loss_function`` for the duration of
+the call, restored after) and recomputes nothing. Counting adds a few integer reductions on device and no
 host synchronisation.
 """
 
 from __future__ import annotations
 
-import threading
 from argparse import Namespace
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from adapters._compat import miles as miles_seam
 from adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE
 
 __all__ = ["COUNT_ENTRIES", "COUNT_SCALE", "clip_count_entries", "policy_loss_with_clip_counts"]
-
-_CAPTURE_LOCK = threading.RLock()
-
-
-def _miles_policy_loss() -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    try:
-        from miles.backends.training_utils.loss import policy_loss_function
-    except ImportError as exc:  # pragma: no cover - depends on the user's environment
-        raise ImportError(
-            "adapters.miles.custom_loss runs inside Miles' training loop and needs Miles "
-            f"(miles.backends.training_utils.loss) importable: {exc}"
-        ) from exc
-    return policy_loss_function  # type: ignore[no-any-return]
-
-
-@contextmanager
-def _recording_compute_policy_loss(namespace: dict[str, Any]) -> Iterator[list[tuple[Tensor, Tensor, Tensor]]]:
-    """Swap ``compute_policy_loss`` in ``namespace`` for a wrapper recording ``(ppo_kl, A, clipfrac)``."""
-    original = namespace.get("compute_policy_loss")
-    if original is None:
-        raise RuntimeError(
-            "Miles' policy_loss_function no longer calls compute_policy_loss; this Miles version "
-            "is not supported by adapters.miles.custom_loss"
-        )
-    calls: list[tuple[Tensor, Tensor, Tensor]] = []
-
-    def recording(ppo_kl: Tensor, advantages: Tensor, *args: Any, **kwargs: Any) -> Any:
-        pg_losses, clipfrac = original(ppo_kl, advantages, *args, **kwargs)
-        calls.append((ppo_kl.detach(), advantages.detach(), clipfrac.detach()))
-        return pg_losses, clipfrac
-
-    with _CAPTURE_LOCK:
-        namespace["compute_policy_loss"] = recording
-        try:
-            yield calls
-        finally:
-            namespace["compute_policy_loss"] = original
 
 
 def policy_loss_with_clip_counts(
@@ -113,16 +75,16 @@ def policy_loss_with_clip_counts(
     ``(loss, log)`` with :data:`COUNT_ENTRIES` and ``count_scale`` added to ``log`` (0-dim float64
     tensors on the logits' device, see the module docstring for their encoding).
     """
-    policy_loss_function = _miles_policy_loss()
-    with _recording_compute_policy_loss(policy_loss_function.__globals__) as calls:
+    policy_loss_function, namespace = miles_seam.policy_loss()
+    with miles_seam.recording_clip_decisions(namespace) as calls:
         loss, log = policy_loss_function(args, batch, logits, sum_of_sample_mean)
     if not calls:
         raise RuntimeError("Miles' policy_loss_function did not call compute_policy_loss: no clip decision to count")
-    _, advantages, clipfrac = calls[-1]
+    advantages, clipfrac = calls[-1]
     clash = [k for k in (*COUNT_ENTRIES, COUNT_SCALE) if k in log]
     if clash:
         raise ValueError(f"Miles' log dict already has {clash}; cliptrack's count entries would overwrite them")
-    log.update(clip_count_entries(args, batch, advantages, clipfrac, policy_loss_function.__globals__))
+    log.update(clip_count_entries(args, batch, advantages, clipfrac, namespace))
     return loss, log
 
 
