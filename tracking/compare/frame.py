@@ -107,6 +107,7 @@ class RunSet:
 
     frame: pd.DataFrame
     runs: list[RunInfo]
+    _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_points(cls, items: Iterable[tuple[RunInfo, Iterable[Point]]]) -> RunSet:
@@ -142,10 +143,25 @@ class RunSet:
         return sorted(self.frame["metric"].unique().tolist())
 
     def wide(self, label: str) -> pd.DataFrame:
-        """One run as a step-indexed table: columns tokens_seen, wall_time, elapsed_s and one per metric."""
+        """One run as a step-indexed table: columns tokens_seen, wall_time, elapsed_s and one per metric.
+
+        Built once per run and cached (the frame is not expected to change): do not modify it.
+        """
+        display = self.info(label).display
+        if display not in self._wide:
+            rows = self.frame[self.frame["run"] == display]
+            axes = rows.groupby("step", sort=True)[["tokens_seen", "wall_time", "elapsed_s"]].first()
+            if rows.duplicated(["step", "metric"]).any():
+                values = rows.pivot_table(index="step", columns="metric", values="value", aggfunc="last",
+                                          dropna=False)
+            else:
+                values = rows.pivot(index="step", columns="metric", values="value")
+            values.columns.name = None
+            self._wide[display] = axes.join(values).sort_index()
+        return self._wide[display]
+
+    def nonfinite(self, label: str) -> dict[str, list[int]]:
+        """Metric key -> steps at which the run logged a NaN or infinite value (keys without any left out)."""
         rows = self.frame[self.frame["run"] == self.info(label).display]
-        axes = rows.groupby("step")[["tokens_seen", "wall_time", "elapsed_s"]].first()
-        values = rows.pivot_table(index="step", columns="metric", values="value", aggfunc="last",
-                                  dropna=False)
-        values.columns.name = None
-        return axes.join(values).sort_index()
+        bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+        return {str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")}

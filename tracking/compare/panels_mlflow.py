@@ -25,7 +25,7 @@ from tracking import keys
 from tracking.compare.dashboard import PALETTE, write_dashboard
 from tracking.compare.frame import RunSet
 from tracking.compare.series import AXIS_TITLES, all_series
-from tracking.compare.verdict import ComparisonResult
+from tracking.compare.result import ComparisonResult
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
 
