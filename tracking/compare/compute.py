@@ -133,7 +133,7 @@ def _no_result_reason(spec: m.MetricSpec, reference: str, label: str, a: pd.Data
         for run, table in ((reference, a), (label, b)):
             if float(table.loc[common, f"{name}.den"].sum()) == 0:
                 return (f"{run} logged 0 {spec.denominator} at all {len(common)} paired units: "
-                        f"{name} is undefined there")
+                        f"{name} is undefined")
     if not np.isfinite(est.value):
         return f"{name} is not positive in both runs, so it has no log-ratio"
     return est.insufficiency() or "no interval"
