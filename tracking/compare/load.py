@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tracking import keys
-from tracking.compare.frame import Point, RunInfo, RunSet
+from tracking.compare._compat_mlflow_store import bulk_columns
+from tracking.compare.frame import Columns, Point, RunInfo, RunSet
 from tracking.spool import RunDir, spool_runs
 
 _SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
@@ -105,6 +106,9 @@ def load_mlflow(
 ) -> RunSet:
     """Load runs from an MLflow tracking store (any URI: sqlite, file, http server).
 
+    Histories are read in bulk from SQL stores (``_compat_mlflow_store``), one metric at a time
+    through ``MlflowClient.get_metric_history`` otherwise; both give the same frame.
+
     ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With ``experiment`` (a name or id) and no refs, every
     training run of that experiment is loaded (comparison runs, tagged ``cliptrack.kind=comparison``,
     are left out); with both, names are looked up inside that experiment only.
@@ -161,14 +165,9 @@ def load_mlflow(
             raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
         runs.append(run)
 
-    items = []
+    bulk = bulk_columns(str(client.tracking_uri), [run.info.run_id for run in runs])
+    items: list[tuple[RunInfo, list[Point] | Columns]] = []
     for run in runs:
-        by_step: dict[int, dict[str, float]] = {}
-        wall: dict[int, float] = {}
-        for key in sorted(run.data.metrics):
-            for m in client.get_metric_history(run.info.run_id, key):
-                by_step.setdefault(int(m.step), {})[m.key] = float(m.value)
-                wall[int(m.step)] = max(wall.get(int(m.step), -math.inf), m.timestamp / 1000.0)
         info = RunInfo(
             run_id=run.info.run_id,
             run_name=run.info.run_name or "",
@@ -177,6 +176,15 @@ def load_mlflow(
             location=str(client.tracking_uri),
             config=dict(run.data.params),
         )
+        if bulk is not None:
+            items.append((info, bulk[run.info.run_id]))
+            continue
+        by_step: dict[int, dict[str, float]] = {}
+        wall: dict[int, float] = {}
+        for key in sorted(run.data.metrics):
+            for m in client.get_metric_history(run.info.run_id, key):
+                by_step.setdefault(int(m.step), {})[m.key] = float(m.value)
+                wall[int(m.step)] = max(wall.get(int(m.step), -math.inf), m.timestamp / 1000.0)
         items.append((info, [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())]))
     return RunSet.from_points(items)
 
