@@ -22,14 +22,17 @@ import numpy as np
 from tracking.compare.frame import Columns
 
 SQL_SCHEMES = ("sqlite:", "postgresql", "mysql", "mssql")
+CHUNK_ROWS = 100_000
+"""Rows fetched from the cursor at a time."""
 
 
 def bulk_columns(tracking_uri: str, run_ids: list[str]) -> dict[str, Columns] | None:
     """Every metric value of ``run_ids`` as ``Columns`` per run id, or None when not a readable SQL store."""
     if not tracking_uri.startswith(SQL_SCHEMES) or not run_ids:
         return None
+    import pandas as pd
+
     try:
-        import pandas as pd
         import sqlalchemy as sa
         from mlflow.store.tracking.dbmodels.models import SqlMetric
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -37,17 +40,29 @@ def bulk_columns(tracking_uri: str, run_ids: list[str]) -> dict[str, Columns] | 
         store: Any = SqlAlchemyStore(tracking_uri, None)
         stmt = sa.select(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.value, SqlMetric.is_nan, SqlMetric.timestamp,
                          SqlMetric.step).where(SqlMetric.run_uuid.in_(run_ids))
-        with store.engine.connect() as conn:
-            rows = pd.read_sql(stmt, conn)
+        sql = str(stmt.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
+        raw = store.engine.raw_connection()  # the DB-API cursor: no per-row ORM or type processing
+        names = ["run_uuid", "key", "value", "is_nan", "timestamp", "step"]
+        chunks = []
+        try:
+            cursor = raw.cursor()
+            cursor.execute(sql)
+            while records := cursor.fetchmany(CHUNK_ROWS):  # a chunk of tuples at a time bounds memory
+                chunks.append(pd.DataFrame.from_records(records, columns=names))
+        finally:
+            raw.close()
     except Exception as exc:  # any drift in MLflow's store: read through the public client instead
         warnings.warn(f"MLflow bulk metric read unavailable ({type(exc).__name__}: {exc}); "
                       "reading histories one metric at a time", stacklevel=2)
         return None
-    rows.columns = ["run_uuid", "key", "value", "is_nan", "timestamp", "step"]
+    rows = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame(columns=names)
+    stored = rows["value"].to_numpy(dtype=np.float64)
+    run_codes, _ = pd.factorize(rows["run_uuid"])
+    key_codes, _ = pd.factorize(rows["key"])
     # get_metric_history's order within a key: timestamp, step, stored value (a NaN is stored as 0)
-    rows = rows.sort_values(["run_uuid", "key", "timestamp", "step", "value"], kind="stable")
-    value = rows["value"].to_numpy(dtype=np.float64)
-    rows = rows.assign(value=np.where(rows["is_nan"].to_numpy(dtype=bool), np.nan, value))
+    order = np.lexsort((stored, rows["step"].to_numpy(), rows["timestamp"].to_numpy(), key_codes, run_codes))
+    rows = rows.iloc[order]
+    rows = rows.assign(value=np.where(rows["is_nan"].to_numpy(dtype=bool), np.nan, stored[order]))
     out = {}
     for run_id, part in rows.groupby("run_uuid", sort=False):
         out[str(run_id)] = Columns(part["step"].to_numpy(dtype=np.int64),

@@ -122,7 +122,8 @@ def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
         return _empty_frame()
     walls = pd.Series(np.asarray(cols.wall_time, dtype=np.float64),
                       index=pd.Index(np.asarray(cols.step, dtype=np.int64), name="step")).groupby(level=0).max()
-    rows = pd.DataFrame({"step": np.asarray(cols.step, dtype=np.int64), "metric": cols.metric,
+    rows = pd.DataFrame({"step": np.asarray(cols.step, dtype=np.int64),
+                         "metric": pd.Series(np.asarray(cols.metric, dtype=object), dtype=object),
                          "value": np.asarray(cols.value, dtype=np.float64)})
     rows = rows[rows["metric"] != ""]
     rows = rows.drop_duplicates(["step", "metric"], keep="last").sort_values("step", kind="stable")
@@ -136,11 +137,13 @@ def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
     step_values = rows["step"].to_numpy()
     wall = walls.reindex(step_values).to_numpy()
     first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
+    n = len(step_values)
     frame = pd.DataFrame({
-        "run": info.display, "run_id": info.run_id, "backend": info.backend, "step": step_values,
+        "run": pd.Series([info.display] * n, dtype=object), "run_id": pd.Series([info.run_id] * n, dtype=object),
+        "backend": pd.Series([info.backend] * n, dtype=object), "step": step_values,
         "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
         "wall_time": wall, "elapsed_s": wall - first,
-        "metric": rows["metric"].to_numpy(), "value": rows["value"].to_numpy(),
+        "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object), "value": rows["value"].to_numpy(),
     }, columns=list(COLUMNS))
     return frame.astype({"step": "int64", "tokens_seen": "float64", "wall_time": "float64",
                          "elapsed_s": "float64", "value": "float64"}).reset_index(drop=True)
