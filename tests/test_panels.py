@@ -16,8 +16,8 @@ from tests._compare_fixtures import megatron_vs_miles, write_mlflow
 from tracking import keys
 from tracking.cli import main
 from tracking.compare import compare, load_mlflow
-from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels import PANELS
+from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
 
 EXPECTED = {

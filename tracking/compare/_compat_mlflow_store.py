@@ -38,7 +38,7 @@ def bulk_columns(tracking_uri: str, run_ids: list[str]) -> dict[str, Columns] | 
         from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
         store: Any = SqlAlchemyStore(tracking_uri, None)
-        stmt = sa.select(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.value, SqlMetric.is_nan, SqlMetric.timestamp,
+        stmt: Any = sa.select(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.value, SqlMetric.is_nan, SqlMetric.timestamp,
                          SqlMetric.step).where(SqlMetric.run_uuid.in_(run_ids))
         sql = str(stmt.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
         raw = store.engine.raw_connection()  # the DB-API cursor: no per-row ORM or type processing

@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the named runs and compare them as the arguments say; return (runset, result)."""
-    from tracking.compare.load import load_runs
     from tracking.compare.compute import compare
+    from tracking.compare.load import load_runs
 
     runset = load_runs(args.runs, tracking_uri=args.tracking_uri, experiment=args.experiment,
                        jsonl_dir=args.jsonl, wandb_dir=args.wandb_dir)

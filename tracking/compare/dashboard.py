@@ -18,8 +18,8 @@ from typing import Any
 
 from tracking.compare.frame import RunSet
 from tracking.compare.panels import PANELS
-from tracking.compare.series import AXIS_TITLES, all_series
 from tracking.compare.result import ComparisonResult
+from tracking.compare.series import AXIS_TITLES, all_series
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 

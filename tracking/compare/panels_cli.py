@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
             summary = ""
             if args.summary_from and len(args.runs) >= 2:
-                from tracking.compare.load import load_wandb_offline
                 from tracking.compare.compute import compare
+                from tracking.compare.load import load_wandb_offline
 
                 summary = compare(load_wandb_offline(args.runs, args.summary_from)).summary()
             outcome = save_or_write(args.entity, args.project, args.runs, summary, out=args.out,

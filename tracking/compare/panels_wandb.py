@@ -38,7 +38,7 @@ GROUP_BY = "Group"
 def _line_plots(panels: Sequence[Panel]) -> list[Any]:
     import wandb_workspaces.reports.v2 as wr
 
-    return [wr.LinePlot(title=panel.title, x=keys.WANDB_STEP_METRIC, y=panel.wandb_keys, groupby=GROUP_BY,
+    return [wr.LinePlot(title=panel.title, x=keys.WANDB_STEP_METRIC, y=list[Any](panel.wandb_keys), groupby=GROUP_BY,
                         groupby_aggfunc="mean", groupby_rangefunc="minmax", title_x="trainer step")
             for panel in panels]
 
