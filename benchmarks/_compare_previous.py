@@ -1,6 +1,7 @@
 """The comparison as it was computed before the current method, kept as the benchmark's anchor.
 
-- ``build_frame``: the per-point Python loop that built the tidy frame;
+- ``build_frame``: the per-point Python loop that built the tidy frame (from ``RunDir.load_points``,
+  one ``json.loads`` per line);
 - ``compare_bootstrap``: per quantity, each run's ratio and the paired difference resampled with a
   circular block bootstrap of 2000 replicates, blocks of ``ceil(n^(1/3))`` steps, through
   ``(n_boot, n)`` index arrays (the indices and the gathered values both materialised);

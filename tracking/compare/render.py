@@ -48,10 +48,13 @@ def _value(e: Estimate, fraction: bool, ci: bool = True) -> str:
 
 
 def _paired_value(result: ComparisonResult, d: Difference, run: str, ci: bool = True) -> str:
-    """A run's value over the paired units; its full-window value beside it when that used more units."""
+    """A run's value over the paired units (with its effective sample size when ``ci``); its
+    full-window value beside it when that used more units."""
     spec = result.spec(d.metric)
     paired = d.reference_paired if run == d.reference else d.run_paired
     text = _value(paired, spec.is_fraction, ci)
+    if ci and math.isfinite(paired.ess):
+        text += f" ESS {paired.ess:.0f}"
     full = result.run_estimate(d.metric, run)
     if full.units != paired.n_units and math.isfinite(full.estimate.value):
         text += f" (all {full.units} units: {_value(full.estimate, spec.is_fraction, ci=False)})"
@@ -116,6 +119,8 @@ def table(result: ComparisonResult) -> pd.DataFrame:
             "difference": d.estimate.value, "ci_low": d.estimate.low, "ci_high": d.estimate.high,
             "scale": d.scale, "margin": d.margin, "tolerance": d.tolerance,
             "paired_units": d.estimate.n_units, "lag1": d.estimate.lag1, "ess": d.estimate.ess,
+            "reference_lag1": d.reference_paired.lag1, "reference_ess": d.reference_paired.ess,
+            "run_lag1": d.run_paired.lag1, "run_ess": d.run_paired.ess,
             "verdict": _verdict_cell(d), "reason": d.reason,
         })
     return pd.DataFrame(rows)
