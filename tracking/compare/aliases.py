@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from tracking import keys
 from tracking.sinks.base import Point
 
-__all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step"]
+__all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step", "needs_aliases"]
 
 _SCALE = f"train/{keys.MILES_COUNT_SCALE}"
+_FOREIGN = frozenset(keys.ALIASES) | frozenset(keys.MILES_SCALED_COUNTS) | {_SCALE}
 _EXACT_FIRST = sorted(keys.ALIASES.items(), key=lambda item: item[1].approximate)
 
 
@@ -77,3 +78,9 @@ def canonical_points(points: list[Point]) -> tuple[list[Point], tuple[str, ...]]
         approximate |= canonical.approximate
         out.append(Point(point.step, point.wall_time, canonical.metrics))
     return out, tuple(sorted(approximate))
+
+
+def needs_aliases(columns: object) -> bool:
+    """Whether a bulk-read run (``tracking.compare.frame.Columns``) has any foreign metric name."""
+    names = getattr(columns, "metric", ())
+    return any(str(name) in _FOREIGN for name in set(getattr(names, "tolist", lambda: list(names))()))
