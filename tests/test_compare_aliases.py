@@ -173,3 +173,36 @@ def test_miles_custom_loss_entries_read_back_as_exact_counts():
     assert got.metrics[keys.CLIP_FRACTION] == 30 / 120  # from the counts, not Miles' pg_clipfrac
     assert got.approximate == frozenset()
     assert got.metrics["train/grad_norm"] == 1.0  # other names are kept
+
+
+def test_an_approximate_clip_fraction_is_marked_in_table_dashboard_and_json(stores, tmp_path):
+    import json
+
+    from tracking.compare import compare
+    from tracking.compare.dashboard import write_dashboard
+    from tracking.compare.render import formatted_table
+
+    _, uri = stores
+    runs = load_runs(["ours", "verl"], tracking_uri=uri)
+    result = compare(runs)
+    clip = {e.run: e for e in result.estimates if e.metric == "clip_fraction"}
+    assert clip["verl"].approximate and not clip["ours"].approximate
+    # verl logged no counts: its value is the mean of its logged fraction over the steps
+    assert clip["verl"].estimate.value == pytest.approx(sum(0.3 - 0.01 * s for s in range(STEPS)) / STEPS)
+    exact = sum(c[1] for c in COUNTS) / sum(c[0] for c in COUNTS)
+    assert clip["ours"].estimate.value == pytest.approx(exact)  # a ratio of token sums, not flagged
+    reward = {e.run: e for e in result.estimates if e.metric == "reward"}
+    assert not reward["verl"].approximate
+    assert result.difference("clip_fraction", "verl").approximate
+    assert not result.difference("reward", "verl").approximate
+    table = formatted_table(result)
+    row = table[table.metric == "clip_fraction"].iloc[0]
+    assert row["verl"].startswith("≈") and "approx." in row["verl"]
+    assert not row["ours"].startswith("≈") and row["difference [CI]"].startswith("≈")
+    assert not table[table.metric == "reward"].iloc[0]["verl"].startswith("≈")
+    data = json.loads(result.to_json())
+    flags = {(e["metric"], e["run"]): e["approximate"] for e in data["estimates"]}
+    assert flags["clip_fraction", "verl"] is True and flags["clip_fraction", "ours"] is False
+    assert any(n["warning"] and n["run"] == "verl" and "approximate" in n["text"] for n in data["notes"])
+    html = write_dashboard(tmp_path / "dash.html", runs, result).read_text(encoding="utf-8")
+    assert "≈" in html and "approx." in html

@@ -22,6 +22,7 @@ test at the 5 % level. There is no resampling: a comparison repeats exactly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -181,15 +182,53 @@ def compare(
     backends = {label: runset.info(label).backend for label in labels}
     result = ComparisonResult(runs=labels, backends=backends, align=align, window=window, confidence=confidence,
                               method=METHOD, specs=specs)
+    approximate = _approximate_quantities(runset, labels, specs, units, align, window)
     reference = labels[0]
     for spec in specs:
         for label in labels:
-            result.estimates.append(_estimate_run(spec, label, backends[label], units[label], confidence))
+            estimate = _estimate_run(spec, label, backends[label], units[label], confidence)
+            if (spec.name, label) in approximate:
+                estimate = replace(estimate, approximate=True)
+                result.notes.append(Note(spec.name, label, approximate[spec.name, label], warning=True))
+            result.estimates.append(estimate)
             result.notes.extend(_run_notes(spec, label, units[label], align))
         for label in labels[1:]:
-            result.differences.append(_difference(spec, reference, label, units[reference], units[label],
-                                                  confidence, result))
+            difference = _difference(spec, reference, label, units[reference], units[label], confidence, result)
+            if (spec.name, reference) in approximate or (spec.name, label) in approximate:
+                difference = replace(difference, approximate=True)
+            result.differences.append(difference)
     return result
+
+
+def _approximate_quantities(runset: RunSet, labels: Sequence[str], specs: Sequence[m.MetricSpec],
+                            units: dict[str, pd.DataFrame], align: str, window: Window) -> dict[tuple[str, str], str]:
+    """(quantity, run) -> why it is approximate, for runs whose tracker logged the clip fraction only
+    as a mean of per-sample or per-micro-batch means (``RunInfo.approximate``, ``keys.ALIASES``).
+
+    Such a run has no token counts, so its clip fraction is estimated from that logged fraction
+    instead (a mean over steps, ``denominator=None``): its columns in ``units`` are replaced.
+    """
+    found: dict[tuple[str, str], str] = {}
+    for spec in specs:
+        if spec.numerator != keys.CLIPPED_TOKENS:
+            continue
+        for label in labels:
+            info = runset.info(label)
+            if keys.CLIP_FRACTION not in info.approximate:
+                continue
+            table = units[label]
+            if (table[f"{spec.name}.logged"] > 0).any():
+                continue  # exact counts were logged: the ratio of sums is used
+            fallback = replace(spec, numerator=keys.CLIP_FRACTION, denominator=None)
+            alt = unit_table(runset, [label], [fallback], by=align, window=window)[label]
+            for column in (f"{spec.name}.num", f"{spec.name}.den", f"{spec.name}.bad", f"{spec.name}.logged"):
+                table[column] = alt[column].reindex(table.index)
+            found[spec.name, label] = (
+                f"{label}: {spec.name} is approximate: its tracker logged {keys.CLIP_FRACTION} only as a mean "
+                "of per-sample or per-micro-batch means (no token counts), so this is the mean of that value "
+                "over steps, not a ratio of token sums"
+            )
+    return found
 
 
 def _difference(spec: m.MetricSpec, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame,

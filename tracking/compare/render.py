@@ -58,7 +58,7 @@ def _paired_value(result: ComparisonResult, d: Difference, run: str, ci: bool = 
     full = result.run_estimate(d.metric, run)
     if full.units != paired.n_units and math.isfinite(full.estimate.value):
         text += f" (all {full.units} units: {_value(full.estimate, spec.is_fraction, ci=False)})"
-    return text
+    return f"≈{text} approx." if full.approximate else text
 
 
 def relative_change(log_ratio: float) -> float:
@@ -149,7 +149,7 @@ def formatted_table(result: ComparisonResult) -> pd.DataFrame:
             "metric": d.metric,
             d.reference if two else "reference": _paired_value(result, d, d.reference),
             d.run if two else "run": _paired_value(result, d, d.run),
-            "difference [CI]": format_difference(result, d),
+            "difference [CI]": ("≈" if d.approximate else "") + format_difference(result, d),
             "margin": format_margin(result, d),
             "paired": d.estimate.n_units,
             "lag-1": _lag1(d.estimate),
@@ -269,10 +269,11 @@ def as_dict(result: ComparisonResult) -> dict[str, Any]:
                        "units_valid": e.units, "nonfinite": e.nonfinite, "missing": e.missing,
                        "first_nonfinite": e.first_nonfinite, "numerator": _num(e.total_numerator),
                        "denominator": _num(e.total_denominator), "wilson_low": _num(e.wilson_low),
-                       "wilson_high": _num(e.wilson_high)} for e in result.estimates],
+                       "wilson_high": _num(e.wilson_high), "approximate": e.approximate} for e in result.estimates],
         "differences": [{"metric": d.metric, "reference": d.reference, "run": d.run, "scale": d.scale,
                          "margin": d.margin, "tolerance": d.tolerance, "verdict": d.verdict, "reason": d.reason,
-                         "counts_for_verdict": d.counts_for_verdict, "difference": _estimate(d.estimate),
+                         "counts_for_verdict": d.counts_for_verdict, "approximate": d.approximate,
+                         "difference": _estimate(d.estimate),
                          "reference_paired": _estimate(d.reference_paired), "run_paired": _estimate(d.run_paired)}
                         for d in result.differences],
         "notes": [{"metric": n.metric, "run": n.run, "text": n.text, "warning": n.warning} for n in result.notes],

@@ -39,6 +39,8 @@ class RunEstimate:
     first_nonfinite: float | None = None
     wilson_low: float = float("nan")
     wilson_high: float = float("nan")
+    approximate: bool = False
+    """The run's tracker logged this quantity only as a mean of per-sample or per-micro-batch means."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class Difference:
     verdict: str
     reason: str
     counts_for_verdict: bool
+    approximate: bool = False
+    """Either run's value is approximate (see :attr:`RunEstimate.approximate`)."""
 
     @property
     def relative(self) -> bool:
