@@ -131,6 +131,7 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
     assert sorted(training) == ["demo-megatron-ppo-seed0", "demo-miles-ppo-seed0"]
     assert len(runs) == len(training), "only the training runs belong in the training experiment"
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
+    assert experiment.artifact_location.startswith(out.as_uri()), experiment.artifact_location
     with mlflow_ui(out / "mlflow.db", tmp_path) as url:
         charts = f"{url}/#/experiments/{experiment.experiment_id}/runs?compareRunsMode=CHART"
         shot = tmp_path / "mlflow-training-runs.png"

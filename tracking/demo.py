@@ -18,6 +18,9 @@ from typing import Any
 
 from tracking import keys
 
+EXPERIMENT = "cliptrack-demo"
+"""The MLflow experiment of the demo's training runs (its comparison goes to its own experiment)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
     backends = ["mlflow", "jsonl"] + (["wandb"] if args.wandb else [])
+    _training_experiment(tracking_uri, out)
     started = time.perf_counter()
     run_ids: dict[str, str] = {}
     finals: dict[str, dict[str, float]] = {}
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                            staleness=args.miles_staleness if path == "miles" else 0, seed=args.seed)
         with Tracker(run_name=f"demo-{path}-{args.loss}-seed{args.seed}", backends=backends,
                      backend_label=path, config=config.as_config(), tracking_uri=tracking_uri,
-                     experiment="cliptrack-demo", spool_dir=out / "spool", wandb_project="cliptrack-demo",
+                     experiment=EXPERIMENT, spool_dir=out / "spool", wandb_project="cliptrack-demo",
                      wandb_dir=out) as tracker:
             bar = tqdm(train(config), total=config.steps, desc=f"{path:>8}", unit="step",
                        disable=args.no_progress, file=sys.stdout, leave=True)
@@ -98,6 +102,19 @@ def run(args: argparse.Namespace) -> int:
     for path, run_id in run_ids.items():
         print(f"  run {path:<9} {run_id}")
     return 0
+
+
+def _training_experiment(tracking_uri: str, out: Path) -> None:
+    """Create the demo's MLflow experiment (unless it exists) as a training experiment for ``mlflow
+    ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory)."""
+    from mlflow.tracking import MlflowClient
+
+    from tracking.compare.panels_mlflow import EXPERIMENT_KIND_TAG
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if client.get_experiment_by_name(EXPERIMENT) is None:
+        client.create_experiment(EXPERIMENT, artifact_location=(out / "mlruns").as_uri(),
+                                 tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
 
 
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
