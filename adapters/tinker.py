@@ -79,6 +79,8 @@ class TrackedTrainingClient:
 
     # ---- the client's own methods, observed --------------------------------------------------
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # own private state (absent before __init__, e.g. while unpickling)
+            raise AttributeError(name)
         return getattr(self._client, name)
 
     @property
