@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import types
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -54,7 +53,7 @@ compiled_calls: Counter[str] = Counter()
 """Calls served by the fused path in this process, by loss name (for tests and diagnostics)."""
 
 _failure: str | None = None
-_compiled: dict[tuple[str, tuple[float, ...]], Callable[..., Any]] = {}
+_compiled: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
 _toolchain: dict[str, bool] = {}
 
 
@@ -110,74 +109,86 @@ def failure() -> str | None:
 # --- kernels: traced by torch.compile; every input is a tensor (or None for an absent mask) -----
 
 
-def _mask_terms(mask: Tensor | None, like: Tensor) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
+def _count(flags: Tensor, accumulate: torch.dtype) -> Tensor:
+    """The number of true entries, exact, as an int64 0-dim tensor.
+
+    ``accumulate`` is int32 below 2**31 tokens per call: Inductor's CPU code widens every lane to
+    int64 otherwise, which costs about 7 % of a fused PPO forward + backward.
+    """
+    return flags.sum(dtype=accumulate).to(torch.int64)
+
+
+def _mask_terms(mask: Tensor | None, like: Tensor, accumulate: torch.dtype
+                ) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
     """Eligible tokens (``None``: all), the mask as a multiplier, eligible count, bad-mask count."""
     zero = torch.zeros((), dtype=torch.int64, device=like.device)
     if mask is None:
         return None, 1.0, zero + like.numel(), zero
     eligible = mask if mask.dtype == torch.bool else mask != 0
     # 0/1 entries equal their own eligibility; any other value (NaN too) differs.
-    bad = zero if mask.dtype == torch.bool else (mask != eligible).sum()
-    return eligible, mask.to(like.dtype), eligible.sum(), bad
+    bad = zero if mask.dtype == torch.bool else _count(mask != eligible, accumulate)
+    return eligible, mask.to(like.dtype), _count(eligible, accumulate), bad
 
 
 def _checks(loss: Tensor, propagated: Tensor, mask_bad: Tensor, low: object = None, high: object = None) -> Tensor:
     """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries."""
     nonfinite = (~torch.isfinite(loss.detach() + propagated.detach().sum())).to(torch.int64)
     if isinstance(low, Tensor) and isinstance(high, Tensor):
-        thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum()
+        thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(dtype=torch.int64)
     else:  # numbers, checked on the host before the call
         thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
     return torch.stack([nonfinite, mask_bad, thresholds_bad])
 
 
 def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
-                high: losses.Threshold) -> tuple:
+                high: losses.Threshold, accumulate: torch.dtype) -> tuple:
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, low, high) * adv
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp)
+    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(torch.minimum(unclipped, clipped) * weight).sum()
     with torch.no_grad():
         bites = clipped < unclipped
         if eligible is not None:
             bites = bites & eligible
-        n_clipped = bites.sum()
-        n_low = (bites & (adv < 0)).sum()  # clipping bites on the low side exactly when A < 0
+        n_clipped = _count(bites, accumulate)
+        n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
         invalid = _checks(loss, log_ratio, mask_bad, low, high)
     return loss, tokens, n_clipped, n_low, n_clipped - n_low, invalid
 
 
 def _cispo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
-                  high: losses.Threshold) -> tuple:
+                  high: losses.Threshold, accumulate: torch.dtype) -> tuple:
     log_ratio = (lp - slp).detach()
     ratio = torch.exp(log_ratio)
     coefficient = torch.clamp(ratio, low, high)
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp)
+    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(coefficient * adv * lp * weight).sum()
     with torch.no_grad():
         departs = coefficient != ratio
         if eligible is not None:
             departs = departs & eligible
-        n_clipped = departs.sum()
-        n_low = (departs & (ratio < coefficient)).sum()
+        n_clipped = _count(departs, accumulate)
+        n_low = _count(departs & (ratio < coefficient), accumulate)
         invalid = _checks(loss, log_ratio, mask_bad, low, high)
     return loss, tokens, n_clipped, n_low, n_clipped - n_low, invalid
 
 
-def _importance_sampling_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None) -> tuple:
+def _importance_sampling_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None,
+                                accumulate: torch.dtype) -> tuple:
     log_ratio = lp - slp
-    _, weight, tokens, mask_bad = _mask_terms(mask, lp)
+    _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(torch.exp(log_ratio) * adv * weight).sum()
     with torch.no_grad():
         invalid = _checks(loss, log_ratio, mask_bad)
     return loss, tokens, invalid
 
 
-def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float) -> tuple:
+def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float,
+                accumulate: torch.dtype) -> tuple:
     log_ratio = lp - slp
-    _, weight, tokens, mask_bad = _mask_terms(mask, lp)
+    _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     objective = lp * adv - half_beta * log_ratio**2
     loss = -(objective * weight).sum()
     with torch.no_grad():
@@ -185,14 +196,14 @@ def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_
     return loss, tokens, invalid
 
 
-def _cross_entropy_kernel(lp: Tensor, weights: Tensor, mask: Tensor | None) -> tuple:
+def _cross_entropy_kernel(lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype) -> tuple:
     weighted = weights * lp
     if mask is None:
         zero = torch.zeros((), dtype=torch.int64, device=lp.device)
-        tokens, mask_bad = (weights.detach() != 0).sum(), zero
+        tokens, mask_bad = _count(weights.detach() != 0, accumulate), zero
         loss = -weighted.sum()
     else:
-        _, weight, tokens, mask_bad = _mask_terms(mask, lp)
+        _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
         loss = -(weighted * weight).sum()
     with torch.no_grad():
         invalid = _checks(loss, lp, mask_bad)
@@ -227,7 +238,7 @@ enter the kernel as tensors, are never limited).
 """
 
 
-def compiled(name: str, constants: tuple[float, ...] = ()) -> Callable[..., Any] | None:
+def compiled(name: str, constants: tuple[Any, ...] = ()) -> Callable[..., Any] | None:
     """The compiled kernel of loss ``name`` with ``constants`` bound (dynamic shapes, built on first use).
 
     ``None`` once :data:`MAX_CONSTANT_SETS` other sets of constants are compiled for this loss.
@@ -236,23 +247,40 @@ def compiled(name: str, constants: tuple[float, ...] = ()) -> Callable[..., Any]
     if key not in _compiled:
         if sum(1 for other, _ in _compiled if other == name) >= MAX_CONSTANT_SETS:
             return None
-        kernel = KERNELS[name]
-
-        def bound(*tensors: Tensor | None) -> tuple:
-            return kernel(*tensors, *constants)
-
-        # A code object of its own: torch.compile keeps its graphs (and its recompile limit) per code object.
-        name_of = f"{kernel.__name__}_{len(_compiled)}"
-        code = bound.__code__.replace(co_name=name_of, co_qualname=name_of)
-        fn = types.FunctionType(code, bound.__globals__, name_of, None, bound.__closure__)
+        fn = _bind(name, constants, f"{KERNELS[name].__name__}_{len(_compiled)}")
         _compiled[key] = torch.compile(fn, backend=_inductor_eager_backward, dynamic=True)
     return _compiled[key]
 
 
-def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[float, ...] = ()) -> tuple | None:
+def _literal(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value)  # "torch.int32"
+    assert isinstance(value, float) and repr(float(repr(value))) == repr(value)
+    return repr(value)  # round-trips exactly
+
+
+def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable[..., Any]:
+    """``KERNELS[name]`` with ``constants`` written into a new function's code as literals.
+
+    Literals, not arguments or closure cells: torch.compile turns a float argument or cell into a
+    symbolic input, Inductor's CPU code with a runtime bound is several times slower, and Inductor's
+    on-disk caches then key two graphs that differ only in that float as one (torch 2.13 serves the
+    first one's constants to the second). A function of its own also gets its own graph cache and
+    recompile limit.
+    """
+    values = "".join(f", {_literal(c)}" for c in constants)
+    source = f"def {function_name}(*tensors):\n    return _kernel(*tensors{values})\n"
+    namespace: dict[str, Any] = {"_kernel": KERNELS[name], "torch": torch}
+    exec(compile(source, f"<cliptrack fused {name}>", "exec"), namespace)  # noqa: S102 - literals we wrote
+    return cast(Callable[..., Any], namespace[function_name])
+
+
+def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ...] = ()) -> tuple | None:
     """Run the compiled kernel; on any failure warn once, switch the fused path off, return None."""
     global _failure
-    fn = compiled(name, constants)
+    assert tensors[0] is not None
+    accumulate = torch.int32 if tensors[0].numel() < 2**31 else torch.int64
+    fn = compiled(name, (*constants, accumulate))
     if fn is None:
         return None
     try:
