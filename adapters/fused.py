@@ -18,9 +18,10 @@ eagerly (the eager path then names the bad input). A compile (or compiled-run) f
 The contract is that of :mod:`adapters.losses`: the same :class:`~adapters.losses.LossOutput`,
 detached int64 0-dim counts on the input's device, no host synchronisation, the same input checks
 and error messages, the loss and gradients equal to the eager objective up to floating-point
-rounding (Inductor keeps bfloat16 intermediates in float32, so a token whose ratio lies within a
-rounding step of a bound may fall on the other side than in eager bfloat16 arithmetic; its count
-then follows the fused loss's own branch).
+rounding (each intermediate is rounded to its dtype as in eager; the generated code may still
+order a product or a sum differently, or compute ``exp`` to a different last bit, so a token whose
+ratio lies within a few ulps of a bound may fall on the other side than in eager; its count then
+follows the fused loss's own branch, forward and backward alike).
 """
 
 from __future__ import annotations
@@ -221,11 +222,21 @@ KERNELS: dict[str, Callable[..., tuple]] = {
 
 
 def _inductor_eager_backward(gm: Any, example_inputs: Any) -> Any:
-    """Inductor, with the backward compiled at once, so a compile failure shows in the forward call."""
+    """Inductor, with two settings for the duration of the compile.
+
+    The backward is compiled at once, so that a compile failure shows in the forward call (where
+    the eager path can still take over), never in ``loss.backward()``. Every intermediate is
+    rounded to its dtype as in eager (``emulate_precision_casts``): otherwise Inductor keeps
+    bfloat16 intermediates in float32 in the forward but reads the rounded ratio it saved for the
+    backward, and a token whose ratio lies within a rounding step of a bound gets the clipped loss
+    with the unclipped gradient.
+    """
     import torch._functorch.config
+    import torch._inductor.config
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+            torch._inductor.config.patch(emulate_precision_casts=True):
         return compile_fx(gm, example_inputs)
 
 
