@@ -146,7 +146,7 @@ def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: 
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, low, high) * adv
+    clipped = losses._clamp(ratio, low, high) * adv
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(torch.minimum(unclipped, clipped) * weight).sum()
     with torch.no_grad():
@@ -163,7 +163,7 @@ def _cispo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low
                   high: losses.Threshold, accumulate: torch.dtype) -> tuple:
     log_ratio = (lp - slp).detach()
     ratio = torch.exp(log_ratio)
-    coefficient = torch.clamp(ratio, low, high)
+    coefficient = losses._clamp(ratio, low, high)
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(coefficient * adv * lp * weight).sum()
     with torch.no_grad():

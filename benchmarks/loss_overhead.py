@@ -237,7 +237,7 @@ def _run(repeats: int) -> list[Row]:
     for name, fn in others.items():
         fused_fn, eager_fn = _with_path("1", fn), _with_path("0", fn)
         step(fused_fn)  # compile
-        m = interleaved_medians({"fused": lambda: step(fused_fn), "eager": lambda: step(eager_fn),
+        m = interleaved_medians({"fused": lambda f=fused_fn: step(f), "eager": lambda e=eager_fn: step(e),
                                  "plain": lambda n=name: step(plain[n])}, repeats)
         rows.append(Row(f"{name} fused with counting", m["fused"], f"{name} eager with counting",
                         m["fused"] / m["eager"]))
