@@ -3,9 +3,13 @@
 Each loss is written once more here as a plain tensor function (a *kernel*) that computes the loss,
 its token counts and the on-device input checks from the same intermediate values, and is handed
 to ``torch.compile`` with dynamic shapes: Inductor fuses the element-wise work and the reductions
-into one pass, and autograd differentiates the compiled forward (the backward is compiled too).
-The clip decision and the objective read the same ratio inside that pass, so the counts always
-describe the loss actually computed.
+into one pass over the tokens. The same pass writes the per-token gradient of the loss with
+respect to the logprobs, formed term by term as eager autograd forms it, and the backward only
+scales it (an ``autograd.Function``): measured faster forward + backward than letting AOTAutograd
+derive and compile a backward that reads the inputs again (``benchmarks/loss_overhead.py``), and
+nothing is compiled at ``loss.backward()`` time. The clip decision, the objective and the gradient
+read the same ratio inside that pass, so the counts always describe the loss actually computed.
+Gradients flow to the logprobs only: a call whose other inputs require grad runs eagerly.
 
 Selection (read on every call): the environment variable ``CLIPTRACK_FUSED`` set to ``1`` forces
 the fused path, ``0`` the eager one; unset (or empty), the fused path is taken where
@@ -35,6 +39,7 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from adapters import losses
 
@@ -133,12 +138,18 @@ def _mask_terms(mask: Tensor | None, like: Tensor, accumulate: torch.dtype
 
 def _checks(loss: Tensor, propagated: Tensor, mask_bad: Tensor, low: object = None, high: object = None) -> Tensor:
     """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries."""
-    nonfinite = (~torch.isfinite(loss.detach() + propagated.detach().sum())).to(torch.int64)
+    nonfinite = (~torch.isfinite(loss + propagated.sum())).to(torch.int64)
     if isinstance(low, Tensor) and isinstance(high, Tensor):
-        thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(dtype=torch.int64)
+            thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(
+            dtype=torch.int64)
     else:  # numbers, checked on the host before the call
         thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
     return torch.stack([nonfinite, mask_bad, thresholds_bad])
+
+
+def _as(grad: Tensor, like: Tensor) -> Tensor:
+    """A gradient in ``like``'s dtype, as autograd casts it before passing it on."""
+    return grad.to(like.dtype)
 
 
 def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
@@ -149,41 +160,51 @@ def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: 
     clipped = losses._clamp(ratio, low, high) * adv
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(torch.minimum(unclipped, clipped) * weight).sum()
-    with torch.no_grad():
-        bites = clipped < unclipped
-        if eligible is not None:
-            bites = bites & eligible
-        n_clipped = _count(bites, accumulate)
-        n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
-        invalid = _checks(loss, log_ratio, mask_bad, low, high)
-    return loss, tokens, n_clipped, n_low, n_clipped - n_low, invalid
+    # d loss / d logprobs, term by term as eager autograd forms it: torch.minimum gives a tie half
+    # to each side, clamp passes the gradient inside [low, high].
+    tie = unclipped == clipped
+    to_unclipped = torch.where(tie, 0.5, torch.where(unclipped > clipped, 0.0, 1.0))
+    to_clipped = torch.where(tie, 0.5, torch.where(unclipped < clipped, 0.0, 1.0))
+    inside = (ratio >= low) & (ratio <= high)
+    minus_weight = -weight
+    grad_ratio = _as(minus_weight * to_unclipped * adv, lp) + _as(
+        torch.where(inside, minus_weight * to_clipped * adv, 0.0), lp)
+    grad = grad_ratio * ratio
+    bites = clipped < unclipped
+    if eligible is not None:
+        bites = bites & eligible
+    n_clipped = _count(bites, accumulate)
+    n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
+    invalid = _checks(loss, log_ratio, mask_bad, low, high)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
 
 
 def _cispo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
                   high: losses.Threshold, accumulate: torch.dtype) -> tuple:
-    log_ratio = (lp - slp).detach()
+    log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     coefficient = losses._clamp(ratio, low, high)
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    loss = -(coefficient * adv * lp * weight).sum()
-    with torch.no_grad():
-        departs = coefficient != ratio
-        if eligible is not None:
-            departs = departs & eligible
-        n_clipped = _count(departs, accumulate)
-        n_low = _count(departs & (ratio < coefficient), accumulate)
-        invalid = _checks(loss, log_ratio, mask_bad, low, high)
-    return loss, tokens, n_clipped, n_low, n_clipped - n_low, invalid
+    scale = coefficient * adv
+    loss = -(scale * lp * weight).sum()
+    grad = _as(-weight * scale, lp)
+    departs = coefficient != ratio
+    if eligible is not None:
+        departs = departs & eligible
+    n_clipped = _count(departs, accumulate)
+    n_low = _count(departs & (ratio < coefficient), accumulate)
+    invalid = _checks(loss, log_ratio, mask_bad, low, high)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
 
 
 def _importance_sampling_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None,
                                 accumulate: torch.dtype) -> tuple:
     log_ratio = lp - slp
+    ratio = torch.exp(log_ratio)
     _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    loss = -(torch.exp(log_ratio) * adv * weight).sum()
-    with torch.no_grad():
-        invalid = _checks(loss, log_ratio, mask_bad)
-    return loss, tokens, invalid
+    loss = -(ratio * adv * weight).sum()
+    grad = _as(-weight * adv, lp) * ratio
+    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad)
 
 
 def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float,
@@ -192,23 +213,22 @@ def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_
     _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     objective = lp * adv - half_beta * log_ratio**2
     loss = -(objective * weight).sum()
-    with torch.no_grad():
-        invalid = _checks(loss, log_ratio, mask_bad)
-    return loss, tokens, invalid
+    grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp)
+    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad)
 
 
 def _cross_entropy_kernel(lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype) -> tuple:
     weighted = weights * lp
     if mask is None:
         zero = torch.zeros((), dtype=torch.int64, device=lp.device)
-        tokens, mask_bad = _count(weights.detach() != 0, accumulate), zero
+        tokens, mask_bad = _count(weights != 0, accumulate), zero
         loss = -weighted.sum()
+        grad = _as(-weights, lp)
     else:
         _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
         loss = -(weighted * weight).sum()
-    with torch.no_grad():
-        invalid = _checks(loss, lp, mask_bad)
-    return loss, tokens, invalid
+        grad = _as(-weight * weights, lp)
+    return loss, grad, tokens, _checks(loss, lp, mask_bad)
 
 
 KERNELS: dict[str, Callable[..., tuple]] = {
@@ -221,22 +241,16 @@ KERNELS: dict[str, Callable[..., tuple]] = {
 """The fused computation of each loss of :data:`adapters.losses.LOSSES`, by the same name."""
 
 
-def _inductor_eager_backward(gm: Any, example_inputs: Any) -> Any:
-    """Inductor, with two settings for the duration of the compile.
+def _inductor(gm: Any, example_inputs: Any) -> Any:
+    """Inductor, rounding every intermediate to its dtype as eager does (``emulate_precision_casts``).
 
-    The backward is compiled at once, so that a compile failure shows in the forward call (where
-    the eager path can still take over), never in ``loss.backward()``. Every intermediate is
-    rounded to its dtype as in eager (``emulate_precision_casts``): otherwise Inductor keeps
-    bfloat16 intermediates in float32 in the forward but reads the rounded ratio it saved for the
-    backward, and a token whose ratio lies within a rounding step of a bound gets the clipped loss
-    with the unclipped gradient.
+    Without it Inductor keeps bfloat16 intermediates in float32, and a bfloat16 ratio within a
+    rounding step of a bound would fall on the other side than in the eager loss.
     """
-    import torch._functorch.config
     import torch._inductor.config
     from torch._inductor.compile_fx import compile_fx
 
-    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
-            torch._inductor.config.patch(emulate_precision_casts=True):
+    with torch._inductor.config.patch(emulate_precision_casts=True):
         return compile_fx(gm, example_inputs)
 
 
@@ -259,7 +273,7 @@ def compiled(name: str, constants: tuple[Any, ...] = ()) -> Callable[..., Any] |
         if sum(1 for other, _ in _compiled if other == name) >= MAX_CONSTANT_SETS:
             return None
         fn = _bind(name, constants, f"{KERNELS[name].__name__}_{len(_compiled)}")
-        _compiled[key] = torch.compile(fn, backend=_inductor_eager_backward, dynamic=True)
+        _compiled[key] = torch.compile(fn, backend=_inductor, dynamic=True)
     return _compiled[key]
 
 
@@ -286,16 +300,40 @@ def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable
     return cast(Callable[..., Any], namespace[function_name])
 
 
+class _Fused(torch.autograd.Function):
+    """One compiled call; autograd gets the per-token gradient the kernel computed alongside the loss."""
+
+    @staticmethod
+    def forward(ctx: Any, kernel: Callable[..., tuple], *tensors: Tensor | None) -> Any:
+        loss, grad, *counts = kernel(*(None if t is None else t.detach() for t in tensors))
+        ctx.save_for_backward(grad)
+        ctx.inputs = len(tensors)
+        ctx.mark_non_differentiable(*counts)
+        return (loss, *counts)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> Any:
+        (grad,) = ctx.saved_tensors
+        return (None, grad_loss * grad) + (None,) * (ctx.inputs - 1)
+
+
 def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ...] = ()) -> tuple | None:
-    """Run the compiled kernel; on any failure warn once, switch the fused path off, return None."""
+    """Run the compiled kernel; ``None`` (run eagerly) when it cannot serve the call.
+
+    On a compile or run failure: one warning, and the fused path is off for the process.
+    """
     global _failure
-    assert tensors[0] is not None
-    accumulate = torch.int32 if tensors[0].numel() < 2**31 else torch.int64
+    logprobs = tensors[0]
+    assert logprobs is not None
+    if any(t is not None and t.requires_grad for t in tensors[1:]):
+        return None  # the kernel differentiates the logprobs only
+    accumulate = torch.int32 if logprobs.numel() < 2**31 else torch.int64
     fn = compiled(name, (*constants, accumulate))
     if fn is None:
         return None
     try:
-        out = fn(*tensors)
+        out = _Fused.apply(fn, *tensors)
     except Exception as exc:  # noqa: BLE001 - any failure of the compiler must not stop training
         text = str(exc).strip()
         _failure = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
@@ -307,7 +345,7 @@ def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ..
         )
         return None
     compiled_calls[name] += 1
-    return out
+    return cast(tuple, out)
 
 
 # --- public entry points: host-side checks as in adapters.losses, then one compiled call --------
@@ -366,7 +404,7 @@ def _clipping(name: str, logprobs: Tensor, sampling_logprobs: Tensor, advantages
         out = _run(name, tokens + (lo, hi))
     if out is None:
         return None
-    loss, n_tokens, n_clipped, n_low, n_high, invalid = out
+    loss, n_tokens, invalid, n_clipped, n_low, n_high = out
     return losses.LossOutput(loss, n_tokens, n_clipped, n_low, n_high, invalid, (sources,))
 
 

@@ -11,9 +11,9 @@ called before timing starts). Anchors:
   1+eps_high)*A``, per-token loss ``max(pg_losses1, pg_losses2)``, ``clipfrac = (pg_losses2 >
   pg_losses1).float()``, the function under ``torch.compile(dynamic=True)``), then the masked sums
   of the loss and of ``clipfrac`` — what Miles computes to log its clip fraction;
-- the same fused loss with a hand-written backward (a compiled forward that also returns the
-  per-token gradient, an ``autograd.Function`` that scales it), to justify differentiating the
-  compiled forward instead.
+- the other gradient structure for the fused loss: its forward compiled with autograd, so that
+  AOTAutograd derives and compiles the backward (the fused path instead computes the per-token
+  gradient in its forward pass and scales it in an ``autograd.Function``).
 
 A whole forward + backward step of a small policy model shows what the loss costs in training.
 First-call compile times (fresh Inductor cache unless ``TORCHINDUCTOR_CACHE_DIR`` is set) are
@@ -28,7 +28,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,39 +59,37 @@ def _miles_policy_loss(ppo_kl: Tensor, advantages: Tensor, eps_clip: float, eps_
     return torch.maximum(pg_losses1, pg_losses2), (pg_losses2 > pg_losses1).float()
 
 
-def _ppo_forward_with_gradient(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, low: Tensor, high: Tensor):
-    """The fused PPO forward that also returns d loss / d logprobs per token (eager autograd's terms)."""
+def _plain_ppo(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """The PPO objective with Tinker's default bounds as literals: compiled, they are constants."""
+    return reference.objective_ppo(lp, slp, adv, mask, 0.8, 1.2)
+
+
+def _plain_cispo(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """The CISPO objective with Tinker's default bounds as literals."""
+    return reference.objective_cispo(lp, slp, adv, mask, 0.0, 4.0)
+
+
+def _miles_policy_loss_constants(ppo_kl: Tensor, advantages: Tensor):
+    """The same with ``eps`` as literals (Miles passes them as arguments: runtime scalars when compiled)."""
+    return _miles_policy_loss(ppo_kl, advantages, 0.2, 0.2)
+
+
+def _ppo_differentiated(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor):
+    """The other gradient structure: the fused forward compiled *with* autograd (AOTAutograd derives
+    and compiles the backward), counts and checks under ``no_grad``; bounds as literals."""
     ratio = torch.exp(lp - slp)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, low, high) * adv
+    clipped = torch.clamp(ratio, 0.8, 1.2) * adv
     eligible = mask != 0
-    weight = mask.to(lp.dtype)
-    loss = -(torch.minimum(unclipped, clipped) * weight).sum()
-    bites = (clipped < unclipped) & eligible
-    n_clipped = bites.sum()
-    n_low = (bites & (adv < 0)).sum()
-    tie = unclipped == clipped  # torch.minimum splits the gradient of a tie evenly
-    to_unclipped = torch.where(tie, 0.5, (unclipped < clipped).to(lp.dtype))
-    to_clipped = torch.where(tie, 0.5, bites.to(lp.dtype)) * ((ratio >= low) & (ratio <= high)).to(lp.dtype)
-    gradient = -weight * adv * (to_unclipped + to_clipped) * ratio
-    return loss, gradient, eligible.sum(), n_clipped, n_low
-
-
-class _HandWrittenBackwardPPO(torch.autograd.Function):
-    forward_kernel: Callable[..., Any] | None = None
-
-    @staticmethod
-    def forward(ctx: Any, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, low: Tensor, high: Tensor) -> Any:
-        assert _HandWrittenBackwardPPO.forward_kernel is not None
-        loss, gradient, *counts = _HandWrittenBackwardPPO.forward_kernel(lp, slp, adv, mask, low, high)
-        ctx.save_for_backward(gradient)
-        ctx.mark_non_differentiable(*counts)
-        return (loss, *counts)
-
-    @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> Any:
-        (gradient,) = ctx.saved_tensors
-        return grad_loss * gradient, None, None, None, None, None
+    loss = -(torch.minimum(unclipped, clipped) * mask).sum()
+    with torch.no_grad():
+        bites = (clipped < unclipped) & eligible
+        n_clipped = bites.sum(dtype=torch.int32).to(torch.int64)
+        n_low = (bites & (adv < 0)).sum(dtype=torch.int32).to(torch.int64)
+        tokens = eligible.sum(dtype=torch.int32).to(torch.int64)
+        nonfinite = ~torch.isfinite(loss + (lp - slp).sum())
+        mask_bad = (mask != eligible).sum(dtype=torch.int32).to(torch.int64)
+    return loss, tokens, n_clipped, n_low, nonfinite, mask_bad
 
 
 def _first_call_seconds(fn: Callable[[], object]) -> float:
@@ -101,7 +98,7 @@ def _first_call_seconds(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def run(repeats: int = 30) -> list[Row]:
+def run(repeats: int = 100) -> list[Row]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     saved_env = os.environ.get(fused.ENV_VAR)
@@ -156,20 +153,26 @@ def _run(repeats: int) -> list[Row]:
 
     compile_s["ppo fused, second shape"] = _first_call_seconds(other_shape)
 
-    plain_ppo_compiled = torch.compile(reference.objective_ppo, dynamic=True)
-    plain_cispo_compiled = torch.compile(reference.objective_cispo, dynamic=True)
+    # Bounds as constants (a float argument would become a runtime scalar: several times slower).
+    plain_ppo_compiled = torch.compile(_plain_ppo, dynamic=True)
+    plain_cispo_compiled = torch.compile(_plain_cispo, dynamic=True)
     miles_compiled = torch.compile(_miles_policy_loss, dynamic=True)
+    miles_constants_compiled = torch.compile(_miles_policy_loss_constants, dynamic=True)
 
     def miles(x: Tensor) -> Tensor:
         pg_losses, clipfrac = miles_compiled(slp - x, adv, 0.2, 0.2)
         clipped = (clipfrac * mask).sum()  # noqa: F841 - computed as Miles does, to log it
         return (pg_losses * mask).sum()
 
-    _HandWrittenBackwardPPO.forward_kernel = torch.compile(_ppo_forward_with_gradient, dynamic=True)
-    low, high = torch.tensor(0.8), torch.tensor(1.2)
+    def miles_constants(x: Tensor) -> Tensor:
+        pg_losses, clipfrac = miles_constants_compiled(slp - x, adv)
+        clipped = (clipfrac * mask).sum()  # noqa: F841
+        return (pg_losses * mask).sum()
 
-    def hand_written(x: Tensor) -> Tensor:
-        return _HandWrittenBackwardPPO.apply(x, slp, adv, mask, low, high)[0]
+    differentiated = torch.compile(_ppo_differentiated, dynamic=True)
+
+    def compile_differentiated(x: Tensor) -> Tensor:
+        return differentiated(x.reshape(-1), slp.reshape(-1), adv.reshape(-1), mask.reshape(-1))[0]
 
     plain = {
         "ppo": lambda x: reference.objective_ppo(x, slp, adv, mask, 0.8, 1.2),
@@ -179,11 +182,12 @@ def _run(repeats: int) -> list[Row]:
         "cross_entropy": lambda x: reference.objective_cross_entropy(x, adv * mask),
     }
     compile_s["ppo objective compiled"] = _first_call_seconds(
-        lambda: step(lambda x: plain_ppo_compiled(x, slp, adv, mask, 0.8, 1.2)))
+        lambda: step(lambda x: plain_ppo_compiled(x, slp, adv, mask)))
     compile_s["cispo objective compiled"] = _first_call_seconds(
-        lambda: step(lambda x: plain_cispo_compiled(x, slp, adv, mask, 0.0, 4.0)))
+        lambda: step(lambda x: plain_cispo_compiled(x, slp, adv, mask)))
     compile_s["Miles policy loss compiled"] = _first_call_seconds(lambda: step(miles))
-    compile_s["ppo fused, hand-written backward"] = _first_call_seconds(lambda: step(hand_written))
+    compile_s["Miles policy loss compiled, eps as constants"] = _first_call_seconds(lambda: step(miles_constants))
+    compile_s["ppo fused, backward by AOTAutograd"] = _first_call_seconds(lambda: step(compile_differentiated))
     for name, seconds in compile_s.items():
         print(f"first call (compile) of {name}: {seconds:.2f} s", flush=True)
 
@@ -193,9 +197,10 @@ def _run(repeats: int) -> list[Row]:
         "fused": ppo_fused,
         "eager": ppo_eager,
         "plain": plain["ppo"],
-        "plain compiled": lambda x: plain_ppo_compiled(x, slp, adv, mask, 0.8, 1.2),
+        "plain compiled": lambda x: plain_ppo_compiled(x, slp, adv, mask),
         "miles": miles,
-        "hand-written backward": hand_written,
+        "miles constants": miles_constants,
+        "differentiated": compile_differentiated,
     }
     m = interleaved_medians({k: (lambda f=f: step(f)) for k, f in fns.items()}, repeats)
     rows += [
@@ -203,6 +208,8 @@ def _run(repeats: int) -> list[Row]:
             m["fused"] / m["plain compiled"], "≤ 1.10"),
         Row("ppo fused with counting", m["fused"], "Miles' compiled PPO loss + masked clipfrac sum",
             m["fused"] / m["miles"], "≤ 1.0"),
+        Row("ppo fused with counting", m["fused"], "the same Miles loss with eps compiled in as constants",
+            m["fused"] / m["miles constants"]),
         Row("ppo fused with counting", m["fused"], "ppo eager with counting", m["fused"] / m["eager"]),
         Row("ppo eager with counting", m["eager"], "ppo objective eager, no counting", m["eager"] / m["plain"],
             "≤ 1.10"),
@@ -210,15 +217,15 @@ def _run(repeats: int) -> list[Row]:
             m["plain compiled"] / m["plain"]),
         Row("Miles' compiled PPO loss + masked clipfrac sum", m["miles"], "ppo objective compiled, no counting",
             m["miles"] / m["plain compiled"]),
-        Row("ppo fused, hand-written backward (not used)", m["hand-written backward"],
-            "ppo fused (compiled forward, autograd's backward)", m["hand-written backward"] / m["fused"]),
+        Row("ppo fused forward compiled with autograd, backward by AOTAutograd (not used)", m["differentiated"],
+            "ppo fused (gradient computed in the forward)", m["differentiated"] / m["fused"]),
     ]
     steady_ppo = m["fused"]
 
     # -- CISPO -----------------------------------------------------------------------------------
     cispo_eager = _with_path("0", lambda x: losses.cispo(x, slp, adv, mask).loss)
     fns = {"fused": cispo_fused, "eager": cispo_eager, "plain": plain["cispo"],
-           "plain compiled": lambda x: plain_cispo_compiled(x, slp, adv, mask, 0.0, 4.0)}
+           "plain compiled": lambda x: plain_cispo_compiled(x, slp, adv, mask)}
     m = interleaved_medians({k: (lambda f=f: step(f)) for k, f in fns.items()}, repeats)
     rows += [
         Row(f"cispo fused with counting, {tag}", m["fused"], "cispo objective compiled, no counting",
