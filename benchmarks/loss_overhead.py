@@ -260,6 +260,24 @@ def _run(repeats: int) -> list[Row]:
         rows.append(Row(f"{name} fused with counting", m["fused"], f"{name} objective eager, no counting",
                         m["fused"] / m["plain"]))
 
+    # -- where the automatic choice starts: fused vs eager PPO by tokens per call ----------------
+    for tokens in (256, 4096, fused.AUTO_MIN_TOKENS):
+        part = [t.reshape(-1)[:tokens].clone() for t in (lp, slp, adv, mask)]
+
+        def sized(x: Tensor, p: list[Tensor] = part) -> Tensor:
+            return losses.ppo(x, *p[1:]).loss
+
+        def sized_step(fn: Callable[[Tensor], Tensor], p: list[Tensor] = part) -> None:
+            x = p[0].clone().requires_grad_(True)
+            fn(x).backward()
+
+        fused_fn, eager_fn = _with_path("1", sized), _with_path("0", sized)
+        sized_step(fused_fn)  # a call under 4,097 tokens compiles Inductor's small-reduction graph
+        m = interleaved_medians({"fused": lambda f=fused_fn: sized_step(f),
+                                 "eager": lambda e=eager_fn: sized_step(e)}, repeats)
+        rows.append(Row(f"ppo fused with counting, {tokens} tokens per call", m["fused"],
+                        "ppo eager with counting, same call", m["fused"] / m["eager"]))
+
     # -- compile cost ----------------------------------------------------------------------------
     rows.append(Row("ppo fused: first call, cold compile", compile_s["ppo fused"], "ppo fused steady-state call",
                     compile_s["ppo fused"] / steady_ppo))
