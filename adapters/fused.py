@@ -160,17 +160,15 @@ def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: 
     clipped = losses._clamp(ratio, low, high) * adv
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(torch.minimum(unclipped, clipped) * weight).sum()
-    # d loss / d logprobs, term by term as eager autograd forms it: torch.minimum gives a tie half
-    # to each side, clamp passes the gradient inside [low, high].
-    tie = unclipped == clipped
-    to_unclipped = torch.where(tie, 0.5, torch.where(unclipped > clipped, 0.0, 1.0))
-    to_clipped = torch.where(tie, 0.5, torch.where(unclipped < clipped, 0.0, 1.0))
-    inside = (ratio >= low) & (ratio <= high)
-    minus_weight = -weight
-    grad_ratio = _as(minus_weight * to_unclipped * adv, lp) + _as(
-        torch.where(inside, minus_weight * to_clipped * adv, 0.0), lp)
-    grad = grad_ratio * ratio
+    # d loss / d logprobs as eager autograd forms it, -weight * share * A * r: torch.minimum gives
+    # the smaller side the gradient and a tie half to each side; clamp passes it inside [low, high]
+    # only. So the share is 0 where clipping bites (r is then outside the band), 1/2 for a tie
+    # outside the band (a rounding tie: clamped side passes nothing), else 1 (the two halves of a
+    # tie inside the band add up exactly, as in eager).
     bites = clipped < unclipped
+    outside_tie = (unclipped == clipped) & ~((ratio >= low) & (ratio <= high))
+    share = torch.where(bites, 0.0, torch.where(outside_tie, 0.5, 1.0))
+    grad = _as(-weight * share * adv, lp) * ratio
     if eligible is not None:
         bites = bites & eligible
     n_clipped = _count(bites, accumulate)
@@ -305,7 +303,7 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, kernel: Callable[..., tuple], *tensors: Tensor | None) -> Any:
-        loss, grad, *counts = kernel(*(None if t is None else t.detach() for t in tensors))
+        loss, grad, *counts = kernel(tensors[0].detach(), *tensors[1:])  # the others come detached
         ctx.save_for_backward(grad)
         ctx.inputs = len(tensors)
         ctx.mark_non_differentiable(*counts)
@@ -326,8 +324,6 @@ def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ..
     global _failure
     logprobs = tensors[0]
     assert logprobs is not None
-    if any(t is not None and t.requires_grad for t in tensors[1:]):
-        return None  # the kernel differentiates the logprobs only
     accumulate = torch.int32 if logprobs.numel() < 2**31 else torch.int64
     fn = compiled(name, (*constants, accumulate))
     if fn is None:
@@ -349,6 +345,11 @@ def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ..
 
 
 # --- public entry points: host-side checks as in adapters.losses, then one compiled call --------
+
+
+def _differentiable(*others: object) -> bool:
+    """Whether an input other than the logprobs requires grad (the kernel differentiates the logprobs only)."""
+    return any(isinstance(t, Tensor) and t.requires_grad for t in others)
 
 
 def _sources(logprobs: Tensor, sampling_logprobs: Tensor | None, advantages: Tensor, mask: Tensor | None,
@@ -393,9 +394,11 @@ def _flat(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
 
 def _clipping(name: str, logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None,
               low: losses.Threshold, high: losses.Threshold) -> losses.LossOutput | None:
+    if _differentiable(sampling_logprobs, advantages, mask, low, high):
+        return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
     lo, hi = _bounds(low, high, logprobs)
-    tokens = (logprobs, sampling_logprobs, advantages, mask)
+    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
     if not isinstance(lo, Tensor) or not isinstance(hi, Tensor):
         out = _run(name, _flat(*tokens), (lo, hi))
     elif lo.dim() == 0 and hi.dim() == 0:
@@ -433,19 +436,27 @@ def _never_clipping(name: str, sources: dict[str, Tensor], tensors: tuple[Tensor
 def importance_sampling(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor,
                         mask: Tensor | None = None) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.importance_sampling`; ``None`` when the compiler failed."""
+    if _differentiable(sampling_logprobs, advantages, mask):
+        return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
-    return _never_clipping("importance_sampling", sources, _flat(logprobs, sampling_logprobs, advantages, mask))
+    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
+    return _never_clipping("importance_sampling", sources, _flat(*tokens))
 
 
 def dro(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, *,
         beta: float) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.dro` (``beta`` already checked by the caller); ``None`` on failure."""
+    if _differentiable(sampling_logprobs, advantages, mask):
+        return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
-    return _never_clipping("dro", sources, _flat(logprobs, sampling_logprobs, advantages, mask), (0.5 * beta,))
+    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
+    return _never_clipping("dro", sources, _flat(*tokens), (0.5 * beta,))
 
 
 def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.cross_entropy`; ``None`` when the compiler failed."""
+    if _differentiable(weights, mask):
+        return None
     losses._check_tensor("weights", weights, like=logprobs)
     sources = _sources(logprobs, None, weights, mask, advantages_name="weights")
-    return _never_clipping("cross_entropy", sources, _flat(logprobs, weights, mask))
+    return _never_clipping("cross_entropy", sources, _flat(logprobs, sources["weights"], sources.get("mask")))

@@ -320,3 +320,13 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning(tmp_path):
     assert report["failure"] and report["fused_calls"] == 0
     assert report["results"] == report["eager"]
     assert all(math.isfinite(v) for row in report["results"] for v in row)
+
+
+def test_a_call_differentiating_more_than_the_logprobs_runs_eagerly():
+    lp, slp, adv, mask = _inputs()
+    adv = adv.clone().requires_grad_(True)
+    before = fused.compiled_calls["ppo"]
+    out = losses.ppo(_leaf(lp), slp, adv, mask)
+    out.loss.backward()
+    assert fused.compiled_calls["ppo"] == before
+    assert adv.grad is not None and bool(adv.grad.abs().sum() > 0)
