@@ -387,9 +387,13 @@ def _bounds(low: losses.Threshold, high: losses.Threshold, like: Tensor) -> tupl
     return as_tensor(low), as_tensor(high)
 
 
-def _flat(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
-    """1-D views (a copy only for non-contiguous input): one graph serves every batch shape."""
-    return tuple(None if t is None else t.reshape(-1) for t in tensors)
+def _flat(logprobs: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
+    """1-D views (a copy only for non-contiguous input): one graph serves every batch shape.
+
+    The other inputs are detached after flattening, so that the kernel never sees a view of a
+    tensor of another rank (torch.compile guards on a view's base, and would compile per rank).
+    """
+    return (logprobs.reshape(-1), *(None if t is None else t.reshape(-1).detach() for t in others))
 
 
 def _clipping(name: str, logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None,
