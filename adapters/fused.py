@@ -70,7 +70,9 @@ def setting() -> str:
     """The value of ``CLIPTRACK_FUSED``: ``"1"``, ``"0"`` or ``""`` (automatic)."""
     value = os.environ.get(ENV_VAR, "").strip()
     if value not in ("", "0", "1"):
-        raise ValueError(f"{ENV_VAR} must be 1 (fused losses), 0 (eager losses) or unset (automatic), got {value!r}")
+        raise ValueError(
+            f"{ENV_VAR} must be 1 (fused losses), 0 (eager losses) or unset (automatic), got {value!r}"
+        )
     return value
 
 
@@ -124,8 +126,9 @@ def _count(flags: Tensor, accumulate: torch.dtype) -> Tensor:
     return flags.sum(dtype=accumulate).to(torch.int64)
 
 
-def _mask_terms(mask: Tensor | None, like: Tensor, accumulate: torch.dtype
-                ) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
+def _mask_terms(
+    mask: Tensor | None, like: Tensor, accumulate: torch.dtype
+) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
     """Eligible tokens (``None``: all), the mask as a multiplier, eligible count, bad-mask count."""
     zero = torch.zeros((), dtype=torch.int64, device=like.device)
     if mask is None:
@@ -136,12 +139,15 @@ def _mask_terms(mask: Tensor | None, like: Tensor, accumulate: torch.dtype
     return eligible, mask.to(like.dtype), _count(eligible, accumulate), bad
 
 
-def _checks(loss: Tensor, propagated: Tensor, mask_bad: Tensor, low: object = None, high: object = None) -> Tensor:
+def _checks(
+    loss: Tensor, propagated: Tensor, mask_bad: Tensor, low: object = None, high: object = None
+) -> Tensor:
     """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries."""
     nonfinite = (~torch.isfinite(loss + propagated.sum())).to(torch.int64)
     if isinstance(low, Tensor) and isinstance(high, Tensor):
-            thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(
-            dtype=torch.int64)
+        thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(
+            dtype=torch.int64
+        )
     else:  # numbers, checked on the host before the call
         thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
     return torch.stack([nonfinite, mask_bad, thresholds_bad])
@@ -152,8 +158,15 @@ def _as(grad: Tensor, like: Tensor) -> Tensor:
     return grad.to(like.dtype)
 
 
-def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
-                high: losses.Threshold, accumulate: torch.dtype) -> tuple:
+def _ppo_kernel(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    low: losses.Threshold,
+    high: losses.Threshold,
+    accumulate: torch.dtype,
+) -> tuple:
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
@@ -177,8 +190,15 @@ def _ppo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: 
     return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
 
 
-def _cispo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: losses.Threshold,
-                  high: losses.Threshold, accumulate: torch.dtype) -> tuple:
+def _cispo_kernel(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    low: losses.Threshold,
+    high: losses.Threshold,
+    accumulate: torch.dtype,
+) -> tuple:
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     coefficient = losses._clamp(ratio, low, high)
@@ -195,8 +215,9 @@ def _cispo_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low
     return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
 
 
-def _importance_sampling_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None,
-                                accumulate: torch.dtype) -> tuple:
+def _importance_sampling_kernel(
+    lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, accumulate: torch.dtype
+) -> tuple:
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
     _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
@@ -205,8 +226,9 @@ def _importance_sampling_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tens
     return loss, grad, tokens, _checks(loss, log_ratio, mask_bad)
 
 
-def _dro_kernel(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float,
-                accumulate: torch.dtype) -> tuple:
+def _dro_kernel(
+    lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float, accumulate: torch.dtype
+) -> tuple:
     log_ratio = lp - slp
     _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     objective = lp * adv - half_beta * log_ratio**2
@@ -302,10 +324,10 @@ class _Fused(torch.autograd.Function):
     """One compiled call; autograd gets the per-token gradient the kernel computed alongside the loss."""
 
     @staticmethod
-    def forward(ctx: Any, kernel: Callable[..., tuple], *tensors: Tensor | None) -> Any:
-        loss, grad, *counts = kernel(tensors[0].detach(), *tensors[1:])  # the others come detached
+    def forward(ctx: Any, kernel: Callable[..., tuple], logprobs: Tensor, *others: Tensor | None) -> Any:
+        loss, grad, *counts = kernel(logprobs.detach(), *others)  # the others come detached
         ctx.save_for_backward(grad)
-        ctx.inputs = len(tensors)
+        ctx.others = len(others)
         ctx.mark_non_differentiable(*counts)
         return (loss, *counts)
 
@@ -313,7 +335,7 @@ class _Fused(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> Any:
         (grad,) = ctx.saved_tensors
-        return (None, grad_loss * grad) + (None,) * (ctx.inputs - 1)
+        return (None, grad_loss * grad) + (None,) * ctx.others
 
 
 def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ...] = ()) -> tuple | None:
@@ -352,8 +374,13 @@ def _differentiable(*others: object) -> bool:
     return any(isinstance(t, Tensor) and t.requires_grad for t in others)
 
 
-def _sources(logprobs: Tensor, sampling_logprobs: Tensor | None, advantages: Tensor, mask: Tensor | None,
-             advantages_name: str = "advantages") -> dict[str, Tensor]:
+def _sources(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor | None,
+    advantages_name: str = "advantages",
+) -> dict[str, Tensor]:
     """Check shapes, devices and dtypes now (as the eager path does); the detached inputs by name."""
     check = losses._check_tensor
     check("logprobs", logprobs, floating=True)
@@ -369,7 +396,9 @@ def _sources(logprobs: Tensor, sampling_logprobs: Tensor | None, advantages: Ten
     return sources
 
 
-def _bounds(low: losses.Threshold, high: losses.Threshold, like: Tensor) -> tuple[Tensor, Tensor] | tuple[float, float]:
+def _bounds(
+    low: losses.Threshold, high: losses.Threshold, like: Tensor
+) -> tuple[Tensor, Tensor] | tuple[float, float]:
     """Numbers checked now (as eager) and kept as numbers; with a tensor, both as tensors (checked in the kernel)."""
     if not isinstance(low, Tensor) and not isinstance(high, Tensor):
         losses._check_thresholds(low, high, like.device)
@@ -396,8 +425,15 @@ def _flat(logprobs: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]
     return (logprobs.reshape(-1), *(None if t is None else t.reshape(-1).detach() for t in others))
 
 
-def _clipping(name: str, logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None,
-              low: losses.Threshold, high: losses.Threshold) -> losses.LossOutput | None:
+def _clipping(
+    name: str,
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    low: losses.Threshold,
+    high: losses.Threshold,
+) -> losses.LossOutput | None:
     if _differentiable(sampling_logprobs, advantages, mask, low, high):
         return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
@@ -415,21 +451,42 @@ def _clipping(name: str, logprobs: Tensor, sampling_logprobs: Tensor, advantages
     return losses.LossOutput(loss, n_tokens, n_clipped, n_low, n_high, invalid, (sources,))
 
 
-def ppo(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, *,
-        clip_low_threshold: losses.Threshold, clip_high_threshold: losses.Threshold) -> losses.LossOutput | None:
+def ppo(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    *,
+    clip_low_threshold: losses.Threshold,
+    clip_high_threshold: losses.Threshold,
+) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.ppo`; ``None`` when the compiler failed (run the eager loss)."""
-    return _clipping("ppo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold)
+    return _clipping(
+        "ppo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold
+    )
 
 
-def cispo(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, *,
-          clip_low_threshold: losses.Threshold, clip_high_threshold: losses.Threshold) -> losses.LossOutput | None:
+def cispo(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    *,
+    clip_low_threshold: losses.Threshold,
+    clip_high_threshold: losses.Threshold,
+) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.cispo`; ``None`` when the compiler failed (run the eager loss)."""
-    return _clipping("cispo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold,
-                     clip_high_threshold)
+    return _clipping(
+        "cispo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold
+    )
 
 
-def _never_clipping(name: str, sources: dict[str, Tensor], tensors: tuple[Tensor | None, ...],
-                    constants: tuple[float, ...] = ()) -> losses.LossOutput | None:
+def _never_clipping(
+    name: str,
+    sources: dict[str, Tensor],
+    tensors: tuple[Tensor | None, ...],
+    constants: tuple[float, ...] = (),
+) -> losses.LossOutput | None:
     out = _run(name, tensors, constants)
     if out is None:
         return None
@@ -437,8 +494,9 @@ def _never_clipping(name: str, sources: dict[str, Tensor], tensors: tuple[Tensor
     return losses.LossOutput(loss, n_tokens, None, None, None, invalid, (sources,))
 
 
-def importance_sampling(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor,
-                        mask: Tensor | None = None) -> losses.LossOutput | None:
+def importance_sampling(
+    logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None
+) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.importance_sampling`; ``None`` when the compiler failed."""
     if _differentiable(sampling_logprobs, advantages, mask):
         return None
@@ -447,8 +505,14 @@ def importance_sampling(logprobs: Tensor, sampling_logprobs: Tensor, advantages:
     return _never_clipping("importance_sampling", sources, _flat(*tokens))
 
 
-def dro(logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None, *,
-        beta: float) -> losses.LossOutput | None:
+def dro(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    *,
+    beta: float,
+) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.dro` (``beta`` already checked by the caller); ``None`` on failure."""
     if _differentiable(sampling_logprobs, advantages, mask):
         return None

@@ -188,12 +188,18 @@ def _run(repeats: int) -> list[Row]:
         "cross_entropy": lambda x: reference.objective_cross_entropy(x, adv * mask),
     }
     compile_s["ppo objective compiled"] = _first_call_seconds(
-        lambda: step(lambda x: plain_ppo_compiled(x, slp, adv, mask)))
+        lambda: step(lambda x: plain_ppo_compiled(x, slp, adv, mask))
+    )
     compile_s["cispo objective compiled"] = _first_call_seconds(
-        lambda: step(lambda x: plain_cispo_compiled(x, slp, adv, mask)))
+        lambda: step(lambda x: plain_cispo_compiled(x, slp, adv, mask))
+    )
     compile_s["Miles policy loss compiled"] = _first_call_seconds(lambda: step(miles))
-    compile_s["Miles policy loss compiled, eps as constants"] = _first_call_seconds(lambda: step(miles_constants))
-    compile_s["ppo fused, backward by AOTAutograd"] = _first_call_seconds(lambda: step(compile_differentiated))
+    compile_s["Miles policy loss compiled, eps as constants"] = _first_call_seconds(
+        lambda: step(miles_constants)
+    )
+    compile_s["ppo fused, backward by AOTAutograd"] = _first_call_seconds(
+        lambda: step(compile_differentiated)
+    )
     for name, seconds in compile_s.items():
         print(f"first call (compile) of {name}: {seconds:.2f} s", flush=True)
 
@@ -205,31 +211,64 @@ def _run(repeats: int) -> list[Row]:
 
     # -- PPO -------------------------------------------------------------------------------------
     ppo_eager = _with_path("0", lambda x: losses.ppo(x, slp, adv, mask).loss)
-    m = medians({
-        "fused": ppo_fused,
-        "plain compiled": lambda x: plain_ppo_compiled(x, slp, adv, mask),
-        "miles": miles,
-        "miles constants": miles_constants,
-        "differentiated": compile_differentiated,
-        "fused kernel": fused_kernel,
-    })
+    m = medians(
+        {
+            "fused": ppo_fused,
+            "plain compiled": lambda x: plain_ppo_compiled(x, slp, adv, mask),
+            "miles": miles,
+            "miles constants": miles_constants,
+            "differentiated": compile_differentiated,
+            "fused kernel": fused_kernel,
+        }
+    )
     e = medians({"fused": ppo_fused, "eager": ppo_eager, "plain": plain["ppo"]})
     rows += [
-        Row(f"ppo fused with counting, {tag}", m["fused"], "ppo objective compiled, no counting",
-            m["fused"] / m["plain compiled"], "≤ 1.10"),
-        Row("ppo fused with counting", m["fused"], "Miles' compiled PPO loss + masked clipfrac sum",
-            m["fused"] / m["miles"], "≤ 1.0"),
-        Row("ppo fused with counting", m["fused"], "the same Miles loss with eps compiled in as constants",
-            m["fused"] / m["miles constants"]),
-        Row("Miles' compiled PPO loss + masked clipfrac sum", m["miles"], "ppo objective compiled, no counting",
-            m["miles"] / m["plain compiled"]),
-        Row("ppo fused kernel, backward by AOTAutograd (not used), called directly", m["differentiated"],
-            "ppo fused kernel, gradient from its forward, called directly", m["differentiated"] / m["fused kernel"]),
-        Row("ppo fused with counting (host-side checks, dispatch)", m["fused"],
-            "ppo fused kernel, gradient from its forward, called directly", m["fused"] / m["fused kernel"]),
+        Row(
+            f"ppo fused with counting, {tag}",
+            m["fused"],
+            "ppo objective compiled, no counting",
+            m["fused"] / m["plain compiled"],
+            "≤ 1.10",
+        ),
+        Row(
+            "ppo fused with counting",
+            m["fused"],
+            "Miles' compiled PPO loss + masked clipfrac sum",
+            m["fused"] / m["miles"],
+            "≤ 1.0",
+        ),
+        Row(
+            "ppo fused with counting",
+            m["fused"],
+            "the same Miles loss with eps compiled in as constants",
+            m["fused"] / m["miles constants"],
+        ),
+        Row(
+            "Miles' compiled PPO loss + masked clipfrac sum",
+            m["miles"],
+            "ppo objective compiled, no counting",
+            m["miles"] / m["plain compiled"],
+        ),
+        Row(
+            "ppo fused kernel, backward by AOTAutograd (not used), called directly",
+            m["differentiated"],
+            "ppo fused kernel, gradient from its forward, called directly",
+            m["differentiated"] / m["fused kernel"],
+        ),
+        Row(
+            "ppo fused with counting (host-side checks, dispatch)",
+            m["fused"],
+            "ppo fused kernel, gradient from its forward, called directly",
+            m["fused"] / m["fused kernel"],
+        ),
         Row("ppo fused with counting", e["fused"], "ppo eager with counting", e["fused"] / e["eager"]),
-        Row("ppo eager with counting", e["eager"], "ppo objective eager, no counting", e["eager"] / e["plain"],
-            "≤ 1.10"),
+        Row(
+            "ppo eager with counting",
+            e["eager"],
+            "ppo objective eager, no counting",
+            e["eager"] / e["plain"],
+            "≤ 1.10",
+        ),
     ]
     steady_ppo = m["fused"]
 
@@ -238,11 +277,21 @@ def _run(repeats: int) -> list[Row]:
     m = medians({"fused": cispo_fused, "plain compiled": lambda x: plain_cispo_compiled(x, slp, adv, mask)})
     e = medians({"fused": cispo_fused, "eager": cispo_eager, "plain": plain["cispo"]})
     rows += [
-        Row(f"cispo fused with counting, {tag}", m["fused"], "cispo objective compiled, no counting",
-            m["fused"] / m["plain compiled"], "≤ 1.10"),
+        Row(
+            f"cispo fused with counting, {tag}",
+            m["fused"],
+            "cispo objective compiled, no counting",
+            m["fused"] / m["plain compiled"],
+            "≤ 1.10",
+        ),
         Row("cispo fused with counting", e["fused"], "cispo eager with counting", e["fused"] / e["eager"]),
-        Row("cispo eager with counting", e["eager"], "cispo objective eager, no counting", e["eager"] / e["plain"],
-            "≤ 1.10"),
+        Row(
+            "cispo eager with counting",
+            e["eager"],
+            "cispo objective eager, no counting",
+            e["eager"] / e["plain"],
+            "≤ 1.10",
+        ),
     ]
 
     # -- the losses that never clip: does fusing pay? ---------------------------------------------
@@ -254,12 +303,30 @@ def _run(repeats: int) -> list[Row]:
     for name, fn in others.items():
         fused_fn, eager_fn = _with_path("1", fn), _with_path("0", fn)
         step(fused_fn)  # compile
-        m = interleaved_medians({"fused": lambda f=fused_fn: step(f), "eager": lambda e=eager_fn: step(e),
-                                 "plain": lambda n=name: step(plain[n])}, repeats)
-        rows.append(Row(f"{name} fused with counting", m["fused"], f"{name} eager with counting",
-                        m["fused"] / m["eager"]))
-        rows.append(Row(f"{name} fused with counting", m["fused"], f"{name} objective eager, no counting",
-                        m["fused"] / m["plain"]))
+        m = interleaved_medians(
+            {
+                "fused": lambda f=fused_fn: step(f),
+                "eager": lambda e=eager_fn: step(e),
+                "plain": lambda n=name: step(plain[n]),
+            },
+            repeats,
+        )
+        rows.append(
+            Row(
+                f"{name} fused with counting",
+                m["fused"],
+                f"{name} eager with counting",
+                m["fused"] / m["eager"],
+            )
+        )
+        rows.append(
+            Row(
+                f"{name} fused with counting",
+                m["fused"],
+                f"{name} objective eager, no counting",
+                m["fused"] / m["plain"],
+            )
+        )
 
     # -- where the automatic choice starts: fused vs eager PPO by tokens per call ----------------
     for tokens in (256, 4096, fused.AUTO_MIN_TOKENS):
@@ -274,22 +341,45 @@ def _run(repeats: int) -> list[Row]:
 
         fused_fn, eager_fn = _with_path("1", sized), _with_path("0", sized)
         sized_step(fused_fn)  # a call under 4,097 tokens compiles Inductor's small-reduction graph
-        m = interleaved_medians({"fused": lambda f=fused_fn: sized_step(f),
-                                 "eager": lambda e=eager_fn: sized_step(e)}, repeats)
-        rows.append(Row(f"ppo fused with counting, {tokens} tokens per call", m["fused"],
-                        "ppo eager with counting, same call", m["fused"] / m["eager"]))
+        m = interleaved_medians(
+            {"fused": lambda f=fused_fn: sized_step(f), "eager": lambda e=eager_fn: sized_step(e)}, repeats
+        )
+        rows.append(
+            Row(
+                f"ppo fused with counting, {tokens} tokens per call",
+                m["fused"],
+                "ppo eager with counting, same call",
+                m["fused"] / m["eager"],
+            )
+        )
 
     # -- compile cost ----------------------------------------------------------------------------
-    rows.append(Row("ppo fused: first call, cold compile", compile_s["ppo fused"], "ppo fused steady-state call",
-                    compile_s["ppo fused"] / steady_ppo))
-    rows.append(Row("ppo fused: first call at a second shape (graph reused)", compile_s["ppo fused, second shape"],
-                    "ppo fused steady-state call", compile_s["ppo fused, second shape"] / steady_ppo))
+    rows.append(
+        Row(
+            "ppo fused: first call, cold compile",
+            compile_s["ppo fused"],
+            "ppo fused steady-state call",
+            compile_s["ppo fused"] / steady_ppo,
+        )
+    )
+    rows.append(
+        Row(
+            "ppo fused: first call at a second shape (graph reused)",
+            compile_s["ppo fused, second shape"],
+            "ppo fused steady-state call",
+            compile_s["ppo fused, second shape"] / steady_ppo,
+        )
+    )
 
     # -- a whole step of a small policy: embedding -> MLP -> log-softmax over the vocabulary -------
     tokens = torch.randint(0, VOCAB, SHAPE)
     targets = torch.randint(0, VOCAB, SHAPE)
-    policy = torch.nn.Sequential(torch.nn.Embedding(VOCAB, HIDDEN), torch.nn.Linear(HIDDEN, HIDDEN),
-                                 torch.nn.Tanh(), torch.nn.Linear(HIDDEN, VOCAB))
+    policy = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, HIDDEN),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, VOCAB),
+    )
 
     def policy_step(loss_of: Callable[[Tensor], Tensor]) -> None:
         policy.zero_grad(set_to_none=True)
@@ -297,14 +387,24 @@ def _run(repeats: int) -> list[Row]:
         loss_of(logprobs).backward()
 
     os.environ.pop(fused.ENV_VAR, None)  # the automatic choice, as in training
-    counted = {"ppo": lambda x: losses.ppo(x, slp, adv, mask).loss,
-               "cispo": lambda x: losses.cispo(x, slp, adv, mask).loss}
+    counted = {
+        "ppo": lambda x: losses.ppo(x, slp, adv, mask).loss,
+        "cispo": lambda x: losses.cispo(x, slp, adv, mask).loss,
+    }
     for name, fn in counted.items():
-        medians = interleaved_medians({"counted": lambda c=fn: policy_step(c), "plain": lambda p=plain[name]:
-                                       policy_step(p)}, max(5, repeats // 3))
-        rows.append(Row(f"{name} whole policy step (fwd+bwd), with counting (automatic path: fused)",
-                        medians["counted"], "same step, eager objective without counting",
-                        medians["counted"] / medians["plain"], "≤ 1.01"))
+        medians = interleaved_medians(
+            {"counted": lambda c=fn: policy_step(c), "plain": lambda p=plain[name]: policy_step(p)},
+            max(5, repeats // 3),
+        )
+        rows.append(
+            Row(
+                f"{name} whole policy step (fwd+bwd), with counting (automatic path: fused)",
+                medians["counted"],
+                "same step, eager objective without counting",
+                medians["counted"] / medians["plain"],
+                "≤ 1.01",
+            )
+        )
     return rows
 
 

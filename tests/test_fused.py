@@ -87,7 +87,12 @@ def _near_bounds(lp, slp, bounds) -> torch.Tensor:
 
 
 def _counts(out) -> tuple[int, int, int, int]:
-    return int(out.loss_tokens), int(out.clipped_tokens), int(out.clipped_low_tokens), int(out.clipped_high_tokens)
+    return (
+        int(out.loss_tokens),
+        int(out.clipped_tokens),
+        int(out.clipped_low_tokens),
+        int(out.clipped_high_tokens),
+    )
 
 
 @pytest.mark.parametrize("name", ["ppo", "cispo"])
@@ -128,8 +133,9 @@ def test_clipping_losses_match_per_token_reference_and_eager(name, dtype, data):
     with path("0"):
         eager, eager_grad = _run(name, lp, slp, adv, mask, **kwargs)
     rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (0.1, 1e-2)
-    assert torch.allclose(out.loss.detach().double(), eager.loss.detach().double(),
-                          rtol=rtol, atol=atol * max(1, tokens))
+    assert torch.allclose(
+        out.loss.detach().double(), eager.loss.detach().double(), rtol=rtol, atol=atol * max(1, tokens)
+    )
     far = ~_near_bounds(lp, slp, (low, high))
     assert torch.allclose(grad[far].double(), eager_grad[far].double(), rtol=rtol, atol=atol)
 
@@ -149,7 +155,9 @@ def test_never_clipping_losses_match_per_token_reference_and_eager(data):
         ref = reference.per_token_loss(name, lp, slp, adv, mask, beta)
         assert int(out.loss_tokens) == ref.loss_tokens, name
         assert out.clipped_tokens is None and out.clip_counts() is None
-        assert float(out.loss.detach()) == pytest.approx(ref.loss, rel=1e-4, abs=1e-4 * max(1, ref.loss_tokens))
+        assert float(out.loss.detach()) == pytest.approx(
+            ref.loss, rel=1e-4, abs=1e-4 * max(1, ref.loss_tokens)
+        )
         with path("0"):
             eager, eager_grad = _run(name, lp, *args, **kwargs)
         assert torch.allclose(out.loss.detach(), eager.loss.detach(), rtol=1e-5, atol=1e-5)
@@ -181,8 +189,10 @@ def test_mask_kinds_and_tensor_thresholds_agree_with_eager(variant):
     elif variant == "no mask":
         mask = None
     else:
-        kwargs = {"clip_low_threshold": torch.tensor([[0.8], [0.5], [0.9]]),
-                  "clip_high_threshold": torch.tensor([[1.2], [2.0], [1.1]])}
+        kwargs = {
+            "clip_low_threshold": torch.tensor([[0.8], [0.5], [0.9]]),
+            "clip_high_threshold": torch.tensor([[1.2], [2.0], [1.1]]),
+        }
     out, grad = _run("ppo", lp, slp, adv, mask, **kwargs)
     with path("0"):
         eager, eager_grad = _run("ppo", lp, slp, adv, mask, **kwargs)
@@ -235,7 +245,9 @@ def test_fused_forward_backward_and_accumulation_never_sync(name):
     for rows, cols in [(2, 5), (1, 17), (3, 4)]:
         features = torch.randn(rows, cols, 8)
         sampling = torch.randn(rows, cols) * 0.1 - 1.0
-        micro_batches.append((features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float()))
+        micro_batches.append(
+            (features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float())
+        )
     kwargs = {"beta": 0.1} if name == "dro" else {}
 
     def step(features, sampling, adv, mask):
@@ -310,8 +322,14 @@ _FAILING_COMPILER = textwrap.dedent(
 def test_a_compile_failure_falls_back_to_eager_with_one_warning(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     env[fused.ENV_VAR] = "1"
-    proc = subprocess.run([sys.executable, "-c", _FAILING_COMPILER], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_COMPILER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(report["warnings"]) == 1, report["warnings"]
