@@ -9,11 +9,10 @@ import pytest
 
 from tracking import keys
 from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
-from tracking.sinks.base import Point, RunInfo
-from tracking.sinks.jsonl_sink import JsonlSink
+from tracking.records import Point, RunInfo
 from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
 from tracking.sinks.wandb_sink import WandbSink, resolve_mode
-from tracking.spool import Ack, RunDir, pending, run_dirs, spool_runs
+from tracking.spool import Ack, Journal, RunDir, pending, run_dirs, spool_runs
 
 
 @pytest.mark.parametrize(
@@ -92,29 +91,33 @@ def test_config_is_flattened_for_mlflow_params():
 
 def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tmp_path):
     run = RunInfo("abc123", "name", "megatron", {"k": {"v": 1}}, started=1700000000.5)
-    sink = JsonlSink(tmp_path, fsync=False)
-    sink.open(run)
+    reader = RunDir(tmp_path, "abc123")
+    reader.update_meta(**run.to_meta())
+    journal = Journal(reader, fsync=False)
+    journal.open()
     points = [Point(3, 1700000001.25, {"a:mean": 0.5}), Point(1, 1700000002.0, {"a:mean": float("inf")})]
-    ends = sink.append(points)
-    sink.flush()
+    ends = journal.append(points)
     run_dir = tmp_path / "abc123"
     assert ends[-1] == (run_dir / keys.POINTS_FILE).stat().st_size
     with open(run_dir / keys.POINTS_FILE, "ab") as fh:  # a crash in the middle of a line
         fh.write(b'{"step": 9, "wall_ti')
-    sink.close("FINISHED")
+    journal.close()
+    reader.update_meta(status="FINISHED")
     meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
     assert {k: meta[k] for k in ("run_id", "run_name", "backend", "config", "started", "status")} == {
         "run_id": "abc123", "run_name": "name", "backend": "megatron", "config": {"k": {"v": 1}},
         "started": 1700000000.5, "status": "FINISHED"}
+    assert RunInfo.from_meta(meta, "abc123") == RunInfo("abc123", "name", "megatron", {"k": {"v": 1}},
+                                                        started=1700000000.5, status="FINISHED")
     lines = (run_dir / keys.POINTS_FILE).read_text().splitlines()
     assert json.loads(lines[0]) == {"step": 3, "wall_time": 1700000001.25, "metrics": {"a:mean": 0.5}}
     assert "Infinity" in lines[1]
-    reader = RunDir(tmp_path, "abc123")
     assert [(p, end) for p, end in reader.read_points()] == list(zip(points, ends, strict=True))
     assert [p for p, _ in reader.read_points(ends[0])] == points[1:]
     assert pending(reader, "mlflow") == (2, os.path.getsize(run_dir / keys.POINTS_FILE))
     reader.write_ack("mlflow", Ack(1, ends[0]))
     assert reader.read_ack("mlflow") == Ack(1, ends[0]) and pending(reader, "mlflow")[0] == 1
+    assert reader.journal_end() == Ack(2, ends[-1])  # the torn tail is not part of the journal
     assert [r.run_id for r in run_dirs(tmp_path)] == ["abc123"] == [r.run_id for r in run_dirs(run_dir)]
 
 
@@ -130,6 +133,10 @@ def test_whole_run_reader_warns_on_a_torn_last_line_and_names_a_bad_middle_line(
     run.points_path.write_bytes(b'{"step": 0}\n' + json.dumps(good[1].to_json()).encode() + b"\n")
     with pytest.raises(ValueError, match=r"points.jsonl:1: not a cliptrack point"):
         run.load_points()
+    run.points_path.write_bytes(b'{"step": 0, "wall_ti{"step": 1, "wall_time": 11.0, "metrics": {}}\n'
+                                + json.dumps(good[1].to_json()).encode() + b"\n")
+    with pytest.warns(UserWarning, match=r"points.jsonl:1: damaged line skipped"):
+        assert run.load_points() == [good[1]]  # a glued line is reported, the rest is read
     assert RunDir(tmp_path, "absent").load_points() == []
 
 
