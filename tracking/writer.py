@@ -131,6 +131,8 @@ class SinkLane:
         self._queue: deque[Batch] = deque()
         self._buffered = 0
         self._ack = run_dir.read_ack(self.name)
+        self.resumed_from = self._ack
+        """Where this lane started in the journal (after reading back what the backend holds)."""
         self._journal_end = journal_end or self._ack
         self._from_journal = self._journal_end.offset > self._ack.offset  # resuming: the tail is on disk
         self._stopping = False
@@ -285,7 +287,7 @@ class SinkLane:
                  self.name, offset, self._ack.offset)
         self._persist_ack(ack)
         with self._cond:
-            self._ack = ack
+            self._ack = self.resumed_from = ack
             self._queue.clear()
             self._buffered = 0
             self._from_journal = ack.offset < self._journal_end.offset
