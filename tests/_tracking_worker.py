@@ -86,7 +86,7 @@ def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int,
                  run_id=run_id, flush_interval_s=0.05, max_batch_points=100) as tracker:
         for step in range(first, first + count):
             tracker.log(step, _metrics(step))
-        print(tracker.summary(), flush=True)
+    print(tracker.summary(), flush=True)
 
 
 def overload_loop(spool: str) -> None:

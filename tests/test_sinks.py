@@ -96,8 +96,10 @@ def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tm
     journal = Journal(reader, fsync=False)
     journal.open()
     points = [Point(3, 1700000001.25, {"a:mean": 0.5}), Point(1, 1700000002.0, {"a:mean": float("inf")})]
-    ends = journal.append(points)
+    data = journal.append(points)
+    ends = [end for _, end in reader.read_points()]
     run_dir = tmp_path / "abc123"
+    assert data == (run_dir / keys.POINTS_FILE).read_bytes() and journal.offset == len(data) == ends[-1]
     assert ends[-1] == (run_dir / keys.POINTS_FILE).stat().st_size
     with open(run_dir / keys.POINTS_FILE, "ab") as fh:  # a crash in the middle of a line
         fh.write(b'{"step": 9, "wall_ti')

@@ -218,6 +218,8 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
         for step in range(50):
             tracker.log(step, {"a:mean": float(step)})
         tracker.close(timeout_s=0)
+        for lane in tracker._lanes:  # its request in flight ends (bounded), then it lets go of the run
+            lane.join(60)
         ids.append(tracker.run_id)
     points = spool_dir / ids[0] / keys.POINTS_FILE
     lines = points.read_bytes().splitlines(keepends=True)
@@ -413,24 +415,25 @@ def test_an_unwritable_spool_never_crashes_close_nor_duplicates_points(tmpfs, ca
 
 # ---- 7. stalls and races -------------------------------------------------------------------------
 def test_points_held_for_a_lagging_sink_cost_the_garbage_collector_nothing(tmp_path):
-    """A lagging backend holds 50k points in memory: none of them is tracked by the collector, so a
-    full collection does not walk them (118 ms stalls of log() came from that)."""
+    """A lagging backend holds 50k points in memory: they must not be 50k objects the collector
+    walks on every full collection (118 ms stalls of log() came from that)."""
     gate = threading.Event()
     tracker = Tracker(backends=(RecordingSink(gate),), spool_dir=tmp_path, flush_interval_s=0.05,
                       max_buffered_points=60_000, handle_signals=False)
     try:
+        gc.collect()
+        before = len(gc.get_objects())
         for step in range(50_000):
             tracker.log(step, {"a:mean": float(step), "b:sum": 1.0, "c:max": 2.0})
-        tracker.flush(timeout_s=0.1)
+        assert tracker.flush(timeout_s=0.1) is False  # all on disk; the sink is held at the gate
         lane = tracker._lanes[0]
         deadline = time.monotonic() + 60
         while lane.buffered_points < 48_000:
             assert time.monotonic() < deadline, lane.buffered_points
             time.sleep(0.05)
         gc.collect()
-        held = [p for batch in list(lane._queue) for p in batch.points]
-        assert len(held) >= 48_000
-        assert sum(gc.is_tracked(p) or gc.is_tracked(p.metrics) for p in held) == 0
+        tracked = len(gc.get_objects()) - before
+        assert tracked < 2_000, tracked  # a few per batch, none per point
     finally:
         gate.set()
         tracker.close()

@@ -26,12 +26,16 @@ DEFAULT_EXPERIMENT = "cliptrack"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
+RawPoint = tuple[int, float, Mapping[str, float]]
+"""A point as the writer holds it: a plain ``(step, wall_time, metrics)`` tuple. The garbage
+collector stops tracking a plain tuple of numbers and a dict of floats (not a tuple subclass), so
+tens of thousands of points buffered for a lagging backend cost a collection nothing."""
+
+
 class Point(NamedTuple):
     """One ``log`` call: ``step`` (trainer steps, >= 0), ``wall_time`` (unix seconds), ``metrics``
-    (``name:reduction`` -> value).
-
-    A tuple on purpose: a point holding only numbers and a dict of floats is not tracked by the
-    garbage collector, so tens of thousands of buffered points cost a collection nothing.
+    (``name:reduction`` -> value). Sinks receive these; ``Point._make(raw)`` builds one from a
+    ``RawPoint``.
     """
 
     step: int

@@ -112,7 +112,7 @@ def _replay_sink(
     lane.stop(status, deadline)
     lane.join(timeout_s + 5.0)
     done = lane.acked
-    pushed = max(0, done.points - lane.resumed_from.points)
+    pushed = lane.sent_points
     remaining = max(0, end.points - done.points)
     if lane.closed_cleanly and done.offset >= end.offset:
         return ReplayResult(run.run_id, name, pushed, 0, status, "replayed")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tracking import keys
-from tracking.records import Point, RunInfo, check_run_id
+from tracking.records import Point, RawPoint, RunInfo, check_run_id
 
 try:  # POSIX advisory locks; where absent, replay cannot tell a live run and trusts the caller
     import fcntl
@@ -73,7 +73,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
-def encode_points(points: Sequence[Point]) -> list[bytes]:
+def encode_points(points: Sequence[RawPoint] | Sequence[Point]) -> list[bytes]:
     """Each point as one JSONL line (bytes, newline-terminated)."""
     dumps = json.dumps
     return [
@@ -82,7 +82,8 @@ def encode_points(points: Sequence[Point]) -> list[bytes]:
     ]
 
 
-def _parse(line: bytes) -> Point:
+def parse_line(line: bytes) -> Point:
+    """The point of one journal line; ValueError / KeyError / TypeError when it is not one."""
     return Point.from_json(json.loads(line))
 
 
@@ -197,36 +198,35 @@ class RunDir:
             if end is not None and position > end:
                 return
             try:
-                point = _parse(line)
+                point = parse_line(line)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self._report(position - len(line), exc)
+                self.report_damaged(position - len(line), exc)
                 continue
             yield point, position
 
-    def read_batch(self, offset: int, end: int | None, limit: int) -> tuple[list[Point], list[int], int, int]:
-        """Up to ``limit`` points from byte ``offset`` (not past ``end``): ``(points, their end
-        offsets, where reading stopped, complete lines consumed)``. Damaged lines are consumed and
-        reported (``DamagedLine``), not returned; reading stops at a line without its newline."""
-        points: list[Point] = []
-        ends: list[int] = []
-        stop, lines = offset, 0
-        for _number, line, position in self._lines(offset):
-            if not line.endswith(b"\n") or (end is not None and position > end):
-                break
-            lines += 1
-            stop = position
-            try:
-                point = _parse(line)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self._report(position - len(line), exc)
-                continue
-            points.append(point)
-            ends.append(position)
-            if len(points) >= limit:
-                break
-        return points, ends, stop, lines
+    def read_lines(self, offset: int, end: int, limit: int) -> bytes:
+        """The journal's bytes from ``offset`` up to ``end``: at most ``limit`` whole lines."""
+        try:
+            fh = open(self.points_path, "rb")
+        except FileNotFoundError:
+            return b""
+        out: list[bytes] = []
+        count = 0
+        with fh:
+            fh.seek(offset)
+            left = max(0, end - offset)
+            for line in fh:
+                if len(line) > left or not line.endswith(b"\n"):
+                    break
+                out.append(line)
+                left -= len(line)
+                count += 1
+                if count >= limit:
+                    break
+        return b"".join(out)
 
-    def _report(self, start: int, exc: BaseException) -> None:
+    def report_damaged(self, start: int, exc: BaseException) -> None:
+        """Warn once (``DamagedLine``) about the damaged line at byte ``start``."""
         if start in self._reported:
             return
         self._reported.add(start)
@@ -344,20 +344,14 @@ class Journal:
         self.offset = good
         self.points = self.run_dir.count_points(0, good)
 
-    def append(self, points: Sequence[Point]) -> list[int]:
-        """Write ``points`` as one batch; return the byte offset just past each one's line. Raises
+    def append(self, points: Sequence[RawPoint] | Sequence[Point]) -> bytes:
+        """Write ``points`` as one batch at the journal's end; return the bytes written. Raises
         OSError with the journal unchanged (as far as the disk lets it be cut back) when the batch
         cannot be written whole."""
         if self._fd is None:
             raise RuntimeError("Journal.append before open()")
-        lines = encode_points(points)
-        data = b"".join(lines)
+        data = b"".join(encode_points(points))
         start = self.offset
-        ends = []
-        end = start
-        for line in lines:
-            end += len(line)
-            ends.append(end)
         try:
             written = 0
             view = memoryview(data)
@@ -373,7 +367,7 @@ class Journal:
             raise
         self.offset = start + len(data)
         self.points += len(points)
-        return ends
+        return data
 
     def _cut_back(self, end: int) -> None:
         try:

@@ -63,7 +63,7 @@ from typing import Any
 from tracking import keys
 from tracking.counts import exact_clip_metrics, metrics_of
 from tracking.hooks import HOOKS, global_rank
-from tracking.records import FAILED, FINISHED, KILLED, RUNNING, Point, RunInfo, check_run_id, printable
+from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
@@ -71,6 +71,10 @@ from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterCl
 
 MAX_STEP = 2**63 - 1
 """Largest step MLflow stores (a signed 64-bit integer)."""
+
+DISK_DRAIN_S = 3.0
+"""Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
+timeout is shorter (a healthy disk takes milliseconds; a refusing one gets one more try)."""
 
 __all__ = ["MAX_STEP", "NullTracker", "Tracker", "TrackerClosed", "global_rank"]
 
@@ -260,7 +264,7 @@ class Tracker:
         step = self._check_step(step)
         values = self._check_metrics(step, metrics)
         try:
-            self._writer.submit(Point(step, time.time(), values))
+            self._writer.submit((step, time.time(), values))  # a plain tuple: see records.RawPoint
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1
@@ -320,8 +324,12 @@ class Tracker:
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        self._writer.stop(max(0.0, deadline - time.monotonic()))
-        if self._writer.unwritten:
+        # the local disk gets its drain even past a short timeout (at least DISK_DRAIN_S)
+        writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
+        if writing:
+            LOG.warning("%s is still being written after %.0f s (a stalled disk?)", printable(self.journal.location),
+                        max(DISK_DRAIN_S, timeout))
+        elif self._writer.unwritten:
             LOG.warning("%d points could not be written to %s (%s)", self._writer.unwritten,
                         printable(self.journal.location), printable(self._writer.journal_error))
         for lane in self._lanes:
@@ -329,7 +337,8 @@ class Tracker:
         for lane in self._lanes:
             lane.join(max(0.0, deadline - time.monotonic()))
         try:
-            self.journal.close()
+            if not writing:
+                self.journal.close()
             self.run.status, self.run.ended = self.status, time.time()
             self.run_dir.update_meta(status=self.run.status, ended=self.run.ended)
         except OSError as exc:

@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracking.records import FINISHED, Point, RunInfo, printable
+from tracking.records import FINISHED, Point, RawPoint, RunInfo, printable
 from tracking.sinks.base import PartialWrite, Sink, SinkError, SinkRejected
-from tracking.spool import Ack, Journal, RunDir
+from tracking.spool import Ack, Journal, RunDir, parse_line
 
 LOG = logging.getLogger("cliptrack")
 
@@ -67,24 +67,46 @@ class WriterClosed(RuntimeError):
 
 @dataclass(frozen=True)
 class Batch:
-    """Points of points.jsonl from byte ``start`` (its line number ``first``) to byte ``end``;
-    ``ends[i]`` is the byte offset just past point ``i``'s line; ``lines`` counts the journal lines
-    the batch spans (more than ``len(points)`` only when damaged lines were skipped)."""
+    """Journal bytes ``data`` (whole lines) from byte ``start`` of points.jsonl, whose first line is
+    line number ``first``; ``lines`` counts them.
 
-    points: Sequence[Point]
-    ends: Sequence[int]
+    Points wait for a lagging sink in this encoded form: a bytes object is one allocation, about a
+    fifth of the memory of the points as Python objects, and invisible to the garbage collector
+    (tens of thousands of buffered point objects made full collections stall ``log()``).
+    """
+
+    data: bytes
     start: int
     first: int
     lines: int
-    end: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
 
     def tail(self, offset: int) -> Batch:
-        """The part of this batch past journal byte ``offset``."""
-        skip = bisect.bisect_right(self.ends, offset)
-        if skip == 0:
+        """The part of this batch past journal byte ``offset`` (a line boundary)."""
+        if offset <= self.start:
             return self
-        return Batch(self.points[skip:], self.ends[skip:], self.ends[skip - 1], self.first + skip,
-                     self.lines - skip, self.end)
+        cut = offset - self.start
+        return Batch(self.data[cut:], offset, self.first + self.data.count(b"\n", 0, cut),
+                     self.lines - self.data.count(b"\n", 0, cut))
+
+    def decode(self, run_dir: RunDir) -> tuple[list[Point], list[int]]:
+        """The batch's points and the journal offset just past each; damaged lines are reported
+        (``run_dir.report_damaged``) and skipped."""
+        points: list[Point] = []
+        ends: list[int] = []
+        position = self.start
+        for line in self.data.splitlines(keepends=True):
+            position += len(line)
+            try:
+                points.append(parse_line(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                run_dir.report_damaged(position - len(line), exc)
+                continue
+            ends.append(position)
+        return points, ends
 
 
 @dataclass
@@ -125,6 +147,8 @@ class SinkLane:
         self.state = LaneState.OPENING
         self.error: str | None = None
         self.failures = 0
+        self.sent_points = 0
+        """Points this lane has handed to its sink successfully."""
         self.opened = threading.Event()
         self.closed_cleanly = False
         self._cond = threading.Condition()
@@ -154,7 +178,7 @@ class SinkLane:
         with self._cond:
             self._journal_end = Ack(batch.first + batch.lines, batch.end)
             if not self._from_journal:
-                if self._buffered + len(batch.points) > self.max_buffered_points:
+                if self._buffered + batch.lines > self.max_buffered_points:
                     self._from_journal = True
                     self._queue.clear()
                     self._buffered = 0
@@ -164,7 +188,7 @@ class SinkLane:
                     )
                 else:
                     self._queue.append(batch)
-                    self._buffered += len(batch.points)
+                    self._buffered += batch.lines
             self._cond.notify()
 
     def offer_config(self, config: dict[str, Any]) -> None:
@@ -316,7 +340,7 @@ class SinkLane:
                     if self._from_journal and self._ack.offset >= self._journal_end.offset:
                         self._from_journal = False  # caught up from disk: back to memory batches
                     while self._queue and self._queue[0].end <= self._ack.offset:
-                        self._buffered -= len(self._queue.popleft().points)
+                        self._buffered -= self._queue.popleft().lines
                     if self._queue or self._from_journal or self._configs:
                         break
                     if self._stopping:
@@ -328,9 +352,10 @@ class SinkLane:
             if batch is None:
                 self._apply_configs()
                 continue
-            if not batch.points:  # nothing readable past the acknowledged offset
+            points, ends = batch.decode(self.run_dir)
+            if not points:  # nothing readable past the acknowledged offset
                 if batch.end > self._ack.offset:  # only damaged lines: step over them
-                    self._acknowledge(batch, 0)
+                    self._acknowledge(batch, ends, 0)
                     continue
                 with self._cond:
                     self._from_journal = False
@@ -339,10 +364,10 @@ class SinkLane:
                 continue
             try:
                 self._apply_configs()
-                self.sink.write(batch.points)
+                self.sink.write(points)
             except Exception as exc:  # noqa: BLE001
                 if isinstance(exc, PartialWrite) and exc.written:
-                    self._acknowledge(batch, exc.written)
+                    self._acknowledge(batch, ends, exc.written)
                 self._fail(exc)
                 with self._cond:
                     self._from_journal = True
@@ -352,7 +377,7 @@ class SinkLane:
                     return
                 backoff = min(backoff * 2, self.backoff_max_s)
                 continue
-            self._acknowledge(batch, len(batch.points))
+            self._acknowledge(batch, ends, len(points))
             if self.state is LaneState.FAILING:
                 LOG.warning("%s recovered; %d points behind, catching up from the spool", self.name,
                             self.pending_points())
@@ -365,19 +390,20 @@ class SinkLane:
     def _next_batch_locked(self) -> Batch:
         if self._from_journal:
             start = self._ack.offset
-            points, ends, end, lines = self.run_dir.read_batch(start, self._journal_end.offset,
-                                                               self.max_batch_points)
-            return Batch(points, ends, start, self._ack.points, lines, end)
+            data = self.run_dir.read_lines(start, self._journal_end.offset, self.max_batch_points)
+            return Batch(data, start, self._ack.points, data.count(b"\n"))
         return self._queue[0].tail(self._ack.offset)
 
-    def _acknowledge(self, batch: Batch, written: int) -> None:
-        """Record that the first ``written`` points of ``batch`` reached the sink (0: the damaged
-        lines it spans). The in-memory acknowledgement always advances, so a batch is never sent
-        twice by this process; saving it to disk is retried with the next batch when it fails."""
-        if written >= len(batch.points):
+    def _acknowledge(self, batch: Batch, ends: Sequence[int], written: int) -> None:
+        """Record that the first ``written`` of the batch's readable points reached the sink (all
+        of them: the whole batch, damaged lines included). The in-memory acknowledgement always
+        advances, so a batch is never sent twice by this process; saving it to disk is retried with
+        the next batch when it fails."""
+        self.sent_points += written
+        if written >= len(ends):
             ack = Ack(batch.first + batch.lines, batch.end)
         else:
-            ack = Ack(batch.first + written, batch.ends[written - 1])
+            ack = Ack(batch.first + written, ends[written - 1])
         with self._cond:
             self._ack = ack
             self._cond.notify_all()
@@ -454,7 +480,7 @@ class BackgroundWriter:
         self.max_batch_points = max_batch_points
         self.max_queued_points = max_queued_points
         self._max_lag_s = flush_interval_s + LAG_GRACE_S
-        self._inbox: deque[Point] = deque()
+        self._inbox: deque[RawPoint] = deque()
         self._lock = threading.Lock()  # orders submit against stop: no point slips past the last drain
         self._progress = threading.Condition()
         self._markers: list[_Marker] = []
@@ -474,7 +500,7 @@ class BackgroundWriter:
             lane.start()
         self._thread.start()
 
-    def submit(self, point: Point) -> None:
+    def submit(self, point: RawPoint) -> None:
         """Enqueue ``point`` (training thread): O(1), no I/O; waits only while the writer is behind
         by more than the bound (see the module docstring). Raises WriterClosed after ``stop``."""
         inbox = self._inbox
@@ -527,13 +553,16 @@ class BackgroundWriter:
             return False
         return all(lane.wait_acked(marker.offset, deadline) for lane in self.lanes)
 
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop accepting points, drain the inbox into points.jsonl and stop the writer thread."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop accepting points, drain the inbox into points.jsonl and stop the writer thread;
+        True when it is still writing after ``timeout_s`` seconds."""
         with self._lock:
             self._accepting = False
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -552,13 +581,13 @@ class BackgroundWriter:
         budget = len(inbox)
         failed = False
         while inbox and (final or budget > 0):
-            points: list[Point] = []
+            points: list[RawPoint] = []
             while inbox and len(points) < self.max_batch_points:
                 points.append(inbox.popleft())
             budget -= len(points)
             start, first = self.journal.offset, self.journal.points
             try:
-                ends = self.journal.append(points)
+                data = self.journal.append(points)
             except Exception as exc:  # noqa: BLE001 - disk trouble: keep the points, retry next tick
                 inbox.extendleft(reversed(points))
                 if self.journal_error is None:
@@ -572,7 +601,7 @@ class BackgroundWriter:
                 self.journal_error = None
             self.points_journaled += len(points)
             self.values_journaled += sum(len(p[2]) for p in points)
-            batch = Batch(points, ends, start, first, len(points), ends[-1])
+            batch = Batch(data, start, first, len(points))
             for lane in self.lanes:
                 lane.offer(batch)
             self._resolve_markers(failed=False)
