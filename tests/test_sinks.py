@@ -8,8 +8,8 @@ import os
 import pytest
 
 from tracking import keys
-from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
 from tracking.records import Point, RunInfo
+from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
 from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
 from tracking.sinks.wandb_sink import WandbSink, resolve_mode
 from tracking.spool import Ack, Journal, RunDir, pending, run_dirs, spool_runs

@@ -38,7 +38,8 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Closable(Protocol):
-    run_id: str | None
+    @property
+    def run_id(self) -> str | None: ...
 
     def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None: ...
 
@@ -138,7 +139,7 @@ class _Hooks:
 
         exit.__wrapped__ = original  # type: ignore[attr-defined]
         exit.__doc__ = original.__doc__
-        sys.exit = exit
+        sys.exit = exit  # type: ignore[assignment]
         atexit.register(self._at_exit)
         self._installed_exit = True
 

@@ -28,7 +28,6 @@ Bounds:
 
 from __future__ import annotations
 
-import bisect
 import enum
 import logging
 import threading
