@@ -47,8 +47,8 @@ LAG_GRACE_S = 0.25
 """Seconds beyond ``flush_interval_s`` the oldest queued point may wait before ``log`` waits."""
 
 
-class LaneState(enum.Enum):
-    """Where a sink lane stands."""
+class LaneState(str, enum.Enum):
+    """Where a sink lane stands (a str enum: compares equal to its value, "ok" etc.)."""
 
     OPENING = "opening"
     OK = "ok"
