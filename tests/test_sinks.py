@@ -158,3 +158,32 @@ def test_a_live_run_lock_excludes_a_second_writer(tmp_path):
     first.unlock_sink("mlflow")
     assert second.lock_sink("mlflow")
     second.unlock_sink("mlflow")
+
+
+def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(tmp_path, monkeypatch):
+    """A run that relied on WANDB_DIR must be replayed into that directory, not ./wandb of wherever
+    replay runs."""
+    from tracking.sinks import sink_from_state
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.chdir(tmp_path)
+    state = WandbSink().settings()
+    assert state["dir"] == str(tmp_path / "wandb-home")
+    monkeypatch.delenv("WANDB_DIR")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert sink_from_state("wandb", state).dir == str(tmp_path / "wandb-home")
+    assert WandbSink().dir == str(elsewhere)  # no WANDB_DIR: the working directory, made absolute
+
+
+def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
+    from tracking.sinks import SINKS, sink_class, sink_from_state
+
+    assert {name: sink_class(name).name for name in SINKS} == {"mlflow": "mlflow", "wandb": "wandb"}
+    assert sink_from_state("mlflow", {"tracking_uri": "sqlite:////x/m.db", "experiment": "e"}).location.startswith(
+        "mlflow sqlite:////x/m.db experiment 'e'")
+    with pytest.raises(ValueError, match=r"unknown sink 'neptune': registered sinks are \['mlflow', 'wandb'\]"):
+        sink_class("neptune")
+    with pytest.raises(ValueError, match="neither a name, a URI nor a Sink"):
+        make_sink(object())
