@@ -531,3 +531,18 @@ def test_run_names_are_escaped_in_terminal_lines(tmp_path, caplog):
     assert all("\x1b" not in line and "\n" not in line and "\x07" not in line for line in lines)
     assert "evil\\x1b[2J\\x1b[31mred\\nsecond line" in lines[0] and "backend=m\\x07x" in lines[0]
     assert json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["run_name"] == name  # kept as given
+
+
+def test_the_heap_alive_at_start_is_frozen_out_of_collections_unless_asked_not_to(tmp_path):
+    """A full collection walks every tracked object: after importing MLflow that is a 150 ms pause
+    inside whichever log() call triggers it. The tracker freezes what exists once its backends are
+    imported; ``freeze_gc=False`` keeps the collector's default."""
+    gc.unfreeze()
+    alive = len(gc.get_objects())
+    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
+    tracker.close()
+    assert gc.get_freeze_count() >= alive
+    gc.unfreeze()
+    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=False)
+    tracker.close()
+    assert gc.get_freeze_count() == 0

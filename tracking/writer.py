@@ -29,6 +29,7 @@ Bounds:
 from __future__ import annotations
 
 import enum
+import gc
 import logging
 import threading
 import time
@@ -133,8 +134,10 @@ class SinkLane:
         backoff_max_s: float = 30.0,
         state: dict[str, Any] | None = None,
         journal_end: Ack | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         self.sink = sink
+        self.freeze_gc = freeze_gc
         self.name: str = sink.name
         self.run_dir = run_dir
         self.run = run
@@ -279,9 +282,15 @@ class SinkLane:
 
     def _open(self) -> bool:
         backoff = self.backoff_initial_s
+        first = True
         while True:
             try:
-                state = self.sink.open(self.run, self._resume_state)
+                try:
+                    state = self.sink.open(self.run, self._resume_state)
+                finally:
+                    if first and self.freeze_gc:  # the client's modules and session, imported by now
+                        gc.freeze()
+                    first = False
                 if self._resume_state is not None:
                     self._reconcile()
                 self._save_meta(sinks={self.name: {**state, "closed": False}})
@@ -533,9 +542,12 @@ class BackgroundWriter:
                 printable(self.journal.location), self.max_queued_points, self._max_lag_s,
             )
         self.waits += 1
-        self._wake.set()
-        with self._progress:
-            self._progress.wait(0.05)
+        while True:  # until the writer is within the bound again (each batch it writes wakes us)
+            self._wake.set()
+            with self._progress:
+                self._progress.wait(0.05)
+            if not self._behind(time.time()):
+                return
 
     def flush(self, timeout_s: float | None) -> bool:
         """Make every point submitted so far durable in points.jsonl, then wait (up to

@@ -67,6 +67,7 @@ class MlflowSink(Sink):
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None) -> None:
         compat.validation()  # imported here, on the constructing thread, once
+        import mlflow.tracking  # noqa: F401 - the client's modules too, before the tracker freezes the heap
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment = experiment
         self.mlflow_run_id: str | None = None

@@ -62,6 +62,8 @@ class WandbSink(Sink):
         mode: str | None = None,
         dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        import wandb  # noqa: F401 - imported on the constructing thread, before the tracker freezes the heap
+
         self.project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
         self.entity = entity
         self.mode = resolve_mode(mode)
