@@ -433,7 +433,7 @@ def test_points_held_for_a_lagging_sink_cost_the_garbage_collector_nothing(tmp_p
             time.sleep(0.05)
         gc.collect()
         tracked = len(gc.get_objects()) - before
-        assert tracked < 2_000, tracked  # a few per batch, none per point
+        assert tracked < 5_000, tracked  # a few per batch, none per point (50,000 points held)
     finally:
         gate.set()
         tracker.close()

@@ -96,7 +96,7 @@ class RunDir:
         self.path = self.root / run_id
         self.meta_path = self.path / keys.RUN_META_FILE
         self.points_path = self.path / keys.POINTS_FILE
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a signal handler may update run.json mid-update
         self._locks: dict[str, BinaryIO] = {}
         self._reported: set[int] = set()
 

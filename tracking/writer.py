@@ -489,7 +489,7 @@ class BackgroundWriter:
         self.max_queued_points = max_queued_points
         self._max_lag_s = flush_interval_s + LAG_GRACE_S
         self._inbox: deque[RawPoint] = deque()
-        self._lock = threading.Lock()  # orders submit against stop: no point slips past the last drain
+        self._lock = threading.RLock()  # orders submit against stop (reentrant: a signal handler may close)
         self._progress = threading.Condition()
         self._markers: list[_Marker] = []
         self._wake = threading.Event()
