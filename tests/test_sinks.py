@@ -187,3 +187,13 @@ def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
         sink_class("neptune")
     with pytest.raises(ValueError, match="neither a name, a URI nor a Sink"):
         make_sink(object())
+
+
+def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
+    sink = MlflowSink("sqlite:///unused.db")
+    params = sink._params({"ok": 1, "bad@name": 2, "nested": {"long": "x" * 7000}})
+    assert [(p.key, p.value) for p in params] == [("ok", "1")]
+    assert sorted(sink.params_refused) == ["bad@name", "nested.long"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cliptrack"]
+    assert warning.startswith("MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': ")
+    assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
