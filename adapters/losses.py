@@ -17,14 +17,17 @@ bad entries. Shapes, Python-number thresholds and ``beta`` are checked at once.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tracking.counts import ClipCounts
+from tracking import keys
+from tracking.counts import TokenCounts, as_count, mixed_kinds_error
 
 Threshold = float | Tensor
 """An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
@@ -56,8 +59,10 @@ class LossOutput:
 
     ``loss``: 0-dim, sum of per-token losses over eligible tokens (differentiable for one call;
     detached in a sum). Counts are detached int64 0-dim tensors on the loss's device, in tokens;
-    the clip fields are ``None`` for losses that never clip. ``invalid``: int64 vector, the number
-    of bad entries per input of :data:`INPUT_CHECKS`.
+    the clip fields are ``None`` for losses that never clip, and the low/high pair may be ``None``
+    for a clipping loss that does not split. ``invalid``: int64 vector, the number of bad entries
+    per input of :data:`INPUT_CHECKS`. Moved to the host through one packing (:func:`pack`,
+    :data:`PACKED_FIELDS`).
     """
 
     loss: Tensor
@@ -67,6 +72,8 @@ class LossOutput:
     clipped_high_tokens: Tensor | None
     invalid: Tensor
     sources: Sources = ()
+    calls: int = 1
+    """Number of loss calls summed in this output."""
 
     @property
     def clips(self) -> bool:
@@ -78,7 +85,7 @@ class LossOutput:
         if not isinstance(other, LossOutput):
             return NotImplemented
         if self.clips != other.clips:
-            raise ValueError("cannot add the output of a clipping loss to that of a loss that never clips")
+            raise mixed_kinds_error(self.clips, other.clips, "this LossOutput")
 
         def add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
             return None if a is None or b is None else a + b
@@ -91,22 +98,23 @@ class LossOutput:
             clipped_high_tokens=add(self.clipped_high_tokens, other.clipped_high_tokens),
             invalid=self.invalid + other.invalid,
             sources=self.sources + other.sources,
+            calls=self.calls + other.calls,
         )
 
     def check(self) -> None:
         """Raise ValueError naming every input with bad entries. Synchronises with the host."""
         raise_invalid(self.invalid, self.sources)
 
-    def clip_counts(self) -> ClipCounts | None:
-        """Exact host-side counts (synchronises); ``None`` when the loss never clips."""
-        self.check()
-        if self.clipped_tokens is None:
-            return None
-        assert self.clipped_low_tokens is not None and self.clipped_high_tokens is not None
-        values = torch.stack(
-            [self.loss_tokens, self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens]
-        ).tolist()
-        return ClipCounts(*values)
+    def token_counts(self) -> TokenCounts:
+        """Exact host-side counts (synchronises once); raises ValueError for invalid loss inputs."""
+        sums = unpack(pack(self).tolist())
+        sums.check(self.sources)
+        return sums.counts
+
+    def clip_counts(self) -> TokenCounts | None:
+        """Exact host-side counts (synchronises once); ``None`` when the loss never clips."""
+        counts = self.token_counts()
+        return counts if counts.clips else None
 
 
 def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
@@ -250,20 +258,348 @@ def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None)
     return batch.output(loss, logprobs.detach())
 
 
-LOSSES = {
-    "ppo": ppo,
-    "cispo": cispo,
-    "importance_sampling": importance_sampling,
-    "dro": dro,
-    "cross_entropy": cross_entropy,
-}
-"""Loss functions by Tinker ``loss_fn`` name."""
-CLIPPING_LOSSES = frozenset({"ppo", "cispo"})
-"""Names of the losses that clip and so emit clip counts."""
+# ---------------------------------------------------------------------------------------------
+# The registry: every loss the backends can run, declared once.
+# ---------------------------------------------------------------------------------------------
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""Default of an :class:`Option` that the caller must give."""
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """A per-token tensor a loss takes after the policy log-probs (same shape as them).
+
+    ``name``: the loss function's keyword. ``required``: whether a call must give it.
+    ``datum_fields``: the Tinker ``Datum.loss_fn_inputs`` fields it is read from on the Miles
+    runtime, first present wins (default: ``(name,)``).
+    """
+
+    name: str
+    required: bool = True
+    datum_fields: tuple[str, ...] = ()
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.datum_fields or (self.name,)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword option of a loss (Tinker's ``loss_fn_config`` key).
+
+    ``default``: its value when not given (:data:`REQUIRED`: must be given). ``per_datum``: a
+    datum's ``loss_fn_inputs`` may override it with a tensor (one value, or one per token).
+    """
+
+    name: str
+    default: Any = REQUIRED
+    per_datum: bool = False
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One loss: its Tinker ``loss_fn`` name, function, whether it clips, inputs and options.
+
+    The function is called as ``fn(logprobs, **tensor_inputs, **options)`` and returns a
+    :class:`LossOutput` whose clip fields are set exactly when ``clips``, and whose low/high split
+    is set exactly when ``splits`` (only for a loss that clips).
+    """
+
+    name: str
+    fn: Callable[..., LossOutput]
+    clips: bool
+    inputs: tuple[TensorInput, ...]
+    options: tuple[Option, ...] = ()
+    splits: bool = False
+
+    def __post_init__(self) -> None:
+        if self.splits and not self.clips:
+            raise ValueError(f"loss {self.name}: splits=True needs clips=True (the split is of the clipped tokens)")
+
+    def check_output(self, out: object) -> LossOutput:
+        """``out`` if it is a :class:`LossOutput` shaped as declared, else TypeError naming the loss."""
+        if not isinstance(out, LossOutput):
+            raise TypeError(f"loss {self.name} returned {type(out).__name__}, expected LossOutput")
+        split = out.clipped_low_tokens is not None and out.clipped_high_tokens is not None
+        if out.clips != self.clips or (out.clips and split != self.splits):
+            def shape(clips: bool, splits: bool) -> str:
+                return "clip counts with the low/high split" if splits else "clip counts" if clips else "no clip counts"
+
+            raise TypeError(
+                f"loss {self.name} is registered as returning {shape(self.clips, self.splits)} but returned "
+                f"{shape(out.clips, out.clips and split)}"
+            )
+        return out
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    @property
+    def required_inputs(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs if i.required)
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        """Option name -> default (:data:`REQUIRED` when none)."""
+        return {o.name: o.default for o in self.options}
+
+    def check_arguments(self, inputs: Mapping[str, object], config: Mapping[str, object]) -> None:
+        """Raise ValueError naming an unknown or missing input or option, TypeError for a
+        non-tensor input (the policy log-probs are not among ``inputs``)."""
+        accepted = self.input_names
+        for key, value in inputs.items():
+            if key not in accepted:
+                raise ValueError(
+                    f"loss_fn_inputs has {key!r}, which loss {self.name} does not take; it takes {sorted(accepted)} "
+                    "(the policy log-probs come from the model's output tensor)"
+                )
+            if not isinstance(value, Tensor):
+                raise TypeError(f"loss_fn_inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+        missing = sorted(set(self.required_inputs) - set(inputs))
+        if missing:
+            raise ValueError(f"loss_fn_inputs lacks {missing} required by loss {self.name}")
+        self.check_config(config)
+
+    def check_config(self, config: Mapping[str, object]) -> None:
+        """Raise ValueError naming an option the loss does not take or a required one missing."""
+        defaults = self.option_defaults
+        unknown = sorted(set(config) - set(defaults))
+        if unknown:
+            raise ValueError(
+                f"loss_fn_config has {unknown}, which loss {self.name} does not take; its options are "
+                f"{sorted(defaults) or 'none'}"
+            )
+        missing = [name for name, default in defaults.items() if default is REQUIRED and name not in config]
+        if missing:
+            raise ValueError(f"loss_fn_config lacks {missing} required by loss {self.name}")
+
+
+_REGISTRY: dict[str, LossSpec] = {}
+
+
+def register_loss(spec: LossSpec, *, replace: bool = False) -> LossSpec:
+    """Add ``spec`` to the registry (the Megatron and Miles paths then run it by name)."""
+    if not isinstance(spec, LossSpec):
+        raise TypeError(f"register_loss takes a LossSpec, got {type(spec).__name__}")
+    if spec.name in _REGISTRY and not replace:
+        raise ValueError(f"a loss named {spec.name!r} is already registered (pass replace=True)")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister_loss(name: str) -> LossSpec:
+    """Remove a registered loss and return its spec."""
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise ValueError(f"no loss named {name!r} is registered") from None
+
+
+def loss_spec(loss_fn: str | LossSpec | Callable[..., LossOutput]) -> LossSpec | None:
+    """The spec of a loss name, a spec, or a registered function; ``None`` for an unregistered
+    function. ValueError for an unknown name."""
+    if isinstance(loss_fn, LossSpec):
+        return loss_fn
+    if isinstance(loss_fn, str):
+        try:
+            return _REGISTRY[loss_fn]
+        except KeyError:
+            raise ValueError(f"loss_fn {loss_fn!r} is not one of {sorted(_REGISTRY)}") from None
+    return next((spec for spec in _REGISTRY.values() if spec.fn is loss_fn), None)
+
+
+class _Functions(Mapping[str, Callable[..., LossOutput]]):
+    """Live view: loss name -> function, over the registry."""
+
+    def __getitem__(self, name: str) -> Callable[..., LossOutput]:
+        return _REGISTRY[name].fn
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(_REGISTRY))
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+    def __repr__(self) -> str:
+        return f"LOSSES({sorted(_REGISTRY)})"
+
+
+class _Clipping(Set[str]):
+    """Live view: names of the registered losses that clip."""
+
+    def __contains__(self, name: object) -> bool:
+        spec = _REGISTRY.get(name) if isinstance(name, str) else None
+        return spec is not None and spec.clips
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for name, spec in _REGISTRY.items() if spec.clips])
+
+    def __len__(self) -> int:
+        return sum(spec.clips for spec in _REGISTRY.values())
+
+    def __repr__(self) -> str:
+        return f"CLIPPING_LOSSES({sorted(self)})"
+
+
+LOSSES: Mapping[str, Callable[..., LossOutput]] = _Functions()
+"""Loss functions by Tinker ``loss_fn`` name (a live view of the registry)."""
+CLIPPING_LOSSES: Set[str] = _Clipping()
+"""Names of the registered losses that clip and so emit clip counts (a live view)."""
+
+_RL_INPUTS = (
+    TensorInput("sampling_logprobs", datum_fields=("logprobs",)),
+    TensorInput("advantages"),
+    TensorInput("mask", required=False, datum_fields=("mask", "weights")),
+)
+"""Inputs of the RL losses; on the Miles runtime the sampler's log-probs arrive as ``logprobs``
+and the eligible tokens as ``mask`` (else ``weights``)."""
+
+
+def _thresholds(low: float, high: float) -> tuple[Option, ...]:
+    return (Option("clip_low_threshold", low, per_datum=True), Option("clip_high_threshold", high, per_datum=True))
+
+
+for _spec in (
+    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH), splits=True),
+    LossSpec("cispo", cispo, True, _RL_INPUTS, _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH), splits=True),
+    LossSpec("importance_sampling", importance_sampling, False, _RL_INPUTS),
+    LossSpec("dro", dro, False, _RL_INPUTS, (Option("beta"),)),
+    LossSpec("cross_entropy", cross_entropy, False, (TensorInput("weights"), TensorInput("mask", required=False))),
+):
+    register_loss(_spec)
+del _spec
+
+
+# ---------------------------------------------------------------------------------------------
+# The packing: a LossOutput as one float64 vector, for every host transfer and the one collective.
+# ---------------------------------------------------------------------------------------------
+
+PACKED_FIELDS: tuple[str, ...] = (
+    keys.LOSS_SUM,
+    *keys.TOKEN_COUNT_KEYS,
+    "calls",
+    "clipping_calls",
+    "split_calls",
+    *(f"invalid[{i}]" for i in range(len(INPUT_CHECKS))),
+)
+"""Layout of a packed :class:`LossOutput` (or a sum of packed ones).
+
+``loss:sum``; the four token counts (0 where absent); the number of loss calls summed, of those
+from a clipping loss and of those reporting the low/high split; then the bad-input counts of
+:data:`INPUT_CHECKS`. One dtype, :data:`PACKED_DTYPE`: the loss sum is a float and every count
+stays exact below 2**53 tokens (checked on the host by :func:`unpack`), so a step's vectors add
+on device and cross ranks in one collective.
+"""
+PACKED_DTYPE = torch.float64
+_HEAD = PACKED_FIELDS.index("calls")
+
+
+@functools.lru_cache(maxsize=256)
+def _constants(device: torch.device, calls: int, clipping: bool, split: bool) -> Tensor:
+    """``[0, calls, clipping_calls, split_calls]`` on ``device``, made once per combination (a fill,
+    never a host-to-device copy); only ever read (``torch.cat`` copies it)."""
+    values = (0.0, float(calls), float(calls if clipping else 0), float(calls if split else 0))
+    out = torch.empty(4, dtype=PACKED_DTYPE, device=device)
+    for i, value in enumerate(values):
+        out[i].fill_(value)
+    return out
+
+
+def pack_values(
+    loss: Tensor,
+    loss_tokens: Tensor,
+    clipped_tokens: Tensor | None,
+    clipped_low_tokens: Tensor | None,
+    clipped_high_tokens: Tensor | None,
+    invalid: Tensor,
+    calls: int = 1,
+) -> Tensor:
+    """The :data:`PACKED_FIELDS` vector of one loss output's tensors, on ``loss``'s device. No sync."""
+    device = loss.device
+    clipping = clipped_tokens is not None
+    split = clipping and clipped_low_tokens is not None and clipped_high_tokens is not None
+    constants = _constants(device, calls, clipping, split)
+    zero = constants[0]
+
+    def value(t: Tensor | None) -> Tensor:
+        return zero if t is None else t.detach().reshape(()).to(device=device, dtype=PACKED_DTYPE)
+
+    head = torch.stack(
+        [
+            value(loss),
+            value(loss_tokens),
+            value(clipped_tokens),
+            value(clipped_low_tokens if split else None),
+            value(clipped_high_tokens if split else None),
+        ]
+    )
+    return torch.cat([head, constants[1:], invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)])
+
+
+def pack(out: LossOutput) -> Tensor:
+    """``out`` as one :data:`PACKED_FIELDS` vector on its device (no host sync)."""
+    return pack_values(
+        out.loss, out.loss_tokens, out.clipped_tokens, out.clipped_low_tokens, out.clipped_high_tokens,
+        out.invalid, out.calls,
+    )
+
+
+@dataclass(frozen=True)
+class PackedSums:
+    """Host values of a packed vector: ``loss_sum`` (sum of per-token losses), the exact
+    ``counts``, the number of loss ``calls`` summed and the bad-input counts ``invalid``."""
+
+    loss_sum: float
+    counts: TokenCounts
+    calls: int
+    invalid: list[int] = field(default_factory=list)
+
+    def check(self, sources: Sources = ()) -> None:
+        """Raise ValueError describing bad loss inputs (naming tensors when ``sources`` are given)."""
+        raise_invalid(self.invalid, sources)
+
+
+def unpack(values: Sequence[float], where: str = "") -> PackedSums:
+    """Read a :data:`PACKED_FIELDS` vector brought to the host (one sum of packed outputs).
+
+    Counts are checked whole, non-negative and exact (below 2**53); ``where`` is appended to the
+    name of a bad count. Raises ValueError when the sum mixes clipping and non-clipping losses.
+    The split is kept only when every clipping call reported it. Bad inputs are left in
+    ``invalid`` (see :meth:`PackedSums.check`).
+    """
+    if len(values) != len(PACKED_FIELDS):
+        raise ValueError(f"expected {len(PACKED_FIELDS)} packed values ({PACKED_FIELDS}), got {len(values)}")
+    invalid = [int(v) for v in values[_HEAD + 3 :]]
+    calls, clipping, split = (int(v) for v in values[_HEAD : _HEAD + 3])
+    if clipping not in (0, calls):
+        raise ValueError(
+            f"{clipping} of {calls} loss calls come from a clipping loss and the rest from a loss that never "
+            "clips; one step must use one kind of loss (PPO and CISPO sum together)"
+        )
+    suffix = f" ({where})" if where else ""
+    count = {key: as_count(f"{key}{suffix}", values[1 + i]) for i, key in enumerate(keys.TOKEN_COUNT_KEYS)}
+    if not clipping:
+        counts = TokenCounts(count[keys.LOSS_TOKENS])
+    elif split == clipping:
+        counts = TokenCounts(*(count[k] for k in keys.TOKEN_COUNT_KEYS))
+    else:
+        counts = TokenCounts(count[keys.LOSS_TOKENS], count[keys.CLIPPED_TOKENS])
+    return PackedSums(float(values[0]), counts, calls, invalid)
 
 
 def _clamp(ratio: Tensor, low: Threshold, high: Threshold) -> Tensor:
-    """``torch.clamp`` with number or tensor bounds (one call either way)."""
+    """``torch.clamp`` with number or tensor bounds (one call either way; a number beside a tensor
+    bound becomes a tensor, as ``torch.clamp`` takes both or neither)."""
+    if isinstance(low, Tensor) != isinstance(high, Tensor):
+        low, high = (torch.as_tensor(v, dtype=ratio.dtype, device=ratio.device) for v in (low, high))
     bounds: Any = (low, high)
     return torch.clamp(ratio, *bounds)
 

@@ -37,7 +37,6 @@ own schedule pass a list of reports and a process group (or ``None`` for one pro
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,10 +45,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from adapters.losses import INPUT_CHECKS, LOSSES, LossOutput, raise_invalid
+from adapters._compat import megatron as megatron_compat
+from adapters.losses import (
+    INPUT_CHECKS,
+    PACKED_DTYPE,
+    PACKED_FIELDS,
+    LossOutput,
+    LossSpec,
+    loss_spec,
+    pack_values,
+    raise_invalid,
+    unpack,
+)
 from adapters.output import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts, as_count, token_metrics
 
 __all__ = [
     "AUTO",
@@ -69,23 +78,7 @@ __all__ = [
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``adapters.losses.INPUT_CHECKS`` order)."""
 
-_COUNT_KEYS = keys.TOKEN_COUNT_KEYS
-_N_REPORTS = "reports"
-_N_CLIP_REPORTS = "clip_reports"
-PACKED_FIELDS: tuple[str, ...] = (
-    keys.LOSS_SUM,
-    *_COUNT_KEYS,
-    _N_REPORTS,
-    _N_CLIP_REPORTS,
-    *(f"invalid[{i}]" for i in range(len(INPUT_CHECKS))),
-)
-"""Layout of the one float64 vector merged across ranks per step.
-
-``loss:sum``, the four token counts, the number of micro-batch reports and of those from a
-clipping loss, then the bad-input counts. float64 because the loss sum is a float and every count
-stays exact below 2**53 tokens (checked on the host after the reduction); one dtype means one
-collective.
-"""
+_SUMMED = "summed over micro-batches and ranks"
 
 LossFunc = Callable[[Tensor], tuple[Tensor, Tensor, dict[str, Tensor]]]
 """What Megatron-Core calls with the model's output tensor: ``(loss, num_tokens, report)``."""
@@ -106,7 +99,7 @@ AUTO: Any = _Auto()
 
 
 def make_loss_func(
-    loss_fn: str | Callable[..., LossOutput],
+    loss_fn: str | LossSpec | Callable[..., LossOutput],
     loss_fn_inputs: Mapping[str, Tensor],
     loss_fn_config: Mapping[str, Any] | None = None,
     *,
@@ -114,8 +107,10 @@ def make_loss_func(
 ) -> LossFunc:
     """Build the loss function of one micro-batch for a Megatron-Core ``forward_step_func``.
 
-    ``loss_fn``: a name of :data:`adapters.losses.LOSSES` (``"ppo"``, ``"cispo"``, ...) or a
-    function with the same convention returning a :class:`~adapters.losses.LossOutput`.
+    ``loss_fn``: a registered loss (:func:`adapters.losses.register_loss`): its name (``"ppo"``,
+    ``"cispo"``, ...), its :class:`~adapters.losses.LossSpec` or its function; or an unregistered
+    function with the same convention returning a :class:`~adapters.losses.LossOutput` (its
+    arguments are then checked only when it runs).
     ``loss_fn_inputs``: the micro-batch's per-token tensors other than the policy log-probs, named
     as the loss function's parameters (``sampling_logprobs``, ``advantages``, ``mask``, or
     ``weights`` for cross entropy). ``loss_fn_config``: the loss's keyword options
@@ -133,18 +128,24 @@ def make_loss_func(
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
     """
-    fn = _resolve_loss(loss_fn)
-    name = getattr(fn, "__name__", repr(fn))
+    spec = loss_spec(loss_fn)
+    if spec is None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a loss name, a LossSpec or a callable, got {type(loss_fn).__name__}")
+    fn: Callable[..., LossOutput] = spec.fn if spec is not None else loss_fn  # type: ignore[assignment]
+    name = spec.name if spec is not None else getattr(fn, "__name__", repr(fn))
     inputs = dict(loss_fn_inputs)
     config = dict(loss_fn_config or {})
-    _check_arguments(fn, name, inputs, config)
+    if spec is not None:
+        spec.check_arguments(inputs, config)
     if output_to_logprobs is not None and not callable(output_to_logprobs):
         raise TypeError(f"output_to_logprobs must be callable, got {type(output_to_logprobs).__name__}")
 
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logprobs = output_tensor if output_to_logprobs is None else output_to_logprobs(output_tensor)
         out = fn(logprobs, **inputs, **config)
-        if not isinstance(out, LossOutput):
+        if spec is not None:
+            out = spec.check_output(out)
+        elif not isinstance(out, LossOutput):
             raise TypeError(f"loss function {name} returned {type(out).__name__}, expected LossOutput")
         return out.loss, out.loss_tokens, report_of(out)
 
@@ -159,57 +160,12 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
         keys.LOSS_TOKENS: out.loss_tokens.detach(),
         REPORT_INVALID: out.invalid.detach(),
     }
-    if out.clips:
-        assert out.clipped_tokens is not None
-        assert out.clipped_low_tokens is not None and out.clipped_high_tokens is not None
+    if out.clipped_tokens is not None:
         report[keys.CLIPPED_TOKENS] = out.clipped_tokens.detach()
-        report[keys.CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.detach()
-        report[keys.CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.detach()
+        if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
+            report[keys.CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.detach()
+            report[keys.CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.detach()
     return report
-
-
-def _resolve_loss(loss_fn: str | Callable[..., LossOutput]) -> Callable[..., LossOutput]:
-    if isinstance(loss_fn, str):
-        if loss_fn not in LOSSES:
-            raise ValueError(f"loss_fn {loss_fn!r} is not one of {sorted(LOSSES)}")
-        return LOSSES[loss_fn]  # type: ignore[return-value]
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a loss name or a callable, got {type(loss_fn).__name__}")
-    return loss_fn
-
-
-def _check_arguments(fn: Callable[..., Any], name: str, inputs: dict[str, Any], config: dict[str, Any]) -> None:
-    """Match inputs to the loss's tensor parameters and config to its keyword-only options."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # builtins / C callables: nothing to check
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
-    options = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
-    accepted = {p.name for p in positional}
-    required = {p.name for p in positional if p.default is p.empty}
-    for key, value in inputs.items():
-        if key not in accepted:
-            raise ValueError(
-                f"loss_fn_inputs has {key!r}, which loss {name} does not take; it takes {sorted(accepted)} "
-                "(the policy log-probs come from the model's output tensor)"
-            )
-        if not isinstance(value, Tensor):
-            raise TypeError(f"loss_fn_inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
-    missing = sorted(required - set(inputs))
-    if missing:
-        raise ValueError(f"loss_fn_inputs lacks {missing} required by loss {name}")
-    for key in config:
-        if key not in options:
-            raise ValueError(
-                f"loss_fn_config has {key!r}, which loss {name} does not take; its options are {sorted(options)}"
-            )
-    missing_options = sorted(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty)
-    missing_options = [k for k in missing_options if k not in config]
-    if missing_options:
-        raise ValueError(f"loss_fn_config lacks {missing_options} required by loss {name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +174,7 @@ def _check_arguments(fn: Callable[..., Any], name: str, inputs: dict[str, Any], 
 
 
 def sum_reports(losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None) -> Tensor:
-    """Sum micro-batch reports on device into one float64 vector laid out as :data:`PACKED_FIELDS`.
+    """Sum micro-batch reports on device into one vector laid out as :data:`adapters.losses.PACKED_FIELDS`.
 
     No host synchronisation. An empty list gives zeros on ``device`` (default: CPU). Raises
     ValueError naming the micro-batch and key when a report is malformed.
@@ -229,7 +185,7 @@ def sum_reports(losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.de
         )
     rows = [_pack_report(i, report) for i, report in enumerate(losses_reduced)]
     if not rows:
-        return torch.zeros(len(PACKED_FIELDS), dtype=torch.float64, device=device)
+        return torch.zeros(len(PACKED_FIELDS), dtype=PACKED_DTYPE, device=device)
     target = torch.device(device) if device is not None else rows[0].device
     return torch.stack([row.to(target) for row in rows]).sum(dim=0)
 
@@ -245,8 +201,11 @@ def _pack_report(index: int, report: object) -> Tensor:
     if missing:
         raise ValueError(f"micro-batch {index}: report lacks {missing} (has {sorted(report)})")
     clip_present = [k for k in keys.CLIP_COUNT_KEYS if k in report]
-    if clip_present and len(clip_present) != len(keys.CLIP_COUNT_KEYS):
-        absent = [k for k in keys.CLIP_COUNT_KEYS if k not in report]
+    split = keys.SPLIT_KEYS
+    if clip_present and keys.CLIPPED_TOKENS not in report:
+        raise ValueError(f"micro-batch {index}: report has {clip_present} but not {keys.CLIPPED_TOKENS!r}")
+    if any(k in report for k in split) and not all(k in report for k in split):
+        absent = [k for k in split if k not in report]
         raise ValueError(f"micro-batch {index}: report has {clip_present} but not {absent}")
     scalars = [keys.LOSS_SUM, keys.LOSS_TOKENS, *clip_present]
     for key in (*scalars, REPORT_INVALID):
@@ -261,16 +220,10 @@ def _pack_report(index: int, report: object) -> Tensor:
             f"micro-batch {index}: report[{REPORT_INVALID!r}] has shape {tuple(invalid.shape)}, "
             f"expected ({len(INPUT_CHECKS)},)"
         )
-    device = report[keys.LOSS_SUM].device
-    zero = torch.zeros((), dtype=torch.float64, device=device)
-    one = torch.ones((), dtype=torch.float64, device=device)
-    counts = [report[k].detach().reshape(()).to(device=device, dtype=torch.float64) if k in report else zero
-              for k in _COUNT_KEYS]
-    head = torch.stack(
-        [report[keys.LOSS_SUM].detach().reshape(()).to(dtype=torch.float64), *counts, one,
-         one if clip_present else zero]
+    return pack_values(
+        report[keys.LOSS_SUM], report[keys.LOSS_TOKENS], report.get(keys.CLIPPED_TOKENS),
+        report.get(keys.CLIPPED_LOW_TOKENS), report.get(keys.CLIPPED_HIGH_TOKENS), invalid,
     )
-    return torch.cat([head, invalid.detach().to(device=device, dtype=torch.float64)])
 
 
 def merged_sums(
@@ -281,7 +234,7 @@ def merged_sums(
     """Sum the reports on device, then merge them over ``group`` in one collective.
 
     ``group``: a ``torch.distributed`` process group (every rank of it must call), or ``None`` for
-    one process (no collective). Returns the float64 vector of :data:`PACKED_FIELDS`, on device.
+    one process (no collective). Returns the vector of :data:`adapters.losses.PACKED_FIELDS`, on device.
     See :func:`merge_packed` for the collective.
     """
     if device is None and not losses_reduced and group is not None:
@@ -335,25 +288,25 @@ def reduce_losses(
     * a process group: every rank of it must call, ``[]`` allowed (it contributes zeros).
     * ``None``: this process alone, no collective.
 
-    All keys are merged in **one** collective on a float64 vector (:data:`PACKED_FIELDS`; see
+    All keys are merged in **one** collective on one vector (:data:`adapters.losses.PACKED_FIELDS`; see
     :func:`merge_packed`), then
     synchronised with the host once. Bad loss inputs counted on any rank raise ValueError after that
     collective, on every rank alike, rather than yield a wrong number. Metrics: ``loss:sum``,
-    ``loss_tokens:sum`` and, for a clipping loss, the clipped counts and ``clip_fraction:mean``
-    (formed from the merged sums; absent when no token was eligible). A loss that never clips emits
-    no clip keys.
+    ``loss_tokens:sum`` and, for a clipping loss, ``clipped_tokens:sum``, the low/high split when
+    every micro-batch reported it, and ``clip_fraction:mean`` (formed from the merged sums; absent
+    when no token was eligible). A loss that never clips emits no clip keys.
     """
     if group is AUTO:
-        state = _parallel_state()
+        state = megatron_compat.parallel_state()
         if state is not None:
-            if not state.is_pipeline_last_stage(ignore_virtual=True):
+            if not megatron_compat.is_last_pipeline_stage(state):
                 if losses_reduced:
                     raise ValueError(
                         f"losses_reduced has {len(losses_reduced)} reports on a rank that is not on the "
                         "last pipeline stage; Megatron returns [] there"
                     )
                 return None
-            group = state.get_data_parallel_group(with_context_parallel=True)
+            group = megatron_compat.data_parallel_group(state)
         else:
             group = _default_group()
     packed = merged_sums(losses_reduced, group=group, device=device)
@@ -361,30 +314,20 @@ def reduce_losses(
 
 
 def output_from_sums(values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord") -> ForwardBackwardOutput:
-    """Build the output from the merged :data:`PACKED_FIELDS` values (host numbers)."""
+    """Build the output from the merged :data:`adapters.losses.PACKED_FIELDS` values (host numbers)."""
     if len(values) != len(PACKED_FIELDS):
         raise ValueError(f"expected {len(PACKED_FIELDS)} merged values ({PACKED_FIELDS}), got {len(values)}")
-    fields = dict(zip(PACKED_FIELDS, values, strict=True))
-    raise_invalid([int(fields[f"invalid[{i}]"]) for i in range(len(INPUT_CHECKS))])
-    n_reports, n_clip = int(fields[_N_REPORTS]), int(fields[_N_CLIP_REPORTS])
-    if n_reports == 0:
+    invalid = [int(v) for v in values[len(PACKED_FIELDS) - len(INPUT_CHECKS) :]]
+    raise_invalid(invalid)  # bad inputs first: they explain any odd count
+    sums = unpack(values, _SUMMED)
+    if sums.calls == 0:
         raise ValueError(
             "losses_reduced is empty on every rank: pass the list forward_backward_func returned on the "
             "last pipeline stage (one report per micro-batch)"
         )
-    if n_clip not in (0, n_reports):
-        raise ValueError(
-            f"{n_clip} of {n_reports} micro-batch reports come from a clipping loss and the rest from a loss "
-            "that never clips; one step must use one kind of loss"
-        )
-    # whole, non-negative token counts (a hand-written report may carry a float or negative count)
-    counts = {key: as_count(f"{key} (summed over micro-batches and ranks)", fields[key]) for key in _COUNT_KEYS}
-    loss_sum = fields[keys.LOSS_SUM]
-    if not math.isfinite(loss_sum):
-        raise ValueError(f"{keys.LOSS_SUM} is {loss_sum!r} after merging: a loss value was not finite")
-    metrics: dict[str, float] = {keys.LOSS_SUM: float(loss_sum)}
-    clip_counts = ClipCounts(*(counts[k] for k in _COUNT_KEYS)) if n_clip else None
-    metrics.update(token_metrics(counts[keys.LOSS_TOKENS], clip_counts))
+    if not math.isfinite(sums.loss_sum):
+        raise ValueError(f"{keys.LOSS_SUM} is {sums.loss_sum!r} after merging: a loss value was not finite")
+    metrics = {keys.LOSS_SUM: sums.loss_sum, **sums.counts.to_metrics()}
     return ForwardBackwardOutput(loss_fn_output_type=loss_fn_output_type, loss_fn_outputs=[], metrics=metrics)
 
 
@@ -404,13 +347,12 @@ def broadcast_from_last_stage(
     chosen from the group's backend).
     """
     if group is AUTO:
-        state = _parallel_state()
+        state = megatron_compat.parallel_state()
         if state is None:
             if output is None:
                 raise ValueError("output is None and there is no pipeline group to receive it from")
             return output
-        group = state.get_pipeline_model_parallel_group()
-        src = state.get_pipeline_model_parallel_last_rank()
+        group, src = megatron_compat.pipeline_group(state)
     if group is None:
         if output is None:
             raise ValueError("output is None and group is None: nothing to receive")
@@ -426,15 +368,6 @@ def broadcast_from_last_stage(
     if not isinstance(result, ForwardBackwardOutput):
         raise TypeError(f"received {type(result).__name__} from rank {src}, expected ForwardBackwardOutput")
     return result
-
-
-def _parallel_state() -> Any:
-    """Megatron's ``parallel_state`` when installed and initialised, else ``None`` (lazy import)."""
-    try:
-        from megatron.core import parallel_state
-    except ImportError:
-        return None
-    return parallel_state if parallel_state.model_parallel_is_initialized() else None
 
 
 def _default_group() -> Any:

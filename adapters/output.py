@@ -1,33 +1,25 @@
 """``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions.
 
 ``ForwardBackwardOutput`` is tinker's own frozen dataclass when ``tinker`` is installed and an
-identical dataclass otherwise. Metrics are ``name:reduction`` -> float.
+identical dataclass otherwise (:mod:`adapters._compat.tinker`). Metrics are ``name:reduction`` ->
+float. Outputs in any of their three forms (ours, tinker's, the JSON dict) are read through
+:func:`tracking.outputs.read_output`; the low/high split is optional (docs/CONTRACT.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from adapters._compat.tinker import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts, as_count, exact_clip_metrics, metrics_of, token_metrics
+from tracking.counts import TokenCounts, as_count, exact_clip_metrics
+from tracking.outputs import metrics_of, read_output
+from tracking.validation import check_metrics
 
 if TYPE_CHECKING:
     from adapters.losses import LossOutput
-
-try:  # tinker's own type when available, so outputs pass through tinker's helpers unchanged
-    from tinker.types import ForwardBackwardOutput
-except ImportError:  # pragma: no cover - exercised only where tinker is absent
-
-    @dataclass(frozen=True)
-    class ForwardBackwardOutput:  # type: ignore[no-redef]
-        """Same fields as ``tinker.types.ForwardBackwardOutput``."""
-
-        loss_fn_output_type: str
-        loss_fn_outputs: list[dict[str, Any]]
-        metrics: dict[str, float] = field(default_factory=dict)
 
 
 __all__ = [
@@ -41,20 +33,17 @@ __all__ = [
 ]
 
 
-def clip_counts(output: object) -> ClipCounts | None:
-    """Exact clip counts of an output (ours, tinker's, or its JSON dict); ``None`` if the loss never clips."""
-    return ClipCounts.from_metrics(metrics_of(output))
+def clip_counts(output: object) -> TokenCounts | None:
+    """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips;
+    ``None`` when it never clips (no ``clipped_tokens:sum``). The low/high split is optional."""
+    counts = TokenCounts.from_metrics(metrics_of(output))
+    return counts if counts is not None and counts.clips else None
 
 
 def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
-    """Return ``metrics`` as ``{str: float}``; raise ValueError naming a bad key or value."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        keys.split_key(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__} {value!r}")
-        out[key] = float(value)
-    return exact_clip_metrics(out)
+    """Return ``metrics`` as ``{str: float}``; raise ValueError naming a bad key, value or count
+    (:func:`tracking.validation.check_metrics`)."""
+    return check_metrics(metrics)
 
 
 def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> float | None:
@@ -109,22 +98,14 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
 
 def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:
     """Merge the outputs of the chunks of one request, as tinker does, but with exact fractions."""
-    chunks = list(chunks)
-    if not chunks:
+    parts = [read_output(c, f"chunks[{i}]") for i, c in enumerate(chunks)]
+    if not parts:
         return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics={})
-    metrics = [metrics_of(c) for c in chunks]
-    outputs = [_field(c, "loss_fn_outputs") for c in chunks]
     return ForwardBackwardOutput(
-        loss_fn_output_type=_field(chunks[0], "loss_fn_output_type"),
-        loss_fn_outputs=[o for chunk in outputs for o in chunk],
-        metrics=merge_metrics(metrics, [len(o) for o in outputs]),
+        loss_fn_output_type=parts[0].loss_fn_output_type,
+        loss_fn_outputs=[o for part in parts for o in part.loss_fn_outputs],
+        metrics=merge_metrics([p.metrics for p in parts], [len(p.loss_fn_outputs) for p in parts]),
     )
-
-
-def _field(output: object, name: str) -> Any:
-    if isinstance(output, Mapping):
-        return output.get(name, [] if name == "loss_fn_outputs" else "")
-    return getattr(output, name)
 
 
 def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
@@ -133,20 +114,14 @@ def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
     Synchronises with the host once and raises ValueError for invalid loss inputs. A loss that
     never clips yields only ``loss:sum`` and ``loss_tokens:sum``.
     """
-    import torch
-
-    from adapters.losses import raise_invalid
+    from adapters.losses import pack, unpack
 
     if not outputs:
         raise ValueError("loss_metrics needs at least one LossOutput")
     total = outputs[0]
     for other in outputs[1:]:
         total = total + other
-    clip_fields = (total.clipped_tokens, total.clipped_low_tokens, total.clipped_high_tokens)
-    fields = [total.loss.detach(), total.loss_tokens, *(f for f in clip_fields if f is not None)]
-    values = torch.cat([torch.stack([f.double() for f in fields]), total.invalid.double()]).tolist()  # one sync
-    raise_invalid([int(v) for v in values[len(fields):]], total.sources)
-    counts = ClipCounts(*values[1:5]) if total.clips else None
-    metrics = {keys.LOSS_SUM: values[0]}
-    metrics.update(token_metrics(values[1], counts))
-    return metrics
+    values = pack(total).tolist()  # the one sync
+    sums = unpack(values)
+    sums.check(total.sources)
+    return {keys.LOSS_SUM: sums.loss_sum, **sums.counts.to_metrics()}

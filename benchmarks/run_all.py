@@ -33,12 +33,20 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
+<<<<<<< HEAD
     from benchmarks import loss_overhead, merge, stress, tracking
+=======
+    from benchmarks import compare, loss_overhead, merge, tracking
+>>>>>>> main
 
     started = time.perf_counter()
     rows: list[Row] = []
     for name, module in (("loss_overhead", loss_overhead), ("merge", merge), ("tracking", tracking),
+<<<<<<< HEAD
                          ("stress", stress)):
+=======
+                         ("compare", compare)):
+>>>>>>> main
         print(f"running {name} ...", flush=True)
         rows += _rows(module.run())
     table = markdown(rows)

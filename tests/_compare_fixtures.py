@@ -57,7 +57,7 @@ def synthetic_run(
     backend: str,
     *,
     seed: int,
-    n_steps: int = 60,
+    n_steps: int = 200,
     clip_p: float = 0.10,
     clip_sd: float = 0.01,
     reward: float = 0.5,
@@ -98,7 +98,7 @@ def synthetic_run(
     return SyntheticRun(run_id, run_name, backend, points, config)
 
 
-def megatron_vs_miles(*, miles_clip_p: float = 0.10, n_megatron: int = 60, n_miles: int = 60,
+def megatron_vs_miles(*, miles_clip_p: float = 0.10, n_megatron: int = 200, n_miles: int = 200,
                       miles_missing: tuple[int, ...] = (), miles_name: str = "miles-run",
                       miles_reward: float = 0.5, miles_throughput: float = 2000.0,
                       ) -> tuple[SyntheticRun, SyntheticRun]:

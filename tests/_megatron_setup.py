@@ -133,7 +133,7 @@ def expected_metrics(scenario: str, batch: GlobalBatch) -> dict[str, float]:
 
 
 def plain_ppo_counts(batch: GlobalBatch, low: float = 0.8, high: float = 1.2) -> tuple[int, int, int, int]:
-    """(loss_tokens, clipped, low, high) of PPO from the log-ratios, by the SPEC's definition."""
+    """(loss_tokens, clipped, low, high) of PPO from the log-ratios, by docs/CONTRACT.md's rule."""
     eligible = batch.mask != 0
     a = batch.advantages
     is_low = eligible & (a < 0) & (batch.deltas < math.log(low))

@@ -1,9 +1,9 @@
 """Plain references for the losses: Tinker's formulas without counting, and per-token rules.
 
 ``objective_*`` are the vectorised objectives exactly as Tinker documents them, with no counting;
-``per_token_*`` apply the SPEC's clipping rules one token at a time in plain Python. The ratio is
-computed once with the same element-wise ``exp`` as the loss (the only op that is not correctly
-rounded), everything else per token.
+``per_token_*`` apply the clipping rules of docs/CONTRACT.md ("Clip semantics") one token at a
+time in plain Python. The ratio is computed once with the same element-wise ``exp`` as the loss
+(the only op that is not correctly rounded), everything else per token.
 """
 
 from __future__ import annotations

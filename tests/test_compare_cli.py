@@ -25,17 +25,17 @@ def test_compare_prints_table_and_verdict(spool, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "clip_fraction" in out and "different" in out and "Not equally on-policy" in out
-    assert "58 paired units" in out
+    assert "198 paired units" in out
     assert html.exists() and html.stat().st_size > 1_000_000
     assert md.read_text().startswith("Not equally on-policy")
 
 
 def test_compare_options(spool, capsys):
     code = main(["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--align", "tokens",
-                 "--window", "0:100000", "--tolerance", "0.1", "--n-boot", "200"])
+                 "--window", "0:1000000", "--tolerance", "0.1"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "Aligned by tokens seen, window 0:100000" in out
+    assert "Aligned by tokens seen, window 0:1e+06" in out
     assert "Equally on-policy" in out  # 6 pp apart, within ±10 pp
 
 
@@ -54,3 +54,23 @@ def test_compare_errors_are_clear(spool, capsys):
     assert "window '9:1' is empty" in capsys.readouterr().err
     assert main(["compare", "megatron-run", "--jsonl", str(spool)]) == 2
     assert "at least two runs" in capsys.readouterr().err
+
+
+def test_compare_json_has_every_number(spool, tmp_path, capsys):
+    import json
+
+    assert main(["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
+    assert data["verdict"] == "different" and data["minimum"] == {"units": 100, "ess": 10.0}
+    by_metric = {d["metric"]: d for d in data["differences"]}
+    assert set(by_metric) == {"clip_fraction", "clip_low_fraction", "clip_high_fraction", "reward", "throughput"}
+    clip = by_metric["clip_fraction"]
+    assert clip["verdict"] == "different" and clip["difference"]["units"] == 198
+    for key in ("value", "ci_low", "ci_high", "lag1", "ess"):
+        assert isinstance(clip["difference"][key], float)
+    assert clip["reference_paired"]["units"] == 198 and len(data["estimates"]) == 10
+    assert any("left out of the paired comparison" in n["text"] for n in data["notes"])
+    out = tmp_path / "c.json"
+    assert main(["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--json", str(out)]) == 0
+    assert "Not equally on-policy" in capsys.readouterr().out
+    assert json.loads(out.read_text()) == data

@@ -97,11 +97,11 @@ def test_jsonl_torn_lines_are_skipped_with_a_warning_and_a_foreign_line_is_named
     run_dir = write_jsonl(tmp_path, megatron)
     points = run_dir / keys.POINTS_FILE
     with open(points, "a", encoding="utf-8") as fh:
-        fh.write('{"step": 60, "wall_ti')  # crash mid-write
+        fh.write('{"step": 200, "wall_ti')  # crash mid-write
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rs = load_jsonl([], tmp_path)
-    assert rs.frame.step.max() == 59 and any("incomplete last line" in str(w.message) for w in caught)
+    assert rs.frame.step.max() == 199 and any("incomplete last line" in str(w.message) for w in caught)
     lines = points.read_text().splitlines()
     lines[3] = "not json"
     points.write_text("\n".join(lines) + "\n")
@@ -117,7 +117,7 @@ def test_jsonl_torn_lines_are_skipped_with_a_warning_and_a_foreign_line_is_named
 def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
     source = next((stores["root"] / "wb").rglob("run-megatron0001.wandb"))
     data = bytearray(source.read_bytes())
-    assert sum(1 for r in read_wandb_records(source) if r.WhichOneof("record_type") == "history") == 60
+    assert sum(1 for r in read_wandb_records(source) if r.WhichOneof("record_type") == "history") == 200
     damaged = tmp_path / "run-x.wandb"
     data[200] ^= 0xFF
     damaged.write_bytes(bytes(data))
@@ -129,7 +129,7 @@ def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rs = load_wandb_offline([], truncated.parent)
-    assert 55 <= rs.frame.step.nunique() <= 60
+    assert 195 <= rs.frame.step.nunique() <= 200
 
 
 def test_wandb_online_loader(stores):
@@ -188,7 +188,7 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
     assert [i.backend for i in frames["mlflow"].runs] == ["megatron", "miles"]
     result = compare(frames["mlflow"])
     assert result.difference("clip_fraction").verdict == "different"
-    assert result.difference("clip_fraction").estimate.n_units == 59
+    assert result.difference("clip_fraction").estimate.n_units == 199
 
 
 @pytest.mark.slow
@@ -223,3 +223,27 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
         assert rows.step.tolist() == list(range(6)) and rows.value.tolist() == [s / 10 for s in range(6)]
         assert rows.wall_time.tolist() == [1.7e9 + s for s in range(6)]
         assert rs.runs[0].backend == "miles" and rs.runs[0].config["lr"] == 0.5
+
+
+def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monkeypatch):
+    """NaN, infinity and a value logged twice at one step read the same through the bulk SQL read
+    and through ``get_metric_history`` (forced by switching the bulk read off)."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from tracking.compare import load as load_module
+
+    megatron, _ = megatron_vs_miles(n_megatron=30)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = write_mlflow(uri, megatron)
+    client = MlflowClient(tracking_uri=uri)
+    ms = int(megatron.points[5].wall_time * 1000)
+    client.log_batch(run_id, metrics=[Metric(keys.REWARD, float("nan"), ms + 10**7, 5), Metric(keys.THROUGHPUT, float("inf"), ms + 10**7, 6),
+                                      Metric(keys.REWARD, 7.0, ms + 10**7, 7)])  # logged again, later
+    bulk = load_mlflow([run_id], tracking_uri=uri)
+    monkeypatch.setattr(load_module, "bulk_columns", lambda uri, ids: None)
+    one_by_one = load_mlflow([run_id], tracking_uri=uri)
+    pd.testing.assert_frame_equal(_normalised(bulk.frame), _normalised(one_by_one.frame), check_exact=True)
+    f = bulk.frame.set_index(["step", "metric"])["value"]
+    assert f[7, keys.REWARD] == 7.0 and f[6, keys.THROUGHPUT] > 1e307
+    assert f[5, keys.REWARD] != f[5, keys.REWARD]  # NaN stays NaN

@@ -13,6 +13,7 @@ import pytest
 from tests._compare_fixtures import megatron_vs_miles
 from tracking.compare import RunInfo, RunSet, compare
 from tracking.compare.dashboard import render_dashboard, write_dashboard
+from tracking.compare.panels import PANELS
 
 CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
@@ -39,6 +40,7 @@ def test_self_contained_and_escaped(dashboard):
     assert html.escape(EVIL) in text
     assert "\\u0026lt;script\\u0026gt;alert(1)" in text  # trace names inside the figure JSON
     assert f'class="summary {result.on_policy_verdict}"' in text
+    assert all(f'data-panel="{panel.id}"' in text for panel in PANELS)  # the one panel list
 
 
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
@@ -73,8 +75,8 @@ def test_renders_in_headless_chromium(dashboard, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert _console(dom.stderr) == [], _console(dom.stderr)
     out = dom.stdout
-    assert 'data-rendered="4"' in out  # all four plots drawn by plotly
-    assert out.count("js-plotly-plot") >= 4
+    assert f'data-rendered="{len(PANELS)}"' in out  # every panel drawn by plotly
+    assert out.count("js-plotly-plot") >= len(PANELS)
     assert "megatron-run" in out and html.escape(EVIL) in out
     assert EVIL not in out  # shown as text, never as an element
     assert "<img src=\"x\"" not in out and "<img src=x" not in out
@@ -95,3 +97,19 @@ def test_render_is_deterministic(dashboard):
     rs = RunSet.from_points([(RunInfo(r.run_id, r.run_name, r.backend, "test", config=r.config), r.points)
                              for r in (megatron, miles)])
     assert render_dashboard(rs, compare(rs)) == path.read_text(encoding="utf-8")
+
+
+def test_insufficient_data_is_shown(tmp_path):
+    from tests._compare_fixtures import synthetic_run
+
+    a = synthetic_run("a", "a", "megatron", seed=1, n_steps=30)
+    b = synthetic_run("b", "b", "miles", seed=2, n_steps=30, clip_p=0.3)
+    a.points[10].metrics["reward:mean"] = float("nan")
+    rs = RunSet.from_points([(RunInfo(r.run_id, r.run_name, r.backend, "test"), r.points) for r in (a, b)])
+    result = compare(rs)
+    assert result.on_policy_verdict == "insufficient data"
+    text = render_dashboard(rs, result)
+    assert 'class="summary insufficient-data"' in text
+    assert '<td class="verdict insufficient-data">insufficient data</td>' in text
+    assert "only 30 paired units (minimum 100)" in text
+    assert "Warning: a: reward:mean is NaN or infinite at 1 of 30 steps (first at step 10)" in text

@@ -61,10 +61,17 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
-    [comparison] = client.search_runs([experiment.experiment_id],
+    assert not client.search_runs([experiment.experiment_id],
+                                  f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
+    comparisons = client.get_experiment_by_name("cliptrack-demo-comparisons")
+    [comparison] = client.search_runs([comparisons.experiment_id],
                                       f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
+    assert comparison.data.metrics == {}  # numbers are params and tags, not charted metrics
+    assert comparison.data.tags[keys.TAG_VERDICT] == "insufficient data"  # 6 steps are too few
+    assert comparison.info.artifact_uri.startswith((out / "comparison-artifacts").resolve().as_uri())
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
-    assert {"dashboard.html", "comparison.csv"} <= artifacts
+    assert {"dashboard.html", "comparison.csv", "comparison.json"} <= artifacts
+    assert any((out / "comparison-artifacts").rglob("comparison.json"))
 
 
 def test_miles_run_is_more_off_policy_than_megatron_run(demo):

@@ -184,3 +184,28 @@ def test_counts_stay_on_input_device_and_sum_across_micro_batches():
     assert int(total.clipped_tokens) == sum(int(o.clipped_tokens) for o in outs)
     with pytest.raises(ValueError, match="never clips"):
         outs[0] + losses.importance_sampling(torch.zeros(2), torch.zeros(2), torch.ones(2))
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=8), st.sampled_from(["ppo", "cispo", "importance_sampling"]))
+def test_the_one_packing_adds_on_device_and_reads_back_the_exact_counts(sizes, name):
+    from tests._harness import host_sync_forbidden
+
+    gen = torch.Generator().manual_seed(sum(sizes))
+    outs = []
+    with host_sync_forbidden():
+        for n in sizes:
+            lp = -torch.rand(n, generator=gen) * 3
+            outs.append(losses.LOSSES[name](lp, lp + 0.4 * torch.randn(n, generator=gen), torch.randn(n, generator=gen),
+                                            (torch.rand(n, generator=gen) > 0.2).float()))
+        packed = torch.stack([losses.pack(o) for o in outs]).sum(dim=0)
+    assert packed.dtype == losses.PACKED_DTYPE and packed.shape == (len(losses.PACKED_FIELDS),)
+    sums = losses.unpack(packed.tolist())
+    assert sums.calls == len(outs) and sums.invalid == [0, 0, 0]
+    assert sums.counts.loss_tokens == sum(int(o.loss_tokens) for o in outs)
+    assert sums.loss_sum == pytest.approx(sum(float(o.loss) for o in outs), rel=1e-5, abs=1e-4)
+    if name in losses.CLIPPING_LOSSES:
+        assert sums.counts.clipped_tokens == sum(int(o.clipped_tokens) for o in outs)
+        assert sums.counts.clipped_low_tokens == sum(int(o.clipped_low_tokens) for o in outs)
+        assert sums.counts.clipped_high_tokens == sum(int(o.clipped_high_tokens) for o in outs)
+    else:
+        assert not sums.counts.clips

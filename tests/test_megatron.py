@@ -59,7 +59,7 @@ def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scena
     for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION):
         assert fbo.metrics.get(key) == expected.get(key), key
     assert fbo.metrics[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
-    if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # the SPEC's rule, token by token, agrees
+    if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # docs/CONTRACT.md's rule, token by token, agrees
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert (fbo.metrics[keys.LOSS_TOKENS], fbo.metrics[keys.CLIPPED_TOKENS]) == (n, clipped)
         assert (fbo.metrics[keys.CLIPPED_LOW_TOKENS], fbo.metrics[keys.CLIPPED_HIGH_TOKENS]) == (low, high)
@@ -182,7 +182,7 @@ def test_no_host_sync_in_the_loss_or_the_micro_batch_sum(megatron_one_rank):
     assert packed.dtype == torch.float64 and packed.shape == (len(mg.PACKED_FIELDS),)
     fields = dict(zip(mg.PACKED_FIELDS, packed.tolist(), strict=True))
     assert fields[keys.LOSS_TOKENS] == sum(float(m["inputs"]["mask"].sum()) for m in data)
-    assert fields["reports"] == fields["clip_reports"] == len(data)
+    assert fields["calls"] == fields["clipping_calls"] == fields["split_calls"] == len(data)
 
 
 def test_the_guard_catches_a_sync():
@@ -304,9 +304,10 @@ def test_token_weighted_not_a_mean_of_micro_batch_fractions():
     [
         ([], ValueError, "empty on every rank"),
         ({"loss:sum": 1}, TypeError, "losses_reduced must be the list"),
-        ([_report(1.0, 3, 0, 1), _report(1.0, 3)], ValueError, "1 of 2 micro-batch reports"),
+        ([_report(1.0, 3, 0, 1), _report(1.0, 3)], ValueError, "1 of 2 loss calls come from a clipping loss"),
         ([_report(1.0, 3), {keys.LOSS_SUM: torch.tensor(1.0)}], ValueError, "micro-batch 1: report lacks"),
-        ([{**_report(1.0, 3), keys.CLIPPED_TOKENS: torch.tensor(1)}], ValueError, "but not"),
+        ([{**_report(1.0, 3), keys.CLIPPED_LOW_TOKENS: torch.tensor(1)}], ValueError, "but not"),
+        ([{**_report(1.0, 3, 0, 1), keys.CLIPPED_HIGH_TOKENS: torch.tensor(0)}], ValueError, "!= clipped_tokens"),
         ([{**_report(1.0, 3), keys.LOSS_TOKENS: 3}], TypeError, "expected a tensor"),
         ([{**_report(1.0, 3), keys.LOSS_TOKENS: torch.ones(2)}], ValueError, "shape \\(2,\\)"),
         ([_report(1.0, 3, 2, 2)], ValueError, "exceeds loss_tokens"),

@@ -43,6 +43,7 @@ def test_notebook_executes_against_mlflow_runs(tmp_path):
     text = _outputs(nb)
     assert "on-policy verdict: different" in text
     assert "Not equally on-policy" in text
+    assert "effective sample size" in text and "lag1" in text and "left out of the paired comparison" in text
     assert sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})) == 1
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
@@ -57,3 +58,16 @@ def test_notebook_executes_against_jsonl_runs(tmp_path):
     nb = _with_parameters(JSONL_DIR=str(tmp_path / "spool"), RUN_IDS=["megatron-run", "miles-run"], ALIGN="tokens")
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     assert "on-policy verdict: equivalent" in _outputs(nb)
+
+
+@pytest.mark.slow
+def test_notebook_says_insufficient_data_for_short_runs(tmp_path):
+    from nbclient import NotebookClient
+
+    for run in megatron_vs_miles(n_megatron=40, n_miles=40, miles_clip_p=0.3):
+        write_jsonl(tmp_path / "spool", run)
+    nb = _with_parameters(JSONL_DIR=str(tmp_path / "spool"), RUN_IDS=["megatron-run", "miles-run"])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = _outputs(nb)
+    assert "on-policy verdict: insufficient data" in text
+    assert "only 40 paired units (minimum 100)" in text

@@ -181,7 +181,7 @@ def test_bad_counts_are_refused(metrics, match):
 
 
 def test_non_numeric_metric_value_is_refused():
-    with pytest.raises(ValueError, match="'reward:mean' must be a number"):
+    with pytest.raises(ValueError, match="'reward:mean' must be a real number"):
         validate_metrics({"reward:mean": "high"})
 
 

@@ -7,6 +7,7 @@ replaced is the report runset's project-id lookup (a W&B cloud API call), via ``
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -15,6 +16,7 @@ from tests._compare_fixtures import megatron_vs_miles, write_mlflow
 from tracking import keys
 from tracking.cli import main
 from tracking.compare import compare, load_mlflow
+from tracking.compare.panels import PANELS
 from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
 
@@ -102,15 +104,28 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert tags[keys.TAG_RUN_KIND] == "comparison"
     assert tags[keys.TAG_COMPARED_RUNS] == ",".join(ids)
     assert tags[keys.TAG_VERDICT] == "different" == result.on_policy_verdict
+    assert tags[f"{keys.TAG_VERDICT}.clip_fraction"] == "different"
     assert tags["mlflow.note.content"] == result.summary()
-    assert run.info.experiment_id == client.get_run(ids[0]).info.experiment_id
-    assert run.data.params["align"] == "step" and run.data.params["tolerance.clip_fraction"] == "0.02"
-    assert run.data.metrics["clip_fraction.difference"] == pytest.approx(result.difference("clip_fraction").estimate.value)
+    # its own experiment, named after the compared runs' experiment, artifacts beside the store
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "cliptrack-tests-comparisons"
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert run.info.artifact_uri.startswith((Path(uri.removeprefix("sqlite:///")).parent / "comparison-artifacts").as_uri())
+    # summary numbers are params and tags, never metrics
+    assert run.data.metrics == {}
+    d = result.difference("clip_fraction")
+    params = run.data.params
+    assert params["align"] == "step" and params["tolerance.clip_fraction"] == "0.02 absolute"
+    assert float(params["clip_fraction.difference"]) == pytest.approx(d.estimate.value, rel=1e-5)
+    assert float(params["clip_fraction.ess"]) == pytest.approx(d.estimate.ess, rel=1e-5)
+    assert params["clip_fraction.verdict"] == "different" and params["min_units"] == "100"
     for compared in ids:
         assert run_id in client.get_run(compared).data.tags[keys.TAG_COMPARED_IN].split(",")
     listed = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "figures")}
-    assert {"comparison.csv", "comparison.md", "dashboard.html", "figures/clip.png", "figures/split.png",
-            "figures/reward.png", "figures/throughput.png"} <= listed
+    assert {"comparison.csv", "comparison.md", "comparison.json", "dashboard.html"} <= listed
+    assert {f"figures/{panel.id}.png" for panel in PANELS} <= listed  # the one panel list
+    saved = json.loads(open(client.download_artifacts(run_id, "comparison.json", str(tmp_path))).read())
+    assert saved == result.to_dict()
     local = client.download_artifacts(run_id, "figures/clip.png", str(tmp_path))
     with open(local, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -119,8 +134,29 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert sorted(i.run_id for i in again.runs) == sorted(ids)
 
 
-def test_panels_mlflow_command(mlflow_store, capsys):
+def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):
+    from mlflow.tracking import MlflowClient
+
     uri, ids = mlflow_store
-    assert main(["panels", "mlflow", "megatron-run", "miles-run", "--tracking-uri", uri, "--n-boot", "300"]) == 0
+    artifacts = tmp_path / "chosen"
+    assert main(["panels", "mlflow", "megatron-run", "miles-run", "--tracking-uri", uri, "--log-experiment",
+                 "elsewhere", "--artifact-dir", str(artifacts)]) == 0
     out = capsys.readouterr().out
     assert "comparison run:" in out and "Not equally on-policy" in out
+    run_id = out.strip().rsplit(" ", 1)[-1]
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert client.get_experiment(run.info.experiment_id).name == "elsewhere"
+    assert run.info.artifact_uri.startswith(artifacts.resolve().as_uri())
+    assert list(artifacts.rglob("dashboard.html"))
+
+
+def test_wandb_workspaces_version_is_checked():
+    from tracking.compare import _compat_wandb_workspaces as compat
+
+    assert compat.check_version() == compat.installed_version()  # the installed one is supported
+    low, high = compat.SUPPORTED
+    assert compat.check_version(".".join(map(str, low))) == ".".join(map(str, low))
+    for unsupported in (".".join(map(str, high)), "0.1.9", "1.0.0"):
+        with pytest.raises(compat.UnsupportedVersionError, match=f"wandb-workspaces {unsupported} is not supported"):
+            compat.check_version(unsupported)

@@ -5,7 +5,7 @@ through Megatron-Core's real ``get_forward_backward_func`` schedule (one gloo ra
 the tests' CPU shim), once with a hand-rolled loop over micro-batches (no megatron-core needed).
 Miles path: every sequence of the batch is a datum in Tinker's JSON form, run through
 ``forward_backward_loss`` in chunks, sent as JSON, added to a ``ClientAggregator`` in shuffled
-order and emitted. Both are also checked against the SPEC's rule token by token.
+order and emitted. Both are also checked against docs/CONTRACT.md's rule token by token.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_megatron_schedule_and_miles_runtime_emit_identical_clip_metrics(megatro
     assert miles[keys.LOSS_SUM] == pytest.approx(megatron.metrics[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
     if setup.SCENARIOS[scenario]["loss_fn"] == "cross_entropy":
         assert not {keys.CLIP_FRACTION, *keys.CLIP_COUNT_KEYS} & (set(miles) | set(megatron.metrics))
-    elif setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # and both follow the SPEC's rule
+    elif setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # and both follow docs/CONTRACT.md's rule
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert [miles[k] for k in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)] == [n, clipped, low, high]
 

@@ -113,7 +113,8 @@ def test_log_output_logs_the_clip_series_with_the_fraction_from_sums(tmp_path):
                                    keys.CLIPPED_LOW_TOKENS: 4.0, keys.CLIPPED_HIGH_TOKENS: 6.0,
                                    keys.CLIP_FRACTION: 0.01, keys.REWARD: 0.25}
     assert lines[1]["metrics"][keys.CLIP_FRACTION] == 0.0
-    assert lines[1]["metrics"][keys.CLIPPED_LOW_TOKENS] == lines[1]["metrics"][keys.CLIPPED_HIGH_TOKENS] == 0.0
+    # no split given: no split series (never invented, not even as 0 + 0)
+    assert not {keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS} & set(lines[1]["metrics"])
     assert lines[2]["metrics"] == {keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: 0.0}  # no clip key invented
     assert len(lines) == 3
 
@@ -143,7 +144,15 @@ BAD_INPUTS = [
     (0, {keys.LOSS_TOKENS: math.nan}, "finite token count"),
     (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 6, keys.CLIPPED_LOW_TOKENS: 6, keys.CLIPPED_HIGH_TOKENS: 0},
      "exceeds loss_tokens"),
-    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 2}, "no low/high split"),
+    # the split keys are counts even when given alone; a fraction given alone lies in [0, 1]
+    (0, {keys.CLIPPED_LOW_TOKENS: -1.5}, "clipped_low_tokens:sum must be >= 0|whole number"),
+    (0, {keys.CLIPPED_HIGH_TOKENS: math.nan}, "clipped_high_tokens:sum must be a finite token count"),
+    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 2, keys.CLIPPED_LOW_TOKENS: 2},
+     "without its other side of the low/high split"),
+    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_LOW_TOKENS: 1, keys.CLIPPED_HIGH_TOKENS: 1}, "but not 'clipped_tokens:sum'"),
+    (0, {keys.CLIP_FRACTION: 7.3}, r"clip_fraction:mean must be a fraction of tokens in \[0, 1\], got 7.3"),
+    (0, {keys.CLIP_FRACTION: -0.1}, r"in \[0, 1\]"),
+    (0, {keys.CLIP_FRACTION: math.nan}, r"in \[0, 1\]"),
 ]
 
 

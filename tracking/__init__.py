@@ -6,12 +6,12 @@ Importing this package never imports torch.
 from typing import TYPE_CHECKING
 
 from tracking import keys
-from tracking.counts import ClipCounts
+from tracking.counts import ClipCounts, TokenCounts
 
 if TYPE_CHECKING:
     from tracking.tracker import Tracker
 
-__all__ = ["ClipCounts", "Tracker", "keys"]
+__all__ = ["ClipCounts", "TokenCounts", "Tracker", "keys"]
 
 
 def __getattr__(name: str) -> object:

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  W&B offline    {out / 'wandb'}   (push later: wandb sync {out / 'wandb'}/offline-run-*)")
     if len(run_ids) >= 2:
         print(f"  dashboard      {out / 'dashboard.html'}")
+        print(f"  comparison     MLflow experiment cliptrack-demo-comparisons, artifacts in {out / 'comparison-artifacts'}")
         print(f"  W&B panels     {out / 'wandb-panels.json'}")
     for path, run_id in run_ids.items():
         print(f"  run {path:<9} {run_id}")
@@ -106,7 +107,8 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     result = compare(runs)
     print(format_result(result))
     dashboard = write_dashboard(out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles")
-    comparison_id = log_comparison(runs, result, tracking_uri=tracking_uri, dashboard=dashboard)
+    comparison_id = log_comparison(runs, result, tracking_uri=tracking_uri, dashboard=dashboard,
+                                   artifact_dir=out / "comparison-artifacts")
     panels: dict[str, Any] = save_or_write("cliptrack", "cliptrack-demo", run_ids, result.summary(),
                                            out=out / "wandb-panels.json", online=False)
     return [f"verdict: {result.on_policy_verdict}",

@@ -1,4 +1,4 @@
-"""The one home of every metric key name cliptrack reads or writes.
+"""The one home of every metric key name cliptrack reads or writes (meanings: docs/CONTRACT.md).
 
 Keys follow the Tinker convention ``name:reduction`` with exactly one colon. Values are plain
 floats; token counts are integers carried as floats (exact below 2**53 tokens).
@@ -13,9 +13,9 @@ LOSS_TOKENS = "loss_tokens:sum"
 CLIPPED_TOKENS = "clipped_tokens:sum"
 """Eligible tokens where clipping bites (PPO) or the coefficient departs from the ratio (CISPO)."""
 CLIPPED_LOW_TOKENS = "clipped_low_tokens:sum"
-"""Clipped tokens on the low side of the band (ratio < clip_low_threshold)."""
+"""Clipped tokens on the low side of the band (ratio < clip_low_threshold); optional, with its pair."""
 CLIPPED_HIGH_TOKENS = "clipped_high_tokens:sum"
-"""Clipped tokens on the high side of the band (ratio > clip_high_threshold)."""
+"""Clipped tokens on the high side of the band (ratio > clip_high_threshold); optional, with its pair."""
 CLIP_FRACTION = "clip_fraction:mean"
 """``clipped_tokens:sum / loss_tokens:sum``; absent when no token was eligible."""
 
@@ -26,8 +26,11 @@ THROUGHPUT = "tokens_per_second:mean"
 STEP_TIME = "step_time_s:mean"
 """Wall time of the step, in seconds."""
 
-CLIP_COUNT_KEYS = (CLIPPED_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
-"""Integer count keys present exactly when the loss clips."""
+SPLIT_KEYS = (CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+"""The low/high split of ``clipped_tokens:sum``: optional (absent from the stacks' own outputs),
+both or neither, and only beside ``clipped_tokens:sum``."""
+CLIP_COUNT_KEYS = (CLIPPED_TOKENS, *SPLIT_KEYS)
+"""Integer count keys of a loss that clips (``clipped_tokens:sum`` always, the split when known)."""
 TOKEN_COUNT_KEYS = (LOSS_TOKENS, *CLIP_COUNT_KEYS)
 """Every key holding an exact token count (summed, never averaged)."""
 CLIP_SERIES_KEYS = (CLIP_FRACTION, CLIPPED_TOKENS, LOSS_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
@@ -40,7 +43,7 @@ DATUM_CLIPPED_LOW_TOKENS = "clipped_low_tokens"
 DATUM_CLIPPED_HIGH_TOKENS = "clipped_high_tokens"
 DATUM_LOGPROBS = "logprobs"
 DATUM_CLIP_FIELDS = (DATUM_CLIPPED_TOKENS, DATUM_CLIPPED_LOW_TOKENS, DATUM_CLIPPED_HIGH_TOKENS)
-"""Per-datum fields present exactly when the datum's loss clips."""
+"""Per-datum count fields of a loss that clips (``clipped_tokens`` always, the split when known)."""
 
 
 def split_key(key: str) -> tuple[str, str]:

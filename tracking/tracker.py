@@ -41,7 +41,7 @@ logged is affected):
   exactly, W&B too, MLflow stores NaN and clamps +/-inf to +/-1.797e308 (its sqlite schema);
 - clip counts (``loss_tokens:sum``, ``clipped_tokens:sum``, low/high) must be whole, finite,
   non-negative token counts; ``clip_fraction:mean`` is recomputed from them whenever
-  ``clipped_tokens:sum`` is present;
+  ``clipped_tokens:sum`` is present, and must lie in [0, 1] when given without counts;
 - steps: non-negative ints. Decreasing or repeated steps are **allowed** and every point is
   kept (a resumed run re-logs steps): JSONL and MLflow store each point, W&B rows are keyed by
   the declared step metric ``trainer/step``, never by W&B's own monotonic step.
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import numbers
 import os
 import sys
 import time
@@ -62,16 +61,16 @@ from types import TracebackType
 from typing import Any
 
 from tracking import keys
-from tracking.counts import exact_clip_metrics, metrics_of
+from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
 from tracking.hooks import HOOKS, global_rank
+from tracking.outputs import metrics_of
 from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
+from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
+from tracking.validation import check_step, metric_value
 from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
-
-MAX_STEP = 2**63 - 1
-"""Largest step MLflow stores (a signed 64-bit integer)."""
 
 DISK_DRAIN_S = 3.0
 """Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
@@ -289,7 +288,7 @@ class Tracker:
         from the summed counts; a loss that never clips logs no clip keys) plus ``extra``."""
         try:
             metrics = dict(metrics_of(output))
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise ValueError(f"step {step!r}: {exc}") from None
         if extra:
             clash = sorted(set(extra) & set(metrics))
@@ -398,14 +397,7 @@ class Tracker:
     # ---- validation (training thread; cheap: new keys are checked once) -------------------------
     @staticmethod
     def _check_step(step: Any) -> int:
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-            raise ValueError(f"step must be a non-negative int, got {type(step).__name__} {step!r}")
-        step = int(step)
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        if step > MAX_STEP:
-            raise ValueError(f"step {step} does not fit a signed 64-bit integer")
-        return step
+        return check_step(step)
 
     def _check_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         if not isinstance(metrics, Mapping):
@@ -418,22 +410,11 @@ class Tracker:
         for key, value in metrics.items():
             if key not in known:
                 self._check_new_key(step, key)
-            kind = type(value)
-            if kind is float:
-                out[key] = value
-                continue
-            if kind is not int and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise ValueError(
-                    f"step {step}: metric {key!r} must be a real number, got {type(value).__name__} {value!r}"
-                    + (" (call .item() on tensors)" if hasattr(value, "item") else "")
-                )
             try:
-                out[key] = float(value)
-            except OverflowError:
-                raise ValueError(
-                    f"step {step}: metric {key!r}: {type(value).__name__} value too large for a 64-bit float"
-                ) from None
-        if keys.LOSS_TOKENS in out or keys.CLIPPED_TOKENS in out:
+                out[key] = value if type(value) is float else metric_value(key, value)
+            except ValueError as exc:
+                raise ValueError(f"step {step}: {exc}") from None
+        if not CLIP_VALUE_KEYS.isdisjoint(out):
             try:
                 out = exact_clip_metrics(out)
             except ValueError as exc:

@@ -11,22 +11,19 @@
 from adapters.miles.client import (
     MAX_CHUNK_DATUMS,
     ClientAggregator,
-    OutputCounts,
     UnknownClientError,
     aggregate_datums,
     count_datums,
     datum_counts,
 )
 from adapters.miles.runtime import RequestResult, forward_backward_loss
-from adapters.miles.train_log import TrainLogCounts, log_entries, read_train_log, sum_train_logs
+from adapters.miles.train_log import log_entries, read_train_log, sum_train_logs
 from adapters.miles.wire import output_from_json, output_to_json, output_to_proto
 
 __all__ = [
     "MAX_CHUNK_DATUMS",
     "ClientAggregator",
-    "OutputCounts",
     "RequestResult",
-    "TrainLogCounts",
     "UnknownClientError",
     "aggregate_datums",
     "count_datums",

@@ -6,6 +6,9 @@ read from the per-datum fields (``loss_tokens``, ``clipped_tokens``, ``clipped_l
 ``clipped_high_tokens``), summed as Python ints, and the fraction is formed once from the sums, so
 chunks of any size arriving in any order give the same metrics as one unchunked request.
 
+The low/high split is optional per datum (the seed runtimes return ``loss_tokens`` and
+``clipped_tokens`` alone); a sum carries it only when every datum does.
+
 Mixed losses: the counts of PPO and CISPO mean the same thing (eligible tokens whose update
 clipping changed), so outputs of either sum together. A loss that never clips carries no clip
 fields; mixing its outputs with a clipping loss's within one request or step leaves a clip
@@ -15,80 +18,40 @@ refused with a ValueError.
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.miles.wire import read_count
-from adapters.output import ForwardBackwardOutput, merge_metrics, validate_metrics
+from adapters.output import ForwardBackwardOutput, merge_metrics
 from tracking import keys
-from tracking.counts import ClipCounts, token_metrics
-from tracking.tracker import MAX_STEP
+from tracking.counts import TokenCounts, mixed_kinds_error
+from tracking.outputs import is_output, read_output
+from tracking.validation import check_metrics, check_step
 
 MAX_CHUNK_DATUMS = 1024
 """Most datums in one chunk of a Tinker forward_backward request."""
 
-_CLIP_FIELDS = keys.DATUM_CLIP_FIELDS
-
-
-@dataclass(frozen=True)
-class OutputCounts:
-    """Exact sums over the datums of one output (or several), in tokens.
-
-    ``clip_counts``: the summed clip counts when every datum carries them, ``None`` when none does
-    or there are no datums; its ``loss_tokens`` equals ``loss_tokens``. Adding counts of a loss that
-    clips to counts of one that never clips raises ValueError.
-    """
-
-    datums: int
-    loss_tokens: int
-    clip_counts: ClipCounts | None
-
-    def __post_init__(self) -> None:
-        if self.clip_counts is None:
-            return
-        if self.datums == 0:
-            raise ValueError("clip_counts of no datums: with no datums nothing says whether the loss clips")
-        if self.clip_counts.loss_tokens != self.loss_tokens:
-            raise ValueError(
-                f"clip_counts.loss_tokens={self.clip_counts.loss_tokens} != loss_tokens={self.loss_tokens}"
-            )
-
-    @property
-    def clips(self) -> bool | None:
-        """``True`` when the datums carry clip counts, ``False`` when not, ``None`` when there are none."""
-        return None if self.datums == 0 else self.clip_counts is not None
-
-    def metrics(self) -> dict[str, float]:
-        """``loss_tokens:sum`` and, for a clipping loss, the clip counts and fraction."""
-        return token_metrics(self.loss_tokens, self.clip_counts)
-
-    def __add__(self, other: OutputCounts) -> OutputCounts:
-        if not isinstance(other, OutputCounts):
-            return NotImplemented
-        _check_same_kind(self.clips, other.clips)
-        total = self.clip_counts
-        if other.clip_counts is not None:
-            total = other.clip_counts if total is None else total + other.clip_counts
-        return OutputCounts(self.datums + other.datums, self.loss_tokens + other.loss_tokens, total)
-
-
-NO_COUNTS = OutputCounts(0, 0, None)
-"""The counts of no datums (the start of a sum)."""
-
 
 @dataclass(frozen=True)
 class _Chunk:
-    counts: OutputCounts
+    """One validated output: its datums' summed counts (``None`` without datums), its number of
+    datums, its checked metrics, its per-datum outputs (kept on request) and output type."""
+
+    counts: TokenCounts | None
+    datums: int
     metrics: dict[str, float]
     datum_outputs: list[Any]
     output_type: str
 
 
-def datum_counts(datum: object, where: str = "datum") -> tuple[int, ClipCounts | None]:
-    """``(loss_tokens, clip counts or None)`` of one per-datum output, validated."""
+def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
+    """The token counts of one per-datum output, validated.
+
+    ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
+    (``clipped_low_tokens``, ``clipped_high_tokens``) is optional and comes as a pair.
+    """
     if not isinstance(datum, Mapping):
         raise TypeError(f"{where} must be a dict of field -> TensorData, got {type(datum).__name__}")
     if keys.DATUM_LOSS_TOKENS not in datum:
@@ -96,37 +59,35 @@ def datum_counts(datum: object, where: str = "datum") -> tuple[int, ClipCounts |
             f"{where} has no {keys.DATUM_LOSS_TOKENS!r} field (fields: {sorted(datum)}); the runtime must "
             "return per-datum token counts"
         )
-    loss_tokens = read_count(datum[keys.DATUM_LOSS_TOKENS], f"{where}[{keys.DATUM_LOSS_TOKENS!r}]")
-    present = [name for name in _CLIP_FIELDS if name in datum]
-    if not present:
-        return loss_tokens, None
-    if len(present) != len(_CLIP_FIELDS):
-        absent = [name for name in _CLIP_FIELDS if name not in datum]
+    present = [name for name in keys.DATUM_CLIP_FIELDS if name in datum]
+    split = [name for name in (keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS) if name in datum]
+    if (present and keys.DATUM_CLIPPED_TOKENS not in datum) or len(split) == 1:
+        absent = [name for name in keys.DATUM_CLIP_FIELDS if name not in datum]
         raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
-    clipped, low, high = (read_count(datum[name], f"{where}[{name!r}]") for name in _CLIP_FIELDS)
+    values = [
+        read_count(datum[name], f"{where}[{name!r}]") if name in datum else None
+        for name in (keys.DATUM_LOSS_TOKENS, *keys.DATUM_CLIP_FIELDS)
+    ]
     try:
-        return loss_tokens, ClipCounts(loss_tokens, clipped, low, high)
+        return TokenCounts(*values)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
 
-def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> OutputCounts:
-    """Exact sums over per-datum outputs; ValueError if clipping and non-clipping datums mix."""
-    n = loss_tokens = 0
-    total: ClipCounts | None = None
+def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> TokenCounts | None:
+    """Exact sums over per-datum outputs (``None`` when there are none); ValueError if clipping and
+    non-clipping datums mix."""
+    total: TokenCounts | None = None
     for i, datum in enumerate(datums):
-        tokens, counts = datum_counts(datum, f"{where}[{i}]")
-        if n and (total is not None) != (counts is not None):
+        counts = datum_counts(datum, f"{where}[{i}]")
+        if total is not None and total.clips != counts.clips:
             raise ValueError(
-                f"{where}[{i}] {'carries' if counts is not None else 'lacks'} clip counts but earlier datums "
-                f"{'do not' if counts is not None else 'do'}: a loss that clips and one that never clips "
+                f"{where}[{i}] {'carries' if counts.clips else 'lacks'} clip counts but earlier datums "
+                f"{'do not' if counts.clips else 'do'}: a loss that clips and one that never clips "
                 "cannot share one clip fraction"
             )
-        n += 1
-        loss_tokens += tokens
-        if counts is not None:
-            total = counts if total is None else total + counts
-    return OutputCounts(n, loss_tokens, total)
+        total = counts if total is None else total + counts
+    return total
 
 
 def aggregate_datums(outputs: object) -> dict[str, float]:
@@ -136,19 +97,20 @@ def aggregate_datums(outputs: object) -> dict[str, float]:
     ``combine_fwd_bwd_output_results`` of chunks) or its JSON dict; a sequence of those (chunks, in
     any order); or a sequence of per-datum outputs (``{field: TensorData}``). Other metrics of the
     outputs are merged with Tinker's reductions (a key missing from any output that holds datums is
-    dropped, as in Tinker, rather than summed over part of the step); ``loss_tokens:sum``, the clip counts and
-    ``clip_fraction:mean`` always come from the per-datum sums (a loss that never clips yields no
-    clip keys). Raises ValueError for bad or inconsistent counts and for mixed loss kinds.
+    dropped, as in Tinker, rather than summed over part of the step); ``loss_tokens:sum``, the clip
+    counts and ``clip_fraction:mean`` always come from the per-datum sums (a loss that never clips
+    yields no clip keys; the low/high split only when every datum carries it). Raises ValueError for
+    bad or inconsistent counts and for mixed loss kinds.
     """
     chunks = [_read_output(o, f"outputs[{i}]") for i, o in enumerate(_as_outputs(outputs))]
-    total = NO_COUNTS
+    total: TokenCounts | None = None
     for i, chunk in enumerate(chunks):
         total = _added(total, chunk.counts, f"outputs[{i}]: ")
     return _step_metrics(chunks, total)
 
 
 def _as_outputs(outputs: object) -> list[object]:
-    if _is_output(outputs):
+    if is_output(outputs):
         return [outputs]
     if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Iterable):
         raise TypeError(
@@ -156,7 +118,7 @@ def _as_outputs(outputs: object) -> list[object]:
             f"outputs; got {type(outputs).__name__}"
         )
     items = list(outputs)
-    kinds = {_is_output(item) for item in items}
+    kinds = {is_output(item) for item in items}
     if kinds == {True}:
         return items
     if kinds == {False}:  # bare per-datum outputs: one request without metrics
@@ -166,44 +128,25 @@ def _as_outputs(outputs: object) -> list[object]:
     raise TypeError("outputs mixes ForwardBackwardOutputs with bare per-datum outputs")
 
 
-def _is_output(value: object) -> bool:
-    if isinstance(value, Mapping):
-        return "loss_fn_outputs" in value
-    return hasattr(value, "loss_fn_outputs") and hasattr(value, "metrics")
-
-
 def _read_output(output: object, where: str) -> _Chunk:
     """Validate one output completely (nothing is summed anywhere until this returns)."""
-    if not _is_output(output):
-        raise TypeError(f"{where} must be a ForwardBackwardOutput or its JSON dict, got {type(output).__name__}")
-    if isinstance(output, Mapping):
-        datum_outputs = output["loss_fn_outputs"]
-        metrics = output.get("metrics", {})
-        output_type = output.get("loss_fn_output_type", "")
-    else:
-        datum_outputs = output.loss_fn_outputs  # type: ignore[attr-defined]
-        metrics = output.metrics  # type: ignore[attr-defined]
-        output_type = output.loss_fn_output_type  # type: ignore[attr-defined]
-    if not isinstance(datum_outputs, Sequence) or isinstance(datum_outputs, (str, bytes)):
-        raise TypeError(f"{where}.loss_fn_outputs must be a list, got {type(datum_outputs).__name__}")
-    counts = count_datums(datum_outputs, f"{where}.loss_fn_outputs")
-    if not isinstance(metrics, Mapping):
-        raise TypeError(f"{where}.metrics must be a dict, got {type(metrics).__name__}")
+    parts = read_output(output, where)
+    counts = count_datums(parts.loss_fn_outputs, f"{where}.loss_fn_outputs")
     try:
-        checked = validate_metrics(metrics) if metrics else {}
+        checked = check_metrics(parts.metrics) if parts.metrics else {}
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
     _check_metrics_agree(checked, counts, where)
-    return _Chunk(counts, checked, list(datum_outputs), str(output_type))
+    return _Chunk(counts, len(parts.loss_fn_outputs), checked, list(parts.loss_fn_outputs), parts.loss_fn_output_type)
 
 
-def _check_metrics_agree(metrics: Mapping[str, float], counts: OutputCounts, where: str) -> None:
+def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | None, where: str) -> None:
     """Count keys an output's metrics carry must equal the sums of its per-datum counts."""
-    expected = counts.metrics()
+    expected = counts.to_metrics() if counts is not None else {}
     for key in keys.TOKEN_COUNT_KEYS:
         if key not in metrics:
             continue
-        if counts.datums == 0:
+        if counts is None:
             if metrics[key] != 0:
                 raise ValueError(
                     f"{where}.metrics[{key!r}] = {metrics[key]:.0f} but the output has no per-datum "
@@ -211,51 +154,42 @@ def _check_metrics_agree(metrics: Mapping[str, float], counts: OutputCounts, whe
                 )
             continue
         if key not in expected:
-            raise ValueError(
-                f"{where}.metrics carry {key!r} but its datums carry no clip counts: a loss that never "
-                "clips must emit no clip keys"
+            what = (
+                "carry no low/high split" if counts.clips else "carry no clip counts: a loss that never clips "
+                "must emit no clip keys"
             )
+            raise ValueError(f"{where}.metrics carry {key!r} but its datums {what}")
         if metrics[key] != expected[key]:
             raise ValueError(
                 f"{where}.metrics[{key!r}] = {metrics[key]:.0f} but its datums sum to {expected[key]:.0f}"
             )
 
 
-def _check_same_kind(before: bool | None, now: bool | None) -> None:
-    if before is None or now is None or before == now:
-        return
-    raise ValueError(
-        f"this output comes from a loss that {'clips' if now else 'never clips'} but earlier "
-        f"outputs of the step come from one that {'clips' if before else 'never clips'}: their tokens "
-        "cannot share one clip fraction (PPO and CISPO sum together; cross_entropy, "
-        "importance_sampling and dro belong in steps of their own)"
-    )
+def _added(total: TokenCounts | None, counts: TokenCounts | None, where: str) -> TokenCounts | None:
+    """``total + counts`` (``None`` is no datums), a mixed-kind ValueError prefixed with ``where``."""
+    if total is None or counts is None:
+        return counts if total is None else total
+    if total.clips != counts.clips:
+        raise ValueError(f"{where}{mixed_kinds_error(total.clips, counts.clips)}")
+    return total + counts
 
 
-def _added(total: OutputCounts, counts: OutputCounts, where: str) -> OutputCounts:
-    """``total + counts``, a mixed-kind ValueError prefixed with ``where``."""
-    try:
-        return total + counts
-    except ValueError as exc:
-        raise ValueError(f"{where}{exc}") from exc
-
-
-def _step_metrics(chunks: Sequence[_Chunk], total: OutputCounts) -> dict[str, float]:
+def _step_metrics(chunks: Sequence[_Chunk], total: TokenCounts | None) -> dict[str, float]:
     """The step's metrics: the chunks' metrics merged, the token metrics from ``total`` (their sum)."""
     # Tinker's rule: a key missing from any output that holds datums is dropped (an output without
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
-    with_metrics = [c for c in chunks if c.metrics or c.counts.datums]
-    merged = merge_metrics([c.metrics for c in with_metrics], [c.counts.datums for c in with_metrics])
+    with_metrics = [c for c in chunks if c.metrics or c.datums]
+    merged = merge_metrics([c.metrics for c in with_metrics], [c.datums for c in with_metrics])
     for key in (*keys.TOKEN_COUNT_KEYS, keys.CLIP_FRACTION):
         merged.pop(key, None)
-    merged.update(total.metrics())
+    merged.update((total or TokenCounts(0)).to_metrics())
     return merged
 
 
 @dataclass
 class _StepState:
     chunks: list[_Chunk] = field(default_factory=list)
-    total: OutputCounts = NO_COUNTS
+    total: TokenCounts | None = None
 
 
 class UnknownClientError(LookupError):
@@ -305,10 +239,10 @@ class ClientAggregator:
         with self._lock:
             return sorted(self._client(client_id))
 
-    def add(self, client_id: str, step: int, output: object) -> OutputCounts:
+    def add(self, client_id: str, step: int, output: object) -> TokenCounts | None:
         """Add one output (a chunk, a whole request, or tinker's merge of chunks) to a step.
 
-        Returns the output's own counts. Raises UnknownClientError for an unregistered client and
+        Returns the output's own counts (``None`` when it holds no datums). Raises UnknownClientError for an unregistered client and
         ValueError for a bad step, bad counts, an already-emitted step, or a loss kind that does
         not match the step's earlier outputs; the sums are then unchanged.
         """
@@ -324,7 +258,7 @@ class ClientAggregator:
             state = steps.get(step) or _StepState()
             total = _added(state.total, chunk.counts, f"client {client_id!r} step {step}: ")
             if not self.keep_outputs:
-                chunk = _Chunk(chunk.counts, chunk.metrics, [], chunk.output_type)
+                chunk = _Chunk(chunk.counts, chunk.datums, chunk.metrics, [], chunk.output_type)
             state.chunks.append(chunk)
             state.total = total
             steps[step] = state
@@ -363,11 +297,10 @@ class ClientAggregator:
 
 
 def _check_step(step: object) -> int:
-    """``step`` as an int; ValueError unless an integer (numpy's too, not a bool) in [0, MAX_STEP]
-    (the tracker's bound: a signed 64-bit integer)."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-        raise ValueError(f"step must be an int >= 0 (the trainer's own step), got {step!r}")
-    step = int(step)
-    if step > MAX_STEP:
-        raise ValueError(f"step {step} does not fit a signed 64-bit integer")
-    return step
+    """``step`` as an int (:func:`tracking.validation.check_step`), the message in the client's words."""
+    try:
+        return check_step(step)
+    except ValueError as exc:
+        if "signed 64-bit" in str(exc):
+            raise
+        raise ValueError(f"step must be an int >= 0 (the trainer's own step), got {step!r}") from None

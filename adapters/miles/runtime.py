@@ -14,11 +14,10 @@ loss inputs' validity (``LossOutput.invalid``) is checked too.
 
 from __future__ import annotations
 
-import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,38 +27,12 @@ from adapters import losses
 from adapters.miles.wire import count_data, read_array, tensor_data
 from adapters.output import ForwardBackwardOutput
 from tracking import keys
-from tracking.counts import ClipCounts, token_metrics
-
-THRESHOLD_FIELDS = ("clip_low_threshold", "clip_high_threshold")
-"""Per-datum ``loss_fn_inputs`` (and ``loss_fn_config`` keys) holding absolute ratio bounds."""
-
-REQUIRED = inspect.Parameter.empty
-"""The default of an option that ``loss_fn_config`` must give."""
-
-
-def _keyword_options(loss_fn: str) -> dict[str, Any]:
-    """The keyword-only parameters of loss ``loss_fn`` -> their defaults (``REQUIRED`` when none)."""
-    fn = cast(Callable[..., losses.LossOutput], losses.LOSSES[loss_fn])
-    return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
-
-
-CONFIG_OPTIONS: dict[str, dict[str, Any]] = {name: _keyword_options(name) for name in losses.LOSSES}
-"""The ``loss_fn_config`` keys each loss accepts (its keyword-only parameters) -> their defaults."""
-
-CONFIG_KEYS: dict[str, tuple[str, ...]] = {name: tuple(options) for name, options in CONFIG_OPTIONS.items()}
-"""The ``loss_fn_config`` keys each loss accepts."""
-
-DEFAULT_THRESHOLDS: dict[str, tuple[float, float]] = {
-    name: (CONFIG_OPTIONS[name][THRESHOLD_FIELDS[0]], CONFIG_OPTIONS[name][THRESHOLD_FIELDS[1]])
-    for name in losses.LOSSES
-    if name in losses.CLIPPING_LOSSES
-}
-"""Tinker's default ``(clip_low_threshold, clip_high_threshold)`` of each clipping loss (its signature's)."""
+from tracking.counts import TokenCounts
 
 OUTPUT_TYPE = "ArrayRecord"
 """``loss_fn_output_type`` of the outputs built here (the class name Tinker's proto path reports)."""
 
-_STATS = 5  # loss, loss_tokens, clipped, clipped_low, clipped_high (then the invalid vector)
+_WIDTH = len(losses.PACKED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -95,8 +68,12 @@ def forward_backward_loss(
       one value (shape ``[]`` or ``[1]``), overriding ``loss_fn_config`` for that datum;
     - ``target_tokens`` is optional; when present its length must match ``logprobs[i]``.
 
+    Those are the fields the loss's registry entry declares (:class:`adapters.losses.TensorInput`
+    ``datum_fields``, :class:`adapters.losses.Option` ``per_datum``); a registered loss runs here
+    with no other change.
+
     ``logprobs[i]``: the current policy's log-probs of datum i's target tokens (floating tensor,
-    with grad; all on one device). ``loss_fn``: a Tinker loss name (:data:`adapters.losses.LOSSES`).
+    with grad; all on one device). ``loss_fn``: a registered loss name (:data:`adapters.losses.LOSSES`).
     ``loss_fn_config``: e.g. ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}`` or
     ``{"beta": 0.1}`` for ``dro`` (required there).
 
@@ -108,8 +85,10 @@ def forward_backward_loss(
     datum and input for bad inputs (checked on device, raised at the one host transfer).
     """
     if loss_fn not in losses.LOSSES:
-        raise ValueError(f"unknown loss_fn {loss_fn!r}; Tinker's built-in losses are {sorted(losses.LOSSES)}")
-    config = _check_config(loss_fn, loss_fn_config)
+        raise ValueError(f"unknown loss_fn {loss_fn!r}; the registered losses are {sorted(losses.LOSSES)}")
+    spec = losses.loss_spec(loss_fn)
+    assert spec is not None
+    config = _check_config(spec, loss_fn_config)
     datums = list(datums)
     logprobs = list(logprobs)
     if len(datums) != len(logprobs):
@@ -125,13 +104,13 @@ def forward_backward_loss(
             raise ValueError(f"logprobs[{i}] is on {lp.device} but logprobs[0] is on {device}")
         inputs = _loss_fn_inputs(datum, i)
         try:
-            outs.append(_datum_loss(loss_fn, inputs, lp, config))
+            outs.append(_datum_loss(spec, inputs, lp, config))
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"datum {i}: {exc}") from exc
 
-    clips = loss_fn in losses.CLIPPING_LOSSES
     if not outs:
-        metrics = {keys.LOSS_SUM: 0.0, **token_metrics(0, ClipCounts(0, 0, 0, 0) if clips else None)}
+        empty = TokenCounts(0, 0, 0, 0) if spec.splits else TokenCounts(0, 0) if spec.clips else TokenCounts(0)
+        metrics = {keys.LOSS_SUM: 0.0, **empty.to_metrics()}
         return RequestResult(
             loss=torch.zeros((), device=device),
             output=ForwardBackwardOutput(loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics),
@@ -139,33 +118,26 @@ def forward_backward_loss(
 
     host = _to_host(outs, logprobs)
     n = len(outs)
-    width = _STATS + len(losses.INPUT_CHECKS)
-    stats = host[: n * width].reshape(n, width)
-    _raise_invalid(stats[:, _STATS:], outs)
-    flat_logprobs = host[n * width :].astype(np.float32)
+    rows = host[: n * _WIDTH].reshape(n, _WIDTH)
+    sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
+    _raise_invalid(sums, outs)
+    flat_logprobs = host[n * _WIDTH :].astype(np.float32)
 
     loss_fn_outputs: list[dict[str, Any]] = []
-    total = ClipCounts(0, 0, 0, 0)
-    loss_tokens = 0
     offset = 0
-    for lp, row in zip(logprobs, stats, strict=True):
+    for lp, datum in zip(logprobs, sums, strict=True):
         size = lp.numel()
         datum_out: dict[str, Any] = {
-            keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape)),
-            keys.DATUM_LOSS_TOKENS: count_data(int(row[1])),
+            keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape))
         }
         offset += size
-        loss_tokens += int(row[1])
-        if clips:
-            counts = ClipCounts(int(row[1]), int(row[2]), int(row[3]), int(row[4]))
-            total = total + counts
-            datum_out[keys.DATUM_CLIPPED_TOKENS] = count_data(counts.clipped_tokens)
-            datum_out[keys.DATUM_CLIPPED_LOW_TOKENS] = count_data(counts.clipped_low_tokens)
-            datum_out[keys.DATUM_CLIPPED_HIGH_TOKENS] = count_data(counts.clipped_high_tokens)
+        datum_out.update(datum_fields(datum.counts))
         loss_fn_outputs.append(datum_out)
 
-    metrics = {keys.LOSS_SUM: math.fsum(float(row[0]) for row in stats)}
-    metrics.update(token_metrics(loss_tokens, total if clips else None))
+    total = sums[0].counts
+    for datum in sums[1:]:
+        total = total + datum.counts
+    metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
     loss = torch.stack([o.loss for o in outs]).sum()
     return RequestResult(
         loss=loss,
@@ -175,20 +147,34 @@ def forward_backward_loss(
     )
 
 
-def _check_config(loss_fn: str, config: Mapping[str, float] | None) -> dict[str, float]:
+def datum_fields(counts: TokenCounts) -> dict[str, Any]:
+    """A datum's count fields on the wire: ``loss_tokens`` and, for a loss that clips,
+    ``clipped_tokens`` and the low/high split when known (int64 TensorData of shape ``[1]``)."""
+    fields = {keys.DATUM_LOSS_TOKENS: count_data(counts.loss_tokens)}
+    if counts.clipped_tokens is not None:
+        fields[keys.DATUM_CLIPPED_TOKENS] = count_data(counts.clipped_tokens)
+    if counts.clipped_low_tokens is not None and counts.clipped_high_tokens is not None:
+        fields[keys.DATUM_CLIPPED_LOW_TOKENS] = count_data(counts.clipped_low_tokens)
+        fields[keys.DATUM_CLIPPED_HIGH_TOKENS] = count_data(counts.clipped_high_tokens)
+    return fields
+
+
+def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:
+    """The request's ``loss_fn_config`` checked against the loss's declared options."""
     config = dict(config or {})
-    unknown = sorted(set(config) - set(CONFIG_KEYS[loss_fn]))
+    defaults = spec.option_defaults
+    unknown = sorted(set(config) - set(defaults))
     if unknown:
         raise ValueError(
-            f"loss_fn_config keys {unknown} are not used by {loss_fn!r} "
-            f"(it accepts {list(CONFIG_KEYS[loss_fn]) or 'none'})"
+            f"loss_fn_config keys {unknown} are not used by {spec.name!r} "
+            f"(it accepts {list(defaults) or 'none'})"
         )
     for key, value in config.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
-    missing = [key for key, default in CONFIG_OPTIONS[loss_fn].items() if default is REQUIRED and key not in config]
+    missing = [key for key, default in defaults.items() if default is losses.REQUIRED and key not in config]
     if missing:
-        raise ValueError(f"loss_fn {loss_fn!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing))
+        raise ValueError(f"loss_fn {spec.name!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing))
     return {k: float(v) for k, v in config.items()}
 
 
@@ -221,14 +207,20 @@ def _input(inputs: Mapping[str, object], name: str, like: Tensor) -> Tensor:
 
 
 def _datum_loss(
-    loss_fn: str, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
+    spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
 ) -> losses.LossOutput:
-    required = ("weights",) if loss_fn == "cross_entropy" else ("logprobs", "advantages")
-    missing = [name for name in required if name not in inputs]
+    """One datum's loss: the spec's tensor inputs read from their datum fields, its options from
+    the datum (per-datum ones), else the request's config, else their defaults."""
+    tensors: dict[str, Tensor] = {}
+    missing = []
+    for tensor_input in spec.inputs:
+        name = next((f for f in tensor_input.fields if f in inputs), None)
+        if name is not None:
+            tensors[tensor_input.name] = _input(inputs, name, lp)
+        elif tensor_input.required:
+            missing.append(tensor_input.fields[0])
     if missing:
-        raise ValueError(
-            f"loss_fn_inputs lacks {missing}, needed by {loss_fn!r} (it has {sorted(inputs)})"
-        )
+        raise ValueError(f"loss_fn_inputs lacks {missing}, needed by {spec.name!r} (it has {sorted(inputs)})")
     if "target_tokens" in inputs:
         targets = inputs["target_tokens"]
         size = targets.numel() if isinstance(targets, Tensor) else read_array(targets, "target_tokens")[0].size
@@ -237,76 +229,46 @@ def _datum_loss(
                 f"target_tokens has {size} entries but the policy's logprobs tensor has "
                 f"{lp.numel()}: one log-prob per target token is needed"
             )
-    mask_name = "mask" if "mask" in inputs else ("weights" if loss_fn != "cross_entropy" else None)
-    mask = _input(inputs, mask_name, lp) if mask_name and mask_name in inputs else None
-    if loss_fn == "cross_entropy":
-        return losses.cross_entropy(lp, _input(inputs, "weights", lp), mask)
-    sampling = _input(inputs, "logprobs", lp)
-    advantages = _input(inputs, "advantages", lp)
-    if loss_fn == "importance_sampling":
-        return losses.importance_sampling(lp, sampling, advantages, mask)
-    if loss_fn == "dro":
-        return losses.dro(lp, sampling, advantages, mask, beta=config["beta"])
-    low, high = _thresholds(loss_fn, inputs, lp, config)
-    fn = losses.ppo if loss_fn == "ppo" else losses.cispo
-    return fn(lp, sampling, advantages, mask, clip_low_threshold=low, clip_high_threshold=high)
+    options: dict[str, float | Tensor] = {}
+    for option in spec.options:
+        if option.per_datum and option.name in inputs:
+            options[option.name] = _per_datum_option(inputs, option.name, lp)
+        elif option.name in config:
+            options[option.name] = config[option.name]
+        elif option.default is not losses.REQUIRED:
+            options[option.name] = option.default
+    return spec.check_output(spec.fn(lp, **tensors, **options))
 
 
-def _thresholds(
-    loss_fn: str, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
-) -> tuple[float | Tensor, float | Tensor]:
-    """Per-datum thresholds override the request's config, which overrides Tinker's defaults."""
-    values: list[float | Tensor] = []
-    for name, default in zip(THRESHOLD_FIELDS, DEFAULT_THRESHOLDS[loss_fn], strict=True):
-        if name in inputs:
-            tensor = _input(inputs, name, lp)
-            if tensor.dim() > 0 and tuple(tensor.shape) != (1,) and tensor.shape != lp.shape:
-                raise ValueError(
-                    f"{name} has shape {tuple(tensor.shape)}; per-datum thresholds are one value "
-                    f"(shape [] or [1]) or one per token {tuple(lp.shape)}"
-                )
-            values.append(tensor)
-        else:
-            values.append(config.get(name, default))
-    low, high = values
-    if isinstance(low, Tensor) != isinstance(high, Tensor):  # torch.clamp needs both or neither
-        low, high = (torch.as_tensor(v, dtype=lp.dtype, device=lp.device) for v in (low, high))
-    return low, high
+def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Tensor:
+    """A per-datum option value: one value (shape ``[]`` or ``[1]``) or one per token."""
+    tensor = _input(inputs, name, lp)
+    if tensor.dim() > 0 and tuple(tensor.shape) != (1,) and tensor.shape != lp.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(tensor.shape)}; per-datum values are one value "
+            f"(shape [] or [1]) or one per token {tuple(lp.shape)}"
+        )
+    return tensor
 
 
 def _to_host(outs: list[losses.LossOutput], logprobs: list[Tensor]) -> np.ndarray:
-    """Every datum's loss, counts and invalid vector, then every log-prob: ONE device-to-host copy.
+    """Every datum's packed output (:data:`adapters.losses.PACKED_FIELDS`), then every log-prob:
+    ONE device-to-host copy.
 
     Values travel as float64: counts are exact below 2**53 tokens, float32 log-probs exactly.
     """
-    zero = torch.zeros((), dtype=torch.int64, device=outs[0].loss_tokens.device)
-    rows = []
-    for out in outs:
-        counts = torch.stack(
-            [
-                out.loss_tokens,
-                out.clipped_tokens if out.clipped_tokens is not None else zero,
-                out.clipped_low_tokens if out.clipped_low_tokens is not None else zero,
-                out.clipped_high_tokens if out.clipped_high_tokens is not None else zero,
-            ]
-        )
-        rows.append(torch.cat([out.loss.detach().double().reshape(1), counts.double(), out.invalid.double()]))
-    flat = [torch.stack(rows).reshape(-1)] + [lp.detach().reshape(-1).double() for lp in logprobs]
+    rows = torch.stack([losses.pack(out) for out in outs])
+    flat = [rows.reshape(-1)] + [lp.detach().reshape(-1).to(losses.PACKED_DTYPE) for lp in logprobs]
     return torch.cat(flat).cpu().numpy()
 
 
-def _raise_invalid(invalid: np.ndarray, outs: list[losses.LossOutput]) -> None:
+def _raise_invalid(sums: list[losses.PackedSums], outs: list[losses.LossOutput]) -> None:
     """Raise ValueError naming each datum whose loss inputs were flagged on device."""
     problems = []
-    for i, (row, out) in enumerate(zip(invalid, outs, strict=True)):
-        if row.any():
-            sources = getattr(out, "sources", ())
-            try:
-                if sources:
-                    losses.raise_invalid([int(v) for v in row], sources)
-                else:
-                    losses.raise_invalid([int(v) for v in row])
-            except ValueError as exc:
-                problems.append(f"datum {i}: {exc}")
+    for i, (datum, out) in enumerate(zip(sums, outs, strict=True)):
+        try:
+            datum.check(out.sources)
+        except ValueError as exc:
+            problems.append(f"datum {i}: {exc}")
     if problems:
         raise ValueError("; ".join(problems))

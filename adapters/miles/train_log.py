@@ -7,7 +7,7 @@ v1, v2, ...])}``. Each ``v`` is a reported metric reduced by Miles' ``sum_of_sam
 - ``--calculate-per-token-loss`` on: ``v = sum over eligible tokens of x`` and
   ``count = sum over samples of max(loss_mask.sum(), 1)`` (tokens; a sample with no eligible token
   counts 1). For ``pg_clipfrac``, ``x`` is 1 where PPO clipping bites
-  (``-clamp(r, 1-eps_clip, 1+eps_clip_high)*A > -r*A``, the SPEC's rule), so ``v`` is the
+  (``-clamp(r, 1-eps_clip, 1+eps_clip_high)*A > -r*A``, the rule of docs/CONTRACT.md), so ``v`` is the
   clipped-token count.
 - off (Miles' default): ``v = sum over samples of (sum over the sample's eligible tokens of x) /
   max(loss_mask.sum(), 1)`` and ``count`` is the number of samples. A sum of per-sample fractions
@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from tracking import keys
-from tracking.counts import ClipCounts, as_count
+from tracking.counts import TokenCounts, as_count
 
 PER_TOKEN_FLAG = "--calculate-per-token-loss"
 """The Miles flag (``args.calculate_per_token_loss``) under which the log dict's sums are token sums."""
@@ -52,35 +51,6 @@ _COUNT_ENTRIES = (
 )
 
 
-@dataclass(frozen=True)
-class TrainLogCounts:
-    """Token counts read from a Miles log dict; the low/high split only when the log carries it."""
-
-    loss_tokens: int
-    clipped_tokens: int
-    clipped_low_tokens: int | None
-    clipped_high_tokens: int | None
-
-    @property
-    def fraction(self) -> float | None:
-        """``clipped_tokens / loss_tokens``; ``None`` when no token was eligible."""
-        return None if self.loss_tokens == 0 else self.clipped_tokens / self.loss_tokens
-
-    def clip_counts(self) -> ClipCounts:
-        """As :class:`ClipCounts`; ValueError when the log has no low/high split."""
-        if self.clipped_low_tokens is None or self.clipped_high_tokens is None:
-            raise ValueError(
-                f"this Miles log carries {keys.MILES_PG_CLIPFRAC!r} but no low/high split; add "
-                "adapters.miles.log_entries(loss_output) to the Miles loss's reported dict to log "
-                f"{keys.DATUM_CLIPPED_LOW_TOKENS!r} and {keys.DATUM_CLIPPED_HIGH_TOKENS!r}"
-            )
-        return ClipCounts(self.loss_tokens, self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens)
-
-    def metrics(self) -> dict[str, float]:
-        """The SPEC's clip metrics (needs the low/high split, see :meth:`clip_counts`)."""
-        return self.clip_counts().to_metrics()
-
-
 def log_entries(out: Any) -> dict[str, Any]:
     """Entries a Miles loss adds to its reported dict for exact counts (device tensors, no sync).
 
@@ -89,12 +59,14 @@ def log_entries(out: Any) -> dict[str, Any]:
     """
     if out.clipped_tokens is None:
         raise ValueError("log_entries needs the output of a clipping loss (ppo or cispo)")
-    return {
+    entries = {
         keys.DATUM_LOSS_TOKENS: out.loss_tokens.double(),
         keys.DATUM_CLIPPED_TOKENS: out.clipped_tokens.double(),
-        keys.DATUM_CLIPPED_LOW_TOKENS: out.clipped_low_tokens.double(),
-        keys.DATUM_CLIPPED_HIGH_TOKENS: out.clipped_high_tokens.double(),
     }
+    if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
+        entries[keys.DATUM_CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.double()
+        entries[keys.DATUM_CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.double()
+    return entries
 
 
 def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]:
@@ -155,8 +127,11 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 def read_train_log(
     log: Mapping[str, Any], *, calculate_per_token_loss: bool, context_parallel_size: int = 1
-) -> TrainLogCounts:
+) -> TokenCounts:
     """Exact token counts from a Miles log dict summed over micro-batches and DP x CP ranks.
+
+    Returns the counts of a clipping loss; the low/high split only when the log carries
+    :func:`log_entries`' split entries (``.to_metrics()`` gives the step's clip metrics either way).
 
     ``calculate_per_token_loss``: the Miles run's ``args.calculate_per_token_loss`` (the log dict
     itself does not say). ``context_parallel_size``: Miles' CP size (``count`` counts every token
@@ -225,7 +200,7 @@ def read_train_log(
     if has_low:
         low = count(keys.DATUM_CLIPPED_LOW_TOKENS, entries[keys.DATUM_CLIPPED_LOW_TOKENS])
         high = count(keys.DATUM_CLIPPED_HIGH_TOKENS, entries[keys.DATUM_CLIPPED_HIGH_TOKENS])
-        ClipCounts(loss_tokens, clipped, low, high)  # validates clipped <= loss, low + high == clipped
-    elif clipped > loss_tokens:
-        raise ValueError(f"clipped tokens {clipped} exceed loss tokens {loss_tokens} in this log")
-    return TrainLogCounts(loss_tokens, clipped, low, high)
+    try:  # checks clipped <= loss_tokens and low + high == clipped
+        return TokenCounts(loss_tokens, clipped, low, high)
+    except ValueError as exc:
+        raise ValueError(f"this Miles log: {exc}") from exc

@@ -22,17 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from adapters.output import ForwardBackwardOutput, metrics_of
+from adapters._compat import tinker as tinker_compat
+from adapters._compat.tinker import HAVE_TINKER
+from adapters._compat.tinker import TensorData as _TinkerTensorData
+from adapters.output import ForwardBackwardOutput
 from tracking.counts import as_count
-
-_TinkerTensorData: Any
-try:  # tinker's own value type, so outputs pass through tinker's helpers unchanged
-    from tinker.types import TensorData as _TinkerTensorData
-
-    HAVE_TINKER = True
-except ImportError:  # pragma: no cover - exercised only where tinker is absent
-    _TinkerTensorData = None
-    HAVE_TINKER = False
+from tracking.outputs import read_output
 
 WIRE_DTYPES = ("int64", "float32")
 """The dtypes of Tinker's public wire (``TensorDtype``)."""
@@ -112,9 +107,8 @@ def _read_json_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray,
     if value.get("sparse_crow_indices") is not None:
         if not HAVE_TINKER:
             raise ValueError(f"{where} is sparse CSR TensorData; reading it needs tinker installed")
-        from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
-
-        return np.asarray(TensorDataModel.model_validate(dict(value)).to_numpy()), dtype
+        model = tinker_compat.tensor_data_model()
+        return np.asarray(model.model_validate(dict(value)).to_numpy()), dtype
     data = value["data"]
     if not isinstance(data, list):
         raise ValueError(f"{where}['data'] must be a list of numbers, got {type(data).__name__}")
@@ -157,19 +151,14 @@ def tensor_to_json(value: object, where: str = "value") -> dict[str, Any]:
 
 def output_to_json(output: object) -> dict[str, Any]:
     """A ForwardBackwardOutput (ours, tinker's, or already a dict) as a JSON-ready dict."""
-    if isinstance(output, Mapping):
-        loss_fn_outputs = output.get("loss_fn_outputs", [])
-        output_type = output.get("loss_fn_output_type", "")
-    else:
-        loss_fn_outputs = output.loss_fn_outputs  # type: ignore[attr-defined]
-        output_type = output.loss_fn_output_type  # type: ignore[attr-defined]
+    parts = read_output(output)
     return {
-        "loss_fn_output_type": output_type,
+        "loss_fn_output_type": parts.loss_fn_output_type,
         "loss_fn_outputs": [
             {name: tensor_to_json(v, f"loss_fn_outputs[{i}][{name!r}]") for name, v in datum.items()}
-            for i, datum in enumerate(loss_fn_outputs)
+            for i, datum in enumerate(parts.loss_fn_outputs)
         ],
-        "metrics": {k: float(v) for k, v in metrics_of(output).items()},
+        "metrics": {k: float(v) for k, v in parts.metrics.items()},
     }
 
 
@@ -179,27 +168,25 @@ def output_from_json(payload: Mapping[str, Any]) -> ForwardBackwardOutput:
     With tinker installed each value is validated by tinker's own pydantic ``TensorData`` model
     (dtype literal, no unknown fields) before it becomes a ``tinker.types.TensorData``.
     """
-    outputs = payload.get("loss_fn_outputs")
-    if not isinstance(outputs, list):
-        raise ValueError("ForwardBackwardOutput JSON needs a 'loss_fn_outputs' list")
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"ForwardBackwardOutput JSON must be a dict, got {type(payload).__name__}")
+    parts = read_output(payload, "ForwardBackwardOutput JSON")
     typed = []
-    for i, datum in enumerate(outputs):
+    for i, datum in enumerate(parts.loss_fn_outputs):
         if not isinstance(datum, Mapping):
             raise ValueError(f"loss_fn_outputs[{i}] must be a dict of field -> TensorData JSON")
         typed.append({name: _typed(value, f"loss_fn_outputs[{i}][{name!r}]") for name, value in datum.items()})
     return ForwardBackwardOutput(
-        loss_fn_output_type=str(payload.get("loss_fn_output_type", "")),
+        loss_fn_output_type=parts.loss_fn_output_type,
         loss_fn_outputs=typed,
-        metrics={k: float(v) for k, v in dict(payload.get("metrics", {})).items()},
+        metrics={k: float(v) for k, v in parts.metrics.items()},
     )
 
 
 def _typed(value: object, where: str) -> Any:
     if HAVE_TINKER and isinstance(value, Mapping):
-        from tinker.types._pydantic_types.tensor_data import TensorData as TensorDataModel
-
         try:
-            model = TensorDataModel.model_validate(dict(value))
+            model = tinker_compat.tensor_data_model().model_validate(dict(value))
         except ValueError as exc:
             raise ValueError(f"{where} is not valid TensorData JSON: {exc}") from exc
         return tensor_data(np.asarray(model.to_numpy()))
@@ -216,8 +203,10 @@ def output_to_proto(output: object) -> bytes:
     shape (each datum's value is 1-D). Every datum must carry the same fields. Needs tinker.
     """
     try:
-        from tinker.proto import tinker_public_pb2 as pb
+        pb = tinker_compat.proto_module()
     except ImportError as exc:  # pragma: no cover - exercised only where tinker is absent
+        if isinstance(exc, tinker_compat.UnsupportedVersionError):
+            raise
         raise ImportError("output_to_proto needs tinker (pip install 'cliptrack[tinker]')") from exc
     document = output_to_json(output)
     datums: Sequence[Mapping[str, Any]] = document["loss_fn_outputs"]

@@ -68,17 +68,27 @@ def parse_window(text: str | None) -> Window:
 
 def _per_step(runset: RunSet, label: str, specs: Sequence[MetricSpec], axis: str) -> pd.DataFrame:
     wide = runset.wide(label)
+    nonfinite = runset.nonfinite(label)
     out = pd.DataFrame(index=wide.index)
     out["x"] = wide.index.to_numpy(dtype=float) if axis == "step" else wide[axis]
+    missing = pd.Series(np.nan, index=wide.index)
     for spec in specs:
-        num = wide[spec.numerator] if spec.numerator in wide else pd.Series(np.nan, index=wide.index)
+        num = wide[spec.numerator] if spec.numerator in wide else missing
+        bad = pd.Series(wide.index.isin(list(nonfinite.get(spec.numerator, ()))), index=wide.index)
+        logged = num.notna() | bad
         if spec.denominator is None:
-            den = pd.Series(np.where(num.notna(), 1.0, np.nan), index=wide.index)
+            den = pd.Series(np.where(np.isfinite(num), 1.0, np.nan), index=wide.index)
         else:
-            den = wide[spec.denominator] if spec.denominator in wide else pd.Series(np.nan, index=wide.index)
-        valid = num.notna() & den.notna()
+            den = wide[spec.denominator] if spec.denominator in wide else missing
+            den_bad = wide.index.isin(list(nonfinite.get(spec.denominator, ())))
+            bad |= den_bad
+            logged &= den.notna() | den_bad
+        valid = pd.Series(np.isfinite(num.to_numpy(dtype=float)) & np.isfinite(den.to_numpy(dtype=float)),
+                          index=wide.index)
         out[f"{spec.name}.num"] = num.where(valid)
         out[f"{spec.name}.den"] = den.where(valid)
+        out[f"{spec.name}.bad"] = bad.astype(float)
+        out[f"{spec.name}.logged"] = logged.astype(float)
     return out
 
 
@@ -89,10 +99,12 @@ def unit_table(
     by: str = "step",
     window: Window | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Per run, a unit-indexed table with ``x``, ``n_steps`` and ``<spec>.num`` / ``<spec>.den`` sums.
+    """Per run, a unit-indexed table with ``x``, ``n_steps`` and per quantity ``<spec>.num`` /
+    ``<spec>.den`` sums, ``<spec>.bad`` (steps where a key of it was logged non-finite: NaN or
+    infinite) and ``<spec>.logged`` (steps where all its keys were logged, finite or not).
 
-    A numerator/denominator pair counts at a step only when both were logged there (a loss that
-    does not clip logs no clip counts; nothing is invented). Index: the step (``by="step"``) or
+    A numerator/denominator pair counts at a step only when both were logged there with finite
+    values (a loss that does not clip logs no clip counts; nothing is invented). Index: the step (``by="step"``) or
     the bin number (``"tokens"``, ``"time"``); ``x`` is the step or the bin centre.
     """
     if by not in ALIGNMENTS:

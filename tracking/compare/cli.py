@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from tracking.compare.align import ALIGNMENTS, parse_window
-from tracking.compare.metrics import CLIP_TOLERANCE, RELATIVE_TOLERANCE
+from tracking.compare.metrics import CLIP_TOLERANCE, RELATIVE_TOLERANCE, REWARD_ABS_TOLERANCE
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,19 +25,22 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
-    """Alignment, window, tolerances and bootstrap options."""
+    """Alignment, window, margins and confidence."""
     parser.add_argument("--align", choices=sorted(ALIGNMENTS), default="step",
                         help="pair runs by trainer step, by tokens seen, or by wall time (default: step)")
     parser.add_argument("--window", metavar="A:B", help="keep A <= x < B on the alignment axis (steps, tokens or s)")
     parser.add_argument("--tolerance", type=float, default=CLIP_TOLERANCE,
                         help=f"clip-fraction equivalence margin, absolute (default {CLIP_TOLERANCE})")
     parser.add_argument("--reward-tolerance", type=float, default=RELATIVE_TOLERANCE,
-                        help=f"reward margin, relative to the first run (default {RELATIVE_TOLERANCE})")
+                        help=f"reward margin, relative (log-ratio scale) when both rewards are clearly away from "
+                             f"zero (default {RELATIVE_TOLERANCE})")
+    parser.add_argument("--reward-abs-tolerance", type=float, default=REWARD_ABS_TOLERANCE,
+                        help=f"reward margin in reward units, used when the rewards are near zero "
+                             f"(default {REWARD_ABS_TOLERANCE})")
     parser.add_argument("--throughput-tolerance", type=float, default=RELATIVE_TOLERANCE,
-                        help=f"throughput margin, relative to the first run (default {RELATIVE_TOLERANCE})")
+                        help=f"throughput margin on the log-ratio scale: 0.05 means |log(B/A)| < log(1.05) "
+                             f"(default {RELATIVE_TOLERANCE})")
     parser.add_argument("--confidence", type=float, default=0.90, help="interval confidence (default 0.90)")
-    parser.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,19 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_comparison_arguments(parser)
     parser.add_argument("--html", metavar="OUT", help="also write the self-contained HTML dashboard here")
     parser.add_argument("--markdown", metavar="OUT", help="also write summary and table as markdown here")
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                        help="every estimate, interval, effective sample size, verdict and note as JSON: "
+                             "printed alone on stdout, or written to FILE")
 
 
 def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the named runs and compare them as the arguments say; return (runset, result)."""
+    from tracking.compare.compute import compare
     from tracking.compare.load import load_runs
-    from tracking.compare.verdict import compare
 
     runset = load_runs(args.runs, tracking_uri=args.tracking_uri, experiment=args.experiment,
                        jsonl_dir=args.jsonl, wandb_dir=args.wandb_dir)
     tolerances = {"clip_fraction": args.tolerance, "reward": args.reward_tolerance,
                   "throughput": args.throughput_tolerance}
     result = compare(runset, align=args.align, window=parse_window(args.window), tolerances=tolerances,
-                     confidence=args.confidence, n_boot=args.n_boot, seed=args.seed)
+                     reward_abs_tolerance=args.reward_abs_tolerance, confidence=args.confidence)
     return runset, result
 
 
@@ -80,7 +86,15 @@ def run(args: argparse.Namespace) -> int:
     except (LookupError, ValueError, FileNotFoundError) as exc:
         print(f"cliptrack compare: {exc}", file=sys.stderr)
         return 2
+    if args.json == "-":
+        print(result.to_json())
+        return 0
     print(format_result(result))
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(result.to_json() + "\n", encoding="utf-8")
+        print(f"json: {args.json}")
     if args.html:
         from tracking.compare.dashboard import write_dashboard
 

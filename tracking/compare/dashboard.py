@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tracking.compare.frame import RunSet
+from tracking.compare.panels import PANELS
+from tracking.compare.result import ComparisonResult
 from tracking.compare.series import AXIS_TITLES, all_series
-from tracking.compare.verdict import ComparisonResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
@@ -28,50 +30,39 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def _xs(values: Any) -> list[float | None]:
-    return [None if v != v else float(v) for v in values]  # NaN -> null (a gap)
+    return [float(v) if math.isfinite(v) else None for v in values]  # NaN, inf -> null (a gap)
 
 
 def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
-    """Plotly figures (as plain dicts) keyed by panel id: clip, split, reward, throughput."""
+    """Plotly figures (as plain dicts) keyed by panel id, one per entry of ``panels.PANELS``."""
     import plotly.graph_objects as go
 
     series = all_series(runset, result.runs, result.align, result.window)
     x_title = AXIS_TITLES[result.align]
-    figs = {name: go.Figure() for name in ("clip", "split", "reward", "throughput")}
-    for i, (label, s) in enumerate(series.items()):
-        color = PALETTE[i % len(PALETTE)]
-        name = html.escape(f"{label} [{result.backends.get(label, '')}]")
-        x = _xs(s["x"])
-        clip = figs["clip"]
-        clip.add_trace(go.Scatter(x=x + x[::-1], y=_xs(s["band_high"]) + _xs(s["band_low"])[::-1], fill="toself",
-                                  fillcolor=_rgba(color, 0.18), line={"width": 0}, hoverinfo="skip",
-                                  legendgroup=name, showlegend=False, name=f"{name} band"))
-        clip.add_trace(go.Scatter(x=x, y=_xs(s["clip_fraction"]), mode="markers", marker={"size": 4, "color": color,
-                                  "opacity": 0.45}, legendgroup=name, showlegend=False, name=f"{name} per step"))
-        clip.add_trace(go.Scatter(x=x, y=_xs(s["clip_rolling"]), mode="lines", line={"color": color, "width": 2},
-                                  legendgroup=name, name=name))
-        figs["split"].add_trace(go.Scatter(x=x, y=_xs(s["low_fraction"]), mode="lines", name=f"{name} low",
-                                           line={"color": color, "dash": "dot"}))
-        figs["split"].add_trace(go.Scatter(x=x, y=_xs(s["high_fraction"]), mode="lines", name=f"{name} high",
-                                           line={"color": color}))
-        figs["reward"].add_trace(go.Scatter(x=x, y=_xs(s["reward"]), mode="lines", name=name, line={"color": color}))
-        figs["throughput"].add_trace(go.Scatter(x=x, y=_xs(s["throughput"]), mode="lines", name=name,
-                                                line={"color": color}))
-    titles = {
-        "clip": ("Clip fraction (token-weighted, rolling, with 90% band)", "clipped / loss tokens"),
-        "split": ("Clip fraction by side of the band (low dotted, high solid)", "clipped / loss tokens"),
-        "reward": ("Reward", "reward:mean"),
-        "throughput": ("Throughput", "loss tokens / s"),
-    }
     out = {}
-    for key, fig in figs.items():
-        title, y_title = titles[key]
-        fig.update_layout(title={"text": title}, xaxis_title=x_title, yaxis_title=y_title, template="plotly_white",
-                          margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360,
+    for panel in PANELS:
+        fig = go.Figure()
+        for i, (label, s) in enumerate(series.items()):
+            color = PALETTE[i % len(PALETTE)]
+            name = html.escape(f"{label} [{result.backends.get(label, '')}]")
+            x = _xs(s["x"])
+            if panel.band:
+                fig.add_trace(go.Scatter(x=x + x[::-1], y=_xs(s["band_high"]) + _xs(s["band_low"])[::-1],
+                                         fill="toself", fillcolor=_rgba(color, 0.18), line={"width": 0},
+                                         hoverinfo="skip", legendgroup=name, showlegend=False, name=f"{name} band"))
+                fig.add_trace(go.Scatter(x=x, y=_xs(s["clip_fraction"]), mode="markers",
+                                         marker={"size": 4, "color": color, "opacity": 0.45}, legendgroup=name,
+                                         showlegend=False, name=f"{name} per step"))
+            for line in panel.lines:
+                fig.add_trace(go.Scatter(x=x, y=_xs(s[line.column]), mode="lines", legendgroup=name,
+                                         name=f"{name} {line.label}".strip(),
+                                         line={"color": color, "dash": line.dash, "width": 2 if panel.band else 1.5}))
+        fig.update_layout(title={"text": panel.title}, xaxis_title=x_title, yaxis_title=panel.y_title,
+                          template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360,
                           legend={"orientation": "h", "y": -0.25})
-        if key in ("clip", "split"):
+        if panel.percent:
             fig.update_yaxes(tickformat=".1%")
-        out[key] = fig.to_plotly_json()
+        out[panel.id] = fig.to_plotly_json()
     return out
 
 
@@ -98,11 +89,11 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;
 h1{font-size:1.5em;margin-bottom:4px} h2{font-size:1.15em;margin-top:28px}
 .summary{white-space:pre-wrap;background:#f6f8fa;border-left:4px solid #888;padding:10px 14px}
 .summary.equivalent{border-color:#2ca02c} .summary.different{border-color:#d62728}
-.summary.inconclusive{border-color:#ff7f0e}
+.summary.inconclusive{border-color:#ff7f0e} .summary.insufficient-data{border-color:#7f7f7f}
 table{border-collapse:collapse;font-size:0.9em;margin:8px 0} th,td{border:1px solid #ddd;padding:4px 8px;
 text-align:left;vertical-align:top} th{background:#f0f0f0}
 td.verdict.equivalent{background:#e6f4ea} td.verdict.different{background:#fce8e6}
-td.verdict.inconclusive{background:#fff4e5}
+td.verdict.inconclusive{background:#fff4e5} td.verdict.insufficient-data{background:#eeeeee}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:12px}
 .plot{min-height:360px;border:1px solid #eee}
 """
@@ -114,7 +105,7 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
 
     figs = figures(runset, result)
     divs = "".join(f'<div class="plot" id="plot-{key}" data-panel="{key}"></div>' for key in figs)
-    verdict = result.on_policy_verdict
+    verdict = result.on_policy_verdict.replace(" ", "-")
     plotly_js = plotly.offline.get_plotlyjs().replace("</script", "<\\/script")
     script = (
         "(function(){var figs=JSON.parse(document.getElementById('cliptrack-figures').textContent);"

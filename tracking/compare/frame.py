@@ -59,46 +59,94 @@ def _empty_frame() -> pd.DataFrame:
                          "step": "int64"})
 
 
-def build_frame(info: RunInfo, points: Iterable[Point]) -> pd.DataFrame:
+_NUMERIC = (int, float, np.integer, np.floating)
+
+
+def _check_numeric(info: RunInfo, steps: list[int], names: list[str], values: list[Any]) -> None:
+    """Raise ValueError naming the run, step and key of the first non-numeric value (bools included)."""
+    kinds = set(map(type, values))
+    if all(issubclass(k, _NUMERIC) and not issubclass(k, bool) for k in kinds):
+        return
+    for step, key, value in zip(steps, names, values, strict=True):
+        if isinstance(value, bool) or not isinstance(value, _NUMERIC):
+            raise ValueError(f"run {info.display!r} step {step}: metric {key!r} has non-numeric value {value!r}")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One run's points as parallel arrays, one entry per (step, metric) value, in logging order.
+
+    ``wall_time`` is the unix time (seconds) of the entry; a step's wall time is the latest of its
+    entries. Loaders that read stores in bulk (MLflow's SQL store) hand these to
+    ``RunSet.from_points`` instead of ``Point`` objects.
+    """
+
+    step: np.ndarray
+    wall_time: np.ndarray
+    metric: np.ndarray
+    value: np.ndarray
+
+
+def build_frame(info: RunInfo, points: Iterable[Point] | Columns) -> pd.DataFrame:
     """Turn one run's points into tidy rows.
 
     Points are sorted by step; a step logged more than once is merged (a later value of a key wins,
     the latest wall time is kept), as W&B merges repeated logs at one step. Non-finite values are
     kept (NaN stays NaN); non-numeric values raise ValueError naming the run, step and key.
+    Vectorised: one pass over the points to flatten them, the rest in numpy/pandas.
     """
-    by_step: dict[int, dict[str, Any]] = {}
+    if isinstance(points, Columns):
+        return _frame(info, points)
+    steps: list[int] = []
+    names: list[str] = []
+    values: list[Any] = []
+    walls: list[float] = []
     for point in points:
         step = int(point.step)
-        slot = by_step.setdefault(step, {"wall_time": float("nan"), "metrics": {}})
-        wall = float(point.wall_time)
-        if not np.isnan(wall) and (np.isnan(slot["wall_time"]) or wall > slot["wall_time"]):
-            slot["wall_time"] = wall
-        for key, value in point.metrics.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise ValueError(
-                    f"run {info.display!r} step {step}: metric {key!r} has non-numeric value {value!r}"
-                )
-            slot["metrics"][key] = float(value)
-    if not by_step:
+        metrics = point.metrics
+        steps.extend([step] * max(1, len(metrics)))
+        walls.extend([float(point.wall_time)] * max(1, len(metrics)))
+        if metrics:
+            names.extend(metrics)
+            values.extend(metrics.values())
+        else:  # a point without metrics still carries its step's wall time
+            names.append("")
+            values.append(float("nan"))
+    _check_numeric(info, steps, names, values)
+    return _frame(info, Columns(np.asarray(steps, dtype=np.int64), np.asarray(walls, dtype=np.float64),
+                                np.asarray(names, dtype=object), np.asarray(values, dtype=np.float64)))
+
+
+def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
+    if len(cols.step) == 0:
         return _empty_frame()
-    steps = sorted(by_step)
-    first_wall = np.nanmin([by_step[s]["wall_time"] for s in steps])
-    cumulative = 0.0
-    has_tokens = False
-    rows = []
-    for step in steps:
-        slot = by_step[step]
-        tokens = slot["metrics"].get(keys.LOSS_TOKENS)
-        if tokens is not None and not np.isnan(tokens):
-            cumulative += tokens
-            has_tokens = True
-        tokens_seen = cumulative if has_tokens else float("nan")
-        for key, value in slot["metrics"].items():
-            rows.append((info.display, info.run_id, info.backend, step, tokens_seen, slot["wall_time"],
-                         slot["wall_time"] - first_wall, key, value))
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    walls = pd.Series(np.asarray(cols.wall_time, dtype=np.float64),
+                      index=pd.Index(np.asarray(cols.step, dtype=np.int64), name="step")).groupby(level=0).max()
+    rows = pd.DataFrame({"step": np.asarray(cols.step, dtype=np.int64),
+                         "metric": pd.Series(np.asarray(cols.metric, dtype=object), dtype=object),
+                         "value": np.asarray(cols.value, dtype=np.float64)})
+    rows = rows[rows["metric"] != ""]
+    rows = rows.drop_duplicates(["step", "metric"], keep="last").sort_values("step", kind="stable")
+    tokens = rows.loc[rows["metric"] == keys.LOSS_TOKENS].set_index("step")["value"]
+    tokens = tokens[np.isfinite(tokens.to_numpy())]
+    if len(tokens):
+        cumulative = tokens.reindex(walls.index).fillna(0.0).cumsum()
+        cumulative[cumulative.index < tokens.index.min()] = np.nan
+    else:
+        cumulative = pd.Series(np.nan, index=walls.index)
+    step_values = rows["step"].to_numpy()
+    wall = walls.reindex(step_values).to_numpy()
+    first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
+    n = len(step_values)
+    frame = pd.DataFrame({
+        "run": pd.Series([info.display] * n, dtype=object), "run_id": pd.Series([info.run_id] * n, dtype=object),
+        "backend": pd.Series([info.backend] * n, dtype=object), "step": step_values,
+        "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
+        "wall_time": wall, "elapsed_s": wall - first,
+        "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object), "value": rows["value"].to_numpy(),
+    }, columns=list(COLUMNS))
     return frame.astype({"step": "int64", "tokens_seen": "float64", "wall_time": "float64",
-                         "elapsed_s": "float64", "value": "float64"})
+                         "elapsed_s": "float64", "value": "float64"}).reset_index(drop=True)
 
 
 @dataclass
@@ -107,11 +155,13 @@ class RunSet:
 
     frame: pd.DataFrame
     runs: list[RunInfo]
+    _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_points(cls, items: Iterable[tuple[RunInfo, Iterable[Point]]]) -> RunSet:
-        """Build a RunSet from (info, points) pairs, giving each run a unique label."""
-        pairs = [(info, list(points)) for info, points in items]
+    def from_points(cls, items: Iterable[tuple[RunInfo, Iterable[Point] | Columns]]) -> RunSet:
+        """Build a RunSet from (info, points) pairs (points as ``Point``s or ``Columns``), giving
+        each run a unique label."""
+        pairs = [(info, points if isinstance(points, Columns) else list(points)) for info, points in items]
         names = [info.run_name or info.run_id for info, _ in pairs]
         infos = []
         for (info, _), name in zip(pairs, names, strict=True):
@@ -142,10 +192,25 @@ class RunSet:
         return sorted(self.frame["metric"].unique().tolist())
 
     def wide(self, label: str) -> pd.DataFrame:
-        """One run as a step-indexed table: columns tokens_seen, wall_time, elapsed_s and one per metric."""
+        """One run as a step-indexed table: columns tokens_seen, wall_time, elapsed_s and one per metric.
+
+        Built once per run and cached (the frame is not expected to change): do not modify it.
+        """
+        display = self.info(label).display
+        if display not in self._wide:
+            rows = self.frame[self.frame["run"] == display]
+            axes = rows.groupby("step", sort=True)[["tokens_seen", "wall_time", "elapsed_s"]].first()
+            if rows.duplicated(["step", "metric"]).any():
+                values = rows.pivot_table(index="step", columns="metric", values="value", aggfunc="last",
+                                          dropna=False)
+            else:
+                values = rows.pivot(index="step", columns="metric", values="value")
+            values.columns.name = None
+            self._wide[display] = axes.join(values).sort_index()
+        return self._wide[display]
+
+    def nonfinite(self, label: str) -> dict[str, list[int]]:
+        """Metric key -> steps at which the run logged a NaN or infinite value (keys without any left out)."""
         rows = self.frame[self.frame["run"] == self.info(label).display]
-        axes = rows.groupby("step")[["tokens_seen", "wall_time", "elapsed_s"]].first()
-        values = rows.pivot_table(index="step", columns="metric", values="value", aggfunc="last",
-                                  dropna=False)
-        values.columns.name = None
-        return axes.join(values).sort_index()
+        bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+        return {str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")}

@@ -3,8 +3,9 @@
 - ``cliptrack panels wandb --entity E --project P [--runs ID ...] [--out specs.json]``: the W&B
   workspace and report; saved when ``WANDB_API_KEY`` is set, written as specs (model JSON) otherwise.
 - ``cliptrack panels mlflow RUN_A RUN_B [...] [--tracking-uri URI | --jsonl DIR | --wandb-dir DIR]``:
-  the MLflow comparison run (figures, table, dashboard as artifacts) in ``--log-uri`` (default:
-  the tracking URI the runs came from).
+  the MLflow comparison run (figures, table, JSON, dashboard as artifacts) in ``--log-uri``
+  (default: the tracking URI the runs came from), in its own ``<experiment>-comparisons``
+  experiment, artifacts under ``--artifact-dir``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(ml)
     add_comparison_arguments(ml)
     ml.add_argument("--log-uri", help="MLflow tracking URI to log the comparison run to (default: --tracking-uri)")
-    ml.add_argument("--log-experiment", help="experiment for the comparison run")
+    ml.add_argument("--log-experiment",
+                    help="experiment for the comparison run (default: <experiment of the first run>-comparisons)")
+    ml.add_argument("--artifact-dir", metavar="DIR",
+                    help="artifact location of the comparisons experiment when it is created "
+                         "(default for a sqlite store: comparison-artifacts beside the database)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
             summary = ""
             if args.summary_from and len(args.runs) >= 2:
+                from tracking.compare.compute import compare
                 from tracking.compare.load import load_wandb_offline
-                from tracking.compare.verdict import compare
 
                 summary = compare(load_wandb_offline(args.runs, args.summary_from)).summary()
             outcome = save_or_write(args.entity, args.project, args.runs, summary, out=args.out,
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         runset, result = load_and_compare(args)
         run_id = log_comparison(runset, result, tracking_uri=args.log_uri or args.tracking_uri,
-                                experiment=args.log_experiment)
+                                experiment=args.log_experiment, artifact_dir=args.artifact_dir)
         print(result.summary())
         print(f"\ncomparison run: {run_id}")
         return 0

@@ -1,13 +1,23 @@
 """MLflow panels: a comparison run holding the verdict, figures, table and dashboard.
 
-``log_comparison`` creates one run tagged ``cliptrack.kind=comparison`` with
+``log_comparison`` creates one run tagged ``cliptrack.kind=comparison`` in an experiment of its own
+(``<experiment of the reference run>-comparisons``, or ``cliptrack-comparisons``), so ``mlflow ui``
+never charts the comparison's numbers beside the training series. It holds
 
-- tags: ``cliptrack.compared_runs`` (ids, reference first), ``cliptrack.verdict``, and the summary
-  as the run description (``mlflow.note.content``);
-- params: alignment, window, confidence, bootstrap replicates, seed, tolerances;
-- metrics: per quantity the difference and its interval for each compared pair;
-- artifacts: ``figures/*.png`` (matplotlib), ``comparison.csv``, ``comparison.md``,
-  ``dashboard.html`` (the self-contained dashboard).
+- tags: ``cliptrack.compared_runs`` (ids, reference first), ``cliptrack.verdict`` (the on-policy
+  verdict), ``cliptrack.verdict.<quantity>`` per compared pair, and the summary as the run
+  description (``mlflow.note.content``);
+- params: alignment, window, confidence, method, minimum units and effective sample size,
+  margins, the runs, and per quantity and pair the difference, its interval, the paired units,
+  lag-1 autocorrelation, effective sample size and verdict — params and tags, **never metrics**;
+- artifacts: ``comparison.json`` (every estimate, interval, ESS, verdict and note),
+  ``comparison.csv``, ``comparison.md``, ``dashboard.html`` (the self-contained dashboard) and
+  ``figures/<panel>.png`` (one per entry of ``panels.PANELS``, matplotlib).
+
+Artifacts go where the caller says: ``artifact_dir`` is the artifact location of the comparisons
+experiment when this call creates it (default for a ``sqlite:///`` store: ``comparison-artifacts``
+beside the database file — never ``./mlruns`` of the working directory). An experiment that already
+exists keeps the location it was created with.
 
 The compared runs are linked by tag on both sides: each compared MLflow run in the same store gets
 the comparison's id appended to its ``cliptrack.compared_in`` tag. ``mlflow.parentRunId`` is not
@@ -17,21 +27,29 @@ in several comparisons, while a run has only one parent.
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tracking import keys
+from tracking.compare import render
 from tracking.compare.dashboard import PALETTE, write_dashboard
 from tracking.compare.frame import RunSet
+from tracking.compare.panels import PANELS
+from tracking.compare.result import ComparisonResult
 from tracking.compare.series import AXIS_TITLES, all_series
-from tracking.compare.verdict import ComparisonResult
+from tracking.compare.stats import MIN_ESS, MIN_UNITS
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
+COMPARISONS_SUFFIX = "-comparisons"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+"""Experiment tag ``mlflow ui`` reads to open an experiment as a training (not GenAI) experiment."""
 
 
 def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Path) -> list[Path]:
-    """Write clip.png, split.png, reward.png and throughput.png (matplotlib, Agg) into ``directory``."""
+    """Write ``<panel id>.png`` for every panel of ``panels.PANELS`` (matplotlib, Agg) into ``directory``."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -41,65 +59,114 @@ def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Pat
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     series = all_series(runset, result.runs, result.align, result.window)
-    panels = {
-        "clip": "Clip fraction (token-weighted, rolling, 90% band)",
-        "split": "Clip fraction by side (low dotted, high solid)",
-        "reward": "Reward",
-        "throughput": "Throughput (loss tokens/s)",
-    }
+    styles = {"solid": "-", "dot": ":"}
     paths = []
-    for key, title in panels.items():
+    for panel in PANELS:
         fig, ax = plt.subplots(figsize=(8, 4.2), dpi=100)
         for i, (label, s) in enumerate(series.items()):
             color = PALETTE[i % len(PALETTE)]
             name = f"{label} [{result.backends.get(label, '')}]"
-            if key == "clip":
+            if panel.band:
                 ax.fill_between(s["x"], s["band_low"], s["band_high"], color=color, alpha=0.18, linewidth=0)
                 ax.plot(s["x"], s["clip_fraction"], ".", color=color, alpha=0.4, markersize=3)
-                ax.plot(s["x"], s["clip_rolling"], color=color, label=name)
-            elif key == "split":
-                ax.plot(s["x"], s["low_fraction"], ":", color=color, label=f"{name} low")
-                ax.plot(s["x"], s["high_fraction"], "-", color=color, label=f"{name} high")
-            else:
-                ax.plot(s["x"], s[key], color=color, label=name)
-        if key in ("clip", "split"):
+            for line in panel.lines:
+                ax.plot(s["x"], s[line.column], styles.get(line.dash, "-"), color=color,
+                        label=f"{name} {line.label}".strip())
+        if panel.percent:
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set_title(title)
+        ax.set_title(panel.title)
         ax.set_xlabel(AXIS_TITLES[result.align])
+        ax.set_ylabel(panel.y_title)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = directory / f"{key}.png"
+        path = directory / f"{panel.id}.png"
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
     return paths
 
 
+def default_artifact_dir(tracking_uri: str) -> Path | None:
+    """``comparison-artifacts`` beside a ``sqlite:///`` store's database file; None for other stores."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "comparison-artifacts"
+    return None
+
+
+def _param_value(x: Any) -> str:
+    if isinstance(x, float):
+        return "nan" if not math.isfinite(x) else f"{x:.6g}"
+    return str(x)
+
+
+def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str]:
+    """The params of the comparison run: settings, margins, runs and every difference's numbers."""
+    params: dict[str, Any] = {
+        "align": result.align, "window": str(result.window), "confidence": result.confidence,
+        "method": result.method, "min_units": MIN_UNITS, "min_ess": MIN_ESS,
+    }
+    for s in result.specs:
+        params[f"tolerance.{s.name}"] = f"{s.tolerance:g} {s.scale}"
+        if s.abs_tolerance == s.abs_tolerance:
+            params[f"abs_tolerance.{s.name}"] = f"{s.abs_tolerance:g}"
+    for i, label in enumerate(result.runs):
+        info = runset.info(label)
+        params[f"run.{i}"] = f"{info.display} [{info.backend}] {info.source}:{info.run_id}"
+    for d in result.differences:
+        suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
+        e = d.estimate
+        for what, value in (("difference", e.value), ("ci_low", e.low), ("ci_high", e.high), ("scale", d.scale),
+                            ("margin", d.margin), ("paired_units", e.n_units), ("lag1", e.lag1), ("ess", e.ess),
+                            ("verdict", d.verdict), ("reference_value", d.reference_paired.value),
+                            ("run_value", d.run_paired.value)):
+            params[f"{d.metric}.{what}{suffix}"] = value
+    return {k: _param_value(v)[:6000] for k, v in params.items()}
+
+
+def _experiment(client: Any, runset: RunSet, result: ComparisonResult, experiment: str | None,
+                artifact_dir: str | Path | None) -> str:
+    from mlflow.exceptions import MlflowException
+
+    name = experiment
+    reference = runset.info(result.runs[0])
+    if name is None and reference.source == "mlflow" and reference.location == str(client.tracking_uri):
+        try:
+            parent = client.get_experiment(client.get_run(reference.run_id).info.experiment_id)
+            name = parent.name + COMPARISONS_SUFFIX
+        except MlflowException:
+            name = None
+    name = name or DEFAULT_EXPERIMENT
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    directory = Path(artifact_dir) if artifact_dir is not None else default_artifact_dir(str(client.tracking_uri))
+    location = None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        location = directory.resolve().as_uri()
+    return str(client.create_experiment(name, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: "custom_model_development",
+                                              keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON}))
+
+
 def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str | None = None,
                    experiment: str | None = None, run_name: str | None = None,
-                   dashboard: str | Path | None = None) -> str:
-    """Log the comparison as an MLflow run; return its run id.
+                   dashboard: str | Path | None = None, artifact_dir: str | Path | None = None) -> str:
+    """Log the comparison as an MLflow run in its comparisons experiment; return the run id.
 
     ``dashboard``: an HTML dashboard of this comparison already written (by ``write_dashboard``)
-    to log as the artifact instead of rendering it again.
-
-    ``experiment`` defaults to the experiment of the reference run when it was loaded from this
-    MLflow store, else ``cliptrack-comparisons``.
+    to log as the artifact instead of rendering it again. ``artifact_dir``: where the artifacts of
+    a comparisons experiment created by this call are stored (see the module docstring).
     """
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Param, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     infos = [runset.info(label) for label in result.runs]
     same_store = [i for i in infos if i.source == "mlflow" and i.location == str(client.tracking_uri)]
-    if experiment is None and same_store and same_store[0] is infos[0]:
-        exp_id = client.get_run(infos[0].run_id).info.experiment_id
-    else:
-        name = experiment or DEFAULT_EXPERIMENT
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp else client.create_experiment(name)
+    exp_id = _experiment(client, runset, result, experiment, artifact_dir)
     summary = result.summary()
     tags = {
         keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON,
@@ -110,29 +177,18 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
     run = client.create_run(exp_id, run_name=run_name or "compare: " + " vs ".join(result.runs), tags=tags)
     run_id = run.info.run_id
     try:
-        params = {"align": result.align, "window": str(result.window), "confidence": result.confidence,
-                  "n_boot": result.n_boot, "seed": result.seed,
-                  **{f"tolerance.{s.name}": f"{s.tolerance:g}{' relative' if s.relative else ''}" for s in result.specs},
-                  **{f"run.{i}": f"{info.display} [{info.backend}] {info.source}:{info.run_id}"
-                     for i, info in enumerate(infos)}}
-        metrics = []
-        for n, d in enumerate(result.differences):
-            suffix = "" if len(result.runs) == 2 else f".{n}"
-            for what, value in (("difference", d.estimate.value), ("ci_low", d.estimate.low),
-                                ("ci_high", d.estimate.high)):
-                if value == value:
-                    metrics.append(Metric(f"{d.metric}.{what}{suffix}", float(value), 0, 0))
-        for e in result.estimates:
-            idx = result.runs.index(e.run)
-            if e.estimate.value == e.estimate.value:
-                metrics.append(Metric(f"{e.metric}.run{idx}", float(e.estimate.value), 0, 0))
-        client.log_batch(run_id, metrics=metrics, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-                         tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values()))))])
+        verdict_tags = [RunTag(f"{keys.TAG_VERDICT}.{d.metric}" + ("" if len(result.runs) == 2
+                                                                   else f".{result.runs.index(d.run)}"), d.verdict)
+                        for d in result.differences]
+        client.log_batch(run_id, params=[Param(k, v) for k, v in comparison_params(runset, result).items()],
+                         tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))),
+                               *verdict_tags])
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             write_figures(runset, result, root / "figures")
-            result.table().to_csv(root / "comparison.csv", index=False)
-            (root / "comparison.md").write_text(result.to_markdown(), encoding="utf-8")
+            render.table(result).to_csv(root / "comparison.csv", index=False)
+            (root / "comparison.md").write_text(render.markdown(result), encoding="utf-8")
+            (root / "comparison.json").write_text(render.as_json(result), encoding="utf-8")
             if dashboard is None:
                 write_dashboard(root / "dashboard.html", runset, result)
             else:

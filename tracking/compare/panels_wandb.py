@@ -1,8 +1,8 @@
 """W&B panels for the comparison, built with ``wandb-workspaces``.
 
-- ``build_workspace``: a workspace with sections *clipping* (clip fraction, clipped vs loss tokens,
-  low/high split), *reward* and *throughput*; every line plot uses ``trainer/step`` as x axis and
-  runs are grouped by backend.
+- ``build_workspace``: a workspace with one section per section of ``panels.PANELS`` (*clipping*:
+  clip fraction, clipped and loss tokens, low/high split; *reward*; *throughput*: throughput and
+  step time); every line plot uses ``trainer/step`` as x axis and runs are grouped by backend.
 - ``build_report``: a report comparing chosen runs (one panel grid, its runset filtered to the
   run ids), with the verdict summary as text when one is given.
 
@@ -13,43 +13,34 @@ be named in a grouping.)
 
 Building the models needs no network except the report runset's project-id lookup, which
 ``Runset._to_model`` performs through the W&B API; ``offline_project_ids`` stands in for it when
-specs are written without an API key.
+specs are written without an API key. Every use of ``wandb-workspaces`` internals lives in
+``_compat_wandb_workspaces`` (checked against the supported versions).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tracking import keys
+from tracking.compare._compat_wandb_workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
+from tracking.compare.panels import Panel, sections
 
-SECTIONS = {
-    "clipping": [
-        ("clip fraction (token-weighted)", [keys.CLIP_FRACTION]),
-        ("clipped vs loss tokens", [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS]),
-        ("clipped tokens: low / high side", [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS]),
-    ],
-    "reward": [("reward", [keys.REWARD])],
-    "throughput": [("throughput (loss tokens/s)", [keys.THROUGHPUT]), ("step time (s)", [keys.STEP_TIME])],
-}
-"""Section name -> [(panel title, metric keys)]."""
+__all__ = ["GROUP_BY", "OFFLINE_PROJECT_ID", "build_report", "build_workspace", "offline_project_ids",
+           "report_spec", "save_or_write", "workspace_spec"]
 
 GROUP_BY = "Group"
 """Run attribute the panels group by (the W&B group = the backend label)."""
 
-OFFLINE_PROJECT_ID = "offline-unresolved"
-"""Placeholder project id written into specs built without the W&B API."""
 
-
-def _line_plots(panels: Sequence[tuple[str, list[str]]]) -> list[Any]:
+def _line_plots(panels: Sequence[Panel]) -> list[Any]:
     import wandb_workspaces.reports.v2 as wr
 
-    return [wr.LinePlot(title=title, x=keys.WANDB_STEP_METRIC, y=list(ys), groupby=GROUP_BY,
+    return [wr.LinePlot(title=panel.title, x=keys.WANDB_STEP_METRIC, y=list[Any](panel.wandb_keys), groupby=GROUP_BY,
                         groupby_aggfunc="mean", groupby_rangefunc="minmax", title_x="trainer step")
-            for title, ys in panels]
+            for panel in panels]
 
 
 def build_workspace(entity: str, project: str, name: str = "cliptrack: megatron vs miles") -> Any:
@@ -57,13 +48,13 @@ def build_workspace(entity: str, project: str, name: str = "cliptrack: megatron 
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces import expr
 
-    sections = [ws.Section(name=section, panels=_line_plots(panels), is_open=True)
-                for section, panels in SECTIONS.items()]
+    built = [ws.Section(name=section, panels=_line_plots(panels), is_open=True)
+             for section, panels in sections().items()]
     return ws.Workspace(
         entity=entity,
         project=project,
         name=name,
-        sections=sections,
+        sections=built,
         settings=ws.WorkspaceSettings(x_axis=keys.WANDB_STEP_METRIC),
         runset_settings=ws.RunsetSettings(groupby=[expr.Metric(GROUP_BY)]),
     )
@@ -85,42 +76,20 @@ def build_report(entity: str, project: str, run_ids: Sequence[str] = (), summary
     if summary:
         blocks.append(wr.H2("Verdict"))
         blocks.extend(wr.P(line) for line in summary.splitlines() if line.strip())
-    for section, panels in SECTIONS.items():
+    for section, panels in sections().items():
         blocks.append(wr.H2(section))
         blocks.append(wr.PanelGrid(runsets=[runset], panels=_line_plots(panels)))
     return wr.Report(entity=entity, project=project, title=title, blocks=blocks)
 
 
-@contextlib.contextmanager
-def offline_project_ids(project_id: str = OFFLINE_PROJECT_ID) -> Iterator[None]:
-    """Answer the report runset's project-id lookup without the W&B API (nothing else is replaced)."""
-    from wandb_workspaces.reports.v2 import gql
-    from wandb_workspaces.reports.v2 import interface as wri
-
-    real = wri.execute_graphql
-
-    def lookup(api: Any, query: Any, variables: Any) -> Any:
-        if query is gql.projectInternalId:
-            return {"project": {"internalId": project_id}}
-        return real(api, query, variables)
-
-    saved_api, saved_exec = wri._get_api, wri.execute_graphql
-    wri._get_api = lambda: None  # type: ignore[assignment]
-    wri.execute_graphql = lookup  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        wri._get_api, wri.execute_graphql = saved_api, saved_exec  # type: ignore[assignment]
-
-
 def workspace_spec(workspace: Any) -> dict[str, Any]:
     """The workspace's saved-view model as JSON-ready data."""
-    return json.loads(workspace._to_model().model_dump_json(by_alias=True, exclude_none=True))
+    return model_json(workspace)
 
 
 def report_spec(report: Any) -> dict[str, Any]:
     """The report's view model as JSON-ready data (needs the project-id lookup: API or ``offline_project_ids``)."""
-    return json.loads(report._to_model().model_dump_json(by_alias=True, exclude_none=True))
+    return model_json(report)
 
 
 def save_or_write(entity: str, project: str, run_ids: Sequence[str] = (), summary: str = "",

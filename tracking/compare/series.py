@@ -3,7 +3,7 @@ low/high split, reward and throughput, on the chosen alignment axis.
 
 The band is the rolling ratio ``sum(clipped) / sum(loss_tokens)`` over ``w`` steps with a 90 %
 ratio-estimator (delta-method) interval from the between-step spread inside the window. It is a
-visual aid; the verdict's intervals come from the block bootstrap in ``stats``.
+visual aid; the verdict's intervals come from ``stats``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tracking.compare.align import ALIGNMENTS, Window
 from tracking.compare.frame import RunSet
 
 AXIS_TITLES = {"step": "trainer step", "tokens": "tokens seen (loss tokens)", "time": "wall time since start (s)"}
-SERIES_COLUMNS = ("x", "clip_fraction", "clip_rolling", "band_low", "band_high", "low_fraction",
-                  "high_fraction", "reward", "throughput")
+SERIES_COLUMNS = ("x", "clip_fraction", "clip_rolling", "band_low", "band_high", "clipped_tokens", "loss_tokens",
+                  "low_fraction", "high_fraction", "reward", "throughput", "step_time")
 
 
 def rolling_window(n_steps: int) -> int:
@@ -42,7 +42,8 @@ def run_series(runset: RunSet, label: str, align: str = "step", window: Window |
     out = out[(window or Window()).mask(out["x"])]
     wide = wide.loc[out.index]
     clipped, tokens = _col(wide, keys.CLIPPED_TOKENS), _col(wide, keys.LOSS_TOKENS)
-    valid = clipped.notna() & tokens.notna() & (tokens > 0)
+    valid = pd.Series(np.isfinite(clipped.to_numpy(dtype=float)) & np.isfinite(tokens.to_numpy(dtype=float)),
+                      index=wide.index) & (tokens > 0)
     c, t = clipped.where(valid), tokens.where(valid)
     out["clip_fraction"] = c / t
     w = rolling or rolling_window(len(out))
@@ -55,12 +56,15 @@ def run_series(runset: RunSet, label: str, align: str = "step", window: Window |
     out["clip_rolling"] = ratio
     out["band_low"] = (ratio - z * se).clip(lower=0)
     out["band_high"] = ratio + z * se
+    out["clipped_tokens"] = clipped
+    out["loss_tokens"] = tokens
     out["low_fraction"] = _col(wide, keys.CLIPPED_LOW_TOKENS).where(valid) / t
     out["high_fraction"] = _col(wide, keys.CLIPPED_HIGH_TOKENS).where(valid) / t
     out["reward"] = _col(wide, keys.REWARD)
     out["throughput"] = _col(wide, keys.THROUGHPUT)
     if out["throughput"].isna().all() and keys.STEP_TIME in wide:
         out["throughput"] = tokens / _col(wide, keys.STEP_TIME)
+    out["step_time"] = _col(wide, keys.STEP_TIME)
     return out
 
 

@@ -1,0 +1,184 @@
+"""Comparing two runs of 100,000 steps x 5 series: load from the JSONL spool, load from a sqlite
+MLflow store, compare, and the peak memory of each, against the previous method.
+
+Data: two runs of ``STEPS`` steps logging ``loss_tokens:sum`` (5k-50k per step),
+``clipped_tokens:sum`` (binomial around 10 % with an AR(1) wobble), ``clip_fraction:mean``,
+``reward:mean`` and ``tokens_per_second:mean``, written once to a JSONL spool and to a sqlite MLflow
+store (cached in the temp directory between runs).
+
+Every measurement runs in a fresh process (so each one's peak resident memory is its own), the
+current method three times (median), the anchor once:
+
+- load JSONL: ``load_jsonl`` vs the previous path (``RunDir.load_points`` line by line, then the
+  per-point frame builder) (target <= 3 s);
+- load MLflow: ``load_mlflow`` (bulk SQL read) vs ``get_metric_history`` per key (target <= 10 s);
+- compare: ``compare`` (5 quantities, fixed-b HAC, O(n)) vs the previous block bootstrap with
+  2000 x n index arrays on the same 5 quantities (target <= 2 s);
+- peak memory of load + compare (target <= 1 GiB), shown in the row names.
+
+Run: ``python benchmarks/compare.py``. ``run()`` returns the rows for ``run_all``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._timing import Row, markdown  # noqa: E402
+
+STEPS = 100_000
+KEYS = ("loss_tokens:sum", "clipped_tokens:sum", "clip_fraction:mean", "reward:mean", "tokens_per_second:mean")
+RUNS = ("bench-a", "bench-b")
+
+
+def _data_dir(steps: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"cliptrack-bench-compare-{steps}-v1"
+
+
+def _series(seed: int, steps: int) -> dict[str, object]:
+    import numpy as np
+    from scipy.signal import lfilter
+
+    rng = np.random.default_rng(seed)
+    wobble = lfilter([1.0], [1.0, -0.9], rng.normal(0, 0.02 * math.sqrt(1 - 0.81), steps))
+    tokens = rng.integers(5_000, 50_001, steps)
+    clipped = rng.binomial(tokens, np.clip(0.10 + wobble, 0.001, 0.999))
+    return {"loss_tokens:sum": tokens.astype(float), "clipped_tokens:sum": clipped.astype(float),
+            "clip_fraction:mean": clipped / tokens, "reward:mean": 0.5 + 0.02 * rng.standard_normal(steps),
+            "tokens_per_second:mean": 2000.0 * (1 + 0.02 * rng.standard_normal(steps)),
+            "wall_time": 1.7e9 + np.arange(steps) * 1.5}
+
+
+def prepare(steps: int = STEPS) -> Path:
+    """Write (once) the JSONL spool and the sqlite MLflow store; return their directory."""
+    from tracking import keys
+
+    root = _data_dir(steps)
+    if (root / "ready").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    from mlflow.entities import Metric
+    from mlflow.store.tracking.dbmodels.models import SqlMetric
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("bench", artifact_location=(root / "artifacts").as_uri())
+    store = SqlAlchemyStore(uri, None)
+    for seed, name in enumerate(RUNS):
+        data = _series(seed, steps)
+        run_dir = root / "spool" / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / keys.RUN_META_FILE).write_text(json.dumps(
+            {"run_id": name, "run_name": name, "backend": name, "config": {}, "started": 1.7e9,
+             "status": "finished"}), encoding="utf-8")
+        walls = data["wall_time"]
+        with open(run_dir / keys.POINTS_FILE, "w", encoding="utf-8") as fh:
+            for s in range(steps):
+                fh.write(json.dumps({"step": s, "wall_time": float(walls[s]),  # type: ignore[index]
+                                     "metrics": {k: float(data[k][s]) for k in KEYS}}) + "\n")  # type: ignore[index]
+        run = client.create_run(experiment, run_name=name, tags={keys.TAG_BACKEND: name})
+        run_id = run.info.run_id
+        # The first step through the client (latest metrics, the run's metric keys) ...
+        client.log_batch(run_id, metrics=[Metric(k, float(data[k][0]), int(walls[0] * 1000), 0)  # type: ignore[index]
+                                          for k in KEYS])
+        # ... the rest inserted in bulk into MLflow's metrics table (log_batch would take minutes).
+        rows = [{"key": k, "value": float(data[k][s]), "timestamp": int(walls[s] * 1000),  # type: ignore[index]
+                 "step": s, "is_nan": False, "run_uuid": run_id} for s in range(1, steps) for k in KEYS]
+        with store.engine.begin() as conn:
+            conn.execute(SqlMetric.__table__.insert(), rows)
+        client.set_terminated(run_id)
+    (root / "ready").write_text("ok")
+    return root
+
+
+def _child(what: str, root: Path) -> dict[str, float]:
+    """One measurement in this process: seconds of the timed part and the process's peak RSS (MiB)."""
+    from benchmarks import _compare_previous as previous
+    from tracking.compare import compare, load_jsonl, load_mlflow
+    from tracking.compare import frame as frame_module
+    from tracking.compare import load as load_module
+
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    if what.endswith("previous") and what.startswith("load-jsonl"):
+        load_module._spool_columns = lambda run_dir: run_dir.load_points()  # type: ignore[assignment]
+        frame_module.build_frame = previous.build_frame  # type: ignore[assignment]
+    if what == "load-mlflow-previous":
+        load_module.bulk_columns = lambda uri, ids: None  # type: ignore[assignment]
+    if what.startswith("load-mlflow"):
+        import mlflow  # noqa: F401  (import time is not the loader's)
+    started = time.perf_counter()
+    if what.startswith("load-jsonl"):
+        runset = load_jsonl(list(RUNS), root / "spool")
+    elif what.startswith("load-mlflow"):
+        runset = load_mlflow(list(RUNS), tracking_uri=uri)
+    else:
+        runset = load_jsonl(list(RUNS), root / "spool")
+        started = time.perf_counter()
+        if what == "compare":
+            result = compare(runset)
+            assert result.difference("clip_fraction").estimate.n_units == len(runset.wide(RUNS[0]))
+        else:
+            previous.compare_bootstrap(runset, [("clipped_tokens:sum", "loss_tokens:sum"), ("reward:mean", None),
+                                                ("tokens_per_second:mean", None),
+                                                ("clipped_tokens:sum", "loss_tokens:sum"),
+                                                ("clipped_tokens:sum", "loss_tokens:sum")])
+    seconds = time.perf_counter() - started
+    assert len(runset.frame) == 2 * len(KEYS) * len(runset.wide(RUNS[0]))
+    return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _measure(what: str, root: Path, repeats: int) -> tuple[float, float]:
+    seconds, peaks = [], []
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for _ in range(repeats):
+        proc = subprocess.run([sys.executable, __file__, "--child", what, str(root)], capture_output=True, text=True,
+                              env=env, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark child {what} failed:\n{proc.stderr[-3000:]}")
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        seconds.append(out["seconds"])
+        peaks.append(out["peak_mib"])
+    return statistics.median(seconds), max(peaks)
+
+
+def run(steps: int = STEPS) -> list[Row]:
+    root = prepare(steps)
+    size = f"2 runs x {steps:,} steps x {len(KEYS)} series"
+    rows = []
+    for what, name, anchor_name, target in (
+        ("load-jsonl", f"load_jsonl, {size}", "previous: load_points + per-point frame builder", "<= 3 s"),
+        ("load-mlflow", f"load_mlflow (bulk SQL read), sqlite, {size}", "get_metric_history per key", "<= 10 s"),
+        ("compare", f"compare, 5 quantities (fixed-b HAC), {size}",
+         "previous block bootstrap, 2000 x n index arrays", "<= 2 s"),
+    ):
+        new_s, new_mib = _measure(what, root, 3)
+        old_s, old_mib = _measure(f"{what}-previous", root, 1)
+        memory = f" [peak {new_mib / 1024:.2f} GiB, previous {old_mib / 1024:.2f} GiB]"
+        rows.append(Row(name + memory, new_s, anchor_name, new_s / old_s, target + ", peak <= 1 GiB"))
+        rows.append(Row(anchor_name, old_s, anchor_name, 1.0))
+    return rows
+
+
+def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "--child":
+        print(json.dumps(_child(sys.argv[2], Path(sys.argv[3]))))
+        return 0
+    print(markdown(run()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

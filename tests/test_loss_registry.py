@@ -1,0 +1,200 @@
+"""Adding a loss is one registry entry: a toy clipping loss runs through both backend paths.
+
+The toy is truncated importance sampling (per token ``-(min(r, cap).detach() * A * logprobs)``,
+a token is clipped where ``r > cap``), reporting no low/high split. Registered once, it runs
+through the Megatron path (``make_loss_func`` / ``reduce_losses``) and the Miles runtime
+(``forward_backward_loss``, per-datum ``cap`` overrides, the client's aggregation) with no other
+change, and both give the counts of a plain per-token reference.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+
+from adapters import losses
+from adapters import megatron as mg
+from adapters.miles import ClientAggregator, forward_backward_loss
+from tracking import keys
+
+
+def truncated_is(logprobs, sampling_logprobs, advantages, mask=None, *, cap=2.0):
+    """Toy loss: truncated importance sampling, clipped where the ratio exceeds ``cap``."""
+    weight = torch.ones_like(logprobs) if mask is None else mask.to(logprobs.dtype)
+    ratio = torch.exp((logprobs - sampling_logprobs).detach())
+    coefficient = torch.clamp(ratio, max=cap)
+    loss = -(coefficient * advantages * logprobs * weight).sum()
+    eligible = weight != 0
+    with torch.no_grad():
+        clipped = torch.count_nonzero((ratio > cap) & eligible)
+    invalid = torch.zeros(len(losses.INPUT_CHECKS), dtype=torch.int64, device=logprobs.device)
+    return losses.LossOutput(loss, torch.count_nonzero(eligible), clipped, None, None, invalid)
+
+
+TOY = losses.LossSpec(
+    name="truncated_is",
+    fn=truncated_is,
+    clips=True,
+    inputs=(
+        losses.TensorInput("sampling_logprobs", datum_fields=("logprobs",)),
+        losses.TensorInput("advantages"),
+        losses.TensorInput("mask", required=False, datum_fields=("mask", "weights")),
+    ),
+    options=(losses.Option("cap", 2.0, per_datum=True),),
+)
+
+
+@pytest.fixture
+def toy():
+    losses.register_loss(TOY)
+    try:
+        yield TOY
+    finally:
+        losses.unregister_loss(TOY.name)
+
+
+def reference(lp, slp, adv, mask, cap):
+    """Plain per-token counts: (eligible tokens, clipped tokens)."""
+    tokens = clipped = 0
+    for a, b, m in zip(lp.tolist(), slp.tolist(), mask.tolist(), strict=True):
+        if m != 0:
+            tokens += 1
+            clipped += float(torch.exp(torch.tensor(a - b))) > cap
+    return tokens, clipped
+
+
+def batch(n_datums, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_datums):
+        n = rng.randint(1, 12)
+        slp = torch.randn(n, generator=gen) * 0.3 - 1.5
+        lp = slp + torch.randn(n, generator=gen) * 0.6
+        adv = torch.randn(n, generator=gen)
+        mask = (torch.rand(n, generator=gen) > 0.25).float()
+        out.append((lp, slp, adv, mask))
+    return out
+
+
+def test_the_registry_knows_the_toy_only_while_registered(toy):
+    assert "truncated_is" in losses.LOSSES and "truncated_is" in losses.CLIPPING_LOSSES
+    assert losses.loss_spec(truncated_is) is toy
+    with pytest.raises(ValueError, match="already registered"):
+        losses.register_loss(TOY)
+
+
+def test_the_toy_is_absent_without_its_entry():
+    assert "truncated_is" not in losses.LOSSES
+    with pytest.raises(ValueError, match="loss_fn 'truncated_is' is not one of"):
+        mg.make_loss_func("truncated_is", {})
+    with pytest.raises(ValueError, match="unknown loss_fn 'truncated_is'"):
+        forward_backward_loss([], [], "truncated_is")
+
+
+def test_the_toy_runs_through_both_backend_paths(toy):
+    data = batch(10, seed=4)
+    cap = 1.3
+    expected_tokens = expected_clipped = 0
+    for lp, slp, adv, mask in data:
+        t, c = reference(lp, slp, adv, mask, cap)
+        expected_tokens, expected_clipped = expected_tokens + t, expected_clipped + c
+    assert 0 < expected_clipped < expected_tokens  # the scenario exercises clipping
+
+    # Megatron path: one loss function per micro-batch (a datum here), reduced in one process
+    reports = []
+    for lp, slp, adv, mask in data:
+        loss_func = mg.make_loss_func(
+            "truncated_is", {"sampling_logprobs": slp, "advantages": adv, "mask": mask}, {"cap": cap}
+        )
+        loss, num_tokens, report = loss_func(lp.clone().requires_grad_())
+        loss.backward()
+        reports.append(report)
+    megatron = mg.reduce_losses(reports, group=None).metrics
+
+    # Miles runtime path: datums in Tinker's wire form, the request's config, then the client
+    datums = [
+        {"logprobs": slp.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()}
+        for _, slp, adv, mask in data
+    ]
+    policy = [lp.clone().requires_grad_() for lp, *_ in data]
+    agg = ClientAggregator()
+    agg.register("run")
+    for part in (slice(0, 4), slice(4, 10)):
+        result = forward_backward_loss(datums[part], policy[part], "truncated_is", {"cap": cap})
+        result.loss.backward()
+        agg.add("run", 0, result.output)
+    miles = agg.emit("run", 0).metrics
+
+    fraction = float(Fraction(expected_clipped, expected_tokens))
+    for metrics in (megatron, miles):
+        assert metrics[keys.LOSS_TOKENS] == expected_tokens
+        assert metrics[keys.CLIPPED_TOKENS] == expected_clipped
+        assert metrics[keys.CLIP_FRACTION] == fraction
+        assert keys.CLIPPED_LOW_TOKENS not in metrics and keys.CLIPPED_HIGH_TOKENS not in metrics
+    assert megatron[keys.LOSS_SUM] == pytest.approx(miles[keys.LOSS_SUM], rel=1e-6)
+
+
+def test_the_toys_declared_options_and_inputs_are_checked_on_both_paths(toy):
+    ((lp, slp, adv, mask),) = batch(1, seed=5)
+    with pytest.raises(
+        ValueError, match=r"loss_fn_config has \['clip_high_threshold'\], which loss truncated_is"
+    ):
+        mg.make_loss_func(
+            "truncated_is", {"sampling_logprobs": slp, "advantages": adv}, {"clip_high_threshold": 1.2}
+        )
+    with pytest.raises(ValueError, match=r"lacks \['advantages'\] required by loss truncated_is"):
+        mg.make_loss_func("truncated_is", {"sampling_logprobs": slp})
+    datum = {"logprobs": slp.tolist(), "advantages": adv.tolist(), "mask": mask.tolist()}
+    with pytest.raises(ValueError, match=r"loss_fn_config keys \['beta'\] are not used by 'truncated_is'"):
+        forward_backward_loss([datum], [lp], "truncated_is", {"beta": 0.1})
+    # a per-datum option overrides the request's config, as declared
+    low_cap = forward_backward_loss([{**datum, "cap": [0.0]}], [lp], "truncated_is", {"cap": 100.0}).output
+    assert low_cap.metrics[keys.CLIPPED_TOKENS] == low_cap.metrics[keys.LOSS_TOKENS] == int(mask.sum())
+
+
+def test_a_registered_loss_that_breaks_its_declaration_is_named(toy):
+    ((lp, slp, adv, _),) = batch(1, seed=6)
+    never = losses.LossSpec("never_is", truncated_is, False, toy.inputs, toy.options)
+    losses.register_loss(never)
+    try:
+        message = "loss never_is is registered as returning no clip counts but returned clip counts"
+        with pytest.raises(TypeError, match=message):
+            mg.make_loss_func("never_is", {"sampling_logprobs": slp, "advantages": adv})(lp)
+        datum = {"logprobs": slp.tolist(), "advantages": adv.tolist()}
+        with pytest.raises(TypeError, match=message):
+            forward_backward_loss([datum], [lp], "never_is")
+    finally:
+        losses.unregister_loss("never_is")
+    splitting = losses.LossSpec("split_is", truncated_is, True, toy.inputs, toy.options, splits=True)
+    losses.register_loss(splitting)
+    try:
+        message = "registered as returning clip counts with the low/high split but returned clip counts$"
+        with pytest.raises(TypeError, match=message):
+            mg.make_loss_func("split_is", {"sampling_logprobs": slp, "advantages": adv})(lp)
+    finally:
+        losses.unregister_loss("split_is")
+    with pytest.raises(ValueError, match="splits=True needs clips=True"):
+        losses.LossSpec("bad", truncated_is, False, toy.inputs, splits=True)
+
+
+def test_an_empty_request_carries_the_declared_keys(toy):
+    assert forward_backward_loss([], [], "truncated_is").output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+    }
+    assert forward_backward_loss([], [], "ppo").output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+        keys.CLIPPED_LOW_TOKENS: 0.0,
+        keys.CLIPPED_HIGH_TOKENS: 0.0,
+    }
+    assert forward_backward_loss([], [], "dro", {"beta": 0.1}).output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+    }
