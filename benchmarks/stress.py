@@ -47,15 +47,25 @@ def _closed_port() -> int:
 
 def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
-                 "RANK"):
+    for name in (
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+        "RANK",
+    ):
         env.pop(name, None)
     return env
 
 
 def _worker(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, __file__, "worker", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=_env())
+    return subprocess.Popen(
+        [sys.executable, __file__, "worker", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+    )
 
 
 def _wait_for(proc: subprocess.Popen[str], word: str) -> str:
@@ -149,12 +159,19 @@ def worker(kind: str, spool: str) -> None:
         return
     if kind == "latency":
         dead = f"http://127.0.0.1:{_closed_port()}"
-        tracker = Tracker("latency", backends=(dead,), spool_dir=spool, open_timeout_s=0, handle_signals=False)
+        tracker = Tracker(
+            "latency", backends=(dead,), spool_dir=spool, open_timeout_s=0, handle_signals=False
+        )
         clock = time.perf_counter
         samples = []
         for step in range(LATENCY_STEPS):
-            metrics = {"loss:sum": step * 0.5, "reward:mean": 0.1, "kl:mean": 1e-3, "lr:mean": 1e-6,
-                       "throughput:mean": 1e4}
+            metrics = {
+                "loss:sum": step * 0.5,
+                "reward:mean": 0.1,
+                "kl:mean": 1e-3,
+                "lr:mean": 1e-6,
+                "throughput:mean": 1e4,
+            }
             start = clock()
             tracker.log(step, metrics)
             samples.append(clock() - start)
@@ -200,15 +217,48 @@ def run() -> list[Row]:
         lat = latency(work)
         exit_s = sigterm_exit(work)
     rows = [
-        Row("stress: crash loss, SIGKILL under overload (10-metric tight loop, flush 1 s)", loss,
-            "flush interval + 0.5 s", loss / 1.5, "≤ 1.0× (≤ 1.5 s)"),
-        Row("stress: log() p50, dead MLflow backend (default MLflow settings)", lat["p50"], "50 µs", lat["p50"] / 50e-6),
-        Row("stress: log() p99, dead MLflow backend", lat["p99"], "50 µs", lat["p99"] / 50e-6, "≤ 1.0× (≤ 50 µs)"),
-        Row("stress: log() max, dead MLflow backend", lat["max"], "20 ms", lat["max"] / 20e-3, "≤ 1.0× (≤ 20 ms)"),
-        Row("stress: SIGTERM to exit, dead MLflow server (default MLflow settings)", exit_s, "10 s", exit_s / 10,
-            "≤ 1.0× (≤ 10 s)"),
-        Row("stress: peak memory growth, 1M steps x 10 metrics, tight loop", 0.0, "150 MB", memory / 150e6,
-            "≤ 1.0× (≤ 150 MB)", shown=f"{memory / 1e6:.0f} MB"),
+        Row(
+            "stress: crash loss, SIGKILL under overload (10-metric tight loop, flush 1 s)",
+            loss,
+            "flush interval + 0.5 s",
+            loss / 1.5,
+            "≤ 1.0× (≤ 1.5 s)",
+        ),
+        Row(
+            "stress: log() p50, dead MLflow backend (default MLflow settings)",
+            lat["p50"],
+            "50 µs",
+            lat["p50"] / 50e-6,
+        ),
+        Row(
+            "stress: log() p99, dead MLflow backend",
+            lat["p99"],
+            "50 µs",
+            lat["p99"] / 50e-6,
+            "≤ 1.0× (≤ 50 µs)",
+        ),
+        Row(
+            "stress: log() max, dead MLflow backend",
+            lat["max"],
+            "20 ms",
+            lat["max"] / 20e-3,
+            "≤ 1.0× (≤ 20 ms)",
+        ),
+        Row(
+            "stress: SIGTERM to exit, dead MLflow server (default MLflow settings)",
+            exit_s,
+            "10 s",
+            exit_s / 10,
+            "≤ 1.0× (≤ 10 s)",
+        ),
+        Row(
+            "stress: peak memory growth, 1M steps x 10 metrics, tight loop",
+            0.0,
+            "150 MB",
+            memory / 150e6,
+            "≤ 1.0× (≤ 150 MB)",
+            shown=f"{memory / 1e6:.0f} MB",
+        ),
     ]
     print(markdown(rows))
     return rows

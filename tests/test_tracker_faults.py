@@ -49,8 +49,14 @@ def _steps(run_dir: Path) -> list[int]:
 
 
 def _replay(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tracking.cli", "replay", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env=_env())
+    return subprocess.run(
+        [sys.executable, "-m", "tracking.cli", "replay", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=_env(),
+    )
 
 
 def _closed_port() -> int:
@@ -124,9 +130,25 @@ def test_a_run_resumed_in_a_new_process_reaches_mlflow_and_wandb_exactly_once(tm
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id = uuid.uuid4().hex
     for first, count in ((0, 3000), (3000, 5000)):
-        done = subprocess.run([sys.executable, "-m", "tests._tracking_worker", "resume", str(spool_dir), db,
-                               str(wandb_dir), run_id, str(first), str(count)],
-                              capture_output=True, text=True, cwd=REPO, timeout=300, env=_env())
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests._tracking_worker",
+                "resume",
+                str(spool_dir),
+                db,
+                str(wandb_dir),
+                run_id,
+                str(first),
+                str(count),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+            env=_env(),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "mlflow: all written" in done.stdout and "wandb: all written" in done.stdout, done.stdout
     assert _steps(spool_dir / run_id) == list(range(8000))
@@ -136,7 +158,9 @@ def test_a_run_resumed_in_a_new_process_reaches_mlflow_and_wandb_exactly_once(tm
     client = MlflowClient(db)
     (run,) = client.search_runs([client.get_experiment_by_name("cliptrack").experiment_id])
     assert run.data.tags[keys.TAG_RUN_ID] == run_id and run.info.status == "FINISHED"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, keys.LOSS_SUM)) == list(range(8000))
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, keys.LOSS_SUM)) == list(
+        range(8000)
+    )
     files = sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(files) == 2
     steps = sorted(row[keys.WANDB_STEP_METRIC] for path in files for row in history(path))
@@ -181,8 +205,14 @@ def test_a_full_tmpfs_then_freed_keeps_every_point_once_in_order(tmpfs):
     then holds every point once, in order, every line whole, and replay and readers agree."""
     filler = tmpfs / "filler"
     db = f"sqlite:///{tmpfs.parent / 'mlflow.db'}"
-    tracker = Tracker(backends=(db,), spool_dir=tmpfs / "spool", experiment="full-disk", flush_interval_s=0.05,
-                      max_batch_points=200, handle_signals=False)
+    tracker = Tracker(
+        backends=(db,),
+        spool_dir=tmpfs / "spool",
+        experiment="full-disk",
+        flush_interval_s=0.05,
+        max_batch_points=200,
+        handle_signals=False,
+    )
     with open(filler, "wb") as fh:  # leave ~40 KiB free
         free = os.statvfs(tmpfs).f_bavail * os.statvfs(tmpfs).f_frsize
         fh.write(b"\0" * max(0, free - 40_000))
@@ -213,8 +243,15 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
     spool_dir = tmp_path / "spool"
     ids = []
     for name in ("a-first", "b-second"):
-        tracker = Tracker(name, backends=(f"http://127.0.0.1:{_closed_port()}",), spool_dir=spool_dir,
-                          experiment="damaged", flush_interval_s=0.05, open_timeout_s=0, handle_signals=False)
+        tracker = Tracker(
+            name,
+            backends=(f"http://127.0.0.1:{_closed_port()}",),
+            spool_dir=spool_dir,
+            experiment="damaged",
+            flush_interval_s=0.05,
+            open_timeout_s=0,
+            handle_signals=False,
+        )
         for step in range(50):
             tracker.log(step, {"a:mean": float(step)})
         tracker.close(timeout_s=0)
@@ -232,8 +269,10 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
     assert f"run {ids[1]} mlflow: replayed, 50 points pushed" in replay.stdout
     client = MlflowClient(db)
     experiment = client.get_experiment_by_name("damaged").experiment_id
-    counts = {r.info.run_name: len(client.get_metric_history(r.info.run_id, "a:mean"))
-              for r in client.search_runs([experiment])}
+    counts = {
+        r.info.run_name: len(client.get_metric_history(r.info.run_id, "a:mean"))
+        for r in client.search_runs([experiment])
+    }
     assert counts == {"a-first": 48, "b-second": 50}
 
 
@@ -243,8 +282,14 @@ def test_overload_then_sigkill_loses_at_most_the_last_flush_interval(tmp_path, c
     at flush_interval_s (0.2 s) + 0.5 s; here, everything reported more than 2 s before the kill
     (generous for a loaded machine; unbounded it was 5-7 s) is on disk, as a gap-free prefix."""
     spool_dir = tmp_path / "spool"
-    proc = subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", "overload", str(spool_dir)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests._tracking_worker", "overload", str(spool_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     seen: list[tuple[int, float]] = []
     run_id = ""
     try:
@@ -288,9 +333,14 @@ def _children(pid: int) -> list[int]:
 
 def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
     spool_dir, wandb_dir = tmp_path / "spool", tmp_path / "wb"
-    proc = subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", "wandb", str(spool_dir),
-                             str(wandb_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests._tracking_worker", "wandb", str(spool_dir), str(wandb_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     try:
         run_id = ""
         while True:
@@ -313,7 +363,9 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
     replay = _replay(str(spool_dir))
-    assert replay.returncode == 0 and f"run {run_id} wandb: replayed" in replay.stdout, replay.stdout + replay.stderr
+    assert replay.returncode == 0 and f"run {run_id} wandb: replayed" in replay.stdout, (
+        replay.stdout + replay.stderr
+    )
     journal = _steps(spool_dir / run_id)
     files = sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
     rows = sorted(row[keys.WANDB_STEP_METRIC] for path in files for row in history(path))
@@ -321,15 +373,23 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
 
 
 # ---- 5. dead MLflow server -----------------------------------------------------------------------
-def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_is_bounded(tmp_path, monkeypatch,
-                                                                                          caplog):
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT",
-                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
+def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_is_bounded(
+    tmp_path, monkeypatch, caplog
+):
+    for name in (
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+    ):
         monkeypatch.delenv(name, raising=False)  # MLflow's defaults: 7 retries, 120 s, ~4 min per request
     caplog.set_level(logging.INFO, logger="cliptrack")
     began = time.monotonic()
-    tracker = Tracker(backends=(f"http://127.0.0.1:{_closed_port()}",), spool_dir=tmp_path, experiment="dead",
-                      handle_signals=False)
+    tracker = Tracker(
+        backends=(f"http://127.0.0.1:{_closed_port()}",),
+        spool_dir=tmp_path,
+        experiment="dead",
+        handle_signals=False,
+    )
     for step in range(100):
         tracker.log(step, {"a:mean": float(step)})
     deadline = time.monotonic() + 120
@@ -354,9 +414,23 @@ def test_sigterm_with_a_dead_server_ends_the_process_within_ten_seconds(tmp_path
     env = _env()
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", "signal", str(spool_dir),
-                             f"http://127.0.0.1:{_closed_port()}", "default", str(tmp_path / "unused")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests._tracking_worker",
+            "signal",
+            str(spool_dir),
+            f"http://127.0.0.1:{_closed_port()}",
+            "default",
+            str(tmp_path / "unused"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         run_id = ""
         while True:
@@ -386,8 +460,9 @@ def test_an_unwritable_spool_never_crashes_close_nor_duplicates_points(tmpfs, ca
     saved. A sink must still get every point once, and close() must not raise."""
     gate = threading.Event()
     recorder = RecordingSink(gate)
-    tracker = Tracker(backends=(recorder,), spool_dir=tmpfs / "spool", flush_interval_s=0.05,
-                      handle_signals=False)
+    tracker = Tracker(
+        backends=(recorder,), spool_dir=tmpfs / "spool", flush_interval_s=0.05, handle_signals=False
+    )
     filler = None
     try:
         for step in range(100):
@@ -418,8 +493,13 @@ def test_points_held_for_a_lagging_sink_cost_the_garbage_collector_nothing(tmp_p
     """A lagging backend holds 50k points in memory: they must not be 50k objects the collector
     walks on every full collection (118 ms stalls of log() came from that)."""
     gate = threading.Event()
-    tracker = Tracker(backends=(RecordingSink(gate),), spool_dir=tmp_path, flush_interval_s=0.05,
-                      max_buffered_points=60_000, handle_signals=False)
+    tracker = Tracker(
+        backends=(RecordingSink(gate),),
+        spool_dir=tmp_path,
+        flush_interval_s=0.05,
+        max_buffered_points=60_000,
+        handle_signals=False,
+    )
     try:
         gc.collect()
         before = len(gc.get_objects())
@@ -479,22 +559,33 @@ def test_a_point_accepted_while_close_runs_is_never_lost(tmp_path):
     release.set()
     thread.join(30)
     steps = _steps(tmp_path / tracker.run_id)
-    assert (outcome == ["accepted"] and steps == [0, 1]) or (isinstance(outcome[0], TrackerClosed) and steps == [0])
+    assert (outcome == ["accepted"] and steps == [0, 1]) or (
+        isinstance(outcome[0], TrackerClosed) and steps == [0]
+    )
 
 
 # ---- 8. statuses and bad input -------------------------------------------------------------------
 EXIT_SCRIPTS = {
     "sys_exit_3": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(3)\n",
     "sys_exit_0": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(0)\n",
-    "excepthook_replaced": ("t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n"
-                            "sys.excepthook = lambda *a: print('app hook', file=sys.stderr)\n"
-                            "raise RuntimeError('diverged')\n"),
+    "excepthook_replaced": (
+        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n"
+        "sys.excepthook = lambda *a: print('app hook', file=sys.stderr)\n"
+        "raise RuntimeError('diverged')\n"
+    ),
     "clean_end": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n",
 }
 
 
-@pytest.mark.parametrize(("script", "status"), [("sys_exit_3", "FAILED"), ("sys_exit_0", "FINISHED"),
-                                                ("excepthook_replaced", "FAILED"), ("clean_end", "FINISHED")])
+@pytest.mark.parametrize(
+    ("script", "status"),
+    [
+        ("sys_exit_3", "FAILED"),
+        ("sys_exit_0", "FINISHED"),
+        ("excepthook_replaced", "FAILED"),
+        ("clean_end", "FINISHED"),
+    ],
+)
 def test_a_run_left_open_gets_the_status_of_how_the_process_ended(tmp_path, script, status):
     code = f"import sys\nfrom tracking import Tracker\nSPOOL = {str(tmp_path)!r}\n" + EXIT_SCRIPTS[script]
     subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=120, env=_env(), capture_output=True)
@@ -530,7 +621,9 @@ def test_run_names_are_escaped_in_terminal_lines(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert all("\x1b" not in line and "\n" not in line and "\x07" not in line for line in lines)
     assert "evil\\x1b[2J\\x1b[31mred\\nsecond line" in lines[0] and "backend=m\\x07x" in lines[0]
-    assert json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["run_name"] == name  # kept as given
+    assert (
+        json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["run_name"] == name
+    )  # kept as given
 
 
 def test_the_heap_alive_at_start_is_frozen_out_of_collections_unless_asked_not_to(tmp_path):

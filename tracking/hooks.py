@@ -116,8 +116,12 @@ class _Hooks:
         with self._lock:
             trackers = list(self._open)
         for tracker in trackers:
-            LOG.warning("%s received: marking run %s KILLED and draining (at most %.0f s)",
-                        signal.Signals(signum).name, tracker.run_id, SIGNAL_CLOSE_S)
+            LOG.warning(
+                "%s received: marking run %s KILLED and draining (at most %.0f s)",
+                signal.Signals(signum).name,
+                tracker.run_id,
+                SIGNAL_CLOSE_S,
+            )
             tracker.close(KILLED, timeout_s=SIGNAL_CLOSE_S)
         if callable(previous):
             previous(signum, frame)

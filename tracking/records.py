@@ -49,7 +49,9 @@ class Point(NamedTuple):
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Point:
         """The point of one JSONL line; KeyError / TypeError / ValueError when it is not one."""
-        return cls(int(obj["step"]), float(obj["wall_time"]), {k: float(v) for k, v in obj["metrics"].items()})
+        return cls(
+            int(obj["step"]), float(obj["wall_time"]), {k: float(v) for k, v in obj["metrics"].items()}
+        )
 
 
 @dataclass

@@ -68,8 +68,16 @@ def replay_run(
     """Replay one run directory; see the module docstring."""
     meta = run_dir.read_meta()
     if not run_dir.lock_sink("jsonl"):
-        return [ReplayResult(run_dir.run_id, "*", 0, 0, str(meta.get("status")),
-                             "skipped: the run is still being logged by a live process")]
+        return [
+            ReplayResult(
+                run_dir.run_id,
+                "*",
+                0,
+                0,
+                str(meta.get("status")),
+                "skipped: the run is still being logged by a live process",
+            )
+        ]
     try:
         run = run_dir.read_run()
         if run.status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
@@ -88,8 +96,14 @@ def replay_run(
 
 
 def _replay_sink(
-    run_dir: RunDir, run: RunInfo, name: str, state: dict[str, Any], end: Ack,
-    tracking_uri: str | None, timeout_s: float, dry_run: bool,
+    run_dir: RunDir,
+    run: RunInfo,
+    name: str,
+    state: dict[str, Any],
+    end: Ack,
+    tracking_uri: str | None,
+    timeout_s: float,
+    dry_run: bool,
 ) -> ReplayResult:
     status = run.status
     ack = run_dir.read_ack(name)
@@ -105,8 +119,17 @@ def _replay_sink(
         return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
     resume = {k: v for k, v in state.items() if k not in ("closed", "status")}
     resume.update(overrides)
-    lane = SinkLane(sink, run_dir, run, max_buffered_points=2000, max_batch_points=2000,
-                    backoff_initial_s=0.5, backoff_max_s=5.0, state=resume, journal_end=end)
+    lane = SinkLane(
+        sink,
+        run_dir,
+        run,
+        max_buffered_points=2000,
+        max_batch_points=2000,
+        backoff_initial_s=0.5,
+        backoff_max_s=5.0,
+        state=resume,
+        journal_end=end,
+    )
     deadline = time.monotonic() + timeout_s
     lane.start()
     lane.stop(status, deadline)
@@ -120,11 +143,22 @@ def _replay_sink(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("roots", nargs="*", default=[".cliptrack"],
-                        help="spool directories (or run directories) to replay; default .cliptrack")
-    parser.add_argument("--run", action="append", dest="runs", metavar="RUN_ID", help="only this run (repeatable)")
-    parser.add_argument("--sink", action="append", dest="sinks", metavar="NAME",
-                        help="only this sink: mlflow or wandb (repeatable)")
+    parser.add_argument(
+        "roots",
+        nargs="*",
+        default=[".cliptrack"],
+        help="spool directories (or run directories) to replay; default .cliptrack",
+    )
+    parser.add_argument(
+        "--run", action="append", dest="runs", metavar="RUN_ID", help="only this run (repeatable)"
+    )
+    parser.add_argument(
+        "--sink",
+        action="append",
+        dest="sinks",
+        metavar="NAME",
+        help="only this sink: mlflow or wandb (repeatable)",
+    )
     parser.add_argument("--tracking-uri", help="MLflow tracking URI to use instead of the recorded one")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")
     parser.add_argument("--dry-run", action="store_true", help="only say what is pending")
@@ -145,10 +179,17 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DamagedLine)
             try:
-                results = replay_run(run_dir, sinks=set(args.sinks) if args.sinks else None,
-                                     tracking_uri=args.tracking_uri, timeout_s=args.timeout, dry_run=args.dry_run)
+                results = replay_run(
+                    run_dir,
+                    sinks=set(args.sinks) if args.sinks else None,
+                    tracking_uri=args.tracking_uri,
+                    timeout_s=args.timeout,
+                    dry_run=args.dry_run,
+                )
             except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
-                results = [ReplayResult(run_dir.run_id, "*", 0, 0, "?", "failed", f"{type(exc).__name__}: {exc}")]
+                results = [
+                    ReplayResult(run_dir.run_id, "*", 0, 0, "?", "failed", f"{type(exc).__name__}: {exc}")
+                ]
         for warning in caught:
             print(f"run {run_dir.run_id}: {printable(warning.message)}")
         for result in results:

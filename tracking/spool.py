@@ -144,8 +144,11 @@ class RunDir:
         except FileNotFoundError:
             return Ack()
         except (ValueError, KeyError, TypeError):
-            warnings.warn(f"{self.ack_path(sink)} is damaged; {sink} starts over from the journal's start",
-                          DamagedLine, stacklevel=2)
+            warnings.warn(
+                f"{self.ack_path(sink)} is damaged; {sink} starts over from the journal's start",
+                DamagedLine,
+                stacklevel=2,
+            )
             return Ack()
 
     def write_ack(self, sink: str, ack: Ack) -> None:
@@ -230,8 +233,9 @@ class RunDir:
         if start in self._reported:
             return
         self._reported.add(start)
-        warnings.warn(f"{self.points_path} at byte {start}: damaged line skipped ({exc})", DamagedLine,
-                      stacklevel=3)
+        warnings.warn(
+            f"{self.points_path} at byte {start}: damaged line skipped ({exc})", DamagedLine, stacklevel=3
+        )
 
     def count_points(self, offset: int = 0, end: int | None = None) -> int:
         """Complete lines of points.jsonl between byte ``offset`` and ``end`` (fast: no parsing)."""
@@ -335,8 +339,11 @@ class Journal:
             if good != size:
                 os.ftruncate(fd, good)
                 os.fsync(fd)
-                warnings.warn(f"{self.run_dir.points_path}: a torn last line ({size - good} bytes) was cut off",
-                              DamagedLine, stacklevel=2)
+                warnings.warn(
+                    f"{self.run_dir.points_path}: a torn last line ({size - good} bytes) was cut off",
+                    DamagedLine,
+                    stacklevel=2,
+                )
         except BaseException:
             os.close(fd)
             raise

@@ -173,8 +173,13 @@ class Tracker:
             )
         self.close_timeout_s = close_timeout_s
         root, self.sinks = _sinks(
-            backends, spool_dir, tracking_uri=tracking_uri, experiment=experiment,
-            wandb_project=wandb_project, wandb_mode=wandb_mode, wandb_dir=wandb_dir,
+            backends,
+            spool_dir,
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            wandb_project=wandb_project,
+            wandb_mode=wandb_mode,
+            wandb_dir=wandb_dir,
         )
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
@@ -189,21 +194,31 @@ class Tracker:
             journal_end = Ack(self.journal.points, self.journal.offset)
             self._lanes = [
                 SinkLane(
-                    sink, self.run_dir, self.run, max_buffered_points=max_buffered_points,
-                    max_batch_points=max_batch_points, state=states.get(sink.name), journal_end=journal_end,
+                    sink,
+                    self.run_dir,
+                    self.run,
+                    max_buffered_points=max_buffered_points,
+                    max_batch_points=max_batch_points,
+                    state=states.get(sink.name),
+                    journal_end=journal_end,
                     freeze_gc=freeze_gc,
                 )
                 for sink in self.sinks
             ]
             self._writer = BackgroundWriter(
-                self.journal, self._lanes, flush_interval_s=flush_interval_s,
-                max_batch_points=max_batch_points, max_queued_points=max_queued_points,
+                self.journal,
+                self._lanes,
+                flush_interval_s=flush_interval_s,
+                max_batch_points=max_batch_points,
+                max_queued_points=max_queued_points,
             )
         except BaseException:
             self.run_dir.unlock_sink("jsonl")
             raise
         self._known_keys: set[str] = set()
-        if freeze_gc:  # the heap built so far (modules, backends' clients, the model) is left out of collections
+        if (
+            freeze_gc
+        ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
             gc.freeze()
         self._writer.start()
         deadline = time.monotonic() + open_timeout_s
@@ -213,7 +228,11 @@ class Tracker:
         HOOKS.register(self, handle_signals=handle_signals)
 
     def _open_run(
-        self, run_name: str | None, backend_label: str | None, config: Mapping[str, Any] | None, experiment: str,
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
     ) -> tuple[RunInfo, dict[str, dict[str, Any]]]:
         """The run to log: a new one, or the one run.json records for this id (resumed: its start
         time and config kept, the new config merged in); with the sinks' recorded replay states."""
@@ -227,8 +246,10 @@ class Tracker:
             run.run_name = run_name or run.run_name
             run.backend_label = backend_label if backend_label is not None else run.backend_label
             run.status, run.ended = RUNNING, None
-            states = {name: {k: v for k, v in state.items() if k not in ("closed", "status")}
-                      for name, state in self.run_dir.sink_states().items()}
+            states = {
+                name: {k: v for k, v in state.items() if k not in ("closed", "status")}
+                for name, state in self.run_dir.sink_states().items()
+            }
         else:
             run = RunInfo(
                 run_id=self.run_id,
@@ -336,11 +357,18 @@ class Tracker:
         # the local disk gets its drain even past a short timeout (at least DISK_DRAIN_S)
         writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
         if writing:
-            LOG.warning("%s is still being written after %.0f s (a stalled disk?)", printable(self.journal.location),
-                        max(DISK_DRAIN_S, timeout))
+            LOG.warning(
+                "%s is still being written after %.0f s (a stalled disk?)",
+                printable(self.journal.location),
+                max(DISK_DRAIN_S, timeout),
+            )
         elif self._writer.unwritten:
-            LOG.warning("%d points could not be written to %s (%s)", self._writer.unwritten,
-                        printable(self.journal.location), printable(self._writer.journal_error))
+            LOG.warning(
+                "%d points could not be written to %s (%s)",
+                self._writer.unwritten,
+                printable(self.journal.location),
+                printable(self._writer.journal_error),
+            )
         for lane in self._lanes:
             lane.stop(self.status, deadline)
         for lane in self._lanes:
@@ -351,8 +379,13 @@ class Tracker:
             self.run.status, self.run.ended = self.status, time.time()
             self.run_dir.update_meta(status=self.run.status, ended=self.run.ended)
         except OSError as exc:
-            LOG.warning("cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED", self.run_id,
-                        self.status, printable(self.run_dir.meta_path), printable(exc))
+            LOG.warning(
+                "cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED",
+                self.run_id,
+                self.status,
+                printable(self.run_dir.meta_path),
+                printable(exc),
+            )
         self.run_dir.unlock_sink("jsonl")
         HOOKS.unregister(self)
         LOG.info("%s", self.summary())
@@ -370,7 +403,9 @@ class Tracker:
                 parts.append(f"{lane.name}: all written ({printable(lane.sink.location)})")
             else:
                 behind = True
-                parts.append(f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})")
+                parts.append(
+                    f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})"
+                )
         if behind:
             parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
         return "; ".join(parts)
@@ -401,8 +436,10 @@ class Tracker:
 
     def _check_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         if not isinstance(metrics, Mapping):
-            raise ValueError(f"step {step}: metrics must be a mapping of 'name:reduction' -> number, "
-                             f"got {type(metrics).__name__}")
+            raise ValueError(
+                f"step {step}: metrics must be a mapping of 'name:reduction' -> number, "
+                f"got {type(metrics).__name__}"
+            )
         if not metrics:
             raise ValueError(f"step {step}: no metrics to log")
         out: dict[str, float] = {}
@@ -473,7 +510,9 @@ class NullTracker(Tracker):
 
 
 def _sinks(
-    backends: Iterable[Any] | str, spool_dir: str | os.PathLike[str], **options: Any,
+    backends: Iterable[Any] | str,
+    spool_dir: str | os.PathLike[str],
+    **options: Any,
 ) -> tuple[Path, list[Sink]]:
     """The spool root and the remote sinks a ``backends`` argument names (duplicates refused)."""
     if isinstance(backends, str):
@@ -491,4 +530,3 @@ def _sinks(
     if duplicates:
         raise ValueError(f"backends {backends!r} name the sink(s) {duplicates} more than once")
     return Path(root), remote
-

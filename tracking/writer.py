@@ -89,8 +89,12 @@ class Batch:
         if offset <= self.start:
             return self
         cut = offset - self.start
-        return Batch(self.data[cut:], offset, self.first + self.data.count(b"\n", 0, cut),
-                     self.lines - self.data.count(b"\n", 0, cut))
+        return Batch(
+            self.data[cut:],
+            offset,
+            self.first + self.data.count(b"\n", 0, cut),
+            self.lines - self.data.count(b"\n", 0, cut),
+        )
 
     def decode(self, run_dir: RunDir) -> tuple[list[Point], list[int]]:
         """The batch's points and the journal offset just past each; damaged lines are reported
@@ -186,7 +190,9 @@ class SinkLane:
                     self._buffered = 0
                     LOG.info(
                         "%s is more than %d points behind; it will read them back from %s",
-                        self.name, self.max_buffered_points, printable(self.run_dir.points_path),
+                        self.name,
+                        self.max_buffered_points,
+                        printable(self.run_dir.points_path),
                     )
                 else:
                     self._queue.append(batch)
@@ -205,8 +211,12 @@ class SinkLane:
             try:
                 self.sink.log_config(config)
             except Exception as exc:  # noqa: BLE001 - config trouble never stops the metrics
-                LOG.warning("%s did not take the config update %s: %s", self.name, printable(sorted(config)),
-                            printable(exc))
+                LOG.warning(
+                    "%s did not take the config update %s: %s",
+                    self.name,
+                    printable(sorted(config)),
+                    printable(exc),
+                )
 
     @property
     def acked(self) -> Ack:
@@ -230,7 +240,10 @@ class SinkLane:
         the sink is failing (a failing sink is not waited for: its points are spooled)."""
         with self._cond:
             while self._ack.offset < offset:
-                if self.state in (LaneState.FAILING, LaneState.REJECTED, LaneState.CLOSED) and self.opened.is_set():
+                if (
+                    self.state in (LaneState.FAILING, LaneState.REJECTED, LaneState.CLOSED)
+                    and self.opened.is_set()
+                ):
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -315,8 +328,12 @@ class SinkLane:
         if offset is None or offset == self._ack.offset:
             return
         ack = Ack(self.run_dir.count_points(0, offset), offset)
-        LOG.info("%s holds the journal up to byte %d (acknowledged: %d); going on from there",
-                 self.name, offset, self._ack.offset)
+        LOG.info(
+            "%s holds the journal up to byte %d (acknowledged: %d); going on from there",
+            self.name,
+            offset,
+            self._ack.offset,
+        )
         self._persist_ack(ack)
         with self._cond:
             self._ack = self.resumed_from = ack
@@ -333,7 +350,9 @@ class SinkLane:
 
     def _disk_warning(self, text: str) -> None:
         if self._ack_error is None:
-            LOG.warning("%s: %s; progress is kept in memory and saved again later", self.name, printable(text))
+            LOG.warning(
+                "%s: %s; progress is kept in memory and saved again later", self.name, printable(text)
+            )
         self._ack_error = text
 
     def _caught_up(self) -> bool:
@@ -387,8 +406,11 @@ class SinkLane:
                 continue
             self._acknowledge(batch, ends, len(points))
             if self.state is LaneState.FAILING:
-                LOG.warning("%s recovered; %d points behind, catching up from the spool", self.name,
-                            self.pending_points())
+                LOG.warning(
+                    "%s recovered; %d points behind, catching up from the spool",
+                    self.name,
+                    self.pending_points(),
+                )
                 with self._cond:
                     self.state = LaneState.OK
                     self.error = None
@@ -436,12 +458,17 @@ class SinkLane:
         if rejected:
             LOG.warning(
                 "%s refused the data: %s. Training continues; its points stay in %s; fix the cause "
-                "and run `cliptrack replay %s`", self.name, self.error, where, printable(self.run_dir.root),
+                "and run `cliptrack replay %s`",
+                self.name,
+                self.error,
+                where,
+                printable(self.run_dir.root),
             )
         elif not self._warned:
             LOG.warning(
                 "%s is failing: %s. Training continues; points are kept in %s and retried with backoff",
-                self.name, self.error if isinstance(exc, SinkError) else f"{type(exc).__name__}: {self.error}",
+                self.name,
+                self.error if isinstance(exc, SinkError) else f"{type(exc).__name__}: {self.error}",
                 where,
             )
         else:
@@ -481,7 +508,8 @@ class BackgroundWriter:
             raise ValueError(f"max_batch_points must be >= 1, got {max_batch_points!r}")
         if max_queued_points < max_batch_points:
             raise ValueError(
-                f"max_queued_points={max_queued_points} must be >= max_batch_points={max_batch_points}")
+                f"max_queued_points={max_queued_points} must be >= max_batch_points={max_batch_points}"
+            )
         self.journal = journal
         self.lanes = list(lanes)
         self.flush_interval_s = flush_interval_s
@@ -539,7 +567,9 @@ class BackgroundWriter:
             LOG.warning(
                 "log() is faster than points can be written to %s: it waits while more than %d points "
                 "or %.2f s of points are queued (backpressure keeps the crash window bounded)",
-                printable(self.journal.location), self.max_queued_points, self._max_lag_s,
+                printable(self.journal.location),
+                self.max_queued_points,
+                self._max_lag_s,
             )
         self.waits += 1
         while True:  # until the writer is within the bound again (each batch it writes wakes us)
@@ -602,8 +632,11 @@ class BackgroundWriter:
             except Exception as exc:  # noqa: BLE001 - disk trouble: keep the points, retry next tick
                 inbox.extendleft(reversed(points))
                 if self.journal_error is None:
-                    LOG.warning("cannot write %s: %s; points are held in memory and retried",
-                                printable(self.journal.location), printable(exc))
+                    LOG.warning(
+                        "cannot write %s: %s; points are held in memory and retried",
+                        printable(self.journal.location),
+                        printable(exc),
+                    )
                 self.journal_error = str(exc)
                 failed = True
                 break

@@ -38,10 +38,15 @@ def run_files(dir: str | os.PathLike[str], run_id: str) -> list[Path]:
     base = Path(dir) / "wandb"
     if not base.is_dir():
         return []
-    found = [p / f"run-{run_id}.wandb" for p in base.iterdir()
-             if p.name.endswith(f"-{run_id}") and p.name.startswith(("run-", "offline-run-"))]
-    return sorted((p for p in found if p.is_file()),
-                  key=lambda p: p.parent.name[: -(len(run_id) + 1)].rsplit("-", 1)[-1])
+    found = [
+        p / f"run-{run_id}.wandb"
+        for p in base.iterdir()
+        if p.name.endswith(f"-{run_id}") and p.name.startswith(("run-", "offline-run-"))
+    ]
+    return sorted(
+        (p for p in found if p.is_file()),
+        key=lambda p: p.parent.name[: -(len(run_id) + 1)].rsplit("-", 1)[-1],
+    )
 
 
 def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[Any]:
@@ -96,4 +101,7 @@ def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Each history row of a ``.wandb`` file, values decoded from JSON (``NaN`` included)."""
     for record in records(path):
         if record.WhichOneof("record_type") == "history":
-            yield {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            yield {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }

@@ -68,6 +68,7 @@ class MlflowSink(Sink):
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None) -> None:
         compat.validation()  # imported here, on the constructing thread, once
         import mlflow.tracking  # noqa: F401 - the client's modules too, before the tracker freezes the heap
+
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment = experiment
         self.mlflow_run_id: str | None = None
@@ -147,7 +148,8 @@ class MlflowSink(Sink):
             self.params_refused.update(refused)
             LOG.warning(
                 "MLflow refuses %d config entr%s as params (kept whole in run.json): %s",
-                len(refused), "y" if len(refused) == 1 else "ies",
+                len(refused),
+                "y" if len(refused) == 1 else "ies",
                 "; ".join(f"{printable(k)!r}: {v}" for k, v in refused.items()),
             )
         return params
@@ -166,8 +168,11 @@ class MlflowSink(Sink):
         if found is not None:
             return str(found.experiment_id)
         try:
-            return str(client.create_experiment(
-                self.experiment, tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND}))
+            return str(
+                client.create_experiment(
+                    self.experiment, tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND}
+                )
+            )
         except Exception:  # created concurrently by another process
             found = client.get_experiment_by_name(self.experiment)
             if found is None:

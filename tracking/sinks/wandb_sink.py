@@ -73,7 +73,9 @@ class WandbSink(Sink):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> WandbSink:
-        return cls(state.get("project"), entity=state.get("entity"), mode=state.get("mode"), dir=state.get("dir"))
+        return cls(
+            state.get("project"), entity=state.get("entity"), mode=state.get("mode"), dir=state.get("dir")
+        )
 
     @property
     def location(self) -> str:
@@ -118,11 +120,15 @@ class WandbSink(Sink):
             )
             self.run.define_metric(keys.WANDB_STEP_METRIC)
             self.run.define_metric("*", step_metric=keys.WANDB_STEP_METRIC)
-            self.run.define_metric(keys.CLIP_FRACTION, step_metric=keys.WANDB_STEP_METRIC, summary="mean,last")
+            self.run.define_metric(
+                keys.CLIP_FRACTION, step_metric=keys.WANDB_STEP_METRIC, summary="mean,last"
+            )
             for key in keys.TOKEN_COUNT_KEYS:
                 self.run.define_metric(key, step_metric=keys.WANDB_STEP_METRIC, summary="last")
         except Exception as exc:
-            raise SinkError(f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}") from exc
+            raise SinkError(
+                f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}"
+            ) from exc
         return self.settings()
 
     def log_config(self, config: Mapping[str, Any]) -> None:
