@@ -197,3 +197,17 @@ def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "cliptrack"]
     assert warning.startswith("MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': ")
     assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
+
+
+def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name():
+    from importlib import metadata
+
+    from tracking.sinks import _compat_mlflow, _compat_wandb
+    from tracking.sinks._versions import UnsupportedVersionError
+
+    assert _compat_mlflow.check() == metadata.version("mlflow")
+    assert _compat_wandb.check() == metadata.version("wandb")
+    with pytest.raises(UnsupportedVersionError, match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name"):
+        _compat_mlflow.check("4.0.0")
+    with pytest.raises(UnsupportedVersionError, match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log"):
+        _compat_wandb.check("0.18.7")

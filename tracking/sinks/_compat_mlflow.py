@@ -18,6 +18,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from tracking.sinks._versions import check_version
+
+SUPPORTED = ((3, 0), (4, 0))
+"""MLflow releases this seam was verified on (3.17.2); others are refused by ``check``."""
+USES = (
+    "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
+    "MAX_PARAM_VAL_LENGTH), the HTTP settings of mlflow.environment_variables read per request, and the "
+    "experiment tag mlflow.experimentKind"
+)
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_EXPERIMENT_KIND = "custom_model_development"
 """What ``mlflow ui`` shows as a classic ML training experiment (``genai_development`` is the other)."""
@@ -83,11 +93,22 @@ def bounded_requests() -> Iterator[None]:
         _local.bounded = previous
 
 
+def check(found: str | None = None) -> str:
+    """The installed MLflow version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
+    return check_version("mlflow", *SUPPORTED, USES, found=found)
+
+
 def validation() -> Any:
     """MLflow's private validation module (metric and param name rules, length limits)."""
+    if not _checked:
+        check()
+        _checked.append(True)
     from mlflow.utils import validation as module
 
     return module
+
+
+_checked: list[bool] = []
 
 
 def metric_key_error(key: str) -> str | None:

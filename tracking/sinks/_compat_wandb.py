@@ -19,10 +19,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tracking.sinks._versions import check_version
+
+SUPPORTED = ((0, 19), (1, 0))
+"""W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
+USES = (
+    "the .wandb transaction log format (leveldb-log framing of wandb.proto.wandb_internal_pb2.Record) and "
+    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb"
+)
+
 FILE_HEADER = struct.Struct("<4sHB")
 CHUNK_HEADER = struct.Struct("<IHB")
 BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def check(found: str | None = None) -> str:
+    """The installed W&B version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
+    return check_version("wandb", *SUPPORTED, USES, found=found)
 
 
 def resolve_dir(dir: str | os.PathLike[str] | None) -> str:
@@ -56,6 +70,7 @@ def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[A
     chunk before the end raises ValueError naming the file and byte offset when ``strict``; else
     it is warned about and reading stops there (what follows cannot be trusted).
     """
+    check()
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
