@@ -122,7 +122,9 @@ class _Hooks:
                 tracker.run_id,
                 SIGNAL_CLOSE_S,
             )
-            tracker.close(KILLED, timeout_s=SIGNAL_CLOSE_S)
+            tracker.close(
+                KILLED, timeout_s=min(SIGNAL_CLOSE_S, getattr(tracker, "close_timeout_s", SIGNAL_CLOSE_S))
+            )
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:

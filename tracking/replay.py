@@ -27,6 +27,10 @@ from tracking.sinks import sink_from_state
 from tracking.spool import Ack, DamagedLine, RunDir, run_dirs
 from tracking.writer import SinkLane
 
+LOCK_WAIT_S = 30.0
+"""Seconds replay waits for a sink's lock held by a tracker that was closed while a (bounded)
+request was still in flight, before reporting the sink as being written by another process."""
+
 
 @dataclass
 class ReplayResult:
@@ -129,6 +133,7 @@ def _replay_sink(
         backoff_max_s=5.0,
         state=resume,
         journal_end=end,
+        lock_wait_s=LOCK_WAIT_S,
     )
     deadline = time.monotonic() + timeout_s
     lane.start()

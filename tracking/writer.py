@@ -139,9 +139,11 @@ class SinkLane:
         state: dict[str, Any] | None = None,
         journal_end: Ack | None = None,
         freeze_gc: bool = False,
+        lock_wait_s: float = 0.0,
     ) -> None:
         self.sink = sink
         self.freeze_gc = freeze_gc
+        self.lock_wait_s = lock_wait_s
         self.name: str = sink.name
         self.run_dir = run_dir
         self.run = run
@@ -269,6 +271,10 @@ class SinkLane:
 
     def _run(self) -> None:
         locked = self.run_dir.lock_sink(self.name)
+        give_up = time.monotonic() + self.lock_wait_s
+        while not locked and time.monotonic() < give_up:  # a closed tracker's request still in flight
+            time.sleep(0.2)
+            locked = self.run_dir.lock_sink(self.name)
         if not locked:
             self.error = f"another process is writing {self.name} for run {self.run.run_id}"
             self._set_state(LaneState.FAILING)
