@@ -215,6 +215,12 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
     second.write([SinkPoint(s, 1.7e9 + s, {keys.REWARD: s / 10}) for s in range(3, 6)])
     second.close("FINISHED")
     assert len(list(tmp_path.rglob("run-*.wandb"))) == 2
+    # finish() of a run resumed in the same process can return before W&B's service has written its
+    # rows (seen under load): wait until the second file holds them, then check everything
+    deadline = time.monotonic() + 60
+    while len(load_wandb_offline([], tmp_path).frame.query("metric == @keys.REWARD")) < 6:
+        assert time.monotonic() < deadline, "W&B never wrote the resumed run's rows"
+        time.sleep(0.2)
 
     for refs in ([run.run_id], ["resumed"], []):
         rs = load_wandb_offline(refs, tmp_path)
