@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from adapters import fused as _fused
 from tracking import keys
 from tracking.counts import TokenCounts, as_count, mixed_kinds_error
 
@@ -170,6 +171,10 @@ def ppo(
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
     broadcast to the token shape for per-datum thresholds).
     """
+    if _fused.wanted(logprobs) and (out := _fused.ppo(logprobs, sampling_logprobs, advantages, mask,
+                                                      clip_low_threshold=clip_low_threshold,
+                                                      clip_high_threshold=clip_high_threshold)):
+        return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
     log_ratio = logprobs - sampling_logprobs
@@ -198,6 +203,10 @@ def cispo(
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
     ``r < low``, high side ``r > high``, whatever the sign of ``A``.
     """
+    if _fused.wanted(logprobs) and (out := _fused.cispo(logprobs, sampling_logprobs, advantages, mask,
+                                                        clip_low_threshold=clip_low_threshold,
+                                                        clip_high_threshold=clip_high_threshold)):
+        return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
     log_ratio = (logprobs - sampling_logprobs).detach()
@@ -218,6 +227,8 @@ def importance_sampling(
     mask: Tensor | None = None,
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips."""
+    if _fused.wanted(logprobs) and (out := _fused.importance_sampling(logprobs, sampling_logprobs, advantages, mask)):
+        return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
     loss = -(torch.exp(log_ratio) * advantages * batch.weight).sum()
@@ -235,6 +246,8 @@ def dro(
     """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    if _fused.wanted(logprobs) and (out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta)):
+        return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
     objective = logprobs * advantages - 0.5 * beta * log_ratio**2
@@ -247,6 +260,8 @@ def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None)
 
     Eligible tokens are ``mask != 0`` when a mask is given, else ``weights != 0``.
     """
+    if _fused.wanted(logprobs) and (out := _fused.cross_entropy(logprobs, weights, mask)):
+        return out
     _check_tensor("weights", weights, like=logprobs)
     batch = _Batch(logprobs, None, weights, mask, advantages_name="weights")
     weighted = weights * logprobs

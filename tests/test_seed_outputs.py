@@ -232,10 +232,11 @@ def test_logged_by_the_tracker_and_compared(tmp_path, form):
         )
     runset = load_jsonl(list(totals), tmp_path)
     assert not SPLIT & set(runset.metrics())
-    result = compare(runset, n_boot=200)
+    result = compare(runset)
     for run_id, (tokens, clipped) in totals.items():
         label = next(info.display for info in runset.runs if info.run_id == run_id)
         estimate = result.run_estimate("clip_fraction", label)
         assert (estimate.total_numerator, estimate.total_denominator) == (clipped, tokens)
         assert estimate.estimate.value == exact(clipped, tokens)
-    assert any("clip_low_fraction: not logged" in note for note in result.notes)
+    for split in ("clip_low_fraction", "clip_high_fraction"):
+        assert any(note.metric == split and "logs no" in note.text for note in result.notes), split
