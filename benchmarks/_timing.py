@@ -17,6 +17,8 @@ class Row:
     anchor: str
     ratio: float
     target: str = ""
+    shown: str = ""
+    """Text for the value column when the value is not a time (a size, say); empty: ``median_s``."""
 
     def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "median_s": self.median_s, "anchor": self.anchor, "ratio": self.ratio,
@@ -41,7 +43,8 @@ def markdown(rows: list[Row]) -> str:
     """A markdown table of rows."""
     lines = ["| benchmark | median | anchor | ratio | target |", "|---|---:|---|---:|---|"]
     for row in rows:
-        lines.append(f"| {row.name} | {_fmt(row.median_s)} | {row.anchor} | {row.ratio:.3f}× | {row.target} |")
+        value = row.shown or _fmt(row.median_s)
+        lines.append(f"| {row.name} | {value} | {row.anchor} | {row.ratio:.3f}× | {row.target} |")
     return "\n".join(lines)
 
 

@@ -33,12 +33,12 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
-    from benchmarks import compare, loss_overhead, merge, tracking
+    from benchmarks import compare, loss_overhead, merge, stress, tracking
 
     started = time.perf_counter()
     rows: list[Row] = []
     for name, module in (("loss_overhead", loss_overhead), ("merge", merge), ("tracking", tracking),
-                         ("compare", compare)):
+                         ("compare", compare), ("stress", stress)):
         print(f"running {name} ...", flush=True)
         rows += _rows(module.run())
     table = markdown(rows)

@@ -1,9 +1,12 @@
 """Subprocess training loops for the tracking tests (signals, crashes, torch.distributed).
 
 usage:
-  python -m tests._tracking_worker signal SPOOL BACKEND {chain|default} COUNT_FILE
-  python -m tests._tracking_worker crash  SPOOL
-  python -m tests._tracking_worker dist   SPOOL DB_URI RANK WORLD PORT
+  python -m tests._tracking_worker signal   SPOOL BACKEND {chain|default} COUNT_FILE
+  python -m tests._tracking_worker crash    SPOOL
+  python -m tests._tracking_worker dist     SPOOL DB_URI RANK WORLD PORT
+  python -m tests._tracking_worker resume   SPOOL DB_URI WANDB_DIR RUN_ID FIRST COUNT
+  python -m tests._tracking_worker overload SPOOL
+  python -m tests._tracking_worker wandb    SPOOL WANDB_DIR
 """
 
 from __future__ import annotations
@@ -77,6 +80,42 @@ def dist_run(spool: str, db_uri: str, rank: int, world: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int, count: int) -> None:
+    """One process's share of a run: steps FIRST .. FIRST+COUNT-1 under RUN_ID, to MLflow and W&B."""
+    with Tracker("resumed", backends=(db_uri, "wandb"), spool_dir=spool, wandb_dir=wandb_dir, wandb_mode="offline",
+                 run_id=run_id, flush_interval_s=0.05, max_batch_points=100) as tracker:
+        for step in range(first, first + count):
+            tracker.log(step, _metrics(step))
+    print(tracker.summary(), flush=True)
+
+
+def overload_loop(spool: str) -> None:
+    """Log 10-metric steps in a tight loop (faster than they can be written); report the count."""
+    tracker = Tracker("overload", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False)
+    print(f"run {tracker.run_id}", flush=True)
+    step = 0
+    while True:
+        tracker.log(step, {f"m{i}:mean": step + i / 10 for i in range(10)})
+        step += 1
+        if step % 2000 == 0:
+            print(f"logged {step}", flush=True)
+
+
+def wandb_loop(spool: str, wandb_dir: str) -> None:
+    """Log to W&B offline (and the spool) until killed; report flushes."""
+    tracker = Tracker("wb-crash", backends=("wandb",), spool_dir=spool, wandb_dir=wandb_dir, wandb_mode="offline",
+                      flush_interval_s=0.05, max_batch_points=50, handle_signals=False)
+    print(f"run {tracker.run_id}", flush=True)
+    step = 0
+    while True:
+        tracker.log(step, _metrics(step))
+        step += 1
+        if step % 200 == 0:
+            tracker.flush()
+            print(f"flushed {step}", flush=True)
+        time.sleep(0.0002)
+
+
 if __name__ == "__main__":
     command, *rest = sys.argv[1:]
     if command == "signal":
@@ -85,5 +124,11 @@ if __name__ == "__main__":
         crash_loop(*rest)
     elif command == "dist":
         dist_run(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
+    elif command == "resume":
+        resume_run(rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5]))
+    elif command == "overload":
+        overload_loop(*rest)
+    elif command == "wandb":
+        wandb_loop(*rest)
     else:
         raise SystemExit(f"unknown command {command!r}")

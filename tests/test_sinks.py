@@ -8,12 +8,11 @@ import os
 import pytest
 
 from tracking import keys
+from tracking.records import Point, RunInfo
 from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
-from tracking.sinks.base import Point, RunInfo
-from tracking.sinks.jsonl_sink import JsonlSink
 from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
 from tracking.sinks.wandb_sink import WandbSink, resolve_mode
-from tracking.spool import Ack, RunDir, pending, run_dirs, spool_runs
+from tracking.spool import Ack, Journal, RunDir, pending, run_dirs, spool_runs
 
 
 @pytest.mark.parametrize(
@@ -92,29 +91,35 @@ def test_config_is_flattened_for_mlflow_params():
 
 def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tmp_path):
     run = RunInfo("abc123", "name", "megatron", {"k": {"v": 1}}, started=1700000000.5)
-    sink = JsonlSink(tmp_path, fsync=False)
-    sink.open(run)
+    reader = RunDir(tmp_path, "abc123")
+    reader.update_meta(**run.to_meta())
+    journal = Journal(reader, fsync=False)
+    journal.open()
     points = [Point(3, 1700000001.25, {"a:mean": 0.5}), Point(1, 1700000002.0, {"a:mean": float("inf")})]
-    ends = sink.append(points)
-    sink.flush()
+    data = journal.append(points)
+    ends = [end for _, end in reader.read_points()]
     run_dir = tmp_path / "abc123"
+    assert data == (run_dir / keys.POINTS_FILE).read_bytes() and journal.offset == len(data) == ends[-1]
     assert ends[-1] == (run_dir / keys.POINTS_FILE).stat().st_size
     with open(run_dir / keys.POINTS_FILE, "ab") as fh:  # a crash in the middle of a line
         fh.write(b'{"step": 9, "wall_ti')
-    sink.close("FINISHED")
+    journal.close()
+    reader.update_meta(status="FINISHED")
     meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
     assert {k: meta[k] for k in ("run_id", "run_name", "backend", "config", "started", "status")} == {
         "run_id": "abc123", "run_name": "name", "backend": "megatron", "config": {"k": {"v": 1}},
         "started": 1700000000.5, "status": "FINISHED"}
+    assert RunInfo.from_meta(meta, "abc123") == RunInfo("abc123", "name", "megatron", {"k": {"v": 1}},
+                                                        started=1700000000.5, status="FINISHED")
     lines = (run_dir / keys.POINTS_FILE).read_text().splitlines()
     assert json.loads(lines[0]) == {"step": 3, "wall_time": 1700000001.25, "metrics": {"a:mean": 0.5}}
     assert "Infinity" in lines[1]
-    reader = RunDir(tmp_path, "abc123")
     assert [(p, end) for p, end in reader.read_points()] == list(zip(points, ends, strict=True))
     assert [p for p, _ in reader.read_points(ends[0])] == points[1:]
     assert pending(reader, "mlflow") == (2, os.path.getsize(run_dir / keys.POINTS_FILE))
     reader.write_ack("mlflow", Ack(1, ends[0]))
     assert reader.read_ack("mlflow") == Ack(1, ends[0]) and pending(reader, "mlflow")[0] == 1
+    assert reader.journal_end() == Ack(2, ends[-1])  # the torn tail is not part of the journal
     assert [r.run_id for r in run_dirs(tmp_path)] == ["abc123"] == [r.run_id for r in run_dirs(run_dir)]
 
 
@@ -130,6 +135,10 @@ def test_whole_run_reader_warns_on_a_torn_last_line_and_names_a_bad_middle_line(
     run.points_path.write_bytes(b'{"step": 0}\n' + json.dumps(good[1].to_json()).encode() + b"\n")
     with pytest.raises(ValueError, match=r"points.jsonl:1: not a cliptrack point"):
         run.load_points()
+    run.points_path.write_bytes(b'{"step": 0, "wall_ti{"step": 1, "wall_time": 11.0, "metrics": {}}\n'
+                                + json.dumps(good[1].to_json()).encode() + b"\n")
+    with pytest.warns(UserWarning, match=r"points.jsonl:1: damaged line skipped"):
+        assert run.load_points() == [good[1]]  # a glued line is reported, the rest is read
     assert RunDir(tmp_path, "absent").load_points() == []
 
 
@@ -149,3 +158,56 @@ def test_a_live_run_lock_excludes_a_second_writer(tmp_path):
     first.unlock_sink("mlflow")
     assert second.lock_sink("mlflow")
     second.unlock_sink("mlflow")
+
+
+def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(tmp_path, monkeypatch):
+    """A run that relied on WANDB_DIR must be replayed into that directory, not ./wandb of wherever
+    replay runs."""
+    from tracking.sinks import sink_from_state
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.chdir(tmp_path)
+    state = WandbSink().settings()
+    assert state["dir"] == str(tmp_path / "wandb-home")
+    monkeypatch.delenv("WANDB_DIR")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert sink_from_state("wandb", state).dir == str(tmp_path / "wandb-home")
+    assert WandbSink().dir == str(elsewhere)  # no WANDB_DIR: the working directory, made absolute
+
+
+def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
+    from tracking.sinks import SINKS, sink_class, sink_from_state
+
+    assert {name: sink_class(name).name for name in SINKS} == {"mlflow": "mlflow", "wandb": "wandb"}
+    assert sink_from_state("mlflow", {"tracking_uri": "sqlite:////x/m.db", "experiment": "e"}).location.startswith(
+        "mlflow sqlite:////x/m.db experiment 'e'")
+    with pytest.raises(ValueError, match=r"unknown sink 'neptune': registered sinks are \['mlflow', 'wandb'\]"):
+        sink_class("neptune")
+    with pytest.raises(ValueError, match="neither a name, a URI nor a Sink"):
+        make_sink(object())
+
+
+def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
+    sink = MlflowSink("sqlite:///unused.db")
+    params = sink._params({"ok": 1, "bad@name": 2, "nested": {"long": "x" * 7000}})
+    assert [(p.key, p.value) for p in params] == [("ok", "1")]
+    assert sorted(sink.params_refused) == ["bad@name", "nested.long"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cliptrack"]
+    assert warning.startswith("MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': ")
+    assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
+
+
+def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name():
+    from importlib import metadata
+
+    from tracking.sinks import _compat_mlflow, _compat_wandb
+    from tracking.sinks._versions import UnsupportedVersionError
+
+    assert _compat_mlflow.check() == metadata.version("mlflow")
+    assert _compat_wandb.check() == metadata.version("wandb")
+    with pytest.raises(UnsupportedVersionError, match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name"):
+        _compat_mlflow.check("4.0.0")
+    with pytest.raises(UnsupportedVersionError, match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log"):
+        _compat_wandb.check("0.18.7")

@@ -79,32 +79,42 @@ def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(off
     assert meta["status"] == "FAILED" and meta["sinks"]["wandb"]["status"] == "FAILED"
 
 
-def test_replay_resumes_the_wandb_run_with_only_the_unacknowledged_points(offline):
-    """A spool as a crash leaves it: six points on disk, W&B acknowledged the first two."""
+@pytest.mark.parametrize("acked", [1, 2, 4])
+def test_replay_sends_what_the_wandb_file_lacks_whatever_the_acknowledgement_says(offline, acked):
+    """A spool as a crash leaves it: six points on disk, two rows in the run's ``.wandb`` file, and an
+    acknowledgement that may lag (1: a batch was in flight) or run ahead (4: rows ``run.log`` took
+    never reached the file). Replay reads the file back: the four missing rows, once each."""
     import subprocess
     import sys
 
-    from tracking.sinks.base import Point, RunInfo
-    from tracking.sinks.jsonl_sink import JsonlSink
+    from tracking.records import Point, RunInfo
     from tracking.sinks.wandb_sink import WandbSink
-    from tracking.spool import Ack
+    from tracking.spool import Ack, Journal, RunDir
 
     run = RunInfo("0123456789abcdef0123456789abcdef", "crashed", "megatron", {"lr": 0.5}, started=1.7e9)
-    journal = JsonlSink(offline / "spool")
-    journal.open(run)
-    ends = journal.append([Point(step, 1.7e9 + step, {keys.REWARD: step / 10}) for step in range(6)])
-    journal.flush()
-    run_dir = journal.run_dir
-    settings = WandbSink(dir=offline).settings()
-    run_dir.update_meta(sinks={"wandb": {**settings, "closed": False}})  # what a live lane records
-    run_dir.write_ack("wandb", Ack(2, ends[1]))
+    run_dir = RunDir(offline / "spool", run.run_id)
+    run_dir.update_meta(**run.to_meta())
+    journal = Journal(run_dir)
+    journal.open()
+    points = [Point(step, 1.7e9 + step, {keys.REWARD: step / 10}) for step in range(6)]
+    journal.append(points)
+    journal.close()
+    ends = [end for _, end in run_dir.read_points()]
+    first = WandbSink(dir=offline)  # the crashed process's W&B run: it holds the first two rows
+    state = first.open(run)
+    first.write(points[:2])
+    first.close("KILLED")
+    run_dir.update_meta(sinks={"wandb": {**state, "closed": False}})  # what a live lane records
+    run_dir.write_ack("wandb", Ack(acked, ends[acked - 1]))
 
     replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(offline / "spool")],
                             capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert f"run {run.run_id} wandb: replayed, 4 points pushed, status FAILED" in replay.stdout  # died: FAILED
-    path = _wandb_file(offline, run.run_id)
-    assert [(r[keys.WANDB_STEP_METRIC], r[keys.REWARD]) for r in history(path)] == [(s, s / 10) for s in range(2, 6)]
-    assert [r[keys.WANDB_WALL_TIME] for r in history(path)] == [1.7e9 + s for s in range(2, 6)]
-    assert of_type(path, "exit")[0].exit_code == 1
+    files = sorted(offline.glob(f"wandb/offline-run-*-{run.run_id}/run-{run.run_id}.wandb"))
+    assert len(files) == 2  # the crashed process's and replay's
+    rows = [row for path in files for row in history(path)]
+    assert sorted((r[keys.WANDB_STEP_METRIC], r[keys.REWARD], r[keys.WANDB_WALL_TIME]) for r in rows) == [
+        (s, s / 10, 1.7e9 + s) for s in range(6)]  # every row once: none lost, none twice
+    assert [of_type(path, "exit")[0].exit_code for path in files] == [143, 1]
     assert run_dir.read_ack("wandb") == Ack(6, ends[-1])

@@ -109,12 +109,12 @@ def _training_experiment(tracking_uri: str, out: Path) -> None:
     ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory)."""
     from mlflow.tracking import MlflowClient
 
-    from tracking.compare.panels_mlflow import EXPERIMENT_KIND_TAG
+    from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND
 
     client = MlflowClient(tracking_uri=tracking_uri)
     if client.get_experiment_by_name(EXPERIMENT) is None:
         client.create_experiment(EXPERIMENT, artifact_location=(out / "mlruns").as_uri(),
-                                 tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+                                 tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
 
 
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:

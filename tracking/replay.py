@@ -5,8 +5,12 @@ recorded in its run.json, the points of points.jsonl past that sink's acknowledg
 sent, in order, in batches, and the sink's run is marked with the run's final status. Nothing is
 duplicated: progress is acknowledged batch by batch, and a batch re-sent after an ambiguous
 failure is merged by MLflow (identical key, value, timestamp, step). W&B runs are resumed by id
-(``resume="allow"``). A run whose training process is still alive (its lock is held) is skipped;
-a run whose process died without closing (status RUNNING) is marked FAILED.
+(``resume="allow"``), and start from what the run's ``.wandb`` transaction log really holds
+(``W&B`` after a crash: rows accepted but never written are sent, rows written but not yet
+acknowledged are not sent again). A run whose training process is still alive (its lock is
+held) is skipped; a run whose process died without closing (status RUNNING) is marked FAILED.
+A damaged journal line is reported and skipped; a run that cannot be replayed at all is reported
+and replay goes on with the next runs.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from tracking.sinks.base import FAILED, RUNNING, RunInfo
-from tracking.spool import Ack, RunDir, pending, run_dirs, sink_states
+from tracking.records import FAILED, RUNNING, RunInfo, printable
+from tracking.sinks import sink_from_state
+from tracking.spool import Ack, DamagedLine, RunDir, run_dirs
 from tracking.writer import SinkLane
+
+LOCK_WAIT_S = 30.0
+"""Seconds replay waits for a sink's lock held by a tracker that was closed while a (bounded)
+request was still in flight, before reporting the sink as being written by another process."""
 
 
 @dataclass
@@ -51,20 +61,6 @@ class ReplayResult:
         return text
 
 
-def make_replay_sink(name: str, state: dict[str, Any], tracking_uri: str | None = None) -> Any:
-    """The sink named in run.json, rebuilt from its recorded replay state."""
-    if name == "mlflow":
-        from tracking.sinks.mlflow_sink import MlflowSink
-
-        return MlflowSink(tracking_uri or state.get("tracking_uri"), state.get("experiment"))
-    if name == "wandb":
-        from tracking.sinks.wandb_sink import WandbSink
-
-        return WandbSink(state.get("project"), entity=state.get("entity"), mode=state.get("mode"),
-                         dir=state.get("dir"))
-    raise ValueError(f"run.json names an unknown sink {name!r}")
-
-
 def replay_run(
     run_dir: RunDir,
     *,
@@ -76,69 +72,98 @@ def replay_run(
     """Replay one run directory; see the module docstring."""
     meta = run_dir.read_meta()
     if not run_dir.lock_sink("jsonl"):
-        return [ReplayResult(run_dir.run_id, "*", 0, 0, str(meta.get("status")),
-                             "skipped: the run is still being logged by a live process")]
+        return [
+            ReplayResult(
+                run_dir.run_id,
+                "*",
+                0,
+                0,
+                str(meta.get("status")),
+                "skipped: the run is still being logged by a live process",
+            )
+        ]
     try:
-        status = meta.get("status") or FAILED
-        if status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
-            status = FAILED
+        run = run_dir.read_run()
+        if run.status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
+            run.status = FAILED
             if not dry_run:
-                run_dir.update_meta(status=status)
-        run = RunInfo(
-            run_id=str(meta.get("run_id") or run_dir.run_id),
-            run_name=str(meta.get("run_name") or run_dir.run_id),
-            backend_label=meta.get("backend"),
-            config=dict(meta.get("config") or {}),
-            started=float(meta.get("started") or 0.0),
-            experiment=str(meta.get("experiment") or "cliptrack"),
-        )
+                run_dir.update_meta(status=run.status)
+        end = run_dir.journal_end()
         results = []
-        for name, state in sink_states(meta).items():
+        for name, state in run_dir.sink_states().items():
             if sinks is not None and name not in sinks:
                 continue
-            results.append(_replay_sink(run_dir, run, name, state, status, tracking_uri, timeout_s, dry_run))
+            results.append(_replay_sink(run_dir, run, name, state, end, tracking_uri, timeout_s, dry_run))
         return results
     finally:
         run_dir.unlock_sink("jsonl")
 
 
 def _replay_sink(
-    run_dir: RunDir, run: RunInfo, name: str, state: dict[str, Any], status: str,
-    tracking_uri: str | None, timeout_s: float, dry_run: bool,
+    run_dir: RunDir,
+    run: RunInfo,
+    name: str,
+    state: dict[str, Any],
+    end: Ack,
+    tracking_uri: str | None,
+    timeout_s: float,
+    dry_run: bool,
 ) -> ReplayResult:
+    status = run.status
     ack = run_dir.read_ack(name)
-    left, _ = pending(run_dir, name)
-    if left == 0 and state.get("closed") and state.get("status") == status:
+    left = max(0, end.points - ack.points)
+    if ack.offset >= end.offset and state.get("closed") and state.get("status") == status:
         return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
     if dry_run:
         return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+    overrides = {"tracking_uri": tracking_uri} if tracking_uri else {}
     try:
-        sink = make_replay_sink(name, state, tracking_uri)
+        sink = sink_from_state(name, state, **overrides)
     except Exception as exc:  # noqa: BLE001
         return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
     resume = {k: v for k, v in state.items() if k not in ("closed", "status")}
-    if tracking_uri:
-        resume["tracking_uri"] = tracking_uri
-    lane = SinkLane(sink, run_dir, run, max_buffered_points=2000, max_batch_points=2000,
-                    backoff_initial_s=0.5, backoff_max_s=5.0, state=resume, from_disk=True)
-    lane.set_journal_end(Ack(ack.points + left, run_dir.journal_size()))
+    resume.update(overrides)
+    lane = SinkLane(
+        sink,
+        run_dir,
+        run,
+        max_buffered_points=2000,
+        max_batch_points=2000,
+        backoff_initial_s=0.5,
+        backoff_max_s=5.0,
+        state=resume,
+        journal_end=end,
+        lock_wait_s=LOCK_WAIT_S,
+    )
     deadline = time.monotonic() + timeout_s
     lane.start()
     lane.stop(status, deadline)
     lane.join(timeout_s + 5.0)
-    pushed = lane.acked_points - ack.points
-    remaining = max(0, ack.points + left - lane.acked_points)
-    if lane.closed_cleanly and remaining == 0:
+    done = lane.acked
+    pushed = lane.sent_points
+    remaining = max(0, end.points - done.points)
+    if lane.closed_cleanly and done.offset >= end.offset:
         return ReplayResult(run.run_id, name, pushed, 0, status, "replayed")
     return ReplayResult(run.run_id, name, pushed, remaining, status, "failed", lane.error or "timed out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("roots", nargs="*", default=[".cliptrack"],
-                        help="spool directories (or run directories) to replay; default .cliptrack")
-    parser.add_argument("--run", action="append", dest="runs", metavar="RUN_ID", help="only this run (repeatable)")
-    parser.add_argument("--sink", action="append", dest="sinks", metavar="NAME",
-                        help="only this sink: mlflow or wandb (repeatable)")
+    parser.add_argument(
+        "roots",
+        nargs="*",
+        default=[".cliptrack"],
+        help="spool directories (or run directories) to replay; default .cliptrack",
+    )
+    parser.add_argument(
+        "--run", action="append", dest="runs", metavar="RUN_ID", help="only this run (repeatable)"
+    )
+    parser.add_argument(
+        "--sink",
+        action="append",
+        dest="sinks",
+        metavar="NAME",
+        help="only this sink: mlflow or wandb (repeatable)",
+    )
     parser.add_argument("--tracking-uri", help="MLflow tracking URI to use instead of the recorded one")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")
     parser.add_argument("--dry-run", action="store_true", help="only say what is pending")
@@ -156,8 +181,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     ok = True
     for run_dir in found:
-        for result in replay_run(run_dir, sinks=set(args.sinks) if args.sinks else None,
-                                 tracking_uri=args.tracking_uri, timeout_s=args.timeout, dry_run=args.dry_run):
-            print(result.line())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DamagedLine)
+            try:
+                results = replay_run(
+                    run_dir,
+                    sinks=set(args.sinks) if args.sinks else None,
+                    tracking_uri=args.tracking_uri,
+                    timeout_s=args.timeout,
+                    dry_run=args.dry_run,
+                )
+            except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
+                results = [
+                    ReplayResult(run_dir.run_id, "*", 0, 0, "?", "failed", f"{type(exc).__name__}: {exc}")
+                ]
+        for warning in caught:
+            print(f"run {run_dir.run_id}: {printable(warning.message)}")
+        for result in results:
+            print(printable(result.line()))
             ok = ok and result.ok
     return 0 if ok else 1

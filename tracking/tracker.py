@@ -12,17 +12,24 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
 
 - The training thread only validates and enqueues (microseconds); a background writer appends
   to ``<spool_dir>/<run_id>/points.jsonl`` every ``flush_interval_s`` seconds (sooner once
-  ``max_batch_points`` points wait) and feeds each remote sink from its own thread, in batches.
-- A failing backend is isolated: one warning, retries with exponential backoff (1 s .. 30 s);
-  what it has not acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later,
-  without duplicates. A crash loses at most the last flush interval; SIGTERM/SIGINT and
-  ``close()`` drain everything (remote sinks for up to ``close_timeout_s`` seconds, the rest is
-  left for replay).
-- Under torch.distributed only global rank 0 writes; other ranks get an inactive tracker whose
-  methods return at once (``run_id`` is None there). The rank is torch.distributed's when it is
-  imported and initialised, else the ``RANK`` environment variable, else 0.
-- Run status: FINISHED on a clean exit, FAILED on an exception, KILLED on SIGTERM/SIGINT
-  (MLflow RunStatus names; W&B exit code 0 / 1 / 143).
+  ``max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
+  sink from its own thread, in batches (``tracking.writer``).
+- Backpressure: ``log`` waits only while the writer is behind by more than the bound (more than
+  ``max_queued_points`` queued, or the oldest queued point older than ``flush_interval_s`` +
+  0.25 s) and warns once; so a crash (SIGKILL, power loss) loses at most the points of the last
+  ``flush_interval_s`` + 0.5 s, at any load.
+- A failing backend is isolated: one warning within seconds (MLflow requests from cliptrack are
+  bounded: 2 retries, 5 s each), retries with exponential backoff (1 s .. 30 s); what it has not
+  acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later, without
+  duplicates. SIGTERM/SIGINT close the run KILLED within ``hooks.SIGNAL_CLOSE_S`` seconds and
+  ``close()`` within ``timeout_s``: everything reaches disk, remote sinks get what they take in
+  that time, the rest is left for replay.
+- Resuming: a ``run_id`` whose directory exists continues that run (new points are appended;
+  each backend goes on from its acknowledged journal offset, or from what it holds).
+- Under torch.distributed only global rank 0 writes; other ranks get a ``NullTracker`` whose
+  methods return at once (``run_id`` is None there); see ``tracking.hooks.global_rank``.
+- Run status: FINISHED on a clean exit, FAILED on an exception or a non-zero ``sys.exit``,
+  KILLED on SIGTERM/SIGINT (MLflow RunStatus names; W&B exit code 0 / 1 / 143).
 
 Validation at ``log`` time (errors are ValueError naming the step and key; nothing already
 logged is affected):
@@ -42,45 +49,38 @@ logged is affected):
 
 from __future__ import annotations
 
-import atexit
+import gc
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from tracking import keys
 from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
+from tracking.hooks import HOOKS, global_rank
 from tracking.outputs import metrics_of
-from tracking.sinks import FAILED, FINISHED, KILLED, Point, RunInfo, is_jsonl, jsonl_root, make_sink
-from tracking.sinks.jsonl_sink import JsonlSink
-from tracking.spool import RunDir
+from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
+from tracking.sinks import is_jsonl, jsonl_root, make_sink
+from tracking.sinks.base import Sink
+from tracking.spool import Ack, Journal, RunDir
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from tracking.validation import check_step, metric_value
-from tracking.writer import LOG, BackgroundWriter, SinkLane
+from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
+
+DISK_DRAIN_S = 3.0
+"""Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
+timeout is shorter (a healthy disk takes milliseconds; a refusing one gets one more try)."""
+
+__all__ = ["MAX_STEP", "NullTracker", "Tracker", "TrackerClosed", "global_rank"]
 
 
 class TrackerClosed(ValueError):
     """``log`` on a tracker that was closed (explicitly, at exit or by a signal)."""
-
-
-def global_rank() -> int:
-    """Global rank: torch.distributed's when torch is imported and a group is initialised (torch
-    is never imported here), else ``RANK`` from the environment, else 0."""
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    rank = os.environ.get("RANK")
-    if rank is not None and rank.strip().lstrip("-").isdigit():
-        return int(rank)
-    return 0
 
 
 def _ensure_log_handler() -> None:
@@ -94,20 +94,10 @@ def _ensure_log_handler() -> None:
         LOG.propagate = False
 
 
-_UNHANDLED: list[BaseException] = []
-
-
-def _record_unhandled(hook: Any) -> Any:
-    def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        _UNHANDLED.append(value)
-        hook(kind, value, tb)
-
-    excepthook._cliptrack = True  # type: ignore[attr-defined]
-    return excepthook
-
-
 class Tracker:
     """One run, logged to every backend in ``backends``; see the module docstring for guarantees.
+
+    On a global rank other than 0, ``Tracker(...)`` is a ``NullTracker`` (every method a no-op).
 
     Args:
         run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
@@ -120,18 +110,34 @@ class Tracker:
             ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory).
         experiment: MLflow experiment name.
         spool_dir: where run directories live (unless a "jsonl:/dir" backend names another).
-        flush_interval_s: seconds between writes of queued points (the most a crash can lose).
+        flush_interval_s: seconds between writes of queued points (the most a crash can lose,
+            plus 0.5 s under overload).
         max_batch_points: points per batch; the writer also wakes when this many are queued.
+        max_queued_points: points ``log`` may queue ahead of the writer before it waits.
         max_buffered_points: points a lagging sink may hold in memory before reading back from disk.
         wandb_project, wandb_mode, wandb_dir: W&B project, mode (default: online with
-            credentials, else offline) and directory.
+            credentials, else offline) and directory (default ``WANDB_DIR``, else the working
+            directory; recorded for replay).
         open_timeout_s: how long the constructor waits for backends to open (they keep trying
             in the background after that).
-        close_timeout_s: how long ``close`` (and a signal) waits for remote backends to drain.
-        handle_signals: install SIGTERM/SIGINT handlers (main thread only; previous handlers
-            are chained) that mark the run KILLED and drain before the process goes on dying.
-        run_id: cliptrack run id to use (32 hex digits by default, fresh per run).
+        close_timeout_s: how long ``close`` waits for remote backends to drain.
+        handle_signals: close the run KILLED on SIGTERM/SIGINT (main thread only; previous
+            handlers are chained), see ``tracking.hooks``.
+        run_id: cliptrack run id (default: 32 fresh hex digits); letters, digits, ``_``, ``-``.
+            An existing run's id resumes it.
+        freeze_gc: call ``gc.freeze()`` once the backends are imported: every object alive then
+            (modules, clients, usually the model) is left out of later garbage collections, so a
+            full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
+            imported). Cyclic garbage among those objects is then never freed; pass False to keep
+            the collector's default behaviour.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
+        if cls is Tracker:
+            rank = global_rank()
+            if rank != 0:
+                return object.__new__(NullTracker)
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -145,133 +151,162 @@ class Tracker:
         spool_dir: str | os.PathLike[str] = ".cliptrack",
         flush_interval_s: float = 1.0,
         max_batch_points: int = 2000,
+        max_queued_points: int = 20_000,
         max_buffered_points: int = 50_000,
         wandb_project: str | None = None,
         wandb_mode: str | None = None,
         wandb_dir: str | os.PathLike[str] | None = None,
-        open_timeout_s: float = 15.0,
+        open_timeout_s: float = 5.0,
         close_timeout_s: float = 30.0,
         handle_signals: bool = True,
         run_id: str | None = None,
+        freeze_gc: bool = True,
     ) -> None:
-        self.rank = global_rank()
-        self.active = self.rank == 0
-        self.run_id: str | None = None
-        self.run_name: str | None = None
+        self.rank = 0
+        self.active = True
         self.status: str | None = None
         self.points_logged = 0
         self._closed = False
-        self._lanes: list[SinkLane] = []
-        self._known_keys: set[str] = set()
-        self.sinks: list[Any] = []
-        if not self.active:
-            return
-        if isinstance(backends, str):
-            backends = (backends,)
-        backends = list(backends)
         if max_buffered_points < max_batch_points:
             raise ValueError(
                 f"max_buffered_points={max_buffered_points} must be >= max_batch_points={max_batch_points}"
             )
         self.close_timeout_s = close_timeout_s
-        root: str | os.PathLike[str] = spool_dir
-        remote = []
-        for spec in backends:
-            if is_jsonl(spec):
-                root = jsonl_root(spec) or spool_dir
-            else:
-                remote.append(
-                    make_sink(
-                        spec, tracking_uri=tracking_uri, experiment=experiment,
-                        wandb_project=wandb_project, wandb_mode=wandb_mode, wandb_dir=wandb_dir,
-                    )
-                )
-        names = [sink.name for sink in remote]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"backends {backends!r} name the sink(s) {duplicates} more than once")
-        self.sinks = remote
-        self.run_id = run_id or uuid.uuid4().hex
-        self.run_name = run_name or f"{backend_label or 'run'}-{self.run_id[:8]}"
-        self.run = RunInfo(
-            run_id=self.run_id,
-            run_name=self.run_name,
-            backend_label=backend_label,
-            config=dict(config or {}),
-            started=time.time(),
+        root, self.sinks = _sinks(
+            backends,
+            spool_dir,
+            tracking_uri=tracking_uri,
             experiment=experiment,
+            wandb_project=wandb_project,
+            wandb_mode=wandb_mode,
+            wandb_dir=wandb_dir,
         )
-        _ensure_log_handler()
-        self.journal = JsonlSink(Path(root))
-        self.journal.open(self.run)
-        assert self.journal.run_dir is not None
-        self.run_dir: RunDir = self.journal.run_dir  # one instance: its lock serialises run.json updates
-        self.run_dir.lock_sink("jsonl")  # tells `cliptrack replay` that this run is live
-        self._lanes = [
-            SinkLane(
-                sink, self.run_dir, self.run,
-                max_buffered_points=max_buffered_points, max_batch_points=max_batch_points,
+        self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        self.run_dir = RunDir(root, self.run_id)
+        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
+            raise ValueError(f"run {self.run_id} in {printable(root)} is being logged by another process")
+        try:
+            self.run, states = self._open_run(run_name, backend_label, config, experiment)
+            self.run_name: str = self.run.run_name
+            _ensure_log_handler()
+            self.journal = Journal(self.run_dir)
+            self.journal.open()
+            journal_end = Ack(self.journal.points, self.journal.offset)
+            self._lanes = [
+                SinkLane(
+                    sink,
+                    self.run_dir,
+                    self.run,
+                    max_buffered_points=max_buffered_points,
+                    max_batch_points=max_batch_points,
+                    state=states.get(sink.name),
+                    journal_end=journal_end,
+                    freeze_gc=freeze_gc,
+                )
+                for sink in self.sinks
+            ]
+            self._writer = BackgroundWriter(
+                self.journal,
+                self._lanes,
+                flush_interval_s=flush_interval_s,
+                max_batch_points=max_batch_points,
+                max_queued_points=max_queued_points,
             )
-            for sink in remote
-        ]
-        self._writer = BackgroundWriter(
-            self.journal, self._lanes, flush_interval_s=flush_interval_s, max_batch_points=max_batch_points
-        )
+        except BaseException:
+            self.run_dir.unlock_sink("jsonl")
+            raise
+        self._known_keys: set[str] = set()
+        if (
+            freeze_gc
+        ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
+            gc.freeze()
         self._writer.start()
         deadline = time.monotonic() + open_timeout_s
         for lane in self._lanes:
             lane.opened.wait(max(0.0, deadline - time.monotonic()))
         LOG.info("%s", self._start_line())
-        self._previous_handlers: dict[int, Any] = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous_handlers[signum] = signal.getsignal(signum)
-                signal.signal(signum, self._on_signal)
-        if not getattr(sys.excepthook, "_cliptrack", False):
-            sys.excepthook = _record_unhandled(sys.excepthook)
-        atexit.register(self._at_exit)
+        HOOKS.register(self, handle_signals=handle_signals)
+
+    def _open_run(
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
+    ) -> tuple[RunInfo, dict[str, dict[str, Any]]]:
+        """The run to log: a new one, or the one run.json records for this id (resumed: its start
+        time and config kept, the new config merged in); with the sinks' recorded replay states."""
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError(f"config must be a mapping, got {type(config).__name__}")
+        meta = self.run_dir.read_meta()
+        states: dict[str, dict[str, Any]] = {}
+        if meta:
+            run = RunInfo.from_meta(meta, self.run_id)
+            run.config.update(dict(config or {}))
+            run.run_name = run_name or run.run_name
+            run.backend_label = backend_label if backend_label is not None else run.backend_label
+            run.status, run.ended = RUNNING, None
+            states = {
+                name: {k: v for k, v in state.items() if k not in ("closed", "status")}
+                for name, state in self.run_dir.sink_states().items()
+            }
+        else:
+            run = RunInfo(
+                run_id=self.run_id,
+                run_name=run_name or f"{backend_label or 'run'}-{self.run_id[:8]}",
+                backend_label=backend_label,
+                config=dict(config or {}),
+                started=time.time(),
+                experiment=experiment,
+            )
+        fields = run.to_meta()
+        if not meta:
+            fields.pop("ended", None)
+        self.run_dir.update_meta(**fields)
+        return run, states
 
     # ---- human lines ---------------------------------------------------------------------------
     def locations(self) -> dict[str, str]:
         """Where this run is logged, per sink, for humans (URI, run id, W&B mode, directory)."""
-        if not self.active:
-            return {}
-        out = {"jsonl": f"jsonl {self.run_dir.path}"}
+        out = {"jsonl": printable(f"jsonl {self.run_dir.path}")}
         for lane in self._lanes:
             where = lane.sink.location
-            if lane.state in ("failing", "rejected", "opening"):
+            if lane.state in (LaneState.FAILING, LaneState.REJECTED, LaneState.OPENING):
                 where += f" [{lane.state}{': ' + lane.error if lane.error else ''}]"
-            out[lane.name] = where
+            out[lane.name] = printable(where)
         return out
 
     def _start_line(self) -> str:
-        label = f" backend={self.run.backend_label}" if self.run.backend_label else ""
+        label = f" backend={printable(self.run.backend_label)}" if self.run.backend_label else ""
         places = "; ".join(f"{where}" for where in self.locations().values() if where)
-        return f"run {self.run_id} {self.run_name!r}{label} -> {places}"
+        return f"run {self.run_id} {printable(repr(self.run_name))}{label} -> {places}"
 
     # ---- logging -------------------------------------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record ``metrics`` (``name:reduction`` -> number) at the trainer's ``step``.
 
         Validates on the calling thread (ValueError naming step and key), stamps the wall time
-        (unix seconds) and enqueues; never waits on a backend.
+        (unix seconds) and enqueues; never waits on a backend (only, under overload, on the local
+        writer: see the module docstring). A point ``log`` accepted is never lost by ``close``.
         """
-        if not self.active:
-            return
         if self._closed:
-            raise TrackerClosed(
-                f"tracker for run {self.run_id} is closed ({self.status}); step {step!r} was not logged"
-            )
+            raise self._closed_error(step)
         step = self._check_step(step)
         values = self._check_metrics(step, metrics)
-        self._writer.submit(Point(step, time.time(), values))
+        try:
+            self._writer.submit((step, time.time(), values))  # a plain tuple: see records.RawPoint
+        except WriterClosed:
+            raise self._closed_error(step) from None
         self.points_logged += 1
+
+    def _closed_error(self, step: object) -> TrackerClosed:
+        return TrackerClosed(
+            f"tracker for run {self.run_id} is closed ({self.status}); step {step!r} was not logged"
+        )
 
     def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
         """Log a ForwardBackwardOutput's metrics (its clip series: ``clip_fraction:mean`` recomputed
         from the summed counts; a loss that never clips logs no clip keys) plus ``extra``."""
-        if not self.active:
-            return
         try:
             metrics = dict(metrics_of(output))
         except (TypeError, ValueError) as exc:
@@ -285,15 +320,16 @@ class Tracker:
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """Add to the run's config: run.json, MLflow params (flattened), W&B config."""
-        if not self.active:
-            return
         if self._closed:
             raise TrackerClosed(f"tracker for run {self.run_id} is closed ({self.status})")
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a mapping, got {type(config).__name__}")
         config = dict(config)
         self.run.config.update(config)
-        self.run_dir.update_meta(config=self.run.config)
+        try:
+            self.run_dir.update_meta(config=self.run.config)
+        except OSError as exc:
+            LOG.warning("cannot save the config to %s: %s", printable(self.run_dir.meta_path), printable(exc))
         for lane in self._lanes:
             lane.offer_config(config)
 
@@ -302,50 +338,76 @@ class Tracker:
         ``close_timeout_s``) for the healthy backends to take them. True when every backend has;
         False when one is failing (its points are safe on disk, retried in the background) or when
         the local disk itself refuses the points (they are held in memory and retried)."""
-        if not self.active or self._closed:
+        if self._closed:
             return True
         return self._writer.flush(self.close_timeout_s if timeout_s is None else timeout_s)
 
     # ---- closing -------------------------------------------------------------------------------
     def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None:
         """End the run with ``status`` (FINISHED by default): drain to disk, give remote backends
-        up to ``timeout_s`` seconds (default ``close_timeout_s``), mark the run, print a summary.
-        Idempotent; anything a backend could not take stays spooled for ``cliptrack replay``."""
-        if not self.active or self._closed:
+        until ``timeout_s`` seconds (default ``close_timeout_s``) have passed, mark the run, print a
+        summary. Idempotent; never raises for a backend or disk failure (warned); anything a
+        backend could not take stays spooled for ``cliptrack replay``."""
+        if self._closed:
             return
         self._closed = True
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        self._writer.stop()
+        # the local disk gets its drain even past a short timeout (at least DISK_DRAIN_S)
+        writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
+        if writing:
+            LOG.warning(
+                "%s is still being written after %.0f s (a stalled disk?)",
+                printable(self.journal.location),
+                max(DISK_DRAIN_S, timeout),
+            )
+        elif self._writer.unwritten:
+            LOG.warning(
+                "%d points could not be written to %s (%s)",
+                self._writer.unwritten,
+                printable(self.journal.location),
+                printable(self._writer.journal_error),
+            )
         for lane in self._lanes:
             lane.stop(self.status, deadline)
         for lane in self._lanes:
-            lane.join(max(0.0, deadline - time.monotonic()) + 1.0)
-        self.journal.close(self.status)
+            lane.join(max(0.0, deadline - time.monotonic()))
+        try:
+            if not writing:
+                self.journal.close()
+            self.run.status, self.run.ended = self.status, time.time()
+            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended)
+        except OSError as exc:
+            LOG.warning(
+                "cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED",
+                self.run_id,
+                self.status,
+                printable(self.run_dir.meta_path),
+                printable(exc),
+            )
         self.run_dir.unlock_sink("jsonl")
-        self._restore_signals()
-        atexit.unregister(self._at_exit)
+        HOOKS.unregister(self)
         LOG.info("%s", self.summary())
 
     def summary(self) -> str:
         """One line: status, points and values written, and per backend what is still pending."""
-        if not self.active:
-            return f"rank {self.rank}: inactive (only global rank 0 logs)"
         parts = [
-            f"run {self.run_id} {self.status or 'RUNNING'}: {self._writer.points_journaled} points "
-            f"({self._writer.values_journaled} values) in {self.run_dir.path}"
+            f"run {self.run_id} {self.status or RUNNING}: {self._writer.points_journaled} points "
+            f"({self._writer.values_journaled} values) in {printable(self.run_dir.path)}"
         ]
         behind = False
         for lane in self._lanes:
             pending = lane.pending_points()
-            if pending == 0 and lane.state in ("ok", "closed"):
-                parts.append(f"{lane.name}: all written ({lane.sink.location})")
+            if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED):
+                parts.append(f"{lane.name}: all written ({printable(lane.sink.location)})")
             else:
                 behind = True
-                parts.append(f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})")
+                parts.append(
+                    f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})"
+                )
         if behind:
-            parts.append(f"push them with `cliptrack replay {self.run_dir.root}`")
+            parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
         return "; ".join(parts)
 
     def pending(self) -> dict[str, int]:
@@ -367,29 +429,6 @@ class Tracker:
         else:
             self.close(FAILED)
 
-    def _at_exit(self) -> None:
-        self.close(FAILED if _UNHANDLED else FINISHED)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        previous = self._previous_handlers.get(signum)
-        if not self._closed:
-            LOG.warning("%s received: marking run %s KILLED and draining", signal.Signals(signum).name, self.run_id)
-            self.close(KILLED)
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:  # default action: die by the same signal, as the process would have without us
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    def _restore_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, previous in self._previous_handlers.items():
-            if signal.getsignal(signum) == self._on_signal:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-
     # ---- validation (training thread; cheap: new keys are checked once) -------------------------
     @staticmethod
     def _check_step(step: Any) -> int:
@@ -397,8 +436,10 @@ class Tracker:
 
     def _check_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         if not isinstance(metrics, Mapping):
-            raise ValueError(f"step {step}: metrics must be a mapping of 'name:reduction' -> number, "
-                             f"got {type(metrics).__name__}")
+            raise ValueError(
+                f"step {step}: metrics must be a mapping of 'name:reduction' -> number, "
+                f"got {type(metrics).__name__}"
+            )
         if not metrics:
             raise ValueError(f"step {step}: no metrics to log")
         out: dict[str, float] = {}
@@ -428,3 +469,64 @@ class Tracker:
             except ValueError as exc:
                 raise ValueError(f"step {step}: {exc}") from None
         self._known_keys.add(key)
+
+
+class NullTracker(Tracker):
+    """The tracker of a process whose global rank is not 0: it accepts every call and does nothing
+    (``run_id`` is None, ``active`` False). One run per job is written by rank 0."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.rank = global_rank()
+        self.active = False
+        self.run_id = None  # type: ignore[assignment]
+        self.run_name = None  # type: ignore[assignment]
+        self.status = None
+        self.points_logged = 0
+        self.sinks = []
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        return None
+
+    def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
+        return None
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        return None
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return True
+
+    def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None:
+        return None
+
+    def locations(self) -> dict[str, str]:
+        return {}
+
+    def pending(self) -> dict[str, int]:
+        return {}
+
+    def summary(self) -> str:
+        return f"rank {self.rank}: inactive (only global rank 0 logs)"
+
+
+def _sinks(
+    backends: Iterable[Any] | str,
+    spool_dir: str | os.PathLike[str],
+    **options: Any,
+) -> tuple[Path, list[Sink]]:
+    """The spool root and the remote sinks a ``backends`` argument names (duplicates refused)."""
+    if isinstance(backends, str):
+        backends = (backends,)
+    backends = list(backends)
+    root: str | os.PathLike[str] = spool_dir
+    remote = []
+    for spec in backends:
+        if is_jsonl(spec):
+            root = jsonl_root(spec) or spool_dir
+        else:
+            remote.append(make_sink(spec, **options))
+    names = [sink.name for sink in remote]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"backends {backends!r} name the sink(s) {duplicates} more than once")
+    return Path(root), remote

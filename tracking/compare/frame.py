@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tracking import keys
-from tracking.sinks.base import Point
+from tracking.records import Point
 
 COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value")
 """Column order of the tidy frame."""

@@ -56,15 +56,9 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     root = Path(directory)
     found = []
     for run_dir in _jsonl_runs(root):
-        meta = run_dir.read_meta()
-        info = RunInfo(
-            run_id=str(meta.get("run_id") or run_dir.run_id),
-            run_name=str(meta.get("run_name") or ""),
-            backend=str(meta.get("backend") or ""),
-            source="jsonl",
-            location=str(root),
-            config=dict(meta.get("config") or {}),
-        )
+        run = run_dir.read_run()  # the run.json mapping of tracking.records
+        info = RunInfo(run_id=run.run_id, run_name=run.run_name, backend=run.backend_label or "", source="jsonl",
+                       location=str(root), config=run.config)
         found.append((info, run_dir))
     chosen = _choose(refs, [(info, info.run_id, info.run_name) for info, _ in found], f"JSONL dir {root}")
     by_id = {info.run_id: run_dir for info, run_dir in found}

@@ -1,59 +1,41 @@
-"""What every sink speaks: a point, the run it belongs to, the ``Sink`` protocol and its errors.
+"""What every sink is: the ``Sink`` base class and its errors.
 
-A *point* is one ``Tracker.log`` call: the trainer's step, the wall time of the call (unix
-seconds) and the metric values (``name:reduction`` -> float). Sinks receive points in the order
-they were logged, in batches, on a background thread; never on the training thread.
+A sink receives points (``tracking.records.Point``) in the order they were logged, in batches, on
+its own background thread; never on the training thread. The on-disk spool is not a sink: it is
+the journal every sink is fed from (``tracking.spool``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-RUNNING = "RUNNING"
-FINISHED = "FINISHED"
-FAILED = "FAILED"
-KILLED = "KILLED"
-STATUSES = (RUNNING, FINISHED, FAILED, KILLED)
-"""Run statuses, spelled as MLflow's ``RunStatus`` names; W&B gets an exit code from them."""
+from tracking.records import (
+    EXIT_CODES,
+    FAILED,
+    FINISHED,
+    KILLED,
+    RUNNING,
+    STATUSES,
+    Point,
+    RunInfo,
+)
 
-EXIT_CODES = {FINISHED: 0, FAILED: 1, KILLED: 143}
-"""Process-style exit code per terminal status (W&B ``finish(exit_code=...)``); 143 = 128 + SIGTERM."""
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    """One ``log`` call: ``step`` (trainer steps, >= 0), ``wall_time`` (unix seconds), ``metrics``."""
-
-    step: int
-    wall_time: float
-    metrics: Mapping[str, float]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSONL line form: ``{"step": int, "wall_time": float, "metrics": {key: float}}``."""
-        return {"step": self.step, "wall_time": self.wall_time, "metrics": dict(self.metrics)}
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> Point:
-        return cls(int(obj["step"]), float(obj["wall_time"]), {k: float(v) for k, v in obj["metrics"].items()})
-
-
-@dataclass
-class RunInfo:
-    """The run every sink writes: one per training job, whatever the number of sinks or ranks.
-
-    ``run_id`` is cliptrack's own id (32 hex digits); sinks that mint their own ids (MLflow) record
-    them in their replay state. ``started`` is unix seconds. ``backend_label`` names the training
-    stack (stored under ``keys.TAG_BACKEND``).
-    """
-
-    run_id: str
-    run_name: str
-    backend_label: str | None
-    config: dict[str, Any] = field(default_factory=dict)
-    started: float = 0.0
-    experiment: str = "cliptrack"
+__all__ = [
+    "EXIT_CODES",
+    "FAILED",
+    "FINISHED",
+    "KILLED",
+    "RUNNING",
+    "STATUSES",
+    "PartialWrite",
+    "Point",
+    "RunInfo",
+    "Sink",
+    "SinkError",
+    "SinkRejected",
+]
 
 
 class SinkError(Exception):
@@ -76,45 +58,67 @@ class PartialWrite(SinkError):
         self.cause = cause
 
 
-@runtime_checkable
-class Sink(Protocol):
+class Sink(ABC):
     """A tracking backend, as a small class.
 
     Lifecycle: ``open`` once (or again after a failure), then ``write`` batches in order, then
     ``close`` with a terminal status. ``write`` is called with points already validated by the
     tracker and must either take the whole batch, raise ``PartialWrite`` saying how many of its
-    leading points were taken, or raise. Re-sending a batch after an ambiguous failure must not
-    duplicate points where the backend allows it (MLflow does: identical metric rows are merged).
+    leading points were taken, or raise.
 
-    Optional methods: ``settings() -> dict`` (what replay needs to reach the backend before the
-    run was ever opened; recorded in run.json at start) and ``log_config(config)`` (config added
-    mid-run; failures there only warn).
+    Required: ``name``, ``location``, ``open``, ``write``, ``close``. Optional (no-ops here):
+    ``check_key`` (refuse a key at ``log`` time), ``settings`` (what replay needs to reach the
+    backend before the run was ever opened), ``log_config`` (config added mid-run),
+    ``delivered`` (what the backend really holds, read back after a crash).
     """
 
-    name: str
-    """Short name, unique per tracker: "mlflow", "wandb", "jsonl"."""
+    name: str = ""
+    """Short name, unique per tracker and the key of the sink registry: "mlflow", "wandb"."""
 
     @property
+    @abstractmethod
     def location(self) -> str:
         """Where the run is logged, for humans: URI, run id, mode."""
-        ...
 
-    def check_key(self, key: str) -> None:
-        """Raise ValueError naming ``key`` if this backend would refuse it. Called once per new key."""
-        ...
-
+    @abstractmethod
     def open(self, run: RunInfo, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Create (or, given a previous ``state``, reattach to) the run; return the replay state.
 
         The returned dict is JSON-serialisable and is stored in the run's ``run.json`` under
-        ``sinks.<name>`` so that ``cliptrack replay`` can reopen the same run later.
+        ``sinks.<name>`` so that ``cliptrack replay`` (or a resumed process) reopens the same run.
         """
-        ...
 
+    @abstractmethod
     def write(self, points: Sequence[Point]) -> None:
         """Send ``points`` (in order) to the backend."""
-        ...
 
+    @abstractmethod
     def close(self, status: str) -> None:
         """Mark the run ended with ``status`` (one of FINISHED, FAILED, KILLED) and release it."""
-        ...
+
+    def check_key(self, key: str) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Raise ValueError naming ``key`` if this backend would refuse it. Called once per new key."""
+
+    def settings(self) -> dict[str, Any]:
+        """What replay needs to reach the backend before any run was opened (JSON-serialisable)."""
+        return {}
+
+    def log_config(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Add ``config`` to the run's configuration; failures only warn."""
+
+    def delivered(self, run: RunInfo, journal: Iterable[tuple[Point, int]]) -> int | None:
+        """The journal offset (bytes) just past the last point this backend holds for ``run``, read
+        back from the backend itself; ``None`` when it cannot tell (the acknowledgements are then
+        trusted). ``journal`` yields ``(point, end offset)`` in logging order."""
+        return None
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> Sink:
+        """The sink a recorded replay ``state`` describes (``overrides``: options given on the
+        replay command line, such as ``tracking_uri``)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be rebuilt for replay")
+
+
+def exit_code(status: str) -> int:
+    """The process-style exit code of a terminal status (1 for anything unknown)."""
+    return EXIT_CODES.get(status, 1)

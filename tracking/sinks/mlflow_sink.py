@@ -9,19 +9,30 @@ MLflow stores NaN as NaN and +/-inf as +/-1.7976931348623157e308 (its sqlite sch
 infinities); the JSONL log keeps the exact value. Re-sending a batch is harmless: MLflow merges
 metric rows identical in (key, value, timestamp, step), which is what makes replay duplicate-free.
 
-Against a remote server each attempt is governed by MLflow's own HTTP retry settings
-(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``,
-``MLFLOW_HTTP_REQUEST_TIMEOUT``); attempts run on the sink's thread, never the training thread.
+Against a remote server cliptrack's own requests are bounded (``_compat_mlflow.bounded_requests``:
+2 retries, 5 s per attempt) whatever MLflow's defaults (7 retries, 120 s), so that a dead server is
+noticed and reported within seconds; the application's own MLflow calls keep MLflow's settings.
+Requests run on the sink's thread, never the training thread.
+
+An experiment the sink creates is tagged ``mlflow.experimentKind = custom_model_development`` so
+that ``mlflow ui`` opens it as a training experiment (not a GenAI one). Config MLflow refuses as
+params (bad names, values longer than its limit) is reported once in a warning and listed in
+``params_refused``; the whole config stays in run.json.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tracking import keys
-from tracking.sinks.base import Point, RunInfo, SinkError, SinkRejected
+from tracking.records import Point, RunInfo, printable
+from tracking.sinks import _compat_mlflow as compat
+from tracking.sinks.base import Sink, SinkError, SinkRejected
+
+LOG = logging.getLogger("cliptrack")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 """Embedded default store, relative to the working directory at ``open`` time."""
@@ -49,20 +60,24 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> Iterator[tupl
             yield name, str(value)
 
 
-class MlflowSink:
+class MlflowSink(Sink):
     """Logs to MLflow; ``tracking_uri=None`` means the default above, ``experiment=None`` the run's."""
 
     name = "mlflow"
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None) -> None:
-        from mlflow.utils import validation  # imported here, on the constructing thread, once
+        compat.validation()  # imported here, on the constructing thread, once
+        import mlflow.tracking  # noqa: F401 - the client's modules too, before the tracker freezes the heap
 
-        self._validation = validation
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment = experiment
         self.mlflow_run_id: str | None = None
-        self.params_dropped: list[str] = []
+        self.params_refused: dict[str, str] = {}
         self._client: Any = None
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> MlflowSink:
+        return cls(overrides.get("tracking_uri") or state.get("tracking_uri"), state.get("experiment"))
 
     @property
     def location(self) -> str:
@@ -75,13 +90,9 @@ class MlflowSink:
 
     def check_key(self, key: str) -> None:
         """Refuse keys MLflow refuses (bad characters, non-normal paths, > 250 characters)."""
-        try:
-            self._validation._validate_metric_name(key)
-        except Exception as exc:
-            raise ValueError(f"MLflow refuses metric key {key!r}: {_message(exc)}") from None
-        limit = self._validation.MAX_ENTITY_KEY_LENGTH
-        if len(key) > limit:
-            raise ValueError(f"MLflow refuses metric key {key!r}: longer than {limit} characters")
+        error = compat.metric_key_error(key)
+        if error is not None:
+            raise ValueError(f"MLflow refuses metric key {key!r}: {error}")
 
     def open(self, run: RunInfo, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from mlflow import MlflowClient
@@ -90,25 +101,26 @@ class MlflowSink:
         self.tracking_uri = state.get("tracking_uri") or self.tracking_uri
         self.experiment = self.experiment or state.get("experiment") or run.experiment
         try:
-            client = MlflowClient(tracking_uri=self.tracking_uri)
-            run_id = state.get("mlflow_run_id") or self._find_run(client, run)
-            if run_id is None:
-                experiment_id = self._experiment_id(client)
-                tags = {
-                    keys.TAG_RUN_KIND: keys.RUN_KIND_TRAINING,
-                    keys.TAG_RUN_ID: run.run_id,
-                }
-                if run.backend_label is not None:
-                    tags[keys.TAG_BACKEND] = run.backend_label
-                created = client.create_run(
-                    experiment_id, start_time=int(run.started * 1000), tags=tags, run_name=run.run_name
-                )
-                run_id = created.info.run_id
-                params = self._params(run.config)
-                if params:
-                    client.log_batch(run_id, params=params)
-            else:
-                client.get_run(run_id)  # reattaching: the run must exist
+            with compat.bounded_requests():
+                client = MlflowClient(tracking_uri=self.tracking_uri)
+                run_id = state.get("mlflow_run_id") or self._find_run(client, run)
+                if run_id is None:
+                    experiment_id = self._experiment_id(client)
+                    tags = {
+                        keys.TAG_RUN_KIND: keys.RUN_KIND_TRAINING,
+                        keys.TAG_RUN_ID: run.run_id,
+                    }
+                    if run.backend_label is not None:
+                        tags[keys.TAG_BACKEND] = run.backend_label
+                    created = client.create_run(
+                        experiment_id, start_time=int(run.started * 1000), tags=tags, run_name=run.run_name
+                    )
+                    run_id = created.info.run_id
+                    params = self._params(run.config)
+                    if params:
+                        client.log_batch(run_id, params=params)
+                else:
+                    client.get_run(run_id)  # reattaching: the run must exist
         except Exception as exc:
             raise _classify(exc, f"could not open the MLflow run at {self.tracking_uri}") from exc
         self._client = client
@@ -116,21 +128,30 @@ class MlflowSink:
         return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "mlflow_run_id": run_id}
 
     def _params(self, config: Mapping[str, Any]) -> list[Any]:
-        """Config as MLflow params: flattened, stringified, values truncated to MLflow's limit;
-        keys MLflow refuses are left out and listed in ``params_dropped``."""
+        """Config as MLflow params: flattened and stringified. What MLflow would refuse (a bad name)
+        or cut (a value over its length limit) is left out, recorded in ``params_refused`` and
+        reported in one warning; the full config stays in run.json."""
         from mlflow.entities import Param
 
         params = []
-        limit = self._validation.MAX_PARAM_VAL_LENGTH
+        limit = compat.max_param_value_length()
+        refused: dict[str, str] = {}
         for key, value in flatten_config(config):
-            try:
-                self._validation._validate_param_name(key)
-                if len(key) > self._validation.MAX_ENTITY_KEY_LENGTH:
-                    raise ValueError(key)
-            except Exception:
-                self.params_dropped.append(key)
+            error = compat.param_key_error(key)
+            if error is None and len(value) > limit:
+                error = f"value of {len(value)} characters, over MLflow's limit of {limit}"
+            if error is not None:
+                refused[key] = error
                 continue
-            params.append(Param(key, value[:limit]))
+            params.append(Param(key, value))
+        if refused:
+            self.params_refused.update(refused)
+            LOG.warning(
+                "MLflow refuses %d config entr%s as params (kept whole in run.json): %s",
+                len(refused),
+                "y" if len(refused) == 1 else "ies",
+                "; ".join(f"{printable(k)!r}: {v}" for k, v in refused.items()),
+            )
         return params
 
     def log_config(self, config: Mapping[str, Any]) -> None:
@@ -139,14 +160,19 @@ class MlflowSink:
             raise SinkError("MLflow run is not open")
         params = self._params(config)
         if params:
-            self._client.log_batch(self.mlflow_run_id, params=params)
+            with compat.bounded_requests():
+                self._client.log_batch(self.mlflow_run_id, params=params)
 
     def _experiment_id(self, client: Any) -> str:
         found = client.get_experiment_by_name(self.experiment)
         if found is not None:
             return str(found.experiment_id)
         try:
-            return str(client.create_experiment(self.experiment))
+            return str(
+                client.create_experiment(
+                    self.experiment, tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND}
+                )
+            )
         except Exception:  # created concurrently by another process
             found = client.get_experiment_by_name(self.experiment)
             if found is None:
@@ -174,7 +200,8 @@ class MlflowSink:
             for key, value in point.metrics.items()
         ]
         try:
-            self._client.log_batch(self.mlflow_run_id, metrics=metrics, synchronous=True)
+            with compat.bounded_requests():
+                self._client.log_batch(self.mlflow_run_id, metrics=metrics, synchronous=True)
         except Exception as exc:
             raise _classify(exc, f"MLflow log_batch to {self.tracking_uri} failed") from exc
 
@@ -182,14 +209,14 @@ class MlflowSink:
         if self._client is None or self.mlflow_run_id is None:
             raise SinkError("MLflow run is not open")
         try:
-            self._client.set_terminated(self.mlflow_run_id, status=status)
+            with compat.bounded_requests():
+                self._client.set_terminated(self.mlflow_run_id, status=status)
         except Exception as exc:
             raise _classify(exc, "could not mark the MLflow run ended") from exc
 
 
 def _message(exc: BaseException) -> str:
-    message = getattr(exc, "message", None) or str(exc)
-    return " ".join(str(message).split())[:500]
+    return compat.message(exc)
 
 
 def _classify(exc: BaseException, what: str) -> SinkError:

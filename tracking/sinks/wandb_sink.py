@@ -10,18 +10,25 @@ keys (``name:reduction``) never contain.
 Summaries: ``clip_fraction:mean`` keeps ``mean`` (unweighted over steps) and ``last``; the count
 series keep ``last``. The token-weighted fraction of a whole run is a ratio of summed counts and
 is computed by the comparison, not by a W&B summary.
+
+What W&B holds is what reached the run's ``.wandb`` transaction log, not what ``run.log``
+accepted: after a crash ``delivered`` reads the log(s) back and finds the last row in the journal,
+so replay sends exactly the rows that are missing (none twice). The W&B directory is resolved once
+(``dir=``, else ``WANDB_DIR``, else the working directory) and recorded for replay.
 """
 
 from __future__ import annotations
 
 import netrc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 from tracking import keys
-from tracking.sinks.base import EXIT_CODES, PartialWrite, Point, RunInfo, SinkError
+from tracking.records import Point, RunInfo
+from tracking.sinks import _compat_wandb as compat
+from tracking.sinks.base import PartialWrite, Sink, SinkError, exit_code
 
 DEFAULT_PROJECT = "cliptrack"
 
@@ -42,7 +49,7 @@ def resolve_mode(mode: str | None) -> str:
     return mode or os.environ.get("WANDB_MODE") or ("online" if has_credentials() else "offline")
 
 
-class WandbSink:
+class WandbSink(Sink):
     """Logs to W&B. ``project`` defaults to ``WANDB_PROJECT`` or "cliptrack"; ``dir`` to W&B's own."""
 
     name = "wandb"
@@ -55,12 +62,20 @@ class WandbSink:
         mode: str | None = None,
         dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        import wandb  # noqa: F401 - imported on the constructing thread, before the tracker freezes the heap
+
         self.project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
         self.entity = entity
         self.mode = resolve_mode(mode)
-        self.dir = os.fspath(dir) if dir is not None else None
+        self.dir = compat.resolve_dir(dir)
         self.run: Any = None
         self._run_id: str | None = None
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> WandbSink:
+        return cls(
+            state.get("project"), entity=state.get("entity"), mode=state.get("mode"), dir=state.get("dir")
+        )
 
     @property
     def location(self) -> str:
@@ -105,11 +120,15 @@ class WandbSink:
             )
             self.run.define_metric(keys.WANDB_STEP_METRIC)
             self.run.define_metric("*", step_metric=keys.WANDB_STEP_METRIC)
-            self.run.define_metric(keys.CLIP_FRACTION, step_metric=keys.WANDB_STEP_METRIC, summary="mean,last")
+            self.run.define_metric(
+                keys.CLIP_FRACTION, step_metric=keys.WANDB_STEP_METRIC, summary="mean,last"
+            )
             for key in keys.TOKEN_COUNT_KEYS:
                 self.run.define_metric(key, step_metric=keys.WANDB_STEP_METRIC, summary="last")
         except Exception as exc:
-            raise SinkError(f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}") from exc
+            raise SinkError(
+                f"could not start the W&B run ({self.mode}): {type(exc).__name__}: {exc}"
+            ) from exc
         return self.settings()
 
     def log_config(self, config: Mapping[str, Any]) -> None:
@@ -132,8 +151,31 @@ class WandbSink:
         if self.run is None:
             return
         try:
-            self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+            self.run.finish(exit_code=exit_code(status))
         except Exception as exc:
             raise SinkError(f"could not finish the W&B run: {type(exc).__name__}: {exc}") from exc
         finally:
             self.run = None
+
+    def delivered(self, run: RunInfo, journal: Iterable[tuple[Point, int]]) -> int | None:
+        """The journal offset just past the last row found in this run's ``.wandb`` file(s).
+
+        Rows are written to a ``.wandb`` file in logging order, so the rows of each file are a prefix
+        of what its process logged; each row is identified in the journal by its trainer step and
+        wall time (stamped once per ``log`` call). 0 when no file holds a row of the run.
+        """
+        lasts = set()
+        for path in compat.run_files(self.dir, run.run_id):
+            last = None
+            for row in compat.history_rows(path):
+                if keys.WANDB_STEP_METRIC in row and keys.WANDB_WALL_TIME in row:
+                    last = (row[keys.WANDB_STEP_METRIC], row[keys.WANDB_WALL_TIME])
+            if last is not None:
+                lasts.add((int(last[0]), float(last[1])))
+        if not lasts:
+            return 0
+        end = 0
+        for point, offset in journal:
+            if (point.step, point.wall_time) in lasts:
+                end = offset
+        return end

@@ -1,0 +1,271 @@
+"""Stress figures of the tracker's promises (measured, not asserted; each row names its target).
+
+- crash loss under overload: a tight loop of 10-metric steps (faster than the writer), SIGKILL
+  after ``OVERLOAD_S`` seconds; loss = kill time - wall time of the last point on disk (seconds
+  of logging lost). Target: <= flush interval (1 s, the default) + 0.5 s. Worst of ``REPEATS``.
+- peak memory for 1M steps x 10 metrics in a tight loop (JSONL spool only): growth of the
+  process's peak RSS (``VmHWM``) over its RSS before the tracker was created. Target: <= 150 MB.
+- ``log()`` latency with a dead backend (an MLflow server that refuses connections, MLflow's
+  default HTTP settings), 5 metrics per step, 50,000 steps paced at ~0.1 ms of other work:
+  p50 / p99 / max. Targets: p99 <= 50 µs, max <= 20 ms.
+- SIGTERM exit time with a dead server under MLflow's default settings: from the signal to the
+  process's end. Target: <= 10 s. Worst of ``REPEATS``.
+
+Run: ``python benchmarks/stress.py``; ``run()`` returns the rows (``benchmarks/run_all.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._timing import Row, markdown  # noqa: E402
+
+OVERLOAD_S = 8.0
+REPEATS = 3
+MEMORY_STEPS = 1_000_000
+LATENCY_STEPS = 50_000
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in (
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+        "RANK",
+    ):
+        env.pop(name, None)
+    return env
+
+
+def _worker(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "worker", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+    )
+
+
+def _wait_for(proc: subprocess.Popen[str], word: str) -> str:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker ended early ({proc.wait()})")
+        head, _, value = line.strip().partition(" ")
+        if head == word:
+            return value
+
+
+# ---- measurements (parent side) ------------------------------------------------------------------
+def crash_loss(work: Path) -> float:
+    """Worst seconds of logging lost to a SIGKILL under overload."""
+    losses = []
+    for i in range(REPEATS):
+        spool = work / f"overload-{i}"
+        proc = _worker("overload", str(spool))
+        run_id = _wait_for(proc, "run")
+        time.sleep(OVERLOAD_S)
+        killed_at = time.time()
+        proc.kill()
+        proc.wait(30)
+        with open(spool / run_id / "points.jsonl", "rb") as fh:  # only its tail: keep this process small
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
+            last = json.loads(fh.read().splitlines()[-1])["wall_time"]
+        losses.append(killed_at - last)
+    return max(losses)
+
+
+def peak_memory(work: Path) -> float:
+    """Bytes of peak RSS growth for MEMORY_STEPS x 10 metrics in a tight loop."""
+    proc = _worker("memory", str(work / "memory"))
+    return float(_wait_for(proc, "growth"))
+
+
+def latency(work: Path) -> dict[str, float]:
+    """log() seconds: p50, p99, max with a dead MLflow backend."""
+    proc = _worker("latency", str(work / "latency"))
+    value = _wait_for(proc, "latency")
+    proc.wait(120)
+    p50, p99, worst = (float(v) for v in value.split(","))
+    return {"p50": p50, "p99": p99, "max": worst}
+
+
+def sigterm_exit(work: Path) -> float:
+    """Worst seconds from SIGTERM to exit with a dead server (MLflow default settings)."""
+    times = []
+    for i in range(REPEATS):
+        proc = _worker("sigterm", str(work / f"sigterm-{i}"))
+        _wait_for(proc, "logging")
+        time.sleep(2.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        times.append(time.monotonic() - sent)
+    return max(times)
+
+
+# ---- workers (child side) ------------------------------------------------------------------------
+def _quiet() -> None:
+    import logging
+
+    for name in ("cliptrack", "mlflow", "urllib3"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _ten(step: int) -> dict[str, float]:
+    return {f"m{i}:mean": step + i / 10 for i in range(10)}
+
+
+def worker(kind: str, spool: str) -> None:
+    _quiet()
+    from tracking.tracker import Tracker
+
+    if kind == "overload":
+        tracker = Tracker("overload", backends=("jsonl",), spool_dir=spool, handle_signals=False)
+        print(f"run {tracker.run_id}", flush=True)
+        step = 0
+        while True:
+            tracker.log(step, _ten(step))
+            step += 1
+    if kind == "memory":
+        before = _rss_now()
+        with Tracker("memory", backends=("jsonl",), spool_dir=spool, handle_signals=False) as tracker:
+            for step in range(MEMORY_STEPS):
+                tracker.log(step, _ten(step))
+        print(f"growth {_peak_rss() - before}", flush=True)
+        return
+    if kind == "latency":
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        tracker = Tracker(
+            "latency", backends=(dead,), spool_dir=spool, open_timeout_s=0, handle_signals=False
+        )
+        clock = time.perf_counter
+        samples = []
+        for step in range(LATENCY_STEPS):
+            metrics = {
+                "loss:sum": step * 0.5,
+                "reward:mean": 0.1,
+                "kl:mean": 1e-3,
+                "lr:mean": 1e-6,
+                "throughput:mean": 1e4,
+            }
+            start = clock()
+            tracker.log(step, metrics)
+            samples.append(clock() - start)
+            time.sleep(0.0001)
+        tracker.close(timeout_s=1)
+        samples.sort()
+        p50 = statistics.median(samples)
+        p99 = samples[int(0.99 * (len(samples) - 1))]
+        print(f"latency {p50},{p99},{samples[-1]}", flush=True)
+        return
+    if kind == "sigterm":
+        dead = f"http://127.0.0.1:{_closed_port()}"
+        tracker = Tracker("sigterm", backends=(dead,), spool_dir=spool, open_timeout_s=0)
+        print("logging 1", flush=True)
+        step = 0
+        while True:
+            tracker.log(step, _ten(step))
+            step += 1
+            time.sleep(0.0005)
+    raise SystemExit(f"unknown worker {kind!r}")
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss() -> int:
+    """This process's peak RSS in bytes (``VmHWM``: unlike ``ru_maxrss``, not inherited from the
+    parent that forked it)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run() -> list[Row]:
+    with tempfile.TemporaryDirectory(prefix="cliptrack-stress-") as tmp:
+        work = Path(tmp)
+        loss = crash_loss(work)
+        memory = peak_memory(work)
+        lat = latency(work)
+        exit_s = sigterm_exit(work)
+    rows = [
+        Row(
+            "stress: crash loss, SIGKILL under overload (10-metric tight loop, flush 1 s)",
+            loss,
+            "flush interval + 0.5 s",
+            loss / 1.5,
+            "≤ 1.0× (≤ 1.5 s)",
+        ),
+        Row(
+            "stress: log() p50, dead MLflow backend (default MLflow settings)",
+            lat["p50"],
+            "50 µs",
+            lat["p50"] / 50e-6,
+        ),
+        Row(
+            "stress: log() p99, dead MLflow backend",
+            lat["p99"],
+            "50 µs",
+            lat["p99"] / 50e-6,
+            "≤ 1.0× (≤ 50 µs)",
+        ),
+        Row(
+            "stress: log() max, dead MLflow backend",
+            lat["max"],
+            "20 ms",
+            lat["max"] / 20e-3,
+            "≤ 1.0× (≤ 20 ms)",
+        ),
+        Row(
+            "stress: SIGTERM to exit, dead MLflow server (default MLflow settings)",
+            exit_s,
+            "10 s",
+            exit_s / 10,
+            "≤ 1.0× (≤ 10 s)",
+        ),
+        Row(
+            "stress: peak memory growth, 1M steps x 10 metrics, tight loop",
+            0.0,
+            "150 MB",
+            memory / 150e6,
+            "≤ 1.0× (≤ 150 MB)",
+            shown=f"{memory / 1e6:.0f} MB",
+        ),
+    ]
+    print(markdown(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker(sys.argv[2], sys.argv[3])
+    else:
+        run()

@@ -1,0 +1,146 @@
+"""Everything cliptrack takes from MLflow beyond its public client, in one place.
+
+- key and param rules: MLflow's private ``mlflow.utils.validation`` (``_validate_metric_name``,
+  ``_validate_param_name``, ``MAX_ENTITY_KEY_LENGTH``, ``MAX_PARAM_VAL_LENGTH``);
+- bounded HTTP requests for cliptrack's own threads: MLflow's REST client reads
+  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` / ``_BACKOFF_JITTER``
+  through ``mlflow.environment_variables`` objects on every request (``rest_utils.http_request``).
+  ``bounded_requests()`` makes those objects answer cliptrack's bounds on the calling thread only:
+  the application's own MLflow calls, on its threads, keep MLflow's settings untouched;
+- the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
+  experiment as a training one (``custom_model_development``) rather than a GenAI one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from tracking.sinks._versions import check_version
+
+SUPPORTED = ((3, 0), (4, 0))
+"""MLflow releases this seam was verified on (3.17.2); others are refused by ``check``."""
+USES = (
+    "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
+    "MAX_PARAM_VAL_LENGTH), the HTTP settings of mlflow.environment_variables read per request, and the "
+    "experiment tag mlflow.experimentKind"
+)
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
+"""What ``mlflow ui`` shows as a classic ML training experiment (``genai_development`` is the other)."""
+
+REQUEST_MAX_RETRIES = 2
+"""HTTP retries per MLflow request from cliptrack's threads (MLflow's default: 7, ~4 min when down)."""
+REQUEST_TIMEOUT_S = 5
+"""Seconds per HTTP attempt (MLflow's default: 120)."""
+REQUEST_BACKOFF_FACTOR = 1
+"""Backoff factor (seconds) between retries: 1 s, 2 s (MLflow's default: 2)."""
+REQUEST_BACKOFF_JITTER = 0.5
+REQUEST_WORST_CASE_S = (REQUEST_MAX_RETRIES + 1) * REQUEST_TIMEOUT_S + 3 * REQUEST_BACKOFF_FACTOR + 2
+"""Upper bound (seconds) of one request from cliptrack's threads against an unresponsive server."""
+
+_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": REQUEST_MAX_RETRIES,
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": REQUEST_TIMEOUT_S,
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": REQUEST_BACKOFF_FACTOR,
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": REQUEST_BACKOFF_JITTER,
+}
+
+_local = threading.local()
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _install() -> None:
+    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw`` (once per process)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        from mlflow import environment_variables as env
+
+        for name, bound in _BOUNDS.items():
+            var = getattr(env, name)
+            original = var.get_raw
+
+            def get_raw(original: Any = original, name: str = name, bound: float = bound) -> Any:
+                if getattr(_local, "bounded", False):
+                    raw = original()
+                    try:  # the user's own, stricter setting wins
+                        if raw is not None and float(raw) < bound:
+                            return raw
+                    except ValueError:
+                        pass
+                    return str(bound)
+                return original()
+
+            var.get_raw = get_raw
+        _installed = True
+
+
+@contextlib.contextmanager
+def bounded_requests() -> Iterator[None]:
+    """MLflow requests made on this thread inside the block use cliptrack's bounds (see above)."""
+    _install()
+    previous = getattr(_local, "bounded", False)
+    _local.bounded = True
+    try:
+        yield
+    finally:
+        _local.bounded = previous
+
+
+def check(found: str | None = None) -> str:
+    """The installed MLflow version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
+    return check_version("mlflow", *SUPPORTED, USES, found=found)
+
+
+def validation() -> Any:
+    """MLflow's private validation module (metric and param name rules, length limits)."""
+    if not _checked:
+        check()
+        _checked.append(True)
+    from mlflow.utils import validation as module
+
+    return module
+
+
+_checked: list[bool] = []
+
+
+def metric_key_error(key: str) -> str | None:
+    """Why MLflow refuses ``key`` as a metric key, or None when it takes it."""
+    rules = validation()
+    try:
+        rules._validate_metric_name(key)
+    except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
+        return message(exc)
+    if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
+        return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"
+    return None
+
+
+def param_key_error(key: str) -> str | None:
+    """Why MLflow refuses ``key`` as a param name, or None when it takes it."""
+    rules = validation()
+    try:
+        rules._validate_param_name(key)
+    except Exception as exc:  # noqa: BLE001
+        return message(exc)
+    if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
+        return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"
+    return None
+
+
+def max_param_value_length() -> int:
+    """Characters MLflow keeps of a param value."""
+    return int(validation().MAX_PARAM_VAL_LENGTH)
+
+
+def message(exc: BaseException) -> str:
+    """An MLflow exception's message on one line, at most 500 characters."""
+    text = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(text).split())[:500]

@@ -1,0 +1,122 @@
+"""Everything cliptrack takes from W&B beyond ``wandb.init`` / ``run.log``, in one place.
+
+- where a run's files are: ``<dir>/wandb/{offline-run,run}-<YYYYmmdd_HHMMSS>-<id>/run-<id>.wandb``,
+  ``<dir>`` being ``dir=``, else ``WANDB_DIR``, else the working directory (wandb's own rule);
+- the ``.wandb`` transaction log, read back: a 7-byte header (``:W&B``, magic 0xBEE1, version 0)
+  then leveldb-log framing (32 KiB blocks of ``<crc32 u32><length u16><type u8>`` chunks; FULL /
+  FIRST / MIDDLE / LAST chunks reassemble one serialised ``wandb_internal_pb2.Record``).
+  This is what W&B really holds of a run, whatever ``run.log`` accepted before a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tracking.sinks._versions import check_version
+
+SUPPORTED = ((0, 19), (1, 0))
+"""W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
+USES = (
+    "the .wandb transaction log format (leveldb-log framing of wandb.proto.wandb_internal_pb2.Record) and "
+    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb"
+)
+
+FILE_HEADER = struct.Struct("<4sHB")
+CHUNK_HEADER = struct.Struct("<IHB")
+BLOCK = 32768
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def check(found: str | None = None) -> str:
+    """The installed W&B version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
+    return check_version("wandb", *SUPPORTED, USES, found=found)
+
+
+def resolve_dir(dir: str | os.PathLike[str] | None) -> str:
+    """The absolute directory W&B puts ``wandb/`` under: ``dir``, else ``WANDB_DIR``, else the
+    working directory (recorded so that replay, run from elsewhere, finds the same files)."""
+    chosen = os.fspath(dir) if dir is not None else os.environ.get("WANDB_DIR") or os.getcwd()
+    return os.path.abspath(os.path.expanduser(chosen))
+
+
+def run_files(dir: str | os.PathLike[str], run_id: str) -> list[Path]:
+    """Every ``.wandb`` transaction log of run ``run_id`` under ``dir`` (one per process that
+    logged it: the first one and each resume), oldest first."""
+    base = Path(dir) / "wandb"
+    if not base.is_dir():
+        return []
+    found = [
+        p / f"run-{run_id}.wandb"
+        for p in base.iterdir()
+        if p.name.endswith(f"-{run_id}") and p.name.startswith(("run-", "offline-run-"))
+    ]
+    return sorted(
+        (p for p in found if p.is_file()),
+        key=lambda p: p.parent.name[: -(len(run_id) + 1)].rsplit("-", 1)[-1],
+    )
+
+
+def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[Any]:
+    """Each ``wandb_internal_pb2.Record`` of a ``.wandb`` file, in order.
+
+    A record cut short at the end (a process killed mid-write) ends the file quietly. A damaged
+    chunk before the end raises ValueError naming the file and byte offset when ``strict``; else
+    it is warned about and reading stops there (what follows cannot be trusted).
+    """
+    check()
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    if len(data) < FILE_HEADER.size:
+        return
+    ident, _magic, _version = FILE_HEADER.unpack_from(data, 0)
+    if ident != b":W&B":
+        raise ValueError(f"{path}: not a W&B transaction log (header {data[:7]!r})")
+    pos = FILE_HEADER.size
+    pending = b""
+    while pos + CHUNK_HEADER.size <= len(data):
+        room = BLOCK - pos % BLOCK
+        if room < CHUNK_HEADER.size:
+            pos += room
+            continue
+        crc, length, kind = CHUNK_HEADER.unpack_from(data, pos)
+        if kind == 0 and length == 0:
+            pos += CHUNK_HEADER.size
+            continue
+        payload = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
+        if len(payload) < length:
+            return  # cut short by a crash
+        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc or kind not in (1, 2, 3, 4):
+            if strict:
+                raise ValueError(f"{path}: damaged record at byte {pos}")
+            warnings.warn(f"{path}: damaged record at byte {pos}; reading stops there", stacklevel=2)
+            return
+        pos += CHUNK_HEADER.size + length
+        if kind == FIRST:
+            pending = payload
+            continue
+        if kind == MIDDLE:
+            pending += payload
+            continue
+        chunk = payload if kind == FULL else pending + payload
+        pending = b""
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(chunk)
+        yield record
+
+
+def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Each history row of a ``.wandb`` file, values decoded from JSON (``NaN`` included)."""
+    for record in records(path):
+        if record.WhichOneof("record_type") == "history":
+            yield {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
