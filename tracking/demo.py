@@ -17,17 +17,26 @@ from pathlib import Path
 from typing import Any
 
 from tracking import keys
+from tracking.compare.stats import MIN_UNITS
 
 EXPERIMENT = "cliptrack-demo"
 """The MLflow experiment of the demo's training runs (its comparison goes to its own experiment)."""
+DEFAULT_STEPS = 150
+"""Training steps per run: the comparison's minimum of paired steps (:data:`MIN_UNITS`) with
+margin, so that the default demo reaches a verdict on the clip fraction."""
+DEFAULT_EPOCHS = 4
+"""Optimisation passes per sampled batch: every pass after the first is off-policy."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps per run (default {DEFAULT_STEPS}; the comparison gives no verdict "
+                             f"below {MIN_UNITS} paired steps)")
     parser.add_argument("--loss", choices=("ppo", "cispo"), default="ppo", help="loss of both runs (default ppo)")
     parser.add_argument("--paths", default="megatron,miles",
                         help="backend paths to train, comma-separated (default megatron,miles)")
-    parser.add_argument("--epochs", type=int, default=3, help="optimisation passes per sampled batch (default 3)")
+    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS,
+                        help=f"optimisation passes per sampled batch (default {DEFAULT_EPOCHS})")
     parser.add_argument("--miles-staleness", type=int, default=2,
                         help="steps the Miles run's sampler lags its policy (default 2; Megatron: 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both runs (default 0)")

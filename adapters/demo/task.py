@@ -1,4 +1,4 @@
-"""The demo's task and policy: count up from a prompt digit, learned by RL on CPU in seconds.
+"""The demo's task and policy: count up from a prompt token, learned by RL on CPU in seconds.
 
 A prompt is one token ``p`` of a ``vocab``-token alphabet; a completion is ``length`` tokens and
 earns reward = the fraction of positions ``t`` whose token is ``(p + t + 1) % vocab``. The policy
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 class TaskConfig:
     """Sizes of the toy task: ``vocab`` tokens, ``length`` completion tokens per sequence."""
 
-    vocab: int = 8
+    vocab: int = 16
     length: int = 8
     hidden: int = 64
 

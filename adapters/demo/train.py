@@ -43,15 +43,19 @@ class RunConfig:
 
     path: str
     loss: str = "ppo"
-    steps: int = 40
-    epochs: int = 2
+    steps: int = 150
+    epochs: int = 4
     staleness: int = 0
     prompts_per_step: int = 16
     group_size: int = 4
     micro_batches: int = 4
     datums_per_chunk: int = 24
-    learning_rate: float = 1e-2
+    learning_rate: float = 3e-3
     seed: int = 0
+    threads: int = 1
+    """torch intra-op threads while training: the policy's tensors are a few thousand floats, so
+    more threads only add synchronisation (on a busy machine, spinning workers make each op many
+    times slower); results do not depend on it."""
     task: TaskConfig = field(default_factory=TaskConfig)
 
     def __post_init__(self) -> None:
@@ -59,7 +63,8 @@ class RunConfig:
             raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
         if self.loss not in ("ppo", "cispo"):
             raise ValueError(f"the demo trains with a clipping loss, 'ppo' or 'cispo'; got {self.loss!r}")
-        for name in ("steps", "epochs", "prompts_per_step", "group_size", "micro_batches", "datums_per_chunk"):
+        for name in ("steps", "epochs", "prompts_per_step", "group_size", "micro_batches", "datums_per_chunk",
+                     "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.staleness < 0:
@@ -72,7 +77,7 @@ class RunConfig:
             "staleness": self.staleness, "prompts_per_step": self.prompts_per_step,
             "group_size": self.group_size, "micro_batches": self.micro_batches,
             "datums_per_chunk": self.datums_per_chunk, "learning_rate": self.learning_rate,
-            "seed": self.seed, "task": vars(self.task),
+            "seed": self.seed, "threads": self.threads, "task": vars(self.task),
         }
 
 
@@ -101,7 +106,17 @@ def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepR
     ``use_schedule`` (Megatron path): ``None`` picks Megatron-Core's schedule when megatron-core is
     installed, ``True`` forces it, ``False`` runs the plain loop. The schedule runs in
     :func:`adapters.demo.megatron_cpu.megatron_session` (set up here unless already initialised).
+    torch runs ``run.threads`` intra-op threads meanwhile; the previous setting is restored after.
     """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(run.threads)
+    try:
+        yield from _train_path(run, use_schedule)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train_path(run: RunConfig, use_schedule: bool | None) -> Iterator[StepResult]:
     if run.path == "megatron" and (use_schedule if use_schedule is not None else megatron_cpu.available()):
         with megatron_cpu.megatron_session():
             yield from _train(run, _MegatronScheduleStep())
