@@ -169,7 +169,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     [comparison] = client.search_runs([comparisons.experiment_id],
                                       f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
     assert comparison.data.metrics == {}  # numbers are params and tags, not charted metrics
-    assert comparison.data.tags[keys.TAG_VERDICT] == "insufficient data"  # 6 steps are too few
+    assert comparison.data.tags[keys.TAG_VERDICT] == "insufficient data"  # this short demo has too few steps
     assert comparison.info.artifact_uri.startswith((out / "comparison-artifacts").resolve().as_uri())
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
     assert {"dashboard.html", "comparison.csv", "comparison.json"} <= artifacts
@@ -203,6 +203,55 @@ def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):
     assert loop[0][keys.LOSS_SUM] == pytest.approx(scheduled[0][keys.LOSS_SUM], rel=1e-6)
 
 
+def test_default_demo_trains_enough_steps_for_a_verdict():
+    """The default run length reaches the comparison's minimum of paired steps, with margin."""
+    import argparse
+
+    from adapters.demo.train import RunConfig
+    from tracking.compare.stats import MIN_UNITS
+    from tracking.demo import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    assert defaults.steps >= MIN_UNITS * 1.2
+    assert STEPS < MIN_UNITS  # the short demo above is short, hence its "insufficient data"
+    assert (RunConfig(path="megatron").steps, RunConfig(path="megatron").epochs) == (defaults.steps, defaults.epochs)
+
+
+@pytest.mark.slow
+def test_default_training_gives_a_clip_fraction_verdict():
+    """Both paths trained with the demo's defaults (no logging): the comparison of their clip series
+    gives a real verdict, with clipping biting on both and more on the stale Miles run. (Seeds 0, 1
+    and 2 all give "different", by about 10 percentage points against a 2 pp margin.)"""
+    import argparse
+
+    import numpy as np
+
+    from adapters.demo.train import RunConfig, train
+    from tracking.compare import DEFAULT_TOLERANCES
+    from tracking.compare.stats import DIFFERENT, MIN_ESS, MIN_UNITS, equivalence_verdict, paired_difference
+    from tracking.demo import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([])
+    threads = torch.get_num_threads()
+    counts = {}
+    for path, staleness in (("megatron", 0), ("miles", defaults.miles_staleness)):
+        config = RunConfig(path=path, loss=defaults.loss, steps=defaults.steps, epochs=defaults.epochs,
+                           staleness=staleness, seed=defaults.seed)
+        metrics = [r.output.metrics for r in train(config)]
+        counts[path] = (np.array([m[keys.CLIPPED_TOKENS] for m in metrics]),
+                        np.array([m[keys.LOSS_TOKENS] for m in metrics]))
+    assert torch.get_num_threads() == threads, "training restores torch's thread setting"
+    fraction = {path: clipped.sum() / tokens.sum() for path, (clipped, tokens) in counts.items()}
+    assert 0.005 < fraction["megatron"] < fraction["miles"] < 0.5, fraction
+    difference = paired_difference(*counts["megatron"], *counts["miles"])
+    assert difference.n_units >= MIN_UNITS and difference.ess >= MIN_ESS, difference
+    assert equivalence_verdict(difference, DEFAULT_TOLERANCES["clip_fraction"]) == DIFFERENT, difference
+
+
 def test_demo_refuses_bad_settings():
     from adapters.demo.train import RunConfig
 
@@ -212,6 +261,8 @@ def test_demo_refuses_bad_settings():
         RunConfig(path="vllm")
     with pytest.raises(ValueError, match="staleness must be >= 0"):
         RunConfig(path="miles", staleness=-1)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        RunConfig(path="miles", threads=0)
     proc = subprocess.run([sys.executable, "-m", "tracking.cli", "demo", "--paths", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown path" in proc.stderr
