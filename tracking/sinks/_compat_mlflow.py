@@ -128,7 +128,7 @@ def param_key_error(key: str) -> str | None:
     rules = validation()
     try:
         rules._validate_param_name(key)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
         return message(exc)
     if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
         return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"
