@@ -49,10 +49,10 @@ ENV_VAR = "CLIPTRACK_FUSED"
 AUTO_MIN_TOKENS = 65_536
 """Tokens per call from which the automatic choice compiles (see README, "The losses").
 
-Per call the fused path is faster at every size measured (one CPU thread, PPO forward + backward:
-0.9x eager at 64 tokens, 0.4x at 16k, under 0.2x from 64k tokens), but each new compiled graph
-costs seconds once per process; from 64k tokens per call a saving of about 1 ms per call repays
-that within a few thousand calls, below it rarely within a run.
+Per call the fused path is faster at every size measured (one CPU thread, PPO forward + backward,
+``benchmarks/loss_overhead.py``: about 0.86x eager at 256 tokens, 0.68x at 4,096, 0.23x at 65,536),
+but each new compiled graph costs seconds once per process; from 64k tokens per call a saving of
+about 1 ms per call repays that within a few thousand calls, below it rarely within a run.
 """
 
 compiled_calls: Counter[str] = Counter()
