@@ -5,6 +5,7 @@ release outside it with a message naming the package, the version found, the ran
 
 from __future__ import annotations
 
+import functools
 import re
 
 __all__ = ["UnsupportedVersionError", "check_version", "parse_version"]
@@ -23,6 +24,7 @@ def parse_version(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(1).split("."))
 
 
+@functools.lru_cache(maxsize=64)  # seams check on every use (e.g. each tensor conversion)
 def check_version(
     package: str,
     found: str,
