@@ -66,50 +66,66 @@ def run_files(dir: str | os.PathLike[str], run_id: str) -> list[Path]:
 def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[Any]:
     """Each ``wandb_internal_pb2.Record`` of a ``.wandb`` file, in order.
 
-    A record cut short at the end (a process killed mid-write) ends the file quietly. A damaged
-    chunk before the end raises ValueError naming the file and byte offset when ``strict``; else
-    it is warned about and reading stops there (what follows cannot be trusted).
+    The one reader of the transaction log (the sink's replay, the comparison's loader and the
+    tests all read through it). A file shorter than its header, or a record cut short at the end
+    (a process killed mid-write), ends the file quietly. A damaged chunk before the end (checksum
+    mismatch, unknown chunk type) raises ValueError naming the file and byte offset when
+    ``strict``; else it is warned about and reading stops there (what follows cannot be trusted).
+    A file that is not a W&B log at all raises ValueError.
     """
     check()
     from wandb.proto import wandb_internal_pb2
 
-    data = Path(path).read_bytes()
+    pending = b""
+    for kind, payload in _chunks(Path(path), strict):
+        if kind in (FIRST, MIDDLE):
+            pending = payload if kind == FIRST else pending + payload
+            continue
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(payload if kind == FULL else pending + payload)
+        pending = b""
+        yield record
+
+
+def _chunks(path: Path, strict: bool) -> Iterator[tuple[int, bytes]]:
+    """``(chunk type, payload)`` of each intact chunk of a ``.wandb`` file, in order (see ``records``)."""
+    data = path.read_bytes()
     if len(data) < FILE_HEADER.size:
         return
     ident, _magic, _version = FILE_HEADER.unpack_from(data, 0)
     if ident != b":W&B":
         raise ValueError(f"{path}: not a W&B transaction log (header {data[:7]!r})")
     pos = FILE_HEADER.size
-    pending = b""
     while pos + CHUNK_HEADER.size <= len(data):
         room = BLOCK - pos % BLOCK
-        if room < CHUNK_HEADER.size:
+        if room < CHUNK_HEADER.size:  # a block's tail too short for a chunk header is padding
             pos += room
             continue
         crc, length, kind = CHUNK_HEADER.unpack_from(data, pos)
-        if kind == 0 and length == 0:
-            pos += CHUNK_HEADER.size
+        start = pos + CHUNK_HEADER.size
+        payload = data[start : start + length]
+        if kind == 0 and length == 0:  # zero padding
+            pos = start
             continue
-        payload = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
         if len(payload) < length:
             return  # cut short by a crash
-        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc or kind not in (1, 2, 3, 4):
+        problem = _damage(crc, kind, payload)
+        if problem:
             if strict:
-                raise ValueError(f"{path}: damaged record at byte {pos}")
-            warnings.warn(f"{path}: damaged record at byte {pos}; reading stops there", stacklevel=2)
+                raise ValueError(f"{path}: {problem} in record at byte {pos}; the file is damaged")
+            warnings.warn(f"{path}: {problem} in record at byte {pos}; reading stops there", stacklevel=3)
             return
-        pos += CHUNK_HEADER.size + length
-        if kind == FIRST:
-            pending = payload
-            continue
-        if kind == MIDDLE:
-            pending += payload
-            continue
-        chunk = payload if kind == FULL else pending + payload
-        pending = b""
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        record.ParseFromString(chunk)
-        yield record
+        pos = start + length
+        yield kind, payload
+
+
+def _damage(crc: int, kind: int, payload: bytes) -> str:
+    """What is wrong with a chunk ("" when nothing): its checksum or its type."""
+    if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
+        return "checksum mismatch"
+    if kind not in (FULL, FIRST, MIDDLE, LAST):
+        return f"unknown chunk type {kind}"
+    return ""
 
 
 def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
