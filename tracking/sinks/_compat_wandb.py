@@ -5,7 +5,13 @@
 - the ``.wandb`` transaction log, read back: a 7-byte header (``:W&B``, magic 0xBEE1, version 0)
   then leveldb-log framing (32 KiB blocks of ``<crc32 u32><length u16><type u8>`` chunks; FULL /
   FIRST / MIDDLE / LAST chunks reassemble one serialised ``wandb_internal_pb2.Record``).
-  This is what W&B really holds of a run, whatever ``run.log`` accepted before a crash.
+  This is what W&B really holds of a run, whatever ``run.log`` accepted before a crash;
+- which wandb-core a run goes to: ``wandb.init`` attaches to the service named by ``WANDB_SERVICE``
+  (``<version>-<pid of the process that started it>-unix-<socket>`` or ``...-tcp-localhost-<port>``),
+  which a process inherits from a parent that used W&B, or from ``wandb beta core start``. Such a
+  service outlives a killed training process and keeps its run open ("run ID ... is in use" when
+  replay resumes it; its ``.wandb`` file not final). ``own_service`` makes a run start a service of
+  its own, a child that writes what it holds and exits when its process dies.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ SUPPORTED = ((0, 19), (1, 0))
 """W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
 USES = (
     "the .wandb transaction log format (leveldb-log framing of wandb.proto.wandb_internal_pb2.Record) and "
-    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb"
+    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb, and the "
+    "WANDB_SERVICE token <version>-<pid>-..."
 )
+SERVICE_ENV = "WANDB_SERVICE"
+"""The environment variable naming the wandb-core service ``wandb.init`` attaches to."""
 
 FILE_HEADER = struct.Struct("<4sHB")
 CHUNK_HEADER = struct.Struct("<IHB")
@@ -37,6 +46,15 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 def check(found: str | None = None) -> str:
     """The installed W&B version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
     return check_version("wandb", *SUPPORTED, USES, found=found)
+
+
+def own_service() -> None:
+    """Make this process's next ``wandb.init`` start a wandb-core of its own: drop an inherited
+    ``WANDB_SERVICE`` (one started by another process). A service this process started itself is
+    kept (wandb puts its own token there), so that runs of one process share it."""
+    token = os.environ.get(SERVICE_ENV)
+    if token and token.split("-", 2)[1:2] != [str(os.getpid())]:
+        del os.environ[SERVICE_ENV]
 
 
 def resolve_dir(dir: str | os.PathLike[str] | None) -> str:
