@@ -249,8 +249,8 @@ def merge_packed(packed: Tensor, group: Any) -> Tensor:
     A CPU tensor on a gloo group goes through one ``all_to_all_single``: every rank sends its vector
     to every rank and each adds the ``world`` vectors locally, in rank order. Gloo's ring
     ``all_reduce`` needs 2 x (world - 1) dependent rounds once the vector has more elements than
-    about two (measured: a 13-element ``all_reduce`` over 4 ranks costs more than five 1-element
-    ones), while the all-to-all is one round. Any other tensor/backend (NCCL on GPU) uses one
+    about two (measured in ``benchmarks/merge.py`` over 4 ranks: the packed ``all_reduce`` is slower
+    than the all-to-all), while the all-to-all is one round. Any other tensor/backend (NCCL on GPU) uses one
     ``all_reduce``. Both are exact for integer counts in float64; the all-to-all also gives a
     bit-identical ``loss:sum`` on every rank.
     """

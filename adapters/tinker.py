@@ -163,7 +163,7 @@ class TrackedTrainingClient:
         try:
             output: object = done.result()
             failure: BaseException | None = None
-        except BaseException as exc:  # the caller sees it through its own future
+        except BaseException as exc:  # noqa: BLE001 - the caller sees it through its own future
             output, failure = None, exc
         with self._changed:
             record = self._steps[step]
@@ -200,7 +200,7 @@ class TrackedTrainingClient:
                     merged = merge_outputs([record.outputs[i] for i in range(record.calls)])
                     self._tracker.log_output(step, merged)
                     self.logged_steps.append(step)
-                except Exception as exc:  # never break the client's callback thread
+                except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
                     warnings.warn(f"step {step}: could not log the merged output: {exc}", RuntimeWarning,
                                   stacklevel=2)
         self._changed.notify_all()
@@ -272,6 +272,12 @@ def _cookbook_logger_class() -> type:
         from tinker_cookbook.utils import ml_log
     except ImportError as exc:
         raise ImportError(f"CookbookLogger needs tinker-cookbook: pip install 'cliptrack[tinker]' ({exc})") from exc
+    _COOKBOOK_LOGGER = _define_cookbook_logger(ml_log)
+    return _COOKBOOK_LOGGER
+
+
+def _define_cookbook_logger(ml_log: Any) -> type:
+    """The ``CookbookLogger`` class over the imported ``tinker_cookbook.utils.ml_log`` module."""
 
     class CookbookLogger(ml_log.Logger):  # type: ignore[misc,valid-type]
         """A tinker-cookbook logger writing the cookbook's metrics into a cliptrack run.
@@ -307,7 +313,6 @@ def _cookbook_logger_class() -> type:
 
     CookbookLogger.__module__ = __name__
     CookbookLogger.__qualname__ = "CookbookLogger"
-    _COOKBOOK_LOGGER = CookbookLogger
     return CookbookLogger
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._timing import Row, markdown  # noqa: E402
+from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
 
 STEPS = 100_000
 KEYS = ("loss_tokens:sum", "clipped_tokens:sum", "clip_fraction:mean", "reward:mean", "tokens_per_second:mean")
@@ -118,7 +118,7 @@ def _child(what: str, root: Path) -> dict[str, float]:
     if what == "load-mlflow-previous":
         load_module.bulk_columns = lambda uri, ids: None  # type: ignore[assignment]
     if what.startswith("load-mlflow"):
-        import mlflow  # noqa: F401  (import time is not the loader's)
+        import mlflow  # noqa: F401 - imported first: its import time is not the loader's
     started = time.perf_counter()
     if what.startswith("load-jsonl"):
         runset = load_jsonl(list(RUNS), root / "spool")

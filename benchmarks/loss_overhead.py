@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,9 +35,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters import fused, losses  # noqa: E402
-from benchmarks._timing import Row, interleaved_medians, markdown  # noqa: E402
-from tests import reference  # noqa: E402
+from adapters import fused, losses
+from benchmarks._timing import Row, interleaved_medians, markdown
+from tests import reference
 
 SHAPE = (64, 2048)
 VOCAB, HIDDEN = 128, 64
@@ -129,15 +130,40 @@ def _with_path(path: str, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], 
     return call
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """The timed call's inputs: [64, 2048] tokens of logprobs, sampler logprobs, advantages, mask."""
+
+    lp: Tensor
+    slp: Tensor
+    adv: Tensor
+    mask: Tensor
+
+    def step(self, fn: Callable[[Tensor], Tensor]) -> None:
+        """One forward + backward of ``fn`` over a fresh leaf copy of the logprobs."""
+        x = self.lp.clone().requires_grad_(True)
+        fn(x).backward()
+
+
+def _plain_objectives(b: _Batch) -> dict[str, Callable[[Tensor], Tensor]]:
+    """The eager objectives without counting (``tests.reference``), by loss name."""
+    slp, adv, mask = b.slp, b.adv, b.mask
+    return {
+        "ppo": lambda x: reference.objective_ppo(x, slp, adv, mask, 0.8, 1.2),
+        "cispo": lambda x: reference.objective_cispo(x, slp, adv, mask, 0.0, 4.0),
+        "importance_sampling": lambda x: reference.objective_importance_sampling(x, slp, adv, mask),
+        "dro": lambda x: reference.objective_dro(x, slp, adv, mask, 0.1),
+        "cross_entropy": lambda x: reference.objective_cross_entropy(x, adv * mask),
+    }
+
+
 def _run(repeats: int) -> list[Row]:
     torch.manual_seed(0)
-    lp, slp, adv, mask = _inputs()
+    b = _Batch(*_inputs())
+    lp, slp, adv, mask = b.lp, b.slp, b.adv, b.mask
+    step = b.step
     tag = f"{SHAPE[0]}x{SHAPE[1]} tokens, fwd+bwd, 1 thread"
     rows: list[Row] = []
-
-    def step(fn: Callable[[Tensor], Tensor]) -> None:
-        x = lp.clone().requires_grad_(True)
-        fn(x).backward()
 
     # -- first calls: compile times --------------------------------------------------------------
     compile_s: dict[str, float] = {}
@@ -166,7 +192,7 @@ def _run(repeats: int) -> list[Row]:
 
     def miles_constants(x: Tensor) -> Tensor:
         pg_losses, clipfrac = miles_constants_compiled(slp - x, adv)
-        clipped = (clipfrac * mask).sum()  # noqa: F841
+        clipped = (clipfrac * mask).sum()  # noqa: F841 - computed as Miles does, to log it
         return (pg_losses * mask).sum()
 
     differentiated = torch.compile(_ppo_differentiated, dynamic=True)
@@ -180,13 +206,7 @@ def _run(repeats: int) -> list[Row]:
         assert kernel is not None
         return fused._Fused.apply(kernel, x.reshape(-1), *flat)[0]
 
-    plain = {
-        "ppo": lambda x: reference.objective_ppo(x, slp, adv, mask, 0.8, 1.2),
-        "cispo": lambda x: reference.objective_cispo(x, slp, adv, mask, 0.0, 4.0),
-        "importance_sampling": lambda x: reference.objective_importance_sampling(x, slp, adv, mask),
-        "dro": lambda x: reference.objective_dro(x, slp, adv, mask, 0.1),
-        "cross_entropy": lambda x: reference.objective_cross_entropy(x, adv * mask),
-    }
+    plain = _plain_objectives(b)
     compile_s["ppo objective compiled"] = _first_call_seconds(
         lambda: step(lambda x: plain_ppo_compiled(x, slp, adv, mask))
     )
@@ -294,7 +314,17 @@ def _run(repeats: int) -> list[Row]:
         ),
     ]
 
-    # -- the losses that never clip: does fusing pay? ---------------------------------------------
+    rows += _unclipped_rows(b, plain, repeats)
+    rows += _automatic_choice_rows(b, repeats)
+    rows += _compile_cost_rows(compile_s, steady_ppo)
+    rows += _policy_step_rows(b, plain, repeats)
+    return rows
+
+
+def _unclipped_rows(b: _Batch, plain: dict[str, Callable[[Tensor], Tensor]], repeats: int) -> list[Row]:
+    """The losses that never clip, fused against eager and against the plain objective: does fusing pay?"""
+    slp, adv, mask, step = b.slp, b.adv, b.mask, b.step
+    rows: list[Row] = []
     others: dict[str, Callable[[Tensor], Tensor]] = {
         "importance_sampling": lambda x: losses.importance_sampling(x, slp, adv, mask).loss,
         "dro": lambda x: losses.dro(x, slp, adv, mask, beta=0.1).loss,
@@ -327,8 +357,13 @@ def _run(repeats: int) -> list[Row]:
                 m["fused"] / m["plain"],
             )
         )
+    return rows
 
-    # -- where the automatic choice starts: fused vs eager PPO by tokens per call ----------------
+
+def _automatic_choice_rows(b: _Batch, repeats: int) -> list[Row]:
+    """Fused against eager PPO by tokens per call: where the automatic choice starts."""
+    lp, slp, adv, mask = b.lp, b.slp, b.adv, b.mask
+    rows: list[Row] = []
     for tokens in (256, 4096, fused.AUTO_MIN_TOKENS):
         part = [t.reshape(-1)[:tokens].clone() for t in (lp, slp, adv, mask)]
 
@@ -352,8 +387,12 @@ def _run(repeats: int) -> list[Row]:
                 m["fused"] / m["eager"],
             )
         )
+    return rows
 
-    # -- compile cost ----------------------------------------------------------------------------
+
+def _compile_cost_rows(compile_s: dict[str, float], steady_ppo: float) -> list[Row]:
+    """First calls of the fused PPO loss (seconds) against its steady-state call."""
+    rows: list[Row] = []
     rows.append(
         Row(
             "ppo fused: first call, cold compile",
@@ -370,8 +409,13 @@ def _run(repeats: int) -> list[Row]:
             compile_s["ppo fused, second shape"] / steady_ppo,
         )
     )
+    return rows
 
-    # -- a whole step of a small policy: embedding -> MLP -> log-softmax over the vocabulary -------
+
+def _policy_step_rows(b: _Batch, plain: dict[str, Callable[[Tensor], Tensor]], repeats: int) -> list[Row]:
+    """A whole step of a small policy (embedding -> MLP -> log-softmax), the loss counted or plain."""
+    slp, adv, mask = b.slp, b.adv, b.mask
+    rows: list[Row] = []
     tokens = torch.randint(0, VOCAB, SHAPE)
     targets = torch.randint(0, VOCAB, SHAPE)
     policy = torch.nn.Sequential(

@@ -23,11 +23,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._timing import Row, markdown  # noqa: E402
+from benchmarks._timing import Row, markdown
 
 WORLD = 4
 MICRO_BATCHES = 4
@@ -67,13 +69,24 @@ def _worker(rank: int, port: int, repeats: int, block: int) -> None:
     import torch
     import torch.distributed as dist
 
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    fns = _variants(_reports(rank), dist.group.WORLD)
+    samples = _block_seconds(fns, repeats, block, dist.group.WORLD)
+    medians = {name: float(samples[i].median()) for i, name in enumerate(fns)}
+    dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(medians))
+
+
+def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
+    """The timed ways to merge this rank's reports across ``group``, by name."""
+    import torch
+    import torch.distributed as dist
+
     from adapters.megatron import merged_sums, reduce_losses, sum_reports
     from tracking import keys
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    group = dist.group.WORLD
-    reports = _reports(rank)
     per_key = (keys.LOSS_SUM, keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIPPED_LOW_TOKENS,
                keys.CLIPPED_HIGH_TOKENS)
 
@@ -92,8 +105,17 @@ def _worker(rank: int, port: int, repeats: int, block: int) -> None:
     def whole_reduction() -> None:
         reduce_losses(reports, group=group)
 
-    fns = {"per_key": one_per_key, "packed": one_collective, "all_reduce": one_all_reduce,
-           "reduce": whole_reduction}
+    return {"per_key": one_per_key, "packed": one_collective, "all_reduce": one_all_reduce,
+            "reduce": whole_reduction}
+
+
+def _block_seconds(fns: dict[str, Callable[[], None]], repeats: int, block: int, group: Any) -> Any:
+    """Seconds per call, a ``[len(fns), repeats]`` float64 tensor: after a warm-up, interleaved blocks
+    of ``block`` calls, each starting from a barrier; the maximum over ranks (a step lasts until its
+    slowest rank)."""
+    import torch
+    import torch.distributed as dist
+
     samples = torch.zeros(len(fns), repeats, dtype=torch.float64)
     for _ in range(10):  # warm-up
         for fn in fns.values():
@@ -106,10 +128,7 @@ def _worker(rank: int, port: int, repeats: int, block: int) -> None:
                 fn()
             samples[i, rep] = (time.perf_counter() - start) / block
     dist.all_reduce(samples, op=dist.ReduceOp.MAX, group=group)  # a step lasts until its slowest rank
-    medians = {name: float(samples[i].median()) for i, name in enumerate(fns)}
-    dist.destroy_process_group()
-    if rank == 0:
-        print(json.dumps(medians))
+    return samples
 
 
 def run(repeats: int = 60, block: int = BLOCK) -> list[dict]:

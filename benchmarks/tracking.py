@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._timing import Row, markdown  # noqa: E402
-from tracking import keys  # noqa: E402
-from tracking.tracker import Tracker  # noqa: E402
+from benchmarks._timing import Row, markdown
+from tracking import keys
+from tracking.tracker import Tracker
 
 
 def _metrics(step: int) -> dict[str, float]:
@@ -37,7 +37,7 @@ def _metrics(step: int) -> dict[str, float]:
 def _quiet() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     os.environ["WANDB_MODE"] = "offline"
-    import mlflow  # noqa: F401  (configures its loggers on import; quieten them afterwards)
+    import mlflow  # noqa: F401 - configures its loggers on import; quieten them afterwards
 
     for name in ("cliptrack", "mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -73,7 +73,7 @@ def miles_source() -> Path:
 
 def _stand_in_for_unused_imports() -> None:
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401 - only whether it imports matters
     except ImportError:
         ray_stub: Any = types.ModuleType("ray")
         ray_stub.__path__ = []
@@ -87,7 +87,7 @@ def _stand_in_for_unused_imports() -> None:
         sys.modules.update({"ray": ray_stub, "ray.util": util, "ray.util.scheduling_strategies": strategies,
                             "ray.util.state": state})
     try:
-        import psutil  # noqa: F401
+        import psutil  # noqa: F401 - only whether it imports matters
     except ImportError:
         sys.modules["psutil"] = types.ModuleType("psutil")
 

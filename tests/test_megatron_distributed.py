@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from adapters.losses import ppo  # noqa: E402
-from adapters.output import loss_metrics  # noqa: E402
-from tests import _megatron_setup as setup  # noqa: E402
+from adapters.losses import ppo
+from adapters.output import loss_metrics
+from tests import _megatron_setup as setup
 from tests._harness import free_port
-from tracking import keys  # noqa: E402
+from tracking import keys
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_megatron_worker.py"

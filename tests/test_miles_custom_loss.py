@@ -23,10 +23,10 @@ import torch
 
 pytest.importorskip("megatron.core")  # Miles' log-prob path uses megatron-core's fused cross entropy
 
-from adapters.miles import MilesCountWarning, read_train_log, sum_train_logs  # noqa: E402
-from tests import _miles_loss_case as case  # noqa: E402
-from tests._harness import free_port  # noqa: E402
-from tests._miles_source import VERSION, MilesUnavailable, import_miles  # noqa: E402
+from adapters.miles import MilesCountWarning, read_train_log, sum_train_logs
+from tests import _miles_loss_case as case
+from tests._harness import free_port
+from tests._miles_source import VERSION, MilesUnavailable, import_miles
 
 HERE = Path(__file__).resolve().parent
 COUNT_FIELDS = ("loss_tokens", "clipped_tokens", "clipped_low_tokens", "clipped_high_tokens")

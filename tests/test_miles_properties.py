@@ -11,6 +11,7 @@ import json
 import random
 from fractions import Fraction
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -120,41 +121,60 @@ def test_interleaved_clients_chunks_and_rejected_chunks_sum_exactly(clients, bad
     """Large counts (up to 3e6 tokens per datum), any chunking, clients interleaved, bad chunks
     rejected mid-stream: every client's sums are the plain Python sums of its own datums."""
     agg = ClientAggregator()
+    for client in clients:
+        agg.register(client)
+    rng = random.Random(seed)
+    arrivals = shuffled_chunks(clients, rng)
+    for position in sorted(bad_positions, reverse=True):
+        arrivals.insert(min(position, len(arrivals)), (rng.choice(list(clients)), BAD_CHUNK))
+    for client, output in arrivals:
+        if output is BAD_CHUNK:
+            with pytest.raises(ValueError):
+                agg.add(client, 0, output)  # a datum with clipped_tokens > loss_tokens
+        else:
+            agg.add(client, 0, output)
+    for client, (counts, _) in clients.items():
+        if any(c == client and o is not BAD_CHUNK for c, o in arrivals):
+            assert_plain_sums(agg.emit(client, 0).metrics, counts)
+
+
+# A chunk whose second datum clips more tokens than its loss has: the aggregator must reject it whole.
+BAD_CHUNK = {
+    "loss_fn_outputs": [
+        datum_json(5, 1, 1),
+        {
+            keys.DATUM_LOSS_TOKENS: {"data": [2], "dtype": "int64"},
+            keys.DATUM_CLIPPED_TOKENS: {"data": [3], "dtype": "int64"},
+            keys.DATUM_CLIPPED_LOW_TOKENS: {"data": [3], "dtype": "int64"},
+            keys.DATUM_CLIPPED_HIGH_TOKENS: {"data": [0], "dtype": "int64"},
+        },
+    ]
+}
+
+
+def shuffled_chunks(clients: dict, rng: random.Random) -> list[tuple[str, dict]]:
+    """Every client's datums cut into chunks (as JSON outputs), all clients' chunks shuffled together."""
     arrivals = []
     for client, (counts, cuts) in clients.items():
-        agg.register(client)
         for chunk in cut(counts, cuts):
             arrivals.append((client, {"loss_fn_outputs": [datum_json(*c) for c in chunk], "metrics": {}}))
-    rng = random.Random(seed)
     rng.shuffle(arrivals)
-    bad = {"loss_fn_outputs": [datum_json(5, 1, 1), {keys.DATUM_LOSS_TOKENS: {"data": [2], "dtype": "int64"},
-                                                     keys.DATUM_CLIPPED_TOKENS: {"data": [3], "dtype": "int64"},
-                                                     keys.DATUM_CLIPPED_LOW_TOKENS: {"data": [3], "dtype": "int64"},
-                                                     keys.DATUM_CLIPPED_HIGH_TOKENS: {"data": [0], "dtype": "int64"}}]}
-    for position in sorted(bad_positions, reverse=True):
-        arrivals.insert(min(position, len(arrivals)), (rng.choice(list(clients)), bad))
-    for client, output in arrivals:
-        if output is bad:
-            try:
-                agg.add(client, 0, output)
-            except ValueError:
-                continue
-            raise AssertionError("a datum with clipped_tokens > loss_tokens was accepted")
-        agg.add(client, 0, output)
-    for client, (counts, _) in clients.items():
-        if client not in {c for c, o in arrivals if o is not bad}:
-            continue
-        metrics = agg.emit(client, 0).metrics
-        if not counts:  # no datum: nothing says whether the loss clips, so no clip keys
-            assert metrics == {keys.LOSS_TOKENS: 0.0}
-            continue
-        loss_tokens = sum(c[0] for c in counts)
-        clipped = sum(c[1] + c[2] for c in counts)
-        assert metrics[keys.LOSS_TOKENS] == loss_tokens
-        assert metrics[keys.CLIPPED_TOKENS] == clipped
-        assert metrics[keys.CLIPPED_LOW_TOKENS] == sum(c[1] for c in counts)
-        assert metrics[keys.CLIPPED_HIGH_TOKENS] == sum(c[2] for c in counts)
-        if loss_tokens:
-            assert metrics[keys.CLIP_FRACTION] == float(Fraction(clipped, loss_tokens))
-        else:
-            assert keys.CLIP_FRACTION not in metrics
+    return arrivals
+
+
+def assert_plain_sums(metrics: dict, counts: list[tuple[int, int, int]]) -> None:
+    """``metrics`` are the plain Python sums of the ``(loss_tokens, low, high)`` datums, the clip
+    fraction formed once from them."""
+    if not counts:  # no datum: nothing says whether the loss clips, so no clip keys
+        assert metrics == {keys.LOSS_TOKENS: 0.0}
+        return
+    loss_tokens = sum(c[0] for c in counts)
+    clipped = sum(c[1] + c[2] for c in counts)
+    assert metrics[keys.LOSS_TOKENS] == loss_tokens
+    assert metrics[keys.CLIPPED_TOKENS] == clipped
+    assert metrics[keys.CLIPPED_LOW_TOKENS] == sum(c[1] for c in counts)
+    assert metrics[keys.CLIPPED_HIGH_TOKENS] == sum(c[2] for c in counts)
+    if loss_tokens:
+        assert metrics[keys.CLIP_FRACTION] == float(Fraction(clipped, loss_tokens))
+    else:
+        assert keys.CLIP_FRACTION not in metrics

@@ -204,7 +204,7 @@ def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(
     from importlib import metadata
 
     from tracking.sinks import _compat_mlflow, _compat_wandb
-    from tracking.sinks._versions import UnsupportedVersionError
+    from tracking.versions import UnsupportedVersionError
 
     assert _compat_mlflow.check() == metadata.version("mlflow")
     assert _compat_wandb.check() == metadata.version("wandb")

@@ -20,14 +20,14 @@ import threading
 import pytest
 import torch
 
-tinker = pytest.importorskip("tinker")
-from tinker import types  # noqa: E402
-from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture  # noqa: E402
+pytest.importorskip("tinker")
+from tinker import types
+from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from adapters.miles import forward_backward_loss, output_to_json  # noqa: E402
-from adapters.tinker import TrackedTrainingClient, cookbook_metrics  # noqa: E402
-from tracking import Tracker, keys  # noqa: E402
-from tracking.compare import load_runs  # noqa: E402
+from adapters.miles import forward_backward_loss, output_to_json
+from adapters.tinker import TrackedTrainingClient, cookbook_metrics
+from tracking import Tracker, keys
+from tracking.compare import load_runs
 
 VOCAB = 9
 DELTAS = (-0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6)

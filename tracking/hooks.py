@@ -139,7 +139,7 @@ class _Hooks:
         original: Callable[..., Any] = sys.exit
         hooks = self
 
-        def exit(status: object = None) -> None:  # noqa: A001 - stands in for sys.exit
+        def exit(status: object = None) -> None:  # stands in for sys.exit
             hooks.exit_code = status
             original(status)
 

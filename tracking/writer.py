@@ -318,7 +318,7 @@ class SinkLane:
                 if self._warned:
                     LOG.warning("%s is reachable again: %s", self.name, printable(self.sink.location))
                 return True
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot open is retried, never raised into training
                 self._fail(exc)
                 self.opened.set()
                 if self.state is LaneState.REJECTED or not self._sleep(backoff):
@@ -366,62 +366,91 @@ class SinkLane:
             return self._ack.offset >= self._journal_end.offset
 
     def _pump(self) -> None:
+        """Write batches to the sink until stopped: each acknowledged once written; a failed write
+        is retried from the journal after a backoff that doubles up to ``backoff_max_s`` seconds."""
         backoff = self.backoff_initial_s
-        while True:
-            with self._cond:
-                while True:
-                    if self._from_journal and self._ack.offset >= self._journal_end.offset:
-                        self._from_journal = False  # caught up from disk: back to memory batches
-                    while self._queue and self._queue[0].end <= self._ack.offset:
-                        self._buffered -= self._queue.popleft().lines
-                    if self._queue or self._from_journal or self._configs:
-                        break
-                    if self._stopping:
-                        return
-                    self._cond.wait()
-                if self._stopping and time.monotonic() >= self._deadline:
-                    return
-                batch = self._next_batch_locked() if (self._queue or self._from_journal) else None
-            if batch is None:
-                self._apply_configs()
-                continue
+        while (batch := self._next_batch()) is not None:
             points, ends = batch.decode(self.run_dir)
             if not points:  # nothing readable past the acknowledged offset
-                if batch.end > self._ack.offset:  # only damaged lines: step over them
-                    self._acknowledge(batch, ends, 0)
+                if self._step_over_unreadable(batch, ends):
                     continue
-                with self._cond:
-                    self._from_journal = False
-                    if self._stopping:
-                        return
-                continue
-            try:
-                self._apply_configs()
-                self.sink.write(points)
-            except Exception as exc:  # noqa: BLE001
-                if isinstance(exc, PartialWrite) and exc.written:
-                    self._acknowledge(batch, ends, exc.written)
-                self._fail(exc)
-                with self._cond:
-                    self._from_journal = True
-                    self._queue.clear()
-                    self._buffered = 0
-                if self.state is LaneState.REJECTED or not self._sleep(backoff):
-                    return
+                return
+            if self._write(batch, ends, points):
+                self._note_recovery()
+                backoff = self.backoff_initial_s
+            elif self.state is LaneState.REJECTED or not self._sleep(backoff):
+                return
+            else:
                 backoff = min(backoff * 2, self.backoff_max_s)
-                continue
-            self._acknowledge(batch, ends, len(points))
-            if self.state is LaneState.FAILING:
-                LOG.warning(
-                    "%s recovered; %d points behind, catching up from the spool",
-                    self.name,
-                    self.pending_points(),
-                )
-                with self._cond:
-                    self.state = LaneState.OK
-                    self.error = None
-                    self._cond.notify_all()
-            backoff = self.backoff_initial_s
+
+    def _next_batch(self) -> Batch | None:
+        """The next batch to write, applying queued config updates meanwhile; ``None``: stop."""
+        while True:
+            with self._cond:
+                if not self._wait_for_work_locked():
+                    return None
+                batch = self._next_batch_locked() if (self._queue or self._from_journal) else None
+            if batch is not None:
+                return batch
+            self._apply_configs()
+
+    def _wait_for_work_locked(self) -> bool:
+        """Wait (holding ``_cond``) for points or configs to send, dropping acknowledged batches;
+        False when the lane is stopping with nothing left, or past its stop deadline."""
+        while True:
+            if self._from_journal and self._ack.offset >= self._journal_end.offset:
+                self._from_journal = False  # caught up from disk: back to memory batches
+            while self._queue and self._queue[0].end <= self._ack.offset:
+                self._buffered -= self._queue.popleft().lines
+            if self._queue or self._from_journal or self._configs:
+                break
+            if self._stopping:
+                return False
+            self._cond.wait()
+        return not (self._stopping and time.monotonic() >= self._deadline)
+
+    def _step_over_unreadable(self, batch: Batch, ends: list[int]) -> bool:
+        """A batch with no readable point: acknowledge its damaged lines, or, when nothing lies past
+        the acknowledged offset, go back to memory batches. False when the lane is stopping then."""
+        if batch.end > self._ack.offset:  # only damaged lines: step over them
+            self._acknowledge(batch, ends, 0)
+            return True
+        with self._cond:
+            self._from_journal = False
+            return not self._stopping
+
+    def _write(self, batch: Batch, ends: list[int], points: list[Point]) -> bool:
+        """Send pending configs and ``points`` to the sink and acknowledge them; on failure record
+        it, acknowledge what a partial write took, and resend the rest from the journal. True if
+        written."""
+        try:
+            self._apply_configs()
+            self.sink.write(points)
+        except Exception as exc:  # noqa: BLE001 - a sink's failure is recorded and retried, never raised into training
+            if isinstance(exc, PartialWrite) and exc.written:
+                self._acknowledge(batch, ends, exc.written)
+            self._fail(exc)
+            with self._cond:
+                self._from_journal = True
+                self._queue.clear()
+                self._buffered = 0
+            return False
+        self._acknowledge(batch, ends, len(points))
+        return True
+
+    def _note_recovery(self) -> None:
+        """After a successful write: a failing lane is OK again (and says so)."""
+        if self.state is not LaneState.FAILING:
+            return
+        LOG.warning(
+            "%s recovered; %d points behind, catching up from the spool",
+            self.name,
+            self.pending_points(),
+        )
+        with self._cond:
+            self.state = LaneState.OK
+            self.error = None
+            self._cond.notify_all()
 
     def _next_batch_locked(self) -> Batch:
         if self._from_journal:

@@ -211,6 +211,15 @@ def _datum_loss(
 ) -> losses.LossOutput:
     """One datum's loss: the spec's tensor inputs read from their datum fields, its options from
     the datum (per-datum ones), else the request's config, else their defaults."""
+    tensors = _datum_tensors(spec, inputs, lp)
+    _check_target_tokens(inputs, lp)
+    options = _datum_options(spec, inputs, lp, config)
+    return spec.check_output(spec.fn(lp, **tensors, **options))
+
+
+def _datum_tensors(spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor) -> dict[str, Tensor]:
+    """The spec's tensor inputs, each read from the first of its fields the datum has; ValueError
+    naming every required input the datum lacks."""
     tensors: dict[str, Tensor] = {}
     missing = []
     for tensor_input in spec.inputs:
@@ -221,14 +230,27 @@ def _datum_loss(
             missing.append(tensor_input.fields[0])
     if missing:
         raise ValueError(f"loss_fn_inputs lacks {missing}, needed by {spec.name!r} (it has {sorted(inputs)})")
-    if "target_tokens" in inputs:
-        targets = inputs["target_tokens"]
-        size = targets.numel() if isinstance(targets, Tensor) else read_array(targets, "target_tokens")[0].size
-        if size != lp.numel():
-            raise ValueError(
-                f"target_tokens has {size} entries but the policy's logprobs tensor has "
-                f"{lp.numel()}: one log-prob per target token is needed"
-            )
+    return tensors
+
+
+def _check_target_tokens(inputs: Mapping[str, object], lp: Tensor) -> None:
+    """ValueError unless the datum's ``target_tokens`` (when given) has one entry per log-prob."""
+    if "target_tokens" not in inputs:
+        return
+    targets = inputs["target_tokens"]
+    size = targets.numel() if isinstance(targets, Tensor) else read_array(targets, "target_tokens")[0].size
+    if size != lp.numel():
+        raise ValueError(
+            f"target_tokens has {size} entries but the policy's logprobs tensor has "
+            f"{lp.numel()}: one log-prob per target token is needed"
+        )
+
+
+def _datum_options(
+    spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
+) -> dict[str, float | Tensor]:
+    """The spec's options: per-datum values from the datum, else the request's config, else the
+    option's default (an option with none of these is left out)."""
     options: dict[str, float | Tensor] = {}
     for option in spec.options:
         if option.per_datum and option.name in inputs:
@@ -237,7 +259,7 @@ def _datum_loss(
             options[option.name] = config[option.name]
         elif option.default is not losses.REQUIRED:
             options[option.name] = option.default
-    return spec.check_output(spec.fn(lp, **tensors, **options))
+    return options
 
 
 def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Tensor:

@@ -227,23 +227,51 @@ def read_train_log(
     cannot be recovered), for counts beyond what their dtype carries exactly (float32 2**24,
     float16 2**11, bfloat16 2**8), and for counts that are not whole, negative or inconsistent.
     """
+    _check_log_arguments(calculate_per_token_loss, context_parallel_size)
+    if isinstance(log, Mapping) and "keys" not in log and "values" not in log:
+        return _read_aggregated_log(log)
+    names, values = _values(log, "log")
+    if COUNT_SCALE in names:
+        return _scaled_counts(dict(zip(names, values[1:], strict=True)), "log")
+    _require_per_token_mode(calculate_per_token_loss)
+    entries = dict(zip(names, values[1:], strict=True))
+    clipped = _clipped_tokens(entries, names)
+    total = _log_count(values[0], context_parallel_size)
+    if keys.DATUM_LOSS_TOKENS in entries:
+        loss_tokens = _logged_loss_tokens(entries, total // context_parallel_size)
+    else:
+        loss_tokens = total // context_parallel_size
+        loss_tokens -= _warn_all_masked(loss_masks, loss_tokens)
+    low, high = _clipped_low_high(entries)
+    try:  # checks clipped <= loss_tokens and low + high == clipped
+        return TokenCounts(loss_tokens, clipped, low, high)
+    except ValueError as exc:
+        raise ValueError(f"this Miles log: {exc}") from exc
+
+
+def _check_log_arguments(calculate_per_token_loss: object, context_parallel_size: object) -> None:
+    """TypeError/ValueError naming a bad ``calculate_per_token_loss`` or ``context_parallel_size``."""
     if calculate_per_token_loss is not None and not isinstance(calculate_per_token_loss, bool):
         raise TypeError(f"calculate_per_token_loss must be a bool, got {calculate_per_token_loss!r}")
     if isinstance(context_parallel_size, bool) or not isinstance(context_parallel_size, int) or context_parallel_size < 1:
         raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
-    if isinstance(log, Mapping) and "keys" not in log and "values" not in log:
-        entries = _aggregated_entries(log)
-        if COUNT_SCALE in entries:
-            return _scaled_counts(entries, "log")
-        raise ValueError(
-            "this Miles log is already divided by Miles' count (aggregate_train_losses' output or the "
-            f"logged train/* values) and has no {COUNT_SCALE!r} entry: exact counts cannot be recovered "
-            "from it. Use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss, or "
-            "read the summed log dict"
-        )
-    names, values = _values(log, "log")
-    if COUNT_SCALE in names:
-        return _scaled_counts(dict(zip(names, values[1:], strict=True)), "log")
+
+
+def _read_aggregated_log(log: Mapping[str, Any]) -> TokenCounts:
+    """Counts from a log already divided by Miles' count: only its cliptrack entries carry them."""
+    entries = _aggregated_entries(log)
+    if COUNT_SCALE in entries:
+        return _scaled_counts(entries, "log")
+    raise ValueError(
+        "this Miles log is already divided by Miles' count (aggregate_train_losses' output or the "
+        f"logged train/* values) and has no {COUNT_SCALE!r} entry: exact counts cannot be recovered "
+        "from it. Use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss, or "
+        "read the summed log dict"
+    )
+
+
+def _require_per_token_mode(calculate_per_token_loss: bool | None) -> None:
+    """ValueError unless a stock log is known to come from per-token mode (its count is tokens)."""
     if calculate_per_token_loss is None:
         raise ValueError(
             "calculate_per_token_loss is needed for a Miles log without cliptrack's count entries: "
@@ -256,56 +284,67 @@ def read_train_log(
             f"counts cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
             "per datum (adapters.miles.forward_backward_loss / aggregate_datums)"
         )
-    entries = dict(zip(names, values[1:], strict=True))
 
-    def count(name: str, value: float) -> int:
-        return as_count(f"log value {name!r}", value)
 
+def _entry_count(entries: Mapping[str, float], name: str) -> int:
+    """The summed log entry ``name`` as an exact token count (ValueError if not whole, negative, ...)."""
+    return as_count(f"log value {name!r}", entries[name])
+
+
+def _clipped_tokens(entries: Mapping[str, float], names: Sequence[str]) -> int:
+    """Clipped tokens of a stock log: ``clipped_tokens`` when present (and equal to Miles'
+    ``pg_clipfrac`` sum if both are), else the ``pg_clipfrac`` sum (per-token mode: a token count)."""
     if keys.DATUM_CLIPPED_TOKENS in entries:
-        clipped = count(keys.DATUM_CLIPPED_TOKENS, entries[keys.DATUM_CLIPPED_TOKENS])
+        clipped = _entry_count(entries, keys.DATUM_CLIPPED_TOKENS)
         if keys.MILES_PG_CLIPFRAC in entries:
-            miles = count(keys.MILES_PG_CLIPFRAC, entries[keys.MILES_PG_CLIPFRAC])
+            miles = _entry_count(entries, keys.MILES_PG_CLIPFRAC)
             if miles != clipped:
                 raise ValueError(
                     f"log value {keys.MILES_PG_CLIPFRAC!r} = {miles} disagrees with "
                     f"{keys.DATUM_CLIPPED_TOKENS!r} = {clipped}: both count the tokens where clipping bites"
                 )
-    elif keys.MILES_PG_CLIPFRAC in entries:
-        clipped = count(keys.MILES_PG_CLIPFRAC, entries[keys.MILES_PG_CLIPFRAC])
-    else:
-        raise ValueError(
-            f"this Miles log has neither {keys.MILES_PG_CLIPFRAC!r} nor {keys.DATUM_CLIPPED_TOKENS!r} "
-            f"(keys: {names}): its loss does not clip, so there is no clip count to read"
-        )
+        return clipped
+    if keys.MILES_PG_CLIPFRAC in entries:
+        return _entry_count(entries, keys.MILES_PG_CLIPFRAC)
+    raise ValueError(
+        f"this Miles log has neither {keys.MILES_PG_CLIPFRAC!r} nor {keys.DATUM_CLIPPED_TOKENS!r} "
+        f"(keys: {names}): its loss does not clip, so there is no clip count to read"
+    )
 
-    total = count("count", values[0])
+
+def _log_count(value: float, context_parallel_size: int) -> int:
+    """The log's ``count`` (tokens, each counted once per CP rank) as an exact multiple of the CP size."""
+    total = as_count("log value 'count'", value)
     if total % context_parallel_size:
         raise ValueError(
             f"log count {total} is not a multiple of context_parallel_size={context_parallel_size}: "
             "every CP rank counts the same samples"
         )
-    if keys.DATUM_LOSS_TOKENS in entries:
-        loss_tokens = count(keys.DATUM_LOSS_TOKENS, entries[keys.DATUM_LOSS_TOKENS])
-        if loss_tokens > total // context_parallel_size:
-            raise ValueError(
-                f"log value {keys.DATUM_LOSS_TOKENS!r} = {loss_tokens} exceeds count / CP size = "
-                f"{total // context_parallel_size}; was context_parallel_size right?"
-            )
-    else:
-        loss_tokens = total // context_parallel_size
-        loss_tokens -= _warn_all_masked(loss_masks, loss_tokens)
+    return total
 
-    low = high = None
+
+def _logged_loss_tokens(entries: Mapping[str, float], per_rank: int) -> int:
+    """The ``loss_tokens`` entry, which cannot exceed ``per_rank`` (count / CP size)."""
+    loss_tokens = _entry_count(entries, keys.DATUM_LOSS_TOKENS)
+    if loss_tokens > per_rank:
+        raise ValueError(
+            f"log value {keys.DATUM_LOSS_TOKENS!r} = {loss_tokens} exceeds count / CP size = "
+            f"{per_rank}; was context_parallel_size right?"
+        )
+    return loss_tokens
+
+
+def _clipped_low_high(entries: Mapping[str, float]) -> tuple[int | None, int | None]:
+    """The low/high split of the clipped tokens, or ``(None, None)`` when the log has none."""
     has_low, has_high = keys.DATUM_CLIPPED_LOW_TOKENS in entries, keys.DATUM_CLIPPED_HIGH_TOKENS in entries
     if has_low != has_high:
         raise ValueError("the log carries one side of the low/high split without the other")
-    if has_low:
-        low = count(keys.DATUM_CLIPPED_LOW_TOKENS, entries[keys.DATUM_CLIPPED_LOW_TOKENS])
-        high = count(keys.DATUM_CLIPPED_HIGH_TOKENS, entries[keys.DATUM_CLIPPED_HIGH_TOKENS])
-    try:  # checks clipped <= loss_tokens and low + high == clipped
-        return TokenCounts(loss_tokens, clipped, low, high)
-    except ValueError as exc:
-        raise ValueError(f"this Miles log: {exc}") from exc
+    if not has_low:
+        return None, None
+    return (
+        _entry_count(entries, keys.DATUM_CLIPPED_LOW_TOKENS),
+        _entry_count(entries, keys.DATUM_CLIPPED_HIGH_TOKENS),
+    )
 
 
 def _warn_all_masked(loss_masks: Sequence[Any] | None, loss_tokens: int) -> int:

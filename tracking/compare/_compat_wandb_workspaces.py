@@ -20,25 +20,23 @@ from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from tracking import versions
+from tracking.versions import UnsupportedVersionError
+
 SUPPORTED = ((0, 1, 10), (0, 5, 0))
 """Supported ``wandb-workspaces`` versions: at least the first, below the second."""
 OFFLINE_PROJECT_ID = "offline-unresolved"
 """Placeholder project id written into specs built without the W&B API."""
 
 
-class UnsupportedVersionError(RuntimeError):
-    """The installed ``wandb-workspaces`` is outside ``SUPPORTED``."""
-
-
-def _parse(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+USES = (
+    "Workspace._to_model / Report._to_model and reports.v2.interface._get_api / execute_graphql "
+    "(cliptrack's W&B panels)"
+)
 
 
 def installed_version() -> str:
+    """The installed wandb-workspaces version; UnsupportedVersionError when it is not installed."""
     try:
         return version("wandb-workspaces")
     except PackageNotFoundError as exc:
@@ -47,15 +45,10 @@ def installed_version() -> str:
 
 def check_version(found: str | None = None) -> str:
     """Return the installed (or given) version; raise ``UnsupportedVersionError`` outside ``SUPPORTED``."""
-    found = found or installed_version()
-    low, high = SUPPORTED
-    if not low <= _parse(found) < high:
-        raise UnsupportedVersionError(
-            f"wandb-workspaces {found} is not supported: cliptrack's W&B panels use its internals "
-            f"(Workspace._to_model, reports.v2.interface._get_api / execute_graphql), tested with "
-            f">= {'.'.join(map(str, low))}, < {'.'.join(map(str, high))}. Install a supported version, "
-            f"e.g. pip install 'wandb-workspaces>={'.'.join(map(str, low))},<{'.'.join(map(str, high))}'")
-    return found
+    return versions.check_version(
+        "wandb-workspaces", found or installed_version(), *SUPPORTED, USES,
+        seam="tracking/compare/_compat_wandb_workspaces.py",
+    )
 
 
 def model_json(obj: Any) -> dict[str, Any]:

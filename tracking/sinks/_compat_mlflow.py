@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tracking.sinks._versions import check_version
+from tracking.versions import check_version
 
 SUPPORTED = ((3, 0), (4, 0))
 """MLflow releases this seam was verified on (3.17.2); others are refused by ``check``."""
@@ -112,7 +113,9 @@ def bounded_requests() -> Iterator[None]:
 
 def check(found: str | None = None) -> str:
     """The installed MLflow version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
-    return check_version("mlflow", *SUPPORTED, USES, found=found)
+    return check_version(
+        "mlflow", found or metadata.version("mlflow"), *SUPPORTED, USES, seam="tracking/sinks/_compat_mlflow.py"
+    )
 
 
 def validation() -> Any:
@@ -145,7 +148,7 @@ def param_key_error(key: str) -> str | None:
     rules = validation()
     try:
         rules._validate_param_name(key)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
         return message(exc)
     if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
         return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"

@@ -22,10 +22,11 @@ import struct
 import warnings
 import zlib
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tracking.sinks._versions import check_version
+from tracking.versions import check_version
 
 SUPPORTED = ((0, 19), (1, 0))
 """W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
@@ -45,7 +46,9 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 def check(found: str | None = None) -> str:
     """The installed W&B version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
-    return check_version("wandb", *SUPPORTED, USES, found=found)
+    return check_version(
+        "wandb", found or metadata.version("wandb"), *SUPPORTED, USES, seam="tracking/sinks/_compat_wandb.py"
+    )
 
 
 def own_service() -> None:
