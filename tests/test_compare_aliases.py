@@ -143,7 +143,7 @@ def _check(runs) -> None:
 def test_mlflow_runs_of_miles_and_verl_load_as_our_keys(stores):
     _, uri = stores
     runs = load_runs(["ours", "miles-exact", "miles-stock", "verl"], tracking_uri=uri)
-    names = {info.run_name for info in runs.runs}
+    names = {info.run.run_name for info in runs.runs}
     assert names == {"ours", "miles-exact", "miles-stock", "verl"}
     _check(runs)
 
@@ -158,7 +158,7 @@ def test_wandb_offline_runs_of_miles_and_verl_load_as_our_keys(stores):
     for directory in ("wandb-ours", "wandb-miles", "wandb-verl"):
         shutil.copytree(tmp_path / directory, merged / directory)
     runs = load_runs(wandb_dir=merged)
-    assert {info.run_name for info in runs.runs} == {"ours", "miles-exact", "miles-stock", "verl"}
+    assert {info.run.run_name for info in runs.runs} == {"ours", "miles-exact", "miles-stock", "verl"}
     _check(runs)
 
 

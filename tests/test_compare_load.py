@@ -16,7 +16,10 @@ import pytest
 from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow, write_wandb_offline
 from tracking import keys
 from tracking.compare import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
-from tracking.compare.load import RunNotFoundError, read_wandb_records
+from tracking.compare.load import RunNotFoundError
+from tracking.records import RunInfo
+from tracking.sinks._compat_wandb import records as wandb_records
+from tracking.spool import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +50,14 @@ def test_same_frame_from_all_three_stores(stores):
     assert len(from_jsonl.frame) == expected_rows
     pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_wandb.frame), check_exact=True)
     pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_mlflow.frame), check_exact=True)
-    assert [i.backend for i in from_mlflow.runs] == ["megatron", "miles"]
+    assert [i.run.backend_label for i in from_mlflow.runs] == ["megatron", "miles"]
     assert [i.source for i in (from_jsonl.runs[0], from_wandb.runs[0], from_mlflow.runs[0])] == ["jsonl", "wandb", "mlflow"]
-    assert from_wandb.runs[1].config["seed"] == 2 and from_mlflow.runs[1].config["seed"] == "2"
+    assert from_wandb.runs[1].run.config["seed"] == 2 and from_mlflow.runs[1].run.config["seed"] == "2"
+    # one run record (tracking.records.RunInfo) whatever the store; the spool's is its run.json
+    assert all(type(i.run) is RunInfo for rs in (from_jsonl, from_wandb, from_mlflow) for i in rs.runs)
+    assert from_jsonl.runs[0].run == RunDir(stores["root"] / "spool", megatron.run_id).read_run()
+    assert [i.run.run_name for i in from_wandb.runs] == [megatron.run_name, miles.run_name]
+    assert from_mlflow.runs[0].run.status == "FINISHED" and from_mlflow.runs[0].run.started > 0
 
 
 def test_frame_columns_and_values(stores):
@@ -117,12 +125,12 @@ def test_jsonl_torn_lines_are_skipped_with_a_warning_and_a_foreign_line_is_named
 def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
     source = next((stores["root"] / "wb").rglob("run-megatron0001.wandb"))
     data = bytearray(source.read_bytes())
-    assert sum(1 for r in read_wandb_records(source) if r.WhichOneof("record_type") == "history") == 200
+    assert sum(1 for r in wandb_records(source, strict=True) if r.WhichOneof("record_type") == "history") == 200
     damaged = tmp_path / "run-x.wandb"
     data[200] ^= 0xFF
     damaged.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum mismatch"):
-        list(read_wandb_records(damaged))
+        list(wandb_records(damaged, strict=True))
     truncated = tmp_path / "t" / "run-y.wandb"
     truncated.parent.mkdir()
     truncated.write_bytes(source.read_bytes()[:-40])
@@ -155,7 +163,7 @@ def test_wandb_online_loader(stores):
     online = load_runs([f"ent/proj/{megatron.run_id}"], wandb_api=FakeApi())
     offline = load_jsonl([megatron.run_id], stores["root"] / "spool")
     pd.testing.assert_frame_equal(_normalised(online.frame), _normalised(offline.frame), check_exact=True)
-    assert "_wandb" not in online.runs[0].config
+    assert "_wandb" not in online.runs[0].run.config
     with pytest.raises(ValueError, match="entity/project/run_id"):
         load_wandb_online(["just-an-id"], api=FakeApi())
 
@@ -175,7 +183,7 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
         "wandb": load_wandb_offline(ids, tmp_path / "wb"),
         "mlflow": load_mlflow(ids, tracking_uri=uri),  # by the cliptrack run id tag
     }
-    assert load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run_id == frames["mlflow"].runs[0].run_id
+    assert load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run.run_id == frames["mlflow"].runs[0].run.run_id
     base = _normalised(frames["jsonl"].frame)
     assert len(base) == sum(len(p.metrics) for r in (megatron, miles) for p in r.points)
     for source in ("wandb", "mlflow"):
@@ -185,7 +193,7 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
         # MLflow keeps wall time in whole milliseconds
         pd.testing.assert_frame_equal(base[["wall_time", "elapsed_s"]], other[["wall_time", "elapsed_s"]],
                                       check_exact=False, atol=2e-3, rtol=0)
-    assert [i.backend for i in frames["mlflow"].runs] == ["megatron", "miles"]
+    assert [i.run.backend_label for i in frames["mlflow"].runs] == ["megatron", "miles"]
     result = compare(frames["mlflow"])
     assert result.difference("clip_fraction").verdict == "different"
     assert result.difference("clip_fraction").estimate.n_units == 199
@@ -228,7 +236,7 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
         rows = rs.frame[rs.frame.metric == keys.REWARD].sort_values("step")
         assert rows.step.tolist() == list(range(6)) and rows.value.tolist() == [s / 10 for s in range(6)]
         assert rows.wall_time.tolist() == [1.7e9 + s for s in range(6)]
-        assert rs.runs[0].backend == "miles" and rs.runs[0].config["lr"] == 0.5
+        assert rs.runs[0].run.backend_label == "miles" and rs.runs[0].run.config["lr"] == 0.5
 
 
 def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monkeypatch):
@@ -253,3 +261,21 @@ def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monke
     f = bulk.frame.set_index(["step", "metric"])["value"]
     assert f[7, keys.REWARD] == 7.0 and f[6, keys.THROUGHPUT] > 1e307
     assert f[5, keys.REWARD] != f[5, keys.REWARD]  # NaN stays NaN
+
+
+def test_mlflow_bulk_read_falls_back_when_the_store_schema_changed(tmp_path):
+    """A store whose metrics table no longer has the columns the bulk read selects (a schema MLflow
+    changed) is reported in a warning and read one metric at a time, not raised."""
+    import sqlite3
+
+    from tracking.compare._compat_mlflow_store import bulk_columns
+
+    megatron, _ = megatron_vs_miles(n_megatron=12)
+    db = tmp_path / "m.db"
+    uri = f"sqlite:///{db}"
+    run_id = write_mlflow(uri, megatron)
+    assert bulk_columns(uri, [run_id]) is not None
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE metrics RENAME COLUMN is_nan TO is_nan_renamed")
+    with pytest.warns(UserWarning, match="MLflow bulk metric read unavailable .*OperationalError"):
+        assert bulk_columns(uri, [run_id]) is None

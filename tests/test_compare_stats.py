@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 from tracking import keys
 from tracking.compare import RunSet, Window, compare, parse_window, unit_table
-from tracking.compare.frame import Point, RunInfo
+from tracking.compare.frame import LoadedRun, Point
 from tracking.compare.metrics import CLIP, REWARD
 from tracking.compare.stats import (
     ABSOLUTE,
@@ -36,10 +36,11 @@ from tracking.compare.stats import (
     ratio_estimate,
     wilson_interval,
 )
+from tracking.records import RunInfo
 
 
 def runset_of(*runs) -> RunSet:
-    return RunSet.from_points((RunInfo(r.run_id, r.run_name, r.backend, "test"), r.points) for r in runs)
+    return RunSet.from_points((LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in runs)
 
 
 # ------------------------------------------------------------------------------- verdicts on runs

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests._compare_fixtures import megatron_vs_miles
-from tracking.compare import RunInfo, RunSet, compare
+from tracking.compare import LoadedRun, RunSet, compare
 from tracking.compare.dashboard import render_dashboard, write_dashboard
 from tracking.compare.panels import PANELS
+from tracking.records import RunInfo
 
 CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
@@ -23,7 +24,7 @@ EVIL = "<script>alert(1)</script>"
 def dashboard(tmp_path_factory):
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
-    rs = RunSet.from_points([(RunInfo(r.run_id, r.run_name, r.backend, "test", config=r.config), r.points)
+    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
                              for r in (megatron, miles)])
     result = compare(rs)
     path = write_dashboard(tmp_path_factory.mktemp("dash") / "dashboard.html", rs, result)
@@ -94,7 +95,7 @@ def test_render_is_deterministic(dashboard):
     path, result = dashboard
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
-    rs = RunSet.from_points([(RunInfo(r.run_id, r.run_name, r.backend, "test", config=r.config), r.points)
+    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
                              for r in (megatron, miles)])
     assert render_dashboard(rs, compare(rs)) == path.read_text(encoding="utf-8")
 
@@ -105,7 +106,7 @@ def test_insufficient_data_is_shown(tmp_path):
     a = synthetic_run("a", "a", "megatron", seed=1, n_steps=30)
     b = synthetic_run("b", "b", "miles", seed=2, n_steps=30, clip_p=0.3)
     a.points[10].metrics["reward:mean"] = float("nan")
-    rs = RunSet.from_points([(RunInfo(r.run_id, r.run_name, r.backend, "test"), r.points) for r in (a, b)])
+    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in (a, b)])
     result = compare(rs)
     assert result.on_policy_verdict == "insufficient data"
     text = render_dashboard(rs, result)

@@ -131,7 +131,7 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     # the comparison run is not itself loaded as a training run of the experiment
     again = load_mlflow([], tracking_uri=uri, experiment="cliptrack-tests")
-    assert sorted(i.run_id for i in again.runs) == sorted(ids)
+    assert sorted(i.run.run_id for i in again.runs) == sorted(ids)
 
 
 def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):

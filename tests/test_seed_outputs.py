@@ -234,7 +234,7 @@ def test_logged_by_the_tracker_and_compared(tmp_path, form):
     assert not SPLIT & set(runset.metrics())
     result = compare(runset)
     for run_id, (tokens, clipped) in totals.items():
-        label = next(info.display for info in runset.runs if info.run_id == run_id)
+        label = next(info.display for info in runset.runs if info.run.run_id == run_id)
         estimate = result.run_estimate("clip_fraction", label)
         assert (estimate.total_numerator, estimate.total_denominator) == (clipped, tokens)
         assert estimate.estimate.value == exact(clipped, tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +212,37 @@ def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(
         _compat_mlflow.check("4.0.0")
     with pytest.raises(UnsupportedVersionError, match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log"):
         _compat_wandb.check("0.18.7")
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_an_experiment_the_mlflow_sink_creates_on_sqlite_keeps_artifacts_beside_the_database(
+    tmp_path, monkeypatch, relative
+):
+    """MLflow's default artifact location for a sqlite store is ``./mlruns`` of the working
+    directory; an experiment the sink creates puts them in ``mlartifacts/`` beside the database."""
+    from mlflow.tracking import MlflowClient
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir()
+    elsewhere.mkdir()
+    uri = "sqlite:///store/m.db" if relative else f"sqlite:///{store / 'm.db'}"
+    monkeypatch.chdir(tmp_path)  # a relative URI is relative to the working directory at open
+    sink = MlflowSink(uri, experiment="beside")
+    state = sink.open(RunInfo("run-1", "beside", "megatron"))
+    sink.close("FINISHED")
+    monkeypatch.chdir(elsewhere)  # where the artifacts are logged from must not matter
+    client = MlflowClient(tracking_uri=f"sqlite:///{store / 'm.db'}")
+    assert client.get_experiment_by_name("beside").artifact_location == (store / "mlartifacts").as_uri()
+    note = tmp_path / "note.txt"
+    note.write_text("kept beside the store")
+    client.log_artifact(state["mlflow_run_id"], str(note))
+    assert [p.read_text() for p in (store / "mlartifacts").rglob("note.txt")] == ["kept beside the store"]
+    assert not (elsewhere / "mlruns").exists() and not (tmp_path / "mlruns").exists()
+
+
+def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
+    from tracking.sinks._compat_mlflow import artifacts_beside
+
+    assert artifacts_beside("sqlite:////data/runs/m.db?timeout=20", "mlartifacts") == Path("/data/runs/mlartifacts")
+    for uri in ("http://127.0.0.1:5000", "postgresql://u@h/db", "file:///data/mlruns", "databricks"):
+        assert artifacts_beside(uri, "mlartifacts") is None, uri

@@ -290,7 +290,7 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
         assert points[i_batch][keys.THROUGHPUT] == (40 + i_batch) / 2.0
         assert points[i_batch]["optim/kl_sample_train_v1:mean"] == 0.02
     [run] = load_runs([tracker.run_id], jsonl_dir=tmp_path / "spool").runs
-    assert run.config["learning_rate"] == 0.1 and run.config["loss_fn"] == "ppo"  # the cookbook's hparams
+    assert run.run.config["learning_rate"] == 0.1 and run.run.config["loss_fn"] == "ppo"  # the cookbook's hparams
     assert (tmp_path / "json" / "metrics.jsonl").is_file()  # the cookbook's loggers ran alongside
     assert any(p.suffix == ".wandb" for p in (tmp_path / "wandb").rglob("*.wandb"))
     assert os.environ["WANDB_MODE"] == "offline"

@@ -41,6 +41,8 @@ def _env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
     env.pop("WANDB_API_KEY", None)
     env.pop("RANK", None)
+    if "WANDB_SERVICE" not in extra:  # a service of this test process's own W&B use is not shared
+        env.pop("WANDB_SERVICE", None)
     return env
 
 
@@ -48,14 +50,14 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
 
 
-def _replay(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _replay(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tracking.cli", "replay", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=timeout,
-        env=_env(),
+        env=env or _env(),
     )
 
 
@@ -331,7 +333,25 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
+@pytest.fixture
+def shared_wandb_service():
+    """A detached wandb-core (``wandb beta core start``), as a launcher shares with its workers
+    through ``WANDB_SERVICE``: the environment naming it; stopped afterwards."""
+    env = _env()
+    start = subprocess.run([sys.executable, "-m", "wandb", "beta", "core", "start", "--idle-timeout", "5m"], capture_output=True,
+                           text=True, env=env, timeout=120, check=True)
+    token = start.stdout.strip().splitlines()[-1]
+    yield {"WANDB_SERVICE": token}
+    subprocess.run([sys.executable, "-m", "wandb", "beta", "core", "stop"], capture_output=True, env={**env, "WANDB_SERVICE": token},
+                   timeout=120)
+
+
+@pytest.mark.parametrize("inherited_service", [False, True], ids=["own-service", "inherited-service"])
+def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path, request, inherited_service):
+    """Kill -9 mid-run, then replay at once. With a W&B service inherited through ``WANDB_SERVICE``
+    (a launcher's, or pytest's own after an in-process W&B test) the killed run would stay open in
+    it and the replay's resume be refused ("run ID ... is in use"): the sink starts its own."""
+    extra = request.getfixturevalue("shared_wandb_service") if inherited_service else {}
     spool_dir, wandb_dir = tmp_path / "spool", tmp_path / "wb"
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests._tracking_worker", "wandb", str(spool_dir), str(wandb_dir)],
@@ -339,7 +359,7 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=_env(**extra),
     )
     try:
         run_id = ""
@@ -362,7 +382,7 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path):
     for pid in helpers:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
-    replay = _replay(str(spool_dir))
+    replay = _replay(str(spool_dir), env=_env(**extra))
     assert replay.returncode == 0 and f"run {run_id} wandb: replayed" in replay.stdout, (
         replay.stdout + replay.stderr
     )

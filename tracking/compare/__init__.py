@@ -12,7 +12,7 @@ that need them.
 
 from tracking.compare.align import ALIGNMENTS, Window, parse_window, unit_table
 from tracking.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
-from tracking.compare.frame import COLUMNS, Point, RunInfo, RunSet, build_frame
+from tracking.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
 from tracking.compare.load import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
 from tracking.compare.metrics import MetricSpec
 from tracking.compare.result import ComparisonResult, Difference, Note, RunEstimate
@@ -32,7 +32,7 @@ __all__ = [
     "Note",
     "Point",
     "RunEstimate",
-    "RunInfo",
+    "LoadedRun",
     "RunSet",
     "Window",
     "build_frame",

@@ -179,7 +179,7 @@ def compare(
     window = window or Window()
     specs = _choose_specs(runset, labels, tolerances or {}, reward_abs_tolerance)
     units = unit_table(runset, labels, specs, by=align, window=window)
-    backends = {label: runset.info(label).backend for label in labels}
+    backends = {label: runset.info(label).run.backend_label or "" for label in labels}
     result = ComparisonResult(runs=labels, backends=backends, align=align, window=window, confidence=confidence,
                               method=METHOD, specs=specs)
     approximate = _approximate_quantities(runset, labels, specs, units, align, window)
@@ -203,7 +203,7 @@ def compare(
 def _approximate_quantities(runset: RunSet, labels: Sequence[str], specs: Sequence[m.MetricSpec],
                             units: dict[str, pd.DataFrame], align: str, window: Window) -> dict[tuple[str, str], str]:
     """(quantity, run) -> why it is approximate, for runs whose tracker logged the clip fraction only
-    as a mean of per-sample or per-micro-batch means (``RunInfo.approximate``, ``keys.ALIASES``).
+    as a mean of per-sample or per-micro-batch means (``LoadedRun.approximate``, ``keys.ALIASES``).
 
     Such a run has no token counts, so its clip fraction is estimated from that logged fraction
     instead (a mean over steps, ``denominator=None``): its columns in ``units`` are replaced.

@@ -77,8 +77,8 @@ def _runs_table(runset: RunSet, labels: Sequence[str]) -> str:
     rows = []
     for label in labels:
         info = runset.info(label)
-        config = "; ".join(f"{k}={v}" for k, v in sorted(info.config.items(), key=lambda kv: str(kv[0])))
-        cells = [info.display, info.backend, info.run_id, f"{info.source}: {info.location}", config]
+        config = "; ".join(f"{k}={v}" for k, v in sorted(info.run.config.items(), key=lambda kv: str(kv[0])))
+        cells = [info.display, info.run.backend_label or "", info.run.run_id, f"{info.source}: {info.location}", config]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "backend", "run id", "source", "config"))
     return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'

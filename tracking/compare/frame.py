@@ -17,7 +17,7 @@ Columns (units):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,26 +25,24 @@ import numpy as np
 import pandas as pd
 
 from tracking import keys
-from tracking.records import Point
+from tracking.records import Point, RunInfo
 
 COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value")
 """Column order of the tidy frame."""
 
 
 @dataclass(frozen=True)
-class RunInfo:
-    """What is known about a run besides its series.
+class LoadedRun:
+    """A run loaded for comparison: its ``tracking.records.RunInfo`` (the one run record, with the
+    run.json mapping) plus where it was loaded from.
 
-    ``source`` names where it was loaded from (``"mlflow"``, ``"wandb"``, ``"jsonl"``) and
-    ``location`` the tracking URI, directory or W&B path.
+    ``source`` names the store (``"mlflow"``, ``"wandb"``, ``"jsonl"``), ``location`` the tracking
+    URI, directory or W&B path; ``run.run_id`` is the id the run has in that store.
     """
 
-    run_id: str
-    run_name: str
-    backend: str
+    run: RunInfo
     source: str
     location: str = ""
-    config: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
     approximate: tuple[str, ...] = ()
     """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
@@ -53,7 +51,7 @@ class RunInfo:
     @property
     def display(self) -> str:
         """The label used in the frame's ``run`` column."""
-        return self.label or self.run_name or self.run_id
+        return self.label or self.run.run_name or self.run.run_id
 
 
 def _empty_frame() -> pd.DataFrame:
@@ -65,7 +63,7 @@ def _empty_frame() -> pd.DataFrame:
 _NUMERIC = (int, float, np.integer, np.floating)
 
 
-def _check_numeric(info: RunInfo, steps: list[int], names: list[str], values: list[Any]) -> None:
+def _check_numeric(info: LoadedRun, steps: list[int], names: list[str], values: list[Any]) -> None:
     """Raise ValueError naming the run, step and key of the first non-numeric value (bools included)."""
     kinds = set(map(type, values))
     if all(issubclass(k, _NUMERIC) and not issubclass(k, bool) for k in kinds):
@@ -90,7 +88,7 @@ class Columns:
     value: np.ndarray
 
 
-def build_frame(info: RunInfo, points: Iterable[Point] | Columns) -> pd.DataFrame:
+def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFrame:
     """Turn one run's points into tidy rows.
 
     Points are sorted by step; a step logged more than once is merged (a later value of a key wins,
@@ -120,7 +118,7 @@ def build_frame(info: RunInfo, points: Iterable[Point] | Columns) -> pd.DataFram
                                 np.asarray(names, dtype=object), np.asarray(values, dtype=np.float64)))
 
 
-def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
+def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
     if len(cols.step) == 0:
         return _empty_frame()
     walls = pd.Series(np.asarray(cols.wall_time, dtype=np.float64),
@@ -142,8 +140,8 @@ def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
     first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
     n = len(step_values)
     frame = pd.DataFrame({
-        "run": pd.Series([info.display] * n, dtype=object), "run_id": pd.Series([info.run_id] * n, dtype=object),
-        "backend": pd.Series([info.backend] * n, dtype=object), "step": step_values,
+        "run": pd.Series([info.display] * n, dtype=object), "run_id": pd.Series([info.run.run_id] * n, dtype=object),
+        "backend": pd.Series([info.run.backend_label or ""] * n, dtype=object), "step": step_values,
         "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
         "wall_time": wall, "elapsed_s": wall - first,
         "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object), "value": rows["value"].to_numpy(),
@@ -154,22 +152,22 @@ def _frame(info: RunInfo, cols: Columns) -> pd.DataFrame:
 
 @dataclass
 class RunSet:
-    """Runs loaded for comparison: the tidy ``frame`` and one ``RunInfo`` per run, in load order."""
+    """Runs loaded for comparison: the tidy ``frame`` and one ``LoadedRun`` per run, in load order."""
 
     frame: pd.DataFrame
-    runs: list[RunInfo]
+    runs: list[LoadedRun]
     _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_points(cls, items: Iterable[tuple[RunInfo, Iterable[Point] | Columns]]) -> RunSet:
+    def from_points(cls, items: Iterable[tuple[LoadedRun, Iterable[Point] | Columns]]) -> RunSet:
         """Build a RunSet from (info, points) pairs (points as ``Point``s or ``Columns``), giving
         each run a unique label."""
         pairs = [(info, points if isinstance(points, Columns) else list(points)) for info, points in items]
-        names = [info.run_name or info.run_id for info, _ in pairs]
+        names = [info.run.run_name or info.run.run_id for info, _ in pairs]
         infos = []
         for (info, _), name in zip(pairs, names, strict=True):
-            label = name if names.count(name) == 1 else f"{name} ({info.run_id})"
-            infos.append(replace(info, config=dict(info.config), label=label))
+            label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
+            infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
         frames = [build_frame(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
         return cls(frame=frame, runs=infos)
@@ -179,13 +177,13 @@ class RunSet:
         """Run labels, in load order."""
         return [info.display for info in self.runs]
 
-    def info(self, label: str) -> RunInfo:
-        """The RunInfo whose label, name or id is ``label``; KeyError listing the runs otherwise."""
+    def info(self, label: str) -> LoadedRun:
+        """The run whose label, name or id is ``label``; KeyError listing the runs otherwise."""
         for info in self.runs:
-            if label in (info.display, info.run_id):
+            if label in (info.display, info.run.run_id):
                 return info
         for info in self.runs:
-            if label == info.run_name:
+            if label == info.run.run_name:
                 return info
         raise KeyError(f"no run {label!r} among {self.labels}")
 

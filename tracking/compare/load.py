@@ -13,10 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
-import warnings
-import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,9 @@ import numpy as np
 from tracking import keys
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
-from tracking.compare.frame import Columns, Point, RunInfo, RunSet
+from tracking.compare.frame import Columns, LoadedRun, Point, RunSet
+from tracking.records import RunInfo
+from tracking.sinks import _compat_wandb as compat_wandb
 from tracking.spool import RunDir, spool_runs
 
 _SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
@@ -56,13 +55,11 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     root = Path(directory)
     found = []
     for run_dir in _jsonl_runs(root):
-        run = run_dir.read_run()  # the run.json mapping of tracking.records
-        info = RunInfo(run_id=run.run_id, run_name=run.run_name, backend=run.backend_label or "", source="jsonl",
-                       location=str(root), config=run.config)
+        info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
         found.append((info, run_dir))
-    chosen = _choose(refs, [(info, info.run_id, info.run_name) for info, _ in found], f"JSONL dir {root}")
-    by_id = {info.run_id: run_dir for info, run_dir in found}
-    return RunSet.from_points((info, _spool_columns(by_id[info.run_id])) for info in chosen)
+    chosen = _choose(refs, [(info, info.run.run_id, info.run.run_name) for info, _ in found], f"JSONL dir {root}")
+    by_id = {info.run.run_id: run_dir for info, run_dir in found}
+    return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
 
 
 def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
@@ -145,89 +142,114 @@ def load_mlflow(
     Histories are read in bulk from SQL stores (``_compat_mlflow_store``), one metric at a time
     through ``MlflowClient.get_metric_history`` otherwise; both give the same frame.
 
-    ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With ``experiment`` (a name or id) and no refs, every
-    training run of that experiment is loaded (comparison runs, tagged ``cliptrack.kind=comparison``,
-    are left out); with both, names are looked up inside that experiment only.
+    ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
+    ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
+    (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
+    looked up inside that experiment only.
     """
-    from mlflow.entities import ViewType
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     where = f"MLflow store {client.tracking_uri}"
-    if experiment is not None:
-        exp = client.get_experiment_by_name(experiment)
-        if exp is None:
-            try:
-                exp = client.get_experiment(experiment)
-            except MlflowException:
-                exp = None
-        if exp is None:
-            raise RunNotFoundError(f"no experiment named or with id {experiment!r} in {where}")
-        experiment_ids = [exp.experiment_id]
+    experiment_ids = _mlflow_experiment_ids(client, experiment, where)
+    if refs:
+        runs = [_mlflow_find(client, ref, experiment_ids, where) for ref in refs]
+    elif experiment is None:
+        raise ValueError("load_mlflow: name runs (ids or names) or an experiment to load from")
     else:
-        experiment_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
-
-    runs: list[Any] = []
-    if not refs:
-        if experiment is None:
-            raise ValueError("load_mlflow: name runs (ids or names) or an experiment to load from")
-        for found in client.search_runs(experiment_ids, max_results=50000):
-            if found.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON:
-                runs.append(found)
-        if not runs:
-            raise RunNotFoundError(f"experiment {experiment!r} in {where} has no training runs")
-    for ref in refs:
-        run: Any = None
-        try:
-            run = client.get_run(ref)
-            if run.info.experiment_id not in experiment_ids:
-                run = None
-        except MlflowException:
-            run = None
-        lookups = (  # by run name, then by cliptrack run id; the first that matches decides
-            (f"attributes.run_name = {_mlflow_quote(ref)}", f"run name {ref!r}", ": pass a run id"),
-            (f"tags.`{keys.TAG_RUN_ID}` = {_mlflow_quote(ref)}", f"cliptrack run id {ref!r}", ""),
-        )
-        for filter_string, what, hint in lookups if run is None else ():
-            matches = client.search_runs(experiment_ids, filter_string=filter_string, max_results=100)
-            if len(matches) > 1:
-                ids = ", ".join(m.info.run_id for m in matches)
-                raise RunNotFoundError(f"{what} matches {len(matches)} runs in {where} ({ids}){hint}")
-            if matches:
-                run = matches[0]
-                break
-        if run is None:
-            raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
-        runs.append(run)
-
+        runs = _mlflow_training_runs(client, experiment_ids, f"experiment {experiment!r} in {where}")
     bulk = bulk_columns(str(client.tracking_uri), [run.info.run_id for run in runs])
-    items: list[tuple[RunInfo, list[Point] | Columns]] = []
+    items: list[tuple[LoadedRun, list[Point] | Columns]] = []
     for run in runs:
-        info = RunInfo(
-            run_id=run.info.run_id,
-            run_name=run.info.run_name or "",
-            backend=run.data.tags.get(keys.TAG_BACKEND, ""),
-            source="mlflow",
-            location=str(client.tracking_uri),
-            config=dict(run.data.params),
-        )
-        if bulk is not None and not needs_aliases(bulk[run.info.run_id]):
-            items.append((info, bulk[run.info.run_id]))
+        info = LoadedRun(mlflow_run_info(run), source="mlflow", location=str(client.tracking_uri))
+        columns = None if bulk is None else bulk[run.info.run_id]
+        if columns is not None and not needs_aliases(columns):
+            items.append((info, columns))
             continue
-        if bulk is not None:  # another tracker's spellings: renamed point by point
-            points, approximate = canonical_points(_points_of(bulk[run.info.run_id]))
-        else:
-            by_step: dict[int, dict[str, float]] = {}
-            wall: dict[int, float] = {}
-            for key in sorted(run.data.metrics):
-                for m in client.get_metric_history(run.info.run_id, key):
-                    by_step.setdefault(int(m.step), {})[m.key] = float(m.value)
-                    wall[int(m.step)] = max(wall.get(int(m.step), -math.inf), m.timestamp / 1000.0)
-            points, approximate = canonical_points(
-                [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())])
+        raw = _points_of(columns) if columns is not None else _metric_histories(client, run)
+        points, approximate = canonical_points(raw)  # another tracker's spellings: renamed point by point
         items.append((replace(info, approximate=approximate), points))
     return RunSet.from_points(items)
+
+
+def mlflow_run_info(run: Any) -> RunInfo:
+    """The ``tracking.records.RunInfo`` of an MLflow run (``mlflow.entities.Run``): its MLflow id
+    and name, the ``cliptrack.backend`` tag, params as config, start/end in unix seconds (MLflow
+    stores milliseconds) and status."""
+    end = run.info.end_time
+    return RunInfo(
+        run_id=run.info.run_id,
+        run_name=run.info.run_name or "",
+        backend_label=run.data.tags.get(keys.TAG_BACKEND),
+        config=dict(run.data.params),
+        started=(run.info.start_time or 0) / 1000.0,
+        status=run.info.status,
+        ended=None if end is None else end / 1000.0,
+    )
+
+
+def _mlflow_experiment_ids(client: Any, experiment: str | None, where: str) -> list[str]:
+    """The id of ``experiment`` (a name or an id), or of every experiment when it is None."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    if experiment is None:
+        return [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        try:
+            exp = client.get_experiment(experiment)
+        except MlflowException:
+            exp = None
+    if exp is None:
+        raise RunNotFoundError(f"no experiment named or with id {experiment!r} in {where}")
+    return [exp.experiment_id]
+
+
+def _mlflow_training_runs(client: Any, experiment_ids: list[str], where: str) -> list[Any]:
+    """Every run of the experiments but comparison runs (tag ``cliptrack.kind=comparison``)."""
+    runs = [found for found in client.search_runs(experiment_ids, max_results=50000)
+            if found.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON]
+    if not runs:
+        raise RunNotFoundError(f"{where} has no training runs")
+    return runs
+
+
+def _mlflow_find(client: Any, ref: str, experiment_ids: list[str], where: str) -> Any:
+    """The run ``ref`` names: an MLflow run id, else a run name, else a cliptrack run id (the first
+    kind that matches decides; several runs of one name is an error listing their ids)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(ref)
+        if run.info.experiment_id in experiment_ids:
+            return run
+    except MlflowException:
+        pass
+    lookups = (
+        (f"attributes.run_name = {_mlflow_quote(ref)}", f"run name {ref!r}", ": pass a run id"),
+        (f"tags.`{keys.TAG_RUN_ID}` = {_mlflow_quote(ref)}", f"cliptrack run id {ref!r}", ""),
+    )
+    for filter_string, what, hint in lookups:
+        matches = client.search_runs(experiment_ids, filter_string=filter_string, max_results=100)
+        if len(matches) > 1:
+            ids = ", ".join(m.info.run_id for m in matches)
+            raise RunNotFoundError(f"{what} matches {len(matches)} runs in {where} ({ids}){hint}")
+        if matches:
+            return matches[0]
+    raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
+
+
+def _metric_histories(client: Any, run: Any) -> list[Point]:
+    """A run's points read one metric at a time (stores without a bulk read); a step's wall time
+    is the latest of its entries (MLflow timestamps are milliseconds)."""
+    by_step: dict[int, dict[str, float]] = {}
+    wall: dict[int, float] = {}
+    for key in sorted(run.data.metrics):
+        for m in client.get_metric_history(run.info.run_id, key):
+            by_step.setdefault(int(m.step), {})[m.key] = float(m.value)
+            wall[int(m.step)] = max(wall.get(int(m.step), -math.inf), m.timestamp / 1000.0)
+    return [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())]
 
 
 def _points_of(columns: Columns) -> list[Point]:
@@ -243,63 +265,6 @@ def _points_of(columns: Columns) -> list[Point]:
 
 # ------------------------------------------------------------------------------ W&B offline files
 
-_LOG_BLOCK = 32768
-_LOG_HEADER = struct.Struct("<IHB")  # crc32, length, record type (leveldb log framing)
-_FILE_HEADER = struct.Struct("<4sHB")  # ":W&B", magic 0xBEE1, version
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def read_wandb_records(path: str | Path) -> Iterator[Any]:
-    """Yield the ``wandb_internal_pb2.Record`` protobufs of a run's ``.wandb`` transaction log.
-
-    The file is leveldb-log framed (32 KiB blocks of crc32/length/type chunks) after a 7-byte
-    ``:W&B`` header; each record is parsed with wandb's own protobuf class. A record cut short at
-    the end of the file (a run killed mid-write) is skipped; a checksum mismatch before the end raises
-    ValueError naming the file and byte offset.
-    """
-    from wandb.proto import wandb_internal_pb2
-
-    data = Path(path).read_bytes()
-    if len(data) < _FILE_HEADER.size:
-        raise ValueError(f"{path}: too short to be a W&B transaction log")
-    ident, _magic, _version = _FILE_HEADER.unpack_from(data, 0)
-    if ident != b":W&B":
-        raise ValueError(f"{path}: not a W&B transaction log (header {data[:7]!r})")
-    pos = _FILE_HEADER.size
-    pending = b""
-    while pos + _LOG_HEADER.size <= len(data):
-        room = _LOG_BLOCK - pos % _LOG_BLOCK
-        if room < _LOG_HEADER.size:
-            pos += room
-            continue
-        crc, length, kind = _LOG_HEADER.unpack_from(data, pos)
-        if kind == 0 and length == 0:
-            pos += _LOG_HEADER.size
-            continue
-        payload = data[pos + _LOG_HEADER.size: pos + _LOG_HEADER.size + length]
-        if len(payload) < length:
-            warnings.warn(f"{path}: record cut short at byte {pos} skipped", stacklevel=2)
-            return
-        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
-            raise ValueError(f"{path}: checksum mismatch in record at byte {pos}; the file is damaged")
-        pos += _LOG_HEADER.size + length
-        if kind == _FULL:
-            chunk = payload
-        elif kind == _FIRST:
-            pending = payload
-            continue
-        elif kind == _MIDDLE:
-            pending += payload
-            continue
-        elif kind == _LAST:
-            chunk, pending = pending + payload, b""
-        else:
-            raise ValueError(f"{path}: unknown record type {kind} at byte {pos}")
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        record.ParseFromString(chunk)
-        yield record
-
-
 def _item_key(item: Any) -> str:
     return item.key if item.key else ".".join(item.nested_key)
 
@@ -310,11 +275,12 @@ def _numeric(value: Any) -> float | None:
     return float(value)
 
 
-def _wandb_offline_run(path: Path, location: str) -> tuple[RunInfo, list[Point]]:
+def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point]]:
+    """One ``.wandb`` file (read by the W&B seam's one reader; a damaged record is an error) as a run."""
     run_id, name, group = "", "", ""
     config: dict[str, Any] = {}
     points: list[Point] = []
-    for record in read_wandb_records(path):
+    for record in compat_wandb.records(path, strict=True):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id, name, group = record.run.run_id, record.run.display_name, record.run.run_group
@@ -328,12 +294,17 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[RunInfo, list[Point]]
             point = _history_point(row)
             if point is not None:
                 points.append(point)
-    config.pop("_wandb", None)
     backend = config.get(keys.TAG_BACKEND) or group
     points, approximate = canonical_points(points)
-    info = RunInfo(run_id=run_id or path.stem.removeprefix("run-"), run_name=name, backend=str(backend or ""),
-                   source="wandb", location=location, config=config, approximate=approximate)
-    return info, points
+    run = wandb_run_info(run_id or path.stem.removeprefix("run-"), name, backend, config)
+    return LoadedRun(run, source="wandb", location=location, approximate=approximate), points
+
+
+def wandb_run_info(run_id: str, name: str, backend: object, config: dict[str, Any]) -> RunInfo:
+    """The ``tracking.records.RunInfo`` of a W&B run: its id, display name, the ``cliptrack.backend``
+    config key (else the run group) as ``backend_label``, and its config without W&B's own keys."""
+    return RunInfo(run_id=run_id, run_name=name or "", backend_label=str(backend) if backend else None,
+                   config={k: v for k, v in config.items() if not str(k).startswith("_")})
 
 
 def _history_point(row: dict[str, Any]) -> Point | None:
@@ -376,18 +347,20 @@ def _started(path: Path) -> str:
     return found.group(1) if found else ""
 
 
-def _merge_segments(segments: list[tuple[RunInfo, list[Point]]]) -> list[tuple[RunInfo, list[Point]]]:
+def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple[LoadedRun, list[Point]]]:
     """One entry per W&B run id: a run resumed later (``cliptrack replay``, ``resume=``) leaves one
     run directory per process; their points are concatenated in the order the segments started."""
-    merged: dict[str, tuple[RunInfo, list[Point]]] = {}
+    merged: dict[str, tuple[LoadedRun, list[Point]]] = {}
     for info, points in segments:
-        if info.run_id not in merged:
-            merged[info.run_id] = (info, list(points))
+        run_id = info.run.run_id
+        if run_id not in merged:
+            merged[run_id] = (info, list(points))
             continue
-        first, kept = merged[info.run_id]
-        config = {**first.config, **info.config}
-        merged[info.run_id] = (RunInfo(first.run_id, first.run_name or info.run_name, first.backend or info.backend,
-                                       first.source, first.location, config), kept + list(points))
+        first, kept = merged[run_id]
+        run = replace(first.run, run_name=first.run.run_name or info.run.run_name,
+                      backend_label=first.run.backend_label or info.run.backend_label,
+                      config={**first.run.config, **info.run.config})
+        merged[run_id] = (LoadedRun(run, first.source, first.location), kept + list(points))
     return list(merged.values())
 
 
@@ -400,7 +373,7 @@ def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
     """
     files = sorted(wandb_run_files(directory), key=lambda p: (_started(p), str(p)))
     runs = _merge_segments([_wandb_offline_run(path, str(path.parent)) for path in files])
-    chosen = _choose(refs, [(run, run[0].run_id, run[0].run_name) for run in runs], f"W&B dir {directory}")
+    chosen = _choose(refs, [(run, run[0].run.run_id, run[0].run.run_name) for run in runs], f"W&B dir {directory}")
     return RunSet.from_points(chosen)
 
 
@@ -421,13 +394,12 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
         if path.count("/") != 2:
             raise ValueError(f"W&B run path {path!r} must be 'entity/project/run_id'")
         run = api.run(path)
-        config = {k: v for k, v in dict(run.config).items() if not k.startswith("_")}
+        config = dict(run.config)
         points, approximate = canonical_points(
             [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None])
         backend = config.get(keys.TAG_BACKEND) or getattr(run, "group", "") or ""
-        info = RunInfo(run_id=run.id, run_name=run.name or "", backend=str(backend), source="wandb",
-                       location=path, config=config, approximate=approximate)
-        items.append((info, points))
+        info = wandb_run_info(run.id, run.name, backend, config)
+        items.append((LoadedRun(info, source="wandb", location=path, approximate=approximate), points))
     return RunSet.from_points(items)
 
 

@@ -41,11 +41,12 @@ from tracking.compare.panels import PANELS
 from tracking.compare.result import ComparisonResult
 from tracking.compare.series import AXIS_TITLES, all_series
 from tracking.compare.stats import MIN_ESS, MIN_UNITS
+from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
 COMPARISONS_SUFFIX = "-comparisons"
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-"""Experiment tag ``mlflow ui`` reads to open an experiment as a training (not GenAI) experiment."""
+ARTIFACT_DIR = "comparison-artifacts"
+"""The artifact directory of a comparisons experiment created on a sqlite store, beside its database."""
 
 
 def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Path) -> list[Path]:
@@ -89,9 +90,7 @@ def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Pat
 
 def default_artifact_dir(tracking_uri: str) -> Path | None:
     """``comparison-artifacts`` beside a ``sqlite:///`` store's database file; None for other stores."""
-    if tracking_uri.startswith("sqlite:///"):
-        return Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "comparison-artifacts"
-    return None
+    return artifacts_beside(tracking_uri, ARTIFACT_DIR)
 
 
 def _param_value(x: Any) -> str:
@@ -112,7 +111,7 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
             params[f"abs_tolerance.{s.name}"] = f"{s.abs_tolerance:g}"
     for i, label in enumerate(result.runs):
         info = runset.info(label)
-        params[f"run.{i}"] = f"{info.display} [{info.backend}] {info.source}:{info.run_id}"
+        params[f"run.{i}"] = f"{info.display} [{info.run.backend_label or ''}] {info.source}:{info.run.run_id}"
     for d in result.differences:
         suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
         e = d.estimate
@@ -132,7 +131,7 @@ def _experiment(client: Any, runset: RunSet, result: ComparisonResult, experimen
     reference = runset.info(result.runs[0])
     if name is None and reference.source == "mlflow" and reference.location == str(client.tracking_uri):
         try:
-            parent = client.get_experiment(client.get_run(reference.run_id).info.experiment_id)
+            parent = client.get_experiment(client.get_run(reference.run.run_id).info.experiment_id)
             name = parent.name + COMPARISONS_SUFFIX
         except MlflowException:
             name = None
@@ -146,7 +145,7 @@ def _experiment(client: Any, runset: RunSet, result: ComparisonResult, experimen
         directory.mkdir(parents=True, exist_ok=True)
         location = directory.resolve().as_uri()
     return str(client.create_experiment(name, artifact_location=location,
-                                        tags={EXPERIMENT_KIND_TAG: "custom_model_development",
+                                        tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND,
                                               keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON}))
 
 
@@ -170,7 +169,7 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
     summary = result.summary()
     tags = {
         keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON,
-        keys.TAG_COMPARED_RUNS: ",".join(i.run_id for i in infos),
+        keys.TAG_COMPARED_RUNS: ",".join(i.run.run_id for i in infos),
         keys.TAG_VERDICT: result.on_policy_verdict,
         "mlflow.note.content": summary,
     }
@@ -196,9 +195,9 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
             client.log_artifacts(run_id, str(root))
         for info in same_store:
             try:
-                previous = client.get_run(info.run_id).data.tags.get(keys.TAG_COMPARED_IN, "")
+                previous = client.get_run(info.run.run_id).data.tags.get(keys.TAG_COMPARED_IN, "")
                 linked = [x for x in previous.split(",") if x] + [run_id]
-                client.set_tag(info.run_id, keys.TAG_COMPARED_IN, ",".join(linked))
+                client.set_tag(info.run.run_id, keys.TAG_COMPARED_IN, ",".join(linked))
             except MlflowException:
                 pass
         client.set_terminated(run_id, "FINISHED")

@@ -8,7 +8,10 @@
   ``bounded_requests()`` makes those objects answer cliptrack's bounds on the calling thread only:
   the application's own MLflow calls, on its threads, keep MLflow's settings untouched;
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
-  experiment as a training one (``custom_model_development``) rather than a GenAI one.
+  experiment as a training one (``custom_model_development``) rather than a GenAI one;
+- where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
+  gives an experiment created without an artifact location ``./mlruns`` of the *working
+  directory*, so experiments cliptrack creates there get a directory beside the database instead.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from tracking.versions import check_version
@@ -32,6 +36,19 @@ USES = (
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_EXPERIMENT_KIND = "custom_model_development"
 """What ``mlflow ui`` shows as a classic ML training experiment (``genai_development`` is the other)."""
+
+SQLITE_PREFIX = "sqlite:///"
+"""A local sqlite store's URI: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``."""
+
+
+def artifacts_beside(tracking_uri: str, name: str) -> Path | None:
+    """The absolute directory ``name`` beside a local sqlite store's database file (the store's
+    query string, if any, left out); None for any other store (a server keeps its own default)."""
+    if not tracking_uri.startswith(SQLITE_PREFIX):
+        return None
+    database = tracking_uri.removeprefix(SQLITE_PREFIX).split("?", 1)[0]
+    return Path(database).expanduser().resolve().parent / name
+
 
 REQUEST_MAX_RETRIES = 2
 """HTTP retries per MLflow request from cliptrack's threads (MLflow's default: 7, ~4 min when down)."""

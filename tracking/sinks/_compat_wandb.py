@@ -5,7 +5,13 @@
 - the ``.wandb`` transaction log, read back: a 7-byte header (``:W&B``, magic 0xBEE1, version 0)
   then leveldb-log framing (32 KiB blocks of ``<crc32 u32><length u16><type u8>`` chunks; FULL /
   FIRST / MIDDLE / LAST chunks reassemble one serialised ``wandb_internal_pb2.Record``).
-  This is what W&B really holds of a run, whatever ``run.log`` accepted before a crash.
+  This is what W&B really holds of a run, whatever ``run.log`` accepted before a crash;
+- which wandb-core a run goes to: ``wandb.init`` attaches to the service named by ``WANDB_SERVICE``
+  (``<version>-<pid of the process that started it>-unix-<socket>`` or ``...-tcp-localhost-<port>``),
+  which a process inherits from a parent that used W&B, or from ``wandb beta core start``. Such a
+  service outlives a killed training process and keeps its run open ("run ID ... is in use" when
+  replay resumes it; its ``.wandb`` file not final). ``own_service`` makes a run start a service of
+  its own, a child that writes what it holds and exits when its process dies.
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ SUPPORTED = ((0, 19), (1, 0))
 """W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
 USES = (
     "the .wandb transaction log format (leveldb-log framing of wandb.proto.wandb_internal_pb2.Record) and "
-    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb"
+    "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb, and the "
+    "WANDB_SERVICE token <version>-<pid>-..."
 )
+SERVICE_ENV = "WANDB_SERVICE"
+"""The environment variable naming the wandb-core service ``wandb.init`` attaches to."""
 
 FILE_HEADER = struct.Struct("<4sHB")
 CHUNK_HEADER = struct.Struct("<IHB")
@@ -40,6 +49,15 @@ def check(found: str | None = None) -> str:
     return check_version(
         "wandb", found or metadata.version("wandb"), *SUPPORTED, USES, seam="tracking/sinks/_compat_wandb.py"
     )
+
+
+def own_service() -> None:
+    """Make this process's next ``wandb.init`` start a wandb-core of its own: drop an inherited
+    ``WANDB_SERVICE`` (one started by another process). A service this process started itself is
+    kept (wandb puts its own token there), so that runs of one process share it."""
+    token = os.environ.get(SERVICE_ENV)
+    if token and token.split("-", 2)[1:2] != [str(os.getpid())]:
+        del os.environ[SERVICE_ENV]
 
 
 def resolve_dir(dir: str | os.PathLike[str] | None) -> str:
@@ -69,50 +87,66 @@ def run_files(dir: str | os.PathLike[str], run_id: str) -> list[Path]:
 def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[Any]:
     """Each ``wandb_internal_pb2.Record`` of a ``.wandb`` file, in order.
 
-    A record cut short at the end (a process killed mid-write) ends the file quietly. A damaged
-    chunk before the end raises ValueError naming the file and byte offset when ``strict``; else
-    it is warned about and reading stops there (what follows cannot be trusted).
+    The one reader of the transaction log (the sink's replay, the comparison's loader and the
+    tests all read through it). A file shorter than its header, or a record cut short at the end
+    (a process killed mid-write), ends the file quietly. A damaged chunk before the end (checksum
+    mismatch, unknown chunk type) raises ValueError naming the file and byte offset when
+    ``strict``; else it is warned about and reading stops there (what follows cannot be trusted).
+    A file that is not a W&B log at all raises ValueError.
     """
     check()
     from wandb.proto import wandb_internal_pb2
 
-    data = Path(path).read_bytes()
+    pending = b""
+    for kind, payload in _chunks(Path(path), strict):
+        if kind in (FIRST, MIDDLE):
+            pending = payload if kind == FIRST else pending + payload
+            continue
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        record.ParseFromString(payload if kind == FULL else pending + payload)
+        pending = b""
+        yield record
+
+
+def _chunks(path: Path, strict: bool) -> Iterator[tuple[int, bytes]]:
+    """``(chunk type, payload)`` of each intact chunk of a ``.wandb`` file, in order (see ``records``)."""
+    data = path.read_bytes()
     if len(data) < FILE_HEADER.size:
         return
     ident, _magic, _version = FILE_HEADER.unpack_from(data, 0)
     if ident != b":W&B":
         raise ValueError(f"{path}: not a W&B transaction log (header {data[:7]!r})")
     pos = FILE_HEADER.size
-    pending = b""
     while pos + CHUNK_HEADER.size <= len(data):
         room = BLOCK - pos % BLOCK
-        if room < CHUNK_HEADER.size:
+        if room < CHUNK_HEADER.size:  # a block's tail too short for a chunk header is padding
             pos += room
             continue
         crc, length, kind = CHUNK_HEADER.unpack_from(data, pos)
-        if kind == 0 and length == 0:
-            pos += CHUNK_HEADER.size
+        start = pos + CHUNK_HEADER.size
+        payload = data[start : start + length]
+        if kind == 0 and length == 0:  # zero padding
+            pos = start
             continue
-        payload = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
         if len(payload) < length:
             return  # cut short by a crash
-        if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc or kind not in (1, 2, 3, 4):
+        problem = _damage(crc, kind, payload)
+        if problem:
             if strict:
-                raise ValueError(f"{path}: damaged record at byte {pos}")
-            warnings.warn(f"{path}: damaged record at byte {pos}; reading stops there", stacklevel=2)
+                raise ValueError(f"{path}: {problem} in record at byte {pos}; the file is damaged")
+            warnings.warn(f"{path}: {problem} in record at byte {pos}; reading stops there", stacklevel=3)
             return
-        pos += CHUNK_HEADER.size + length
-        if kind == FIRST:
-            pending = payload
-            continue
-        if kind == MIDDLE:
-            pending += payload
-            continue
-        chunk = payload if kind == FULL else pending + payload
-        pending = b""
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        record.ParseFromString(chunk)
-        yield record
+        pos = start + length
+        yield kind, payload
+
+
+def _damage(crc: int, kind: int, payload: bytes) -> str:
+    """What is wrong with a chunk ("" when nothing): its checksum or its type."""
+    if zlib.crc32(payload, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF != crc:
+        return "checksum mismatch"
+    if kind not in (FULL, FIRST, MIDDLE, LAST):
+        return f"unknown chunk type {kind}"
+    return ""
 
 
 def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

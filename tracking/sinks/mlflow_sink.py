@@ -15,7 +15,9 @@ noticed and reported within seconds; the application's own MLflow calls keep MLf
 Requests run on the sink's thread, never the training thread.
 
 An experiment the sink creates is tagged ``mlflow.experimentKind = custom_model_development`` so
-that ``mlflow ui`` opens it as a training experiment (not a GenAI one). Config MLflow refuses as
+that ``mlflow ui`` opens it as a training experiment (not a GenAI one). On a local sqlite store its
+artifacts go to ``mlartifacts/`` beside the database file (``ARTIFACT_DIR``), not to ``./mlruns``
+of whatever directory the training ran in; a server keeps its own artifact default. Config MLflow refuses as
 params (bad names, values longer than its limit) is reported once in a warning and listed in
 ``params_refused``; the whole config stays in run.json.
 """
@@ -34,6 +36,8 @@ from tracking.sinks.base import Sink, SinkError, SinkRejected
 
 LOG = logging.getLogger("cliptrack")
 
+ARTIFACT_DIR = "mlartifacts"
+"""Artifact directory, beside the database file, of an experiment the sink creates on a sqlite store."""
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 """Embedded default store, relative to the working directory at ``open`` time."""
 
@@ -167,10 +171,13 @@ class MlflowSink(Sink):
         found = client.get_experiment_by_name(self.experiment)
         if found is not None:
             return str(found.experiment_id)
+        directory = compat.artifacts_beside(self.tracking_uri, ARTIFACT_DIR)
         try:
             return str(
                 client.create_experiment(
-                    self.experiment, tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND}
+                    self.experiment,
+                    artifact_location=None if directory is None else directory.as_uri(),
+                    tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND},
                 )
             )
         except Exception:  # created concurrently by another process

@@ -13,7 +13,10 @@ is computed by the comparison, not by a W&B summary.
 
 What W&B holds is what reached the run's ``.wandb`` transaction log, not what ``run.log``
 accepted: after a crash ``delivered`` reads the log(s) back and finds the last row in the journal,
-so replay sends exactly the rows that are missing (none twice). The W&B directory is resolved once
+so replay sends exactly the rows that are missing (none twice). That holds only if the run's
+wandb-core ends with the process that logs it: the sink never attaches to a service inherited
+through ``WANDB_SERVICE`` (a parent's, or a detached ``wandb beta core`` one), which would keep a
+killed run open and refuse its resume ("run ID ... is in use"); it starts one of its own. The W&B directory is resolved once
 (``dir=``, else ``WANDB_DIR``, else the working directory) and recorded for replay.
 """
 
@@ -103,6 +106,7 @@ class WandbSink(Sink):
         self.dir = state.get("dir") or self.dir
         self._run_id = run.run_id
         config = {**run.config, keys.TAG_BACKEND: run.backend_label, keys.TAG_RUN_ID: run.run_id}
+        compat.own_service()
         try:
             self.run = wandb.init(
                 project=self.project,
