@@ -34,26 +34,42 @@ def _wandb_file(root: Path, run_id: str) -> Path:
 
 def _counts(i: int) -> dict[str, float]:
     low, high = i % 3, i % 5
-    return {keys.LOSS_TOKENS: 100.0 + i, keys.CLIPPED_TOKENS: float(low + high),
-            keys.CLIPPED_LOW_TOKENS: float(low), keys.CLIPPED_HIGH_TOKENS: float(high)}
+    return {
+        keys.LOSS_TOKENS: 100.0 + i,
+        keys.CLIPPED_TOKENS: float(low + high),
+        keys.CLIPPED_LOW_TOKENS: float(low),
+        keys.CLIPPED_HIGH_TOKENS: float(high),
+    }
 
 
 def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offline):
     steps = [0, 1, 2, 10, 3, 3, 4, 9, 5]  # a resumed run going back, and a repeated step
-    with Tracker("wb-order", backends=("wandb",), backend_label="miles", config={"lr": 0.1},
-                 spool_dir=offline / "spool", wandb_dir=offline, flush_interval_s=0.05) as tracker:
+    with Tracker(
+        "wb-order",
+        backends=("wandb",),
+        backend_label="miles",
+        config={"lr": 0.1},
+        spool_dir=offline / "spool",
+        wandb_dir=offline,
+        flush_interval_s=0.05,
+    ) as tracker:
         assert "wandb offline" in tracker.locations()["wandb"]
         for i, step in enumerate(steps):
             tracker.log(step, {**_counts(i), keys.REWARD: i / 10, keys.LOSS_SUM: math.nan if i == 4 else -i})
     path = _wandb_file(offline, tracker.run_id)
 
     rows = history(path)
-    assert [(r[keys.WANDB_STEP_METRIC], r[keys.REWARD]) for r in rows] == [(s, i / 10) for i, s in enumerate(steps)]
+    assert [(r[keys.WANDB_STEP_METRIC], r[keys.REWARD]) for r in rows] == [
+        (s, i / 10) for i, s in enumerate(steps)
+    ]
     for i, row in enumerate(rows):
         assert row[keys.CLIP_FRACTION] == (i % 3 + i % 5) / (100 + i)  # formed from the sums
         assert row[keys.CLIPPED_TOKENS] == i % 3 + i % 5
-        assert (math.isnan(row[keys.LOSS_SUM]) if i == 4 else row[keys.LOSS_SUM] == -i)
-    jsonl = [json.loads(line) for line in (offline / "spool" / tracker.run_id / keys.POINTS_FILE).read_text().splitlines()]
+        assert math.isnan(row[keys.LOSS_SUM]) if i == 4 else row[keys.LOSS_SUM] == -i
+    jsonl = [
+        json.loads(line)
+        for line in (offline / "spool" / tracker.run_id / keys.POINTS_FILE).read_text().splitlines()
+    ]
     assert [r[keys.WANDB_WALL_TIME] for r in rows] == [p["wall_time"] for p in jsonl]
 
     (run,) = of_type(path, "run")
@@ -69,7 +85,9 @@ def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offlin
 
 def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(offline):
     with pytest.raises(RuntimeError, match="diverged"):
-        with Tracker("wb-fail", backends=("wandb",), spool_dir=offline / "spool", wandb_dir=offline) as tracker:
+        with Tracker(
+            "wb-fail", backends=("wandb",), spool_dir=offline / "spool", wandb_dir=offline
+        ) as tracker:
             tracker.log(0, {keys.REWARD: 1.0})
             raise RuntimeError("diverged")
     path = _wandb_file(offline, tracker.run_id)
@@ -107,14 +125,39 @@ def test_replay_sends_what_the_wandb_file_lacks_whatever_the_acknowledgement_say
     run_dir.update_meta(sinks={"wandb": {**state, "closed": False}})  # what a live lane records
     run_dir.write_ack("wandb", Ack(acked, ends[acked - 1]))
 
-    replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(offline / "spool")],
-                            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    replay = subprocess.run(
+        [sys.executable, "-m", "tracking.cli", "replay", str(offline / "spool")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    assert f"run {run.run_id} wandb: replayed, 4 points pushed, status FAILED" in replay.stdout  # died: FAILED
+    assert (
+        f"run {run.run_id} wandb: replayed, 4 points pushed, status FAILED" in replay.stdout
+    )  # died: FAILED
     files = sorted(offline.glob(f"wandb/offline-run-*-{run.run_id}/run-{run.run_id}.wandb"))
     assert len(files) == 2  # the crashed process's and replay's
     rows = [row for path in files for row in history(path)]
     assert sorted((r[keys.WANDB_STEP_METRIC], r[keys.REWARD], r[keys.WANDB_WALL_TIME]) for r in rows) == [
-        (s, s / 10, 1.7e9 + s) for s in range(6)]  # every row once: none lost, none twice
+        (s, s / 10, 1.7e9 + s) for s in range(6)
+    ]  # every row once: none lost, none twice
     assert [of_type(path, "exit")[0].exit_code for path in files] == [143, 1]
     assert run_dir.read_ack("wandb") == Ack(6, ends[-1])
+
+
+def test_a_resume_never_starts_in_the_second_of_an_earlier_run_directory(tmp_path):
+    """W&B names run directories by the second: a replay in the crash's second would share (and
+    overwrite) the crashed process's ``.wandb`` file. The resume waits for the next second."""
+    import time as _time
+
+    from tracking.sinks import _compat_wandb as compat
+
+    run_id = "0123456789abcdef0123456789abcdef"
+    for _ in range(3):
+        stamp = _time.strftime("%Y%m%d_%H%M%S")
+        earlier = tmp_path / "wandb" / f"offline-run-{stamp}-{run_id}"
+        earlier.mkdir(parents=True, exist_ok=True)
+        (earlier / f"run-{run_id}.wandb").write_bytes(b"")
+        compat.leave_the_second_of(tmp_path, run_id)
+        assert _time.strftime("%Y%m%d_%H%M%S") != stamp

@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
+import time
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -82,6 +84,17 @@ def run_files(dir: str | os.PathLike[str], run_id: str) -> list[Path]:
         (p for p in found if p.is_file()),
         key=lambda p: p.parent.name[: -(len(run_id) + 1)].rsplit("-", 1)[-1],
     )
+
+
+def leave_the_second_of(dir: str | os.PathLike[str], run_id: str) -> None:
+    """Before resuming run ``run_id``: W&B names a run's directory by the second it starts in, so a
+    resume started in the same second as an earlier process of the run (a replay right after a
+    crash) would share its directory and overwrite its ``.wandb`` file. Wait for the next second
+    then (at most 1 s; nothing when no earlier directory is from this second)."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
+    if any(path.parent.name.startswith((f"run-{stamp}-", f"offline-run-{stamp}-")) for path in run_files(dir, run_id)):
+        time.sleep(math.ceil(now) - now + 0.01)
 
 
 def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[Any]:

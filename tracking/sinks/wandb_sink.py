@@ -107,6 +107,8 @@ class WandbSink(Sink):
         self._run_id = run.run_id
         config = {**run.config, keys.TAG_BACKEND: run.backend_label, keys.TAG_RUN_ID: run.run_id}
         compat.own_service()
+        if state:
+            compat.leave_the_second_of(compat.resolve_dir(self.dir), run.run_id)
         try:
             self.run = wandb.init(
                 project=self.project,
