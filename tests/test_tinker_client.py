@@ -264,6 +264,9 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # W&B reads WANDB_MODE once per process setup: an earlier test's setup must not decide
     service = InProcessService()
     tracker = Tracker("cookbook-run", backends=["jsonl"], spool_dir=tmp_path / "spool", handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
