@@ -316,7 +316,9 @@ def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable
     values = "".join(f", {_literal(c)}" for c in constants)
     source = f"def {function_name}(*tensors):\n    return _kernel(*tensors{values})\n"
     namespace: dict[str, Any] = {"_kernel": KERNELS[name], "torch": torch}
-    exec(compile(source, f"<cliptrack fused {name}>", "exec"), namespace)  # the source holds only literals we wrote
+    exec(
+        compile(source, f"<cliptrack fused {name}>", "exec"), namespace
+    )  # the source holds only literals we wrote
     return cast(Callable[..., Any], namespace[function_name])
 
 

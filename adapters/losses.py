@@ -135,7 +135,9 @@ def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
         if precise:
             problems = precise
         elif counts[_NONFINITE]:
-            problems = ["the loss or logprobs - sampling_logprobs overflows to inf although the inputs are finite"]
+            problems = [
+                "the loss or logprobs - sampling_logprobs overflows to inf although the inputs are finite"
+            ]
     raise ValueError("invalid loss input: " + "; ".join(problems))
 
 
@@ -171,9 +173,16 @@ def ppo(
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
     broadcast to the token shape for per-datum thresholds).
     """
-    if _fused.wanted(logprobs) and (out := _fused.ppo(logprobs, sampling_logprobs, advantages, mask,
-                                                      clip_low_threshold=clip_low_threshold,
-                                                      clip_high_threshold=clip_high_threshold)):
+    if _fused.wanted(logprobs) and (
+        out := _fused.ppo(
+            logprobs,
+            sampling_logprobs,
+            advantages,
+            mask,
+            clip_low_threshold=clip_low_threshold,
+            clip_high_threshold=clip_high_threshold,
+        )
+    ):
         return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
@@ -185,7 +194,9 @@ def ppo(
     with torch.no_grad():
         bites = (clipped < unclipped) & batch.eligible
         n_clipped = torch.count_nonzero(bites)
-        n_low = torch.count_nonzero(bites & (advantages < 0))  # clipping bites on the low side exactly when A < 0
+        n_low = torch.count_nonzero(
+            bites & (advantages < 0)
+        )  # clipping bites on the low side exactly when A < 0
     return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
 
 
@@ -203,9 +214,16 @@ def cispo(
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
     ``r < low``, high side ``r > high``, whatever the sign of ``A``.
     """
-    if _fused.wanted(logprobs) and (out := _fused.cispo(logprobs, sampling_logprobs, advantages, mask,
-                                                        clip_low_threshold=clip_low_threshold,
-                                                        clip_high_threshold=clip_high_threshold)):
+    if _fused.wanted(logprobs) and (
+        out := _fused.cispo(
+            logprobs,
+            sampling_logprobs,
+            advantages,
+            mask,
+            clip_low_threshold=clip_low_threshold,
+            clip_high_threshold=clip_high_threshold,
+        )
+    ):
         return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
@@ -227,7 +245,9 @@ def importance_sampling(
     mask: Tensor | None = None,
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips."""
-    if _fused.wanted(logprobs) and (out := _fused.importance_sampling(logprobs, sampling_logprobs, advantages, mask)):
+    if _fused.wanted(logprobs) and (
+        out := _fused.importance_sampling(logprobs, sampling_logprobs, advantages, mask)
+    ):
         return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
@@ -246,7 +266,9 @@ def dro(
     """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    if _fused.wanted(logprobs) and (out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta)):
+    if _fused.wanted(logprobs) and (
+        out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta)
+    ):
         return out
     batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
@@ -336,7 +358,9 @@ class LossSpec:
 
     def __post_init__(self) -> None:
         if self.splits and not self.clips:
-            raise ValueError(f"loss {self.name}: splits=True needs clips=True (the split is of the clipped tokens)")
+            raise ValueError(
+                f"loss {self.name}: splits=True needs clips=True (the split is of the clipped tokens)"
+            )
 
     def check_output(self, out: object) -> LossOutput:
         """``out`` if it is a :class:`LossOutput` shaped as declared, else TypeError naming the loss."""
@@ -344,8 +368,15 @@ class LossSpec:
             raise TypeError(f"loss {self.name} returned {type(out).__name__}, expected LossOutput")
         split = out.clipped_low_tokens is not None and out.clipped_high_tokens is not None
         if out.clips != self.clips or (out.clips and split != self.splits):
+
             def shape(clips: bool, splits: bool) -> str:
-                return "clip counts with the low/high split" if splits else "clip counts" if clips else "no clip counts"
+                return (
+                    "clip counts with the low/high split"
+                    if splits
+                    else "clip counts"
+                    if clips
+                    else "no clip counts"
+                )
 
             raise TypeError(
                 f"loss {self.name} is registered as returning {shape(self.clips, self.splits)} but returned "
@@ -479,7 +510,10 @@ and the eligible tokens as ``mask`` (else ``weights``)."""
 
 
 def _thresholds(low: float, high: float) -> tuple[Option, ...]:
-    return (Option("clip_low_threshold", low, per_datum=True), Option("clip_high_threshold", high, per_datum=True))
+    return (
+        Option("clip_low_threshold", low, per_datum=True),
+        Option("clip_high_threshold", high, per_datum=True),
+    )
 
 
 for _spec in (
@@ -487,7 +521,9 @@ for _spec in (
     LossSpec("cispo", cispo, True, _RL_INPUTS, _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH), splits=True),
     LossSpec("importance_sampling", importance_sampling, False, _RL_INPUTS),
     LossSpec("dro", dro, False, _RL_INPUTS, (Option("beta"),)),
-    LossSpec("cross_entropy", cross_entropy, False, (TensorInput("weights"), TensorInput("mask", required=False))),
+    LossSpec(
+        "cross_entropy", cross_entropy, False, (TensorInput("weights"), TensorInput("mask", required=False))
+    ),
 ):
     register_loss(_spec)
 del _spec
@@ -556,14 +592,21 @@ def pack_values(
             value(clipped_high_tokens if split else None),
         ]
     )
-    return torch.cat([head, constants[1:], invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)])
+    return torch.cat(
+        [head, constants[1:], invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)]
+    )
 
 
 def pack(out: LossOutput) -> Tensor:
     """``out`` as one :data:`PACKED_FIELDS` vector on its device (no host sync)."""
     return pack_values(
-        out.loss, out.loss_tokens, out.clipped_tokens, out.clipped_low_tokens, out.clipped_high_tokens,
-        out.invalid, out.calls,
+        out.loss,
+        out.loss_tokens,
+        out.clipped_tokens,
+        out.clipped_low_tokens,
+        out.clipped_high_tokens,
+        out.invalid,
+        out.calls,
     )
 
 

@@ -130,7 +130,9 @@ def make_loss_func(
     """
     spec = loss_spec(loss_fn)
     if spec is None and not callable(loss_fn):
-        raise TypeError(f"loss_fn must be a loss name, a LossSpec or a callable, got {type(loss_fn).__name__}")
+        raise TypeError(
+            f"loss_fn must be a loss name, a LossSpec or a callable, got {type(loss_fn).__name__}"
+        )
     fn: Callable[..., LossOutput] = spec.fn if spec is not None else loss_fn  # type: ignore[assignment]
     name = spec.name if spec is not None else getattr(fn, "__name__", repr(fn))
     inputs = dict(loss_fn_inputs)
@@ -173,7 +175,9 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
-def sum_reports(losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None) -> Tensor:
+def sum_reports(
+    losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None
+) -> Tensor:
     """Sum micro-batch reports on device into one vector laid out as :data:`adapters.losses.PACKED_FIELDS`.
 
     No host synchronisation. An empty list gives zeros on ``device`` (default: CPU). Raises
@@ -210,10 +214,14 @@ def _pack_report(index: int, report: object) -> Tensor:
     scalars = [keys.LOSS_SUM, keys.LOSS_TOKENS, *clip_present]
     for key in (*scalars, REPORT_INVALID):
         if not isinstance(report[key], Tensor):
-            raise TypeError(f"micro-batch {index}: report[{key!r}] is a {type(report[key]).__name__}, expected a tensor")
+            raise TypeError(
+                f"micro-batch {index}: report[{key!r}] is a {type(report[key]).__name__}, expected a tensor"
+            )
     for key in scalars:
         if report[key].numel() != 1:
-            raise ValueError(f"micro-batch {index}: report[{key!r}] has shape {tuple(report[key].shape)}, expected one value")
+            raise ValueError(
+                f"micro-batch {index}: report[{key!r}] has shape {tuple(report[key].shape)}, expected one value"
+            )
     invalid = report[REPORT_INVALID]
     if invalid.shape != (len(INPUT_CHECKS),):
         raise ValueError(
@@ -221,8 +229,12 @@ def _pack_report(index: int, report: object) -> Tensor:
             f"expected ({len(INPUT_CHECKS)},)"
         )
     return pack_values(
-        report[keys.LOSS_SUM], report[keys.LOSS_TOKENS], report.get(keys.CLIPPED_TOKENS),
-        report.get(keys.CLIPPED_LOW_TOKENS), report.get(keys.CLIPPED_HIGH_TOKENS), invalid,
+        report[keys.LOSS_SUM],
+        report[keys.LOSS_TOKENS],
+        report.get(keys.CLIPPED_TOKENS),
+        report.get(keys.CLIPPED_LOW_TOKENS),
+        report.get(keys.CLIPPED_HIGH_TOKENS),
+        invalid,
     )
 
 
@@ -313,7 +325,9 @@ def reduce_losses(
     return output_from_sums(packed.tolist(), loss_fn_output_type=loss_fn_output_type)
 
 
-def output_from_sums(values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord") -> ForwardBackwardOutput:
+def output_from_sums(
+    values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord"
+) -> ForwardBackwardOutput:
     """Build the output from the merged :data:`adapters.losses.PACKED_FIELDS` values (host numbers)."""
     if len(values) != len(PACKED_FIELDS):
         raise ValueError(f"expected {len(PACKED_FIELDS)} merged values ({PACKED_FIELDS}), got {len(values)}")
@@ -363,7 +377,12 @@ def broadcast_from_last_stage(
     if dist.get_rank() == src and output is None:
         raise ValueError(f"rank {src} is the source of the broadcast but its output is None")
     payload: list[Any] = [output if dist.get_rank() == src else None]
-    dist.broadcast_object_list(payload, src=src, group=group, device=torch.device(device) if device is not None else _collective_device(group))
+    dist.broadcast_object_list(
+        payload,
+        src=src,
+        group=group,
+        device=torch.device(device) if device is not None else _collective_device(group),
+    )
     result = payload[0]
     if not isinstance(result, ForwardBackwardOutput):
         raise TypeError(f"received {type(result).__name__} from rank {src}, expected ForwardBackwardOutput")

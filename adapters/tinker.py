@@ -201,8 +201,9 @@ class TrackedTrainingClient:
                     self._tracker.log_output(step, merged)
                     self.logged_steps.append(step)
                 except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
-                    warnings.warn(f"step {step}: could not log the merged output: {exc}", RuntimeWarning,
-                                  stacklevel=2)
+                    warnings.warn(
+                        f"step {step}: could not log the merged output: {exc}", RuntimeWarning, stacklevel=2
+                    )
         self._changed.notify_all()
 
 
@@ -255,7 +256,12 @@ def cookbook_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
             key = name.replace(":", "_") + ":mean"
         out[key] = float(value)
     tokens, seconds = metrics.get(keys.COOKBOOK_AC_TOKENS), metrics.get(keys.COOKBOOK_STEP_TIME)
-    if isinstance(tokens, (int, float)) and isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds):
+    if (
+        isinstance(tokens, (int, float))
+        and isinstance(seconds, (int, float))
+        and seconds > 0
+        and math.isfinite(seconds)
+    ):
         out[keys.THROUGHPUT] = float(tokens) / float(seconds)
     return out
 
@@ -271,7 +277,9 @@ def _cookbook_logger_class() -> type:
     try:
         from tinker_cookbook.utils import ml_log
     except ImportError as exc:
-        raise ImportError(f"CookbookLogger needs tinker-cookbook: pip install 'cliptrack[tinker]' ({exc})") from exc
+        raise ImportError(
+            f"CookbookLogger needs tinker-cookbook: pip install 'cliptrack[tinker]' ({exc})"
+        ) from exc
     _COOKBOOK_LOGGER = _define_cookbook_logger(ml_log)
     return _COOKBOOK_LOGGER
 

@@ -44,8 +44,19 @@ def build_frame(info: Any, points: list[Any]) -> pd.DataFrame:
             has_tokens = True
         tokens_seen = cumulative if has_tokens else float("nan")
         for key, value in slot["metrics"].items():
-            rows.append((info.display, info.run.run_id, info.run.backend_label or "", step, tokens_seen, slot["wall_time"],
-                         slot["wall_time"] - first_wall, key, value))
+            rows.append(
+                (
+                    info.display,
+                    info.run.run_id,
+                    info.run.backend_label or "",
+                    step,
+                    tokens_seen,
+                    slot["wall_time"],
+                    slot["wall_time"] - first_wall,
+                    key,
+                    value,
+                )
+            )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

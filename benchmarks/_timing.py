@@ -21,11 +21,18 @@ class Row:
     """Text for the value column when the value is not a time (a size, say); empty: ``median_s``."""
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "median_s": self.median_s, "anchor": self.anchor, "ratio": self.ratio,
-                "target": self.target}
+        return {
+            "name": self.name,
+            "median_s": self.median_s,
+            "anchor": self.anchor,
+            "ratio": self.ratio,
+            "target": self.target,
+        }
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2
+) -> dict[str, float]:
     """Median seconds per call of each function, measured round-robin so drift hits all alike."""
     for fn in fns.values():
         for _ in range(warmup):

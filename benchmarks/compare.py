@@ -38,7 +38,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
 
 STEPS = 100_000
-KEYS = ("loss_tokens:sum", "clipped_tokens:sum", "clip_fraction:mean", "reward:mean", "tokens_per_second:mean")
+KEYS = (
+    "loss_tokens:sum",
+    "clipped_tokens:sum",
+    "clip_fraction:mean",
+    "reward:mean",
+    "tokens_per_second:mean",
+)
 RUNS = ("bench-a", "bench-b")
 
 
@@ -54,10 +60,14 @@ def _series(seed: int, steps: int) -> dict[str, object]:
     wobble = lfilter([1.0], [1.0, -0.9], rng.normal(0, 0.02 * math.sqrt(1 - 0.81), steps))
     tokens = rng.integers(5_000, 50_001, steps)
     clipped = rng.binomial(tokens, np.clip(0.10 + wobble, 0.001, 0.999))
-    return {"loss_tokens:sum": tokens.astype(float), "clipped_tokens:sum": clipped.astype(float),
-            "clip_fraction:mean": clipped / tokens, "reward:mean": 0.5 + 0.02 * rng.standard_normal(steps),
-            "tokens_per_second:mean": 2000.0 * (1 + 0.02 * rng.standard_normal(steps)),
-            "wall_time": 1.7e9 + np.arange(steps) * 1.5}
+    return {
+        "loss_tokens:sum": tokens.astype(float),
+        "clipped_tokens:sum": clipped.astype(float),
+        "clip_fraction:mean": clipped / tokens,
+        "reward:mean": 0.5 + 0.02 * rng.standard_normal(steps),
+        "tokens_per_second:mean": 2000.0 * (1 + 0.02 * rng.standard_normal(steps)),
+        "wall_time": 1.7e9 + np.arange(steps) * 1.5,
+    }
 
 
 def prepare(steps: int = STEPS) -> Path:
@@ -81,22 +91,55 @@ def prepare(steps: int = STEPS) -> Path:
         data = _series(seed, steps)
         run_dir = root / "spool" / name
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / keys.RUN_META_FILE).write_text(json.dumps(
-            {"run_id": name, "run_name": name, "backend": name, "config": {}, "started": 1.7e9,
-             "status": "finished"}), encoding="utf-8")
+        (run_dir / keys.RUN_META_FILE).write_text(
+            json.dumps(
+                {
+                    "run_id": name,
+                    "run_name": name,
+                    "backend": name,
+                    "config": {},
+                    "started": 1.7e9,
+                    "status": "finished",
+                }
+            ),
+            encoding="utf-8",
+        )
         walls = data["wall_time"]
         with open(run_dir / keys.POINTS_FILE, "w", encoding="utf-8") as fh:
             for s in range(steps):
-                fh.write(json.dumps({"step": s, "wall_time": float(walls[s]),  # type: ignore[index]
-                                     "metrics": {k: float(data[k][s]) for k in KEYS}}) + "\n")  # type: ignore[index]
+                fh.write(
+                    json.dumps(
+                        {
+                            "step": s,
+                            "wall_time": float(walls[s]),  # type: ignore[index]
+                            "metrics": {k: float(data[k][s]) for k in KEYS},
+                        }
+                    )
+                    + "\n"
+                )  # type: ignore[index]
         run = client.create_run(experiment, run_name=name, tags={keys.TAG_BACKEND: name})
         run_id = run.info.run_id
         # The first step through the client (latest metrics, the run's metric keys) ...
-        client.log_batch(run_id, metrics=[Metric(k, float(data[k][0]), int(walls[0] * 1000), 0)  # type: ignore[index]
-                                          for k in KEYS])
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(k, float(data[k][0]), int(walls[0] * 1000), 0)  # type: ignore[index]
+                for k in KEYS
+            ],
+        )
         # ... the rest inserted in bulk into MLflow's metrics table (log_batch would take minutes).
-        rows = [{"key": k, "value": float(data[k][s]), "timestamp": int(walls[s] * 1000),  # type: ignore[index]
-                 "step": s, "is_nan": False, "run_uuid": run_id} for s in range(1, steps) for k in KEYS]
+        rows = [
+            {
+                "key": k,
+                "value": float(data[k][s]),
+                "timestamp": int(walls[s] * 1000),  # type: ignore[index]
+                "step": s,
+                "is_nan": False,
+                "run_uuid": run_id,
+            }
+            for s in range(1, steps)
+            for k in KEYS
+        ]
         with store.engine.begin() as conn:
             conn.execute(SqlMetric.__table__.insert(), rows)
         client.set_terminated(run_id)
@@ -131,10 +174,16 @@ def _child(what: str, root: Path) -> dict[str, float]:
             result = compare(runset)
             assert result.difference("clip_fraction").estimate.n_units == len(runset.wide(RUNS[0]))
         else:
-            previous.compare_bootstrap(runset, [("clipped_tokens:sum", "loss_tokens:sum"), ("reward:mean", None),
-                                                ("tokens_per_second:mean", None),
-                                                ("clipped_tokens:sum", "loss_tokens:sum"),
-                                                ("clipped_tokens:sum", "loss_tokens:sum")])
+            previous.compare_bootstrap(
+                runset,
+                [
+                    ("clipped_tokens:sum", "loss_tokens:sum"),
+                    ("reward:mean", None),
+                    ("tokens_per_second:mean", None),
+                    ("clipped_tokens:sum", "loss_tokens:sum"),
+                    ("clipped_tokens:sum", "loss_tokens:sum"),
+                ],
+            )
     seconds = time.perf_counter() - started
     assert len(runset.frame) == 2 * len(KEYS) * len(runset.wide(RUNS[0]))
     return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -144,8 +193,13 @@ def _measure(what: str, root: Path, repeats: int) -> tuple[float, float]:
     seconds, peaks = [], []
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for _ in range(repeats):
-        proc = subprocess.run([sys.executable, __file__, "--child", what, str(root)], capture_output=True, text=True,
-                              env=env, check=False)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", what, str(root)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"benchmark child {what} failed:\n{proc.stderr[-3000:]}")
         out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -160,9 +214,18 @@ def run(steps: int = STEPS) -> list[Row]:
     rows = []
     for what, name, anchor_name, target in (
         ("load-jsonl", f"load_jsonl, {size}", "previous: load_points + per-point frame builder", "<= 3 s"),
-        ("load-mlflow", f"load_mlflow (bulk SQL read), sqlite, {size}", "get_metric_history per key", "<= 10 s"),
-        ("compare", f"compare, 5 quantities (fixed-b HAC), {size}",
-         "previous block bootstrap, 2000 x n index arrays", "<= 2 s"),
+        (
+            "load-mlflow",
+            f"load_mlflow (bulk SQL read), sqlite, {size}",
+            "get_metric_history per key",
+            "<= 10 s",
+        ),
+        (
+            "compare",
+            f"compare, 5 quantities (fixed-b HAC), {size}",
+            "previous block bootstrap, 2000 x n index arrays",
+            "<= 2 s",
+        ),
     ):
         new_s, new_mib = _measure(what, root, 3)
         old_s, old_mib = _measure(f"{what}-previous", root, 1)

@@ -87,8 +87,13 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     from adapters.megatron import merged_sums, reduce_losses, sum_reports
     from tracking import keys
 
-    per_key = (keys.LOSS_SUM, keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.CLIPPED_LOW_TOKENS,
-               keys.CLIPPED_HIGH_TOKENS)
+    per_key = (
+        keys.LOSS_SUM,
+        keys.LOSS_TOKENS,
+        keys.CLIPPED_TOKENS,
+        keys.CLIPPED_LOW_TOKENS,
+        keys.CLIPPED_HIGH_TOKENS,
+    )
 
     def one_per_key() -> None:
         for key in per_key:
@@ -105,8 +110,12 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     def whole_reduction() -> None:
         reduce_losses(reports, group=group)
 
-    return {"per_key": one_per_key, "packed": one_collective, "all_reduce": one_all_reduce,
-            "reduce": whole_reduction}
+    return {
+        "per_key": one_per_key,
+        "packed": one_collective,
+        "all_reduce": one_all_reduce,
+        "reduce": whole_reduction,
+    }
 
 
 def _block_seconds(fns: dict[str, Callable[[], None]], repeats: int, block: int, group: Any) -> Any:
@@ -137,25 +146,46 @@ def run(repeats: int = 60, block: int = BLOCK) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
     procs = [
-        subprocess.Popen([*cmd, str(rank), str(port), str(repeats), str(block)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*cmd, str(rank), str(port), str(repeats), str(block)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(WORLD)
     ]
     outputs = [proc.communicate(timeout=600) for proc in procs]
-    failed = [f"rank {r} exited {p.returncode}: {err[-1500:]}" for r, (p, (_, err)) in
-              enumerate(zip(procs, outputs, strict=True)) if p.returncode != 0]
+    failed = [
+        f"rank {r} exited {p.returncode}: {err[-1500:]}"
+        for r, (p, (_, err)) in enumerate(zip(procs, outputs, strict=True))
+        if p.returncode != 0
+    ]
     if failed:
         raise RuntimeError("merge benchmark: " + "\n".join(failed))
     medians = json.loads(outputs[0][0].strip().splitlines()[-1])
     anchor = f"one all_reduce per key (5 keys), {WORLD} gloo ranks"
     rows = [
         Row(anchor, medians["per_key"], anchor, 1.0),
-        Row(f"merged_sums: all keys in one collective (all_to_all on gloo), {WORLD} gloo ranks",
-            medians["packed"], anchor, medians["packed"] / medians["per_key"], "≤ 0.33 (≥ 3× faster)"),
-        Row("the same packed vector in one all_reduce (gloo ring; not used on gloo)", medians["all_reduce"],
-            anchor, medians["all_reduce"] / medians["per_key"]),
-        Row("reduce_losses: one collective + host read-back + output", medians["reduce"], anchor,
-            medians["reduce"] / medians["per_key"]),
+        Row(
+            f"merged_sums: all keys in one collective (all_to_all on gloo), {WORLD} gloo ranks",
+            medians["packed"],
+            anchor,
+            medians["packed"] / medians["per_key"],
+            "≤ 0.33 (≥ 3× faster)",
+        ),
+        Row(
+            "the same packed vector in one all_reduce (gloo ring; not used on gloo)",
+            medians["all_reduce"],
+            anchor,
+            medians["all_reduce"] / medians["per_key"],
+        ),
+        Row(
+            "reduce_losses: one collective + host read-back + output",
+            medians["reduce"],
+            anchor,
+            medians["reduce"] / medians["per_key"],
+        ),
     ]
     return [row.as_dict() for row in rows]
 

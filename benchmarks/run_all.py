@@ -25,8 +25,15 @@ def _rows(result: list) -> list[Row]:
         if isinstance(row, Row):
             rows.append(row)
         else:
-            rows.append(Row(str(row["name"]), float(row["median_s"]), str(row["anchor"]), float(row["ratio"]),
-                            str(row.get("target", ""))))
+            rows.append(
+                Row(
+                    str(row["name"]),
+                    float(row["median_s"]),
+                    str(row["anchor"]),
+                    float(row["ratio"]),
+                    str(row.get("target", "")),
+                )
+            )
     return rows
 
 
@@ -37,20 +44,31 @@ def main() -> int:
 
     started = time.perf_counter()
     rows: list[Row] = []
-    for name, module in (("loss_overhead", loss_overhead), ("merge", merge), ("tracking", tracking),
-                         ("compare", compare), ("stress", stress)):
+    for name, module in (
+        ("loss_overhead", loss_overhead),
+        ("merge", merge),
+        ("tracking", tracking),
+        ("compare", compare),
+        ("stress", stress),
+    ):
         print(f"running {name} ...", flush=True)
         rows += _rows(module.run())
     table = markdown(rows)
-    header = (f"Measured on {platform.machine()} with {torch.get_num_threads()} torch threads, "
-              f"Python {platform.python_version()}, torch {torch.__version__}, in "
-              f"{time.perf_counter() - started:.0f} s.")
+    header = (
+        f"Measured on {platform.machine()} with {torch.get_num_threads()} torch threads, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, in "
+        f"{time.perf_counter() - started:.0f} s."
+    )
     text = f"{header}\n\n{table}\n"
     (ROOT / "benchmarks" / "results.md").write_text(text, encoding="utf-8")
     readme = ROOT / "README.md"
     content = readme.read_text(encoding="utf-8")
-    content = re.sub(r"(<!-- benchmarks:start -->\n).*?(\n<!-- benchmarks:end -->)",
-                     lambda m: m.group(1) + text.rstrip("\n") + m.group(2), content, flags=re.S)
+    content = re.sub(
+        r"(<!-- benchmarks:start -->\n).*?(\n<!-- benchmarks:end -->)",
+        lambda m: m.group(1) + text.rstrip("\n") + m.group(2),
+        content,
+        flags=re.S,
+    )
     readme.write_text(content, encoding="utf-8")
     print(text)
     return 0

@@ -30,8 +30,13 @@ from tracking.tracker import Tracker
 def _metrics(step: int) -> dict[str, float]:
     """The clip series of one step: 5 metrics (the tracker re-derives the fraction from the counts)."""
     low, high = step % 13, step % 29
-    return {keys.LOSS_TOKENS: 4096.0, keys.CLIPPED_TOKENS: float(low + high), keys.CLIPPED_LOW_TOKENS: float(low),
-            keys.CLIPPED_HIGH_TOKENS: float(high), keys.CLIP_FRACTION: (low + high) / 4096}
+    return {
+        keys.LOSS_TOKENS: 4096.0,
+        keys.CLIPPED_TOKENS: float(low + high),
+        keys.CLIPPED_LOW_TOKENS: float(low),
+        keys.CLIPPED_HIGH_TOKENS: float(high),
+        keys.CLIP_FRACTION: (low + high) / 4096,
+    }
 
 
 def _quiet() -> None:
@@ -48,11 +53,11 @@ def per_step(work: Path, steps: int) -> dict[str, float]:
     import mlflow
     import wandb
 
-
     tracker_db = f"sqlite:///{work / 'tracker.db'}"
     fluent_db = f"sqlite:///{work / 'fluent.db'}"
-    tracker = Tracker("bench-per-step", backends=(tracker_db, "jsonl"), spool_dir=work / "spool",
-                      handle_signals=False)
+    tracker = Tracker(
+        "bench-per-step", backends=(tracker_db, "jsonl"), spool_dir=work / "spool", handle_signals=False
+    )
     mlflow.set_tracking_uri(fluent_db)
     mlflow.set_experiment("bench")
     fluent = mlflow.start_run()
@@ -89,8 +94,9 @@ def end_to_end(work: Path, steps: int, repeats: int) -> dict[str, float]:
     experiment = client.create_experiment("e2e")
     times: dict[str, list[float]] = {"tracker": [], "log_batch": []}
     for _ in range(repeats):
-        tracker = Tracker("bench-e2e", backends=(uri,), experiment="e2e", spool_dir=work / "spool",
-                          handle_signals=False)
+        tracker = Tracker(
+            "bench-e2e", backends=(uri,), experiment="e2e", spool_dir=work / "spool", handle_signals=False
+        )
         start = time.perf_counter()
         for step in range(steps):
             tracker.log(step, _metrics(step))
@@ -116,14 +122,28 @@ def run(steps_per_step: int = 400, e2e_steps: int = 10_000, repeats: int = 3) ->
         e2e = end_to_end(work, e2e_steps, repeats)
     anchor = "mlflow.log_metrics per step (sqlite)"
     rows = [
-        Row("Tracker.log per step, training thread (MLflow sqlite + JSONL)", per["tracker"], anchor,
-            per["tracker"] / per["mlflow"], "<= 50 µs and <= 0.01x"),
+        Row(
+            "Tracker.log per step, training thread (MLflow sqlite + JSONL)",
+            per["tracker"],
+            anchor,
+            per["tracker"] / per["mlflow"],
+            "<= 50 µs and <= 0.01x",
+        ),
         Row("wandb.log per step (offline)", per["wandb"], anchor, per["wandb"] / per["mlflow"]),
         Row(anchor, per["mlflow"], anchor, 1.0),
-        Row(f"Tracker end to end, {e2e_steps:,} steps x 5 metrics -> sqlite MLflow", e2e["tracker"],
-            "one MlflowClient.log_batch of all points", e2e["tracker"] / e2e["log_batch"], "<= 1.5x"),
-        Row("one MlflowClient.log_batch of all points", e2e["log_batch"], "one MlflowClient.log_batch of all points",
-            1.0),
+        Row(
+            f"Tracker end to end, {e2e_steps:,} steps x 5 metrics -> sqlite MLflow",
+            e2e["tracker"],
+            "one MlflowClient.log_batch of all points",
+            e2e["tracker"] / e2e["log_batch"],
+            "<= 1.5x",
+        ),
+        Row(
+            "one MlflowClient.log_batch of all points",
+            e2e["log_batch"],
+            "one MlflowClient.log_batch of all points",
+            1.0,
+        ),
     ]
     print(markdown(rows))
     return [row.as_dict() for row in rows]

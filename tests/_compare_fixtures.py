@@ -31,8 +31,11 @@ class SyntheticRun:
     config: dict[str, Any] = field(default_factory=dict)
 
     def total(self, key: str, steps: set[int] | None = None) -> float:
-        return float(sum(p.metrics[key] for p in self.points if key in p.metrics
-                         and (steps is None or p.step in steps)))
+        return float(
+            sum(
+                p.metrics[key] for p in self.points if key in p.metrics and (steps is None or p.step in steps)
+            )
+        )
 
     def clip_fraction(self, steps: set[int] | None = None) -> float:
         return self.total(keys.CLIPPED_TOKENS, steps) / self.total(keys.LOSS_TOKENS, steps)
@@ -98,14 +101,29 @@ def synthetic_run(
     return SyntheticRun(run_id, run_name, backend, points, config)
 
 
-def megatron_vs_miles(*, miles_clip_p: float = 0.10, n_megatron: int = 200, n_miles: int = 200,
-                      miles_missing: tuple[int, ...] = (), miles_name: str = "miles-run",
-                      miles_reward: float = 0.5, miles_throughput: float = 2000.0,
-                      ) -> tuple[SyntheticRun, SyntheticRun]:
+def megatron_vs_miles(
+    *,
+    miles_clip_p: float = 0.10,
+    n_megatron: int = 200,
+    n_miles: int = 200,
+    miles_missing: tuple[int, ...] = (),
+    miles_name: str = "miles-run",
+    miles_reward: float = 0.5,
+    miles_throughput: float = 2000.0,
+) -> tuple[SyntheticRun, SyntheticRun]:
     """The two stacks: megatron at clip 10 %, miles at ``miles_clip_p`` (defaults: no difference)."""
     megatron = synthetic_run("megatron0001", "megatron-run", "megatron", seed=1, n_steps=n_megatron)
-    miles = synthetic_run("miles0000002", miles_name, "miles", seed=2, n_steps=n_miles, clip_p=miles_clip_p,
-                          missing=miles_missing, reward=miles_reward, throughput=miles_throughput)
+    miles = synthetic_run(
+        "miles0000002",
+        miles_name,
+        "miles",
+        seed=2,
+        n_steps=n_miles,
+        clip_p=miles_clip_p,
+        missing=miles_missing,
+        reward=miles_reward,
+        throughput=miles_throughput,
+    )
     return megatron, miles
 
 
@@ -116,12 +134,20 @@ def write_jsonl(root: Path, run: SyntheticRun) -> Path:
     """The JSONL spool layout: ``<root>/<run_id>/run.json`` and ``points.jsonl``."""
     run_dir = Path(root) / run.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"run_id": run.run_id, "run_name": run.run_name, "backend": run.backend, "config": run.config,
-            "started": run.points[0].wall_time if run.points else T0, "status": "finished"}
+    meta = {
+        "run_id": run.run_id,
+        "run_name": run.run_name,
+        "backend": run.backend,
+        "config": run.config,
+        "started": run.points[0].wall_time if run.points else T0,
+        "status": "finished",
+    }
     (run_dir / keys.RUN_META_FILE).write_text(json.dumps(meta), encoding="utf-8")
     with open(run_dir / keys.POINTS_FILE, "w", encoding="utf-8") as fh:
         for p in run.points:
-            fh.write(json.dumps({"step": p.step, "wall_time": p.wall_time, "metrics": dict(p.metrics)}) + "\n")
+            fh.write(
+                json.dumps({"step": p.step, "wall_time": p.wall_time, "metrics": dict(p.metrics)}) + "\n"
+            )
     return run_dir
 
 
@@ -133,14 +159,21 @@ def write_mlflow(tracking_uri: str, run: SyntheticRun, experiment: str = "cliptr
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    created = client.create_run(exp_id, run_name=run.run_name,
-                                tags={keys.TAG_BACKEND: run.backend, keys.TAG_RUN_KIND: "training"})
+    created = client.create_run(
+        exp_id, run_name=run.run_name, tags={keys.TAG_BACKEND: run.backend, keys.TAG_RUN_KIND: "training"}
+    )
     run_id = created.info.run_id
-    metrics = [Metric(k, v, int(round(p.wall_time * 1000)), p.step) for p in run.points for k, v in p.metrics.items()]
+    metrics = [
+        Metric(k, v, int(round(p.wall_time * 1000)), p.step) for p in run.points for k, v in p.metrics.items()
+    ]
     params = [Param(k, str(v)) for k, v in run.config.items()]
     for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i:i + 1000], params=params if i == 0 else [],
-                         tags=[RunTag(keys.TAG_RUN_ID, run.run_id)] if i == 0 else [])
+        client.log_batch(
+            run_id,
+            metrics=metrics[i : i + 1000],
+            params=params if i == 0 else [],
+            tags=[RunTag(keys.TAG_RUN_ID, run.run_id)] if i == 0 else [],
+        )
     client.set_terminated(run_id)
     return run_id
 
@@ -150,9 +183,16 @@ def write_wandb_offline(directory: Path, run: SyntheticRun, project: str = "clip
     import wandb
 
     os.environ.setdefault("WANDB_SILENT", "true")
-    wb = wandb.init(mode="offline", dir=str(directory), project=project, id=run.run_id, name=run.run_name,
-                    group=run.backend, config={keys.TAG_BACKEND: run.backend, **run.config},
-                    settings=wandb.Settings(console="off", x_disable_stats=True))
+    wb = wandb.init(
+        mode="offline",
+        dir=str(directory),
+        project=project,
+        id=run.run_id,
+        name=run.run_name,
+        group=run.backend,
+        config={keys.TAG_BACKEND: run.backend, **run.config},
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
     wb.define_metric(keys.WANDB_STEP_METRIC)
     wb.define_metric("*", step_metric=keys.WANDB_STEP_METRIC)
     for p in run.points:
@@ -170,10 +210,19 @@ def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, w
     from tracking.tracker import Tracker
 
     os.environ.setdefault("WANDB_SILENT", "true")
-    with Tracker(run_name=run.run_name, backends=["mlflow", "wandb"], backend_label=run.backend, config=run.config,
-                 tracking_uri=tracking_uri, experiment="cliptrack-tests", spool_dir=spool_dir,
-                 wandb_mode="offline", wandb_dir=wandb_dir, wandb_project="cliptrack-tests",
-                 handle_signals=False) as tracker:
+    with Tracker(
+        run_name=run.run_name,
+        backends=["mlflow", "wandb"],
+        backend_label=run.backend,
+        config=run.config,
+        tracking_uri=tracking_uri,
+        experiment="cliptrack-tests",
+        spool_dir=spool_dir,
+        wandb_mode="offline",
+        wandb_dir=wandb_dir,
+        wandb_project="cliptrack-tests",
+        handle_signals=False,
+    ) as tracker:
         for p in run.points:
             tracker.log(p.step, dict(p.metrics))
         run_id = tracker.run_id

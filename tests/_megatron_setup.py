@@ -81,7 +81,9 @@ class GlobalBatch:
     deltas: Tensor
 
 
-def global_batch(scenario: str, n_seq: int, seq_len: int = SEQ_LEN, dp: int = 1, seed: int = 0) -> GlobalBatch:
+def global_batch(
+    scenario: str, n_seq: int, seq_len: int = SEQ_LEN, dp: int = 1, seed: int = 0
+) -> GlobalBatch:
     """The step's global batch: ``n_seq = dp * N_MICRO * MICRO_BATCH`` sequences in DP-rank order.
 
     Masks have a different density per micro-batch; micro-batch 1 of DP rank 0 is all zero. With
@@ -128,7 +130,9 @@ def expected_metrics(scenario: str, batch: GlobalBatch) -> dict[str, float]:
     spec = SCENARIOS[scenario]
     logprobs = reference_logprobs(batch.tokens, batch.labels)
     full = slice(None)
-    out = LOSSES[spec["loss_fn"]](logprobs, **loss_inputs(spec["loss_fn"], batch, full, full), **spec["config"])
+    out = LOSSES[spec["loss_fn"]](
+        logprobs, **loss_inputs(spec["loss_fn"], batch, full, full), **spec["config"]
+    )
     return loss_metrics(out)
 
 
@@ -142,9 +146,23 @@ def plain_ppo_counts(batch: GlobalBatch, low: float = 0.8, high: float = 1.2) ->
 
 
 COLLECTIVES = (
-    "all_reduce", "all_to_all_single", "all_to_all", "all_gather", "all_gather_into_tensor", "broadcast",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather_object", "broadcast_object_list",
-    "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "all_reduce",
+    "all_to_all_single",
+    "all_to_all",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_gather_object",
+    "broadcast_object_list",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
 )
 """The ``torch.distributed`` communication functions :func:`counted_collectives` wraps."""
 
@@ -222,7 +240,9 @@ def build_model(pre_process: bool = True, post_process: bool = True, per_token_l
             if not self.post_process:
                 return hidden
             logits, _ = self.output_layer(hidden)
-            ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous())
+            ce = tensor_parallel.vocab_parallel_cross_entropy(
+                logits.float(), labels.transpose(0, 1).contiguous()
+            )
             return ce.transpose(0, 1).contiguous()
 
     return TinyLM()
@@ -255,7 +275,9 @@ def run_step(model: Any, scenario: str, data: list[dict], seq_len: int, forward_
     def forward_step(data_iterator: Iterator[dict], model: Any) -> tuple[Tensor, Any]:
         micro = next(data_iterator)
         output = model(micro["tokens"], micro["labels"])
-        loss_func = make_loss_func(spec["loss_fn"], micro["inputs"], spec["config"], output_to_logprobs=torch.neg)
+        loss_func = make_loss_func(
+            spec["loss_fn"], micro["inputs"], spec["config"], output_to_logprobs=torch.neg
+        )
         return output, loss_func
 
     forward_backward = get_forward_backward_func()

@@ -55,7 +55,9 @@ def samples(dp: int) -> list[dict[str, torch.Tensor]]:
             mask.zero_()
         advantages = torch.tensor([-1.0, -0.5, 0.5, 1.0])[torch.randint(0, 4, (response,), generator=gen)]
         deltas = torch.tensor(DELTAS)[torch.randint(0, len(DELTAS), (response,), generator=gen)]
-        out.append({"tokens": tokens, "mask": mask, "advantages": advantages, "deltas": deltas, "response": response})
+        out.append(
+            {"tokens": tokens, "mask": mask, "advantages": advantages, "deltas": deltas, "response": response}
+        )
     return out
 
 
@@ -69,7 +71,13 @@ def model_logprobs(w: torch.Tensor, tokens: torch.Tensor, response: int) -> torc
 def reference_counts(dp: int) -> dict[str, int]:
     """The SPEC's counts over the whole step, from the log-ratios (no Miles code)."""
     low_edge, high_edge = math.log(1 - EPS_CLIP), math.log(1 + EPS_CLIP_HIGH)
-    totals = {"loss_tokens": 0, "clipped_tokens": 0, "clipped_low_tokens": 0, "clipped_high_tokens": 0, "miles_count": 0}
+    totals = {
+        "loss_tokens": 0,
+        "clipped_tokens": 0,
+        "clipped_low_tokens": 0,
+        "clipped_high_tokens": 0,
+        "miles_count": 0,
+    }
     for s in samples(dp):
         eligible = s["mask"] != 0
         low = eligible & (s["advantages"] < 0) & (s["deltas"] < low_edge)
@@ -87,11 +95,23 @@ def miles_args(*, custom: bool, per_token: bool, dp: int) -> Namespace:
     return Namespace(
         loss_type="custom_loss" if custom else "policy_loss",
         custom_loss_function_path=CUSTOM_LOSS if custom else None,
-        calculate_per_token_loss=per_token, global_batch_size=dp * sum(MICRO_SIZES),
-        use_dynamic_global_batch_size=False, qkv_format="thd", rollout_temperature=1.0,
-        true_on_policy_mode=False, allgather_cp=False, log_probs_chunk_size=-1, use_rollout_logprobs=False,
-        entropy_coef=0.0, use_opsm=False, advantage_estimator="grpo", eps_clip=EPS_CLIP,
-        eps_clip_high=EPS_CLIP_HIGH, get_mismatch_metrics=False, use_tis=False, use_kl_loss=False,
+        calculate_per_token_loss=per_token,
+        global_batch_size=dp * sum(MICRO_SIZES),
+        use_dynamic_global_batch_size=False,
+        qkv_format="thd",
+        rollout_temperature=1.0,
+        true_on_policy_mode=False,
+        allgather_cp=False,
+        log_probs_chunk_size=-1,
+        use_rollout_logprobs=False,
+        entropy_coef=0.0,
+        use_opsm=False,
+        advantage_estimator="grpo",
+        eps_clip=EPS_CLIP,
+        eps_clip_high=EPS_CLIP_HIGH,
+        get_mismatch_metrics=False,
+        use_tis=False,
+        use_kl_loss=False,
         recompute_loss_function=False,
     )
 
@@ -109,13 +129,22 @@ def set_parallel_state(miles: Any, dp: int, cp: int) -> None:
     dp_rank, cp_rank = divmod(rank, cp)
     info = miles.parallel.GroupInfo
     one = info(0, 1, singles[rank])
-    miles.parallel.set_parallel_state(miles.parallel.ParallelState(
-        intra_dp=info(dp_rank, dp, dp_groups[cp_rank]), intra_dp_cp=info(rank, world, world_group),
-        cp=info(cp_rank, cp, cp_groups[dp_rank]), tp=one, pp=one, ep=one, etp=one,
-    ))
+    miles.parallel.set_parallel_state(
+        miles.parallel.ParallelState(
+            intra_dp=info(dp_rank, dp, dp_groups[cp_rank]),
+            intra_dp_cp=info(rank, world, world_group),
+            cp=info(cp_rank, cp, cp_groups[dp_rank]),
+            tp=one,
+            pp=one,
+            ep=one,
+            etp=one,
+        )
+    )
 
 
-def micro_batches(miles: Any, w: torch.Tensor, dp: int, dp_rank: int) -> list[tuple[dict[str, Any], torch.Tensor]]:
+def micro_batches(
+    miles: Any, w: torch.Tensor, dp: int, dp_rank: int
+) -> list[tuple[dict[str, Any], torch.Tensor]]:
     """This rank's micro-batches as Miles' loss_function receives them: ``(batch, logits)``."""
     cp = miles.cp_utils
     step = samples(dp)
@@ -132,10 +161,14 @@ def micro_batches(miles: Any, w: torch.Tensor, dp: int, dp_rank: int) -> list[tu
             "total_lengths": total_lengths,
             "response_lengths": response_lengths,
             "loss_masks": [s["mask"] for s in chosen],
-            "advantages": [cp.slice_log_prob_with_cp(s["advantages"], t, r) for s, t, r in
-                           zip(chosen, total_lengths, response_lengths, strict=True)],
-            "log_probs": [cp.slice_log_prob_with_cp(o, t, r) for o, t, r in
-                          zip(old, total_lengths, response_lengths, strict=True)],
+            "advantages": [
+                cp.slice_log_prob_with_cp(s["advantages"], t, r)
+                for s, t, r in zip(chosen, total_lengths, response_lengths, strict=True)
+            ],
+            "log_probs": [
+                cp.slice_log_prob_with_cp(o, t, r)
+                for o, t, r in zip(old, total_lengths, response_lengths, strict=True)
+            ],
         }
         logits = torch.cat([cp.slice_with_cp(w[s["tokens"]], 0.0) for s in chosen]).unsqueeze(0)
         out.append((batch, logits))
@@ -148,13 +181,16 @@ def run_step(miles: Any, *, custom: bool, per_token: bool, dp: int, dp_rank: int
     args = miles_args(custom=custom, per_token=per_token, dp=dp)
     losses, logs = [], []
     for batch, logits in micro_batches(miles, w, dp, dp_rank):
-        loss, _, log = miles.loss.loss_function(args, batch, len(MICRO_SIZES), logits, apply_megatron_loss_scaling=True)
+        loss, _, log = miles.loss.loss_function(
+            args, batch, len(MICRO_SIZES), logits, apply_megatron_loss_scaling=True
+        )
         loss.backward()
         losses.append(loss.detach())
         logs.append(log)
     aggregated = miles.log_utils.aggregate_train_losses(logs)
-    logged = miles.log_utils.log_train_step(args, aggregated, grad_norm=0.0, rollout_id=0, step_id=0,
-                                           num_steps_per_rollout=1, should_log=False)
+    logged = miles.log_utils.log_train_step(
+        args, aggregated, grad_norm=0.0, rollout_id=0, step_id=0, num_steps_per_rollout=1, should_log=False
+    )
     assert w.grad is not None
     return {"losses": losses, "logs": logs, "aggregated": aggregated, "logged": logged, "grad": w.grad}
 
@@ -181,7 +217,9 @@ def main() -> int:
             "aggregated": ours["aggregated"],
             "counts": vars(read_train_log(ours["aggregated"])),
             "counts_logged": vars(read_train_log(ours["logged"])),
-            "same_losses": all(torch.equal(a, b) for a, b in zip(ours["losses"], stock["losses"], strict=True)),
+            "same_losses": all(
+                torch.equal(a, b) for a, b in zip(ours["losses"], stock["losses"], strict=True)
+            ),
             "same_grad": bool(torch.equal(ours["grad"], stock["grad"])),
             "stock_aggregated": stock["aggregated"],
         }

@@ -50,9 +50,20 @@ def miles_source() -> Path:
     if not wheels:
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "pip", "download", f"miles-rl=={VERSION}", "--no-deps", "--quiet",
-                 "-d", str(cache)],
-                capture_output=True, text=True, timeout=600,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"miles-rl=={VERSION}",
+                    "--no-deps",
+                    "--quiet",
+                    "-d",
+                    str(cache),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise MilesUnavailable(f"pip download miles-rl=={VERSION} failed: {exc}") from exc
@@ -77,15 +88,21 @@ def _stand_in_for_unused_imports() -> None:
     except ImportError:
         ray_stub: Any = types.ModuleType("ray")
         ray_stub.__path__ = []
-        ray_stub.remote = lambda *args, **kwargs: (lambda obj: obj)
+        ray_stub.remote = lambda *args, **kwargs: lambda obj: obj
         util: Any = types.ModuleType("ray.util")
         util.__path__ = []
         strategies: Any = types.ModuleType("ray.util.scheduling_strategies")
         strategies.NodeAffinitySchedulingStrategy = object
         state: Any = types.ModuleType("ray.util.state")
         state.list_nodes = None
-        sys.modules.update({"ray": ray_stub, "ray.util": util, "ray.util.scheduling_strategies": strategies,
-                            "ray.util.state": state})
+        sys.modules.update(
+            {
+                "ray": ray_stub,
+                "ray.util": util,
+                "ray.util.scheduling_strategies": strategies,
+                "ray.util.state": state,
+            }
+        )
     try:
         import psutil  # noqa: F401 - only whether it imports matters
     except ImportError:
@@ -99,6 +116,9 @@ def import_miles() -> types.SimpleNamespace:
         sys.path.insert(0, src)
     _stand_in_for_unused_imports()
     base = "miles.backends.training_utils"
-    modules = {name: importlib.import_module(f"{base}.{name}") for name in ("loss", "log_utils", "cp_utils", "parallel")}
+    modules = {
+        name: importlib.import_module(f"{base}.{name}")
+        for name in ("loss", "log_utils", "cp_utils", "parallel")
+    }
     assert Path(modules["loss"].__file__ or "").is_relative_to(src), modules["loss"].__file__
     return types.SimpleNamespace(**modules)

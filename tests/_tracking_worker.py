@@ -28,6 +28,7 @@ def signal_loop(spool: str, backend: str, mode: str, count_file: str) -> None:
     """Log forever; announce flushes; on SIGTERM the tracker drains, then the previous handler runs."""
     logged = 0
     if mode == "chain":
+
         def previous(signum: int, frame: object) -> None:  # the application's own handler
             with open(count_file, "w") as fh:
                 fh.write(str(logged))
@@ -50,7 +51,9 @@ def signal_loop(spool: str, backend: str, mode: str, count_file: str) -> None:
 
 def crash_loop(spool: str) -> None:
     """Log forever; report flushes and, separately, how many points were logged at what time."""
-    tracker = Tracker("crash", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False)
+    tracker = Tracker(
+        "crash", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False
+    )
     print(f"run {tracker.run_id}", flush=True)
     step = 0
     while True:
@@ -70,8 +73,13 @@ def dist_run(spool: str, db_uri: str, rank: int, world: int, port: int) -> None:
     os.environ.pop("RANK", None)  # the rank must come from the initialised process group
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        with Tracker(f"dist-{world}", backends=(db_uri, "jsonl"), spool_dir=spool, backend_label="megatron",
-                     config={"world_size": world}) as tracker:
+        with Tracker(
+            f"dist-{world}",
+            backends=(db_uri, "jsonl"),
+            spool_dir=spool,
+            backend_label="megatron",
+            config={"world_size": world},
+        ) as tracker:
             for step in range(5):
                 tracker.log(step, {keys.LOSS_SUM: float(rank * 100 + step)})
             print(f"rank {rank} active={tracker.active} run_id={tracker.run_id}", flush=True)
@@ -82,8 +90,16 @@ def dist_run(spool: str, db_uri: str, rank: int, world: int, port: int) -> None:
 
 def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int, count: int) -> None:
     """One process's share of a run: steps FIRST .. FIRST+COUNT-1 under RUN_ID, to MLflow and W&B."""
-    with Tracker("resumed", backends=(db_uri, "wandb"), spool_dir=spool, wandb_dir=wandb_dir, wandb_mode="offline",
-                 run_id=run_id, flush_interval_s=0.05, max_batch_points=100) as tracker:
+    with Tracker(
+        "resumed",
+        backends=(db_uri, "wandb"),
+        spool_dir=spool,
+        wandb_dir=wandb_dir,
+        wandb_mode="offline",
+        run_id=run_id,
+        flush_interval_s=0.05,
+        max_batch_points=100,
+    ) as tracker:
         for step in range(first, first + count):
             tracker.log(step, _metrics(step))
     print(tracker.summary(), flush=True)
@@ -91,7 +107,9 @@ def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int,
 
 def overload_loop(spool: str) -> None:
     """Log 10-metric steps in a tight loop (faster than they can be written); report the count."""
-    tracker = Tracker("overload", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False)
+    tracker = Tracker(
+        "overload", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False
+    )
     print(f"run {tracker.run_id}", flush=True)
     step = 0
     while True:
@@ -103,8 +121,16 @@ def overload_loop(spool: str) -> None:
 
 def wandb_loop(spool: str, wandb_dir: str) -> None:
     """Log to W&B offline (and the spool) until killed; report flushes."""
-    tracker = Tracker("wb-crash", backends=("wandb",), spool_dir=spool, wandb_dir=wandb_dir, wandb_mode="offline",
-                      flush_interval_s=0.05, max_batch_points=50, handle_signals=False)
+    tracker = Tracker(
+        "wb-crash",
+        backends=("wandb",),
+        spool_dir=spool,
+        wandb_dir=wandb_dir,
+        wandb_mode="offline",
+        flush_interval_s=0.05,
+        max_batch_points=50,
+        handle_signals=False,
+    )
     print(f"run {tracker.run_id}", flush=True)
     step = 0
     while True:

@@ -90,12 +90,19 @@ def per_token_cispo(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, low: flo
     return out
 
 
-def per_token_loss(kind: str, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, beta: float = 0.0) -> Counts:
+def per_token_loss(
+    kind: str, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor, beta: float = 0.0
+) -> Counts:
     """Eligible tokens and the summed loss of a never-clipping loss, one token at a time in float64."""
     out = Counts()
     terms = []
-    for x, s, a, m in zip(lp.flatten().tolist(), slp.flatten().tolist(), adv.flatten().tolist(),
-                          mask.flatten().tolist(), strict=True):
+    for x, s, a, m in zip(
+        lp.flatten().tolist(),
+        slp.flatten().tolist(),
+        adv.flatten().tolist(),
+        mask.flatten().tolist(),
+        strict=True,
+    ):
         if m == 0:
             continue
         out.loss_tokens += 1

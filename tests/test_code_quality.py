@@ -1,4 +1,5 @@
-"""The lint and type step of the test command: ruff over the tree, mypy over the public modules."""
+"""The lint and type step of the test command: ruff (rules and format) over the tree, mypy over the public
+modules."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_finds_nothing():
     pytest.importorskip("ruff")
     proc = _run("ruff", "check", "tracking", "adapters", "tests", "benchmarks")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_tree_is_formatted():
+    pytest.importorskip("ruff")
+    proc = _run("ruff", "format", "--check", "tracking", "adapters", "tests", "benchmarks")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -32,18 +32,35 @@ OURS = ("ours", "miles-exact")
 def our_metrics(step: int) -> dict[str, float]:
     loss_tokens, clipped, low, high = COUNTS[step]
     return {
-        keys.LOSS_SUM: -3.5 + step, keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped,
-        keys.CLIPPED_LOW_TOKENS: low, keys.CLIPPED_HIGH_TOKENS: high, keys.CLIP_FRACTION: clipped / loss_tokens,
+        keys.LOSS_SUM: -3.5 + step,
+        keys.LOSS_TOKENS: loss_tokens,
+        keys.CLIPPED_TOKENS: clipped,
+        keys.CLIPPED_LOW_TOKENS: low,
+        keys.CLIPPED_HIGH_TOKENS: high,
+        keys.CLIP_FRACTION: clipped / loss_tokens,
         keys.REWARD: 0.1 * step,
     }
 
 
 def _miles_args(tmp_path: Path, uri: str, name: str) -> Namespace:
     return Namespace(
-        use_wandb=True, wandb_mode="offline", wandb_key=None, wandb_host=None, wandb_random_suffix=False,
-        wandb_group=name, wandb_team=None, wandb_project="aliases", wandb_dir=str(tmp_path / "wandb-miles"),
-        rank=0, env_report=None, use_mlflow=True, mlflow_tracking_uri=uri, mlflow_experiment_name="aliases",
-        mlflow_run_name=name, use_tensorboard=False, use_prometheus=False,
+        use_wandb=True,
+        wandb_mode="offline",
+        wandb_key=None,
+        wandb_host=None,
+        wandb_random_suffix=False,
+        wandb_group=name,
+        wandb_team=None,
+        wandb_project="aliases",
+        wandb_dir=str(tmp_path / "wandb-miles"),
+        rank=0,
+        env_report=None,
+        use_mlflow=True,
+        mlflow_tracking_uri=uri,
+        mlflow_experiment_name="aliases",
+        mlflow_run_name=name,
+        use_tensorboard=False,
+        use_prometheus=False,
     )
 
 
@@ -68,9 +85,16 @@ def stores(tmp_path_factory, monkeypatch_module):
     previous_uri = mlflow.get_tracking_uri()
     try:
         # cliptrack's own run
-        with Tracker("ours", backends=[uri, "wandb"], experiment="aliases", spool_dir=tmp_path / "spool",
-                     wandb_project="aliases", wandb_dir=tmp_path / "wandb-ours", wandb_mode="offline",
-                     handle_signals=False) as tracker:
+        with Tracker(
+            "ours",
+            backends=[uri, "wandb"],
+            experiment="aliases",
+            spool_dir=tmp_path / "spool",
+            wandb_project="aliases",
+            wandb_dir=tmp_path / "wandb-ours",
+            wandb_mode="offline",
+            handle_signals=False,
+        ) as tracker:
             for step in range(STEPS):
                 tracker.log(step, our_metrics(step))
         # Miles' own tracker: our keys, then Miles' stock pg_clipfrac
@@ -82,12 +106,26 @@ def stores(tmp_path_factory, monkeypatch_module):
                     loss_dict = our_metrics(step)
                 else:  # a mean of per-sample clip fractions, as Miles' per-sample-mean mode logs it
                     loss_dict = {"pg_clipfrac": 0.2 + 0.01 * step, "loss": 0.5}
-                miles.log_utils.log_train_step(args, loss_dict, grad_norm=1.0, rollout_id=step, step_id=0,
-                                               num_steps_per_rollout=1, should_log=True)
+                miles.log_utils.log_train_step(
+                    args,
+                    loss_dict,
+                    grad_norm=1.0,
+                    rollout_id=step,
+                    step_id=0,
+                    num_steps_per_rollout=1,
+                    should_log=True,
+                )
             miles_tracking.finish_tracking()
         # verl's tracker: wandb.log(data, step=step) and mlflow.log_metrics(data, step=step)
-        verl = {step: {"actor/pg_clipfrac": 0.3 - 0.01 * step, "actor/pg_clipfrac_lower": 0.001 * step,
-                       "critic/score/mean": 0.1 * step, "actor/ppo_kl": 0.01} for step in range(STEPS)}
+        verl = {
+            step: {
+                "actor/pg_clipfrac": 0.3 - 0.01 * step,
+                "actor/pg_clipfrac_lower": 0.001 * step,
+                "critic/score/mean": 0.1 * step,
+                "actor/ppo_kl": 0.01,
+            }
+            for step in range(STEPS)
+        }
         run = wandb.init(project="aliases", name="verl", dir=str(tmp_path / "wandb-verl"), mode="offline")
         for step, data in verl.items():
             wandb.log(data, step=step)
@@ -165,9 +203,15 @@ def test_wandb_offline_runs_of_miles_and_verl_load_as_our_keys(stores):
 def test_miles_custom_loss_entries_read_back_as_exact_counts():
     """``adapters.miles.custom_loss``'s entries as Miles logs them (scaled, per-token mode)."""
     scale = 0.375  # G * cp / N for some step
-    logged = {"train/loss_tokens": 120 * 32 * scale, "train/clipped_tokens": 30 * 32 * scale,
-              "train/clipped_low_tokens": 18 * 32 * scale, "train/clipped_high_tokens": 12 * 32 * scale,
-              "train/count_scale": 32 * scale, "train/pg_clipfrac": 0.24, "train/grad_norm": 1.0}
+    logged = {
+        "train/loss_tokens": 120 * 32 * scale,
+        "train/clipped_tokens": 30 * 32 * scale,
+        "train/clipped_low_tokens": 18 * 32 * scale,
+        "train/clipped_high_tokens": 12 * 32 * scale,
+        "train/count_scale": 32 * scale,
+        "train/pg_clipfrac": 0.24,
+        "train/grad_norm": 1.0,
+    }
     got = canonical_metrics(logged)
     assert got.metrics[keys.LOSS_TOKENS] == 120 and got.metrics[keys.CLIPPED_TOKENS] == 30
     assert got.metrics[keys.CLIP_FRACTION] == 30 / 120  # from the counts, not Miles' pg_clipfrac

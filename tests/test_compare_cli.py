@@ -20,8 +20,19 @@ def spool(tmp_path_factory):
 def test_compare_prints_table_and_verdict(spool, tmp_path, capsys):
     html = tmp_path / "out.html"
     md = tmp_path / "out.md"
-    code = main(["compare", "megatron0001", "miles-run", "--jsonl", str(spool), "--html", str(html),
-                 "--markdown", str(md)])
+    code = main(
+        [
+            "compare",
+            "megatron0001",
+            "miles-run",
+            "--jsonl",
+            str(spool),
+            "--html",
+            str(html),
+            "--markdown",
+            str(md),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "clip_fraction" in out and "different" in out and "Not equally on-policy" in out
@@ -31,8 +42,21 @@ def test_compare_prints_table_and_verdict(spool, tmp_path, capsys):
 
 
 def test_compare_options(spool, capsys):
-    code = main(["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--align", "tokens",
-                 "--window", "0:1000000", "--tolerance", "0.1"])
+    code = main(
+        [
+            "compare",
+            "megatron-run",
+            "miles-run",
+            "--jsonl",
+            str(spool),
+            "--align",
+            "tokens",
+            "--window",
+            "0:1000000",
+            "--tolerance",
+            "0.1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "Aligned by tokens seen, window 0:1e+06" in out
@@ -63,7 +87,13 @@ def test_compare_json_has_every_number(spool, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
     assert data["verdict"] == "different" and data["minimum"] == {"units": 100, "ess": 10.0}
     by_metric = {d["metric"]: d for d in data["differences"]}
-    assert set(by_metric) == {"clip_fraction", "clip_low_fraction", "clip_high_fraction", "reward", "throughput"}
+    assert set(by_metric) == {
+        "clip_fraction",
+        "clip_low_fraction",
+        "clip_high_fraction",
+        "reward",
+        "throughput",
+    }
     clip = by_metric["clip_fraction"]
     assert clip["verdict"] == "different" and clip["difference"]["units"] == 198
     for key in ("value", "ci_low", "ci_high", "lag1", "ess"):

@@ -25,8 +25,9 @@ from tracking.spool import RunDir
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("stores")
-    megatron, miles = megatron_vs_miles(miles_clip_p=0.14, n_miles=45, miles_missing=(4, 9),
-                                        miles_name="<script>alert(1)</script>")
+    megatron, miles = megatron_vs_miles(
+        miles_clip_p=0.14, n_miles=45, miles_missing=(4, 9), miles_name="<script>alert(1)</script>"
+    )
     uri = f"sqlite:///{root / 'mlflow.db'}"
     ids = {}
     for run in (megatron, miles):
@@ -48,10 +49,18 @@ def test_same_frame_from_all_three_stores(stores):
     from_mlflow = load_mlflow([megatron.run_name, miles.run_name], tracking_uri=stores["uri"])
     expected_rows = sum(len(p.metrics) for run in (megatron, miles) for p in run.points)
     assert len(from_jsonl.frame) == expected_rows
-    pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_wandb.frame), check_exact=True)
-    pd.testing.assert_frame_equal(_normalised(from_jsonl.frame), _normalised(from_mlflow.frame), check_exact=True)
+    pd.testing.assert_frame_equal(
+        _normalised(from_jsonl.frame), _normalised(from_wandb.frame), check_exact=True
+    )
+    pd.testing.assert_frame_equal(
+        _normalised(from_jsonl.frame), _normalised(from_mlflow.frame), check_exact=True
+    )
     assert [i.run.backend_label for i in from_mlflow.runs] == ["megatron", "miles"]
-    assert [i.source for i in (from_jsonl.runs[0], from_wandb.runs[0], from_mlflow.runs[0])] == ["jsonl", "wandb", "mlflow"]
+    assert [i.source for i in (from_jsonl.runs[0], from_wandb.runs[0], from_mlflow.runs[0])] == [
+        "jsonl",
+        "wandb",
+        "mlflow",
+    ]
     assert from_wandb.runs[1].run.config["seed"] == 2 and from_mlflow.runs[1].run.config["seed"] == "2"
     # one run record (tracking.records.RunInfo) whatever the store; the spool's is its run.json
     assert all(type(i.run) is RunInfo for rs in (from_jsonl, from_wandb, from_mlflow) for i in rs.runs)
@@ -64,7 +73,17 @@ def test_frame_columns_and_values(stores):
     megatron, _ = stores["runs"]
     rs = load_jsonl([megatron.run_id], stores["root"] / "spool")
     f = rs.frame
-    assert list(f.columns) == ["run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value"]
+    assert list(f.columns) == [
+        "run",
+        "run_id",
+        "backend",
+        "step",
+        "tokens_seen",
+        "wall_time",
+        "elapsed_s",
+        "metric",
+        "value",
+    ]
     step5 = f[(f.step == 5) & (f.metric == keys.CLIPPED_TOKENS)].iloc[0]
     assert step5.value == megatron.points[5].metrics[keys.CLIPPED_TOKENS]
     assert step5.tokens_seen == sum(p.metrics[keys.LOSS_TOKENS] for p in megatron.points[:6])
@@ -125,7 +144,9 @@ def test_jsonl_torn_lines_are_skipped_with_a_warning_and_a_foreign_line_is_named
 def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
     source = next((stores["root"] / "wb").rglob("run-megatron0001.wandb"))
     data = bytearray(source.read_bytes())
-    assert sum(1 for r in wandb_records(source, strict=True) if r.WhichOneof("record_type") == "history") == 200
+    assert (
+        sum(1 for r in wandb_records(source, strict=True) if r.WhichOneof("record_type") == "history") == 200
+    )
     damaged = tmp_path / "run-x.wandb"
     data[200] ^= 0xFF
     damaged.write_bytes(bytes(data))
@@ -145,8 +166,15 @@ def test_wandb_online_loader(stores):
     megatron, _ = stores["runs"]
     rows = []
     for p in megatron.points:
-        rows.append({"_step": len(rows), "_timestamp": 1.0, keys.WANDB_STEP_METRIC: p.step,
-                     keys.WANDB_WALL_TIME: p.wall_time, **p.metrics})
+        rows.append(
+            {
+                "_step": len(rows),
+                "_timestamp": 1.0,
+                keys.WANDB_STEP_METRIC: p.step,
+                keys.WANDB_WALL_TIME: p.wall_time,
+                **p.metrics,
+            }
+        )
 
     class FakeRun:
         id, name, group = megatron.run_id, megatron.run_name, "megatron"
@@ -176,14 +204,19 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     megatron, miles = megatron_vs_miles(miles_clip_p=0.16, miles_missing=(2,))
-    ids = [log_with_tracker(r, tracking_uri=uri, spool_dir=tmp_path / "spool", wandb_dir=tmp_path / "wb")
-           for r in (megatron, miles)]
+    ids = [
+        log_with_tracker(r, tracking_uri=uri, spool_dir=tmp_path / "spool", wandb_dir=tmp_path / "wb")
+        for r in (megatron, miles)
+    ]
     frames = {
         "jsonl": load_jsonl(ids, tmp_path / "spool"),
         "wandb": load_wandb_offline(ids, tmp_path / "wb"),
         "mlflow": load_mlflow(ids, tracking_uri=uri),  # by the cliptrack run id tag
     }
-    assert load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run.run_id == frames["mlflow"].runs[0].run.run_id
+    assert (
+        load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run.run_id
+        == frames["mlflow"].runs[0].run.run_id
+    )
     base = _normalised(frames["jsonl"].frame)
     assert len(base) == sum(len(p.metrics) for r in (megatron, miles) for p in r.points)
     for source in ("wandb", "mlflow"):
@@ -191,8 +224,13 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
         exact = ["run", "backend", "step", "tokens_seen", "metric", "value"]
         pd.testing.assert_frame_equal(base[exact], other[exact], check_exact=True)
         # MLflow keeps wall time in whole milliseconds
-        pd.testing.assert_frame_equal(base[["wall_time", "elapsed_s"]], other[["wall_time", "elapsed_s"]],
-                                      check_exact=False, atol=2e-3, rtol=0)
+        pd.testing.assert_frame_equal(
+            base[["wall_time", "elapsed_s"]],
+            other[["wall_time", "elapsed_s"]],
+            check_exact=False,
+            atol=2e-3,
+            rtol=0,
+        )
     assert [i.run.backend_label for i in frames["mlflow"].runs] == ["megatron", "miles"]
     result = compare(frames["mlflow"])
     assert result.difference("clip_fraction").verdict == "different"
@@ -252,8 +290,14 @@ def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monke
     run_id = write_mlflow(uri, megatron)
     client = MlflowClient(tracking_uri=uri)
     ms = int(megatron.points[5].wall_time * 1000)
-    client.log_batch(run_id, metrics=[Metric(keys.REWARD, float("nan"), ms + 10**7, 5), Metric(keys.THROUGHPUT, float("inf"), ms + 10**7, 6),
-                                      Metric(keys.REWARD, 7.0, ms + 10**7, 7)])  # logged again, later
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(keys.REWARD, float("nan"), ms + 10**7, 5),
+            Metric(keys.THROUGHPUT, float("inf"), ms + 10**7, 6),
+            Metric(keys.REWARD, 7.0, ms + 10**7, 7),
+        ],
+    )  # logged again, later
     bulk = load_mlflow([run_id], tracking_uri=uri)
     monkeypatch.setattr(load_module, "bulk_columns", lambda uri, ids: None)
     one_by_one = load_mlflow([run_id], tracking_uri=uri)

@@ -17,8 +17,12 @@ REPLICATES = 500
 
 @pytest.fixture(scope="module")
 def rows():
-    return {(r.phi, r.steps): r for r in measure("fixed-b", phis=(0.0, 0.5, 0.9), steps=(20, 50, 100, 200, 1000),
-                                                  replicates=REPLICATES, seed=11)}
+    return {
+        (r.phi, r.steps): r
+        for r in measure(
+            "fixed-b", phis=(0.0, 0.5, 0.9), steps=(20, 50, 100, 200, 1000), replicates=REPLICATES, seed=11
+        )
+    }
 
 
 def test_intervals_cover_with_independent_steps(rows):

@@ -40,7 +40,9 @@ from tracking.records import RunInfo
 
 
 def runset_of(*runs) -> RunSet:
-    return RunSet.from_points((LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in runs)
+    return RunSet.from_points(
+        (LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in runs
+    )
 
 
 # ------------------------------------------------------------------------------- verdicts on runs
@@ -91,7 +93,9 @@ def test_unequal_lengths_pair_only_common_steps_and_per_run_values_use_the_same_
     assert len(common) == 200 - len(missing)
     d = result.difference("clip_fraction")
     assert d.estimate.n_units == len(common)
-    assert d.estimate.value == pytest.approx(miles.clip_fraction(common) - megatron.clip_fraction(common), abs=1e-12)
+    assert d.estimate.value == pytest.approx(
+        miles.clip_fraction(common) - megatron.clip_fraction(common), abs=1e-12
+    )
     # the per-run values beside the difference are over the same paired steps ...
     assert d.reference_paired.value == pytest.approx(megatron.clip_fraction(common), abs=1e-15)
     assert d.run_paired.value == pytest.approx(miles.clip_fraction(common), abs=1e-15)
@@ -180,7 +184,9 @@ def test_window_restricts_steps():
     result = compare(runset_of(megatron, miles), window=parse_window("10:130"))
     steps = set(range(10, 130))
     assert result.difference("clip_fraction").estimate.n_units == 120
-    assert result.run_estimate("clip_fraction", "miles-run").estimate.value == pytest.approx(miles.clip_fraction(steps))
+    assert result.run_estimate("clip_fraction", "miles-run").estimate.value == pytest.approx(
+        miles.clip_fraction(steps)
+    )
 
 
 @pytest.mark.parametrize("align", ["tokens", "time"])
@@ -200,8 +206,12 @@ def test_alignment_by_tokens_and_time(align):
 def test_loss_without_clip_keys_is_never_counted_as_zero():
     a = synthetic_run("a", "a", "megatron", seed=1)
     b = synthetic_run("b", "b", "miles", seed=2)
-    b.points = [Point(p.step, p.wall_time, {k: v for k, v in p.metrics.items() if k not in keys.CLIP_COUNT_KEYS})
-                if p.step % 2 else p for p in b.points]
+    b.points = [
+        Point(p.step, p.wall_time, {k: v for k, v in p.metrics.items() if k not in keys.CLIP_COUNT_KEYS})
+        if p.step % 2
+        else p
+        for p in b.points
+    ]
     result = compare(runset_of(a, b))
     assert result.run_estimate("clip_fraction", "b").estimate.n_units == 100
     assert result.run_estimate("clip_fraction", "b").missing == 100
@@ -265,13 +275,19 @@ def test_nan_mid_run_is_left_out_and_flagged():
 
 def test_all_zero_token_steps_say_so():
     megatron, miles = megatron_vs_miles()
-    zero = {keys.LOSS_TOKENS: 0.0, keys.CLIPPED_TOKENS: 0.0, keys.CLIPPED_LOW_TOKENS: 0.0,
-            keys.CLIPPED_HIGH_TOKENS: 0.0}
+    zero = {
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+        keys.CLIPPED_LOW_TOKENS: 0.0,
+        keys.CLIPPED_HIGH_TOKENS: 0.0,
+    }
     _with(miles, 0, **zero)
     result = compare(runset_of(megatron, miles))
     d = result.difference("clip_fraction")
     assert d.verdict == INSUFFICIENT and d.estimate.n_units == 200
-    assert d.reason == "miles-run logged 0 loss_tokens:sum at all 200 paired units: clip_fraction is undefined"
+    assert (
+        d.reason == "miles-run logged 0 loss_tokens:sum at all 200 paired units: clip_fraction is undefined"
+    )
     assert "too few" not in result.summary() and "only" not in d.reason
     assert result.summary().startswith("Insufficient data")
 
@@ -323,8 +339,12 @@ def _arrays(seed: int, n: int, phi: float) -> list[np.ndarray]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 300), phi=st.sampled_from([0.0, 0.5, 0.9]),
-       scale=st.sampled_from([ABSOLUTE, LOG_RATIO]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(2, 300),
+    phi=st.sampled_from([0.0, 0.5, 0.9]),
+    scale=st.sampled_from([ABSOLUTE, LOG_RATIO]),
+)
 def test_swapping_the_runs_mirrors_the_difference(seed, n, phi, scale):
     ca, ta, cb, tb = _arrays(seed, n, phi)
     ab = paired_difference(ca, ta, cb, tb, scale=scale)
@@ -441,10 +461,18 @@ def _est(low: float, high: float, n: int = 200, ess: float = 50.0) -> Estimate:
 
 @pytest.mark.parametrize(
     "estimate,verdict",
-    [(_est(-0.01, 0.01), EQUIVALENT), (_est(0.03, 0.05), DIFFERENT), (_est(-0.05, -0.03), DIFFERENT),
-     (_est(0.01, 0.03), INCONCLUSIVE), (_est(-0.03, 0.03), INCONCLUSIVE), (_est(-0.02, 0.0), INCONCLUSIVE),
-     (_est(float("nan"), float("nan")), INSUFFICIENT), (_est(-0.01, 0.01, n=MIN_UNITS - 1), INSUFFICIENT),
-     (_est(0.03, 0.05, ess=MIN_ESS - 0.1), INSUFFICIENT), (_est(-0.01, 0.01, n=MIN_UNITS, ess=MIN_ESS), EQUIVALENT)],
+    [
+        (_est(-0.01, 0.01), EQUIVALENT),
+        (_est(0.03, 0.05), DIFFERENT),
+        (_est(-0.05, -0.03), DIFFERENT),
+        (_est(0.01, 0.03), INCONCLUSIVE),
+        (_est(-0.03, 0.03), INCONCLUSIVE),
+        (_est(-0.02, 0.0), INCONCLUSIVE),
+        (_est(float("nan"), float("nan")), INSUFFICIENT),
+        (_est(-0.01, 0.01, n=MIN_UNITS - 1), INSUFFICIENT),
+        (_est(0.03, 0.05, ess=MIN_ESS - 0.1), INSUFFICIENT),
+        (_est(-0.01, 0.01, n=MIN_UNITS, ess=MIN_ESS), EQUIVALENT),
+    ],
 )
 def test_equivalence_verdict_rules(estimate, verdict):
     assert equivalence_verdict(estimate, 0.02) == verdict

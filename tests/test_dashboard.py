@@ -24,8 +24,12 @@ EVIL = "<script>alert(1)</script>"
 def dashboard(tmp_path_factory):
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
-    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
-                             for r in (megatron, miles)])
+    rs = RunSet.from_points(
+        [
+            (LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
+            for r in (megatron, miles)
+        ]
+    )
     result = compare(rs)
     path = write_dashboard(tmp_path_factory.mktemp("dash") / "dashboard.html", rs, result)
     return path, result
@@ -45,10 +49,24 @@ def test_self_contained_and_escaped(dashboard):
 
 
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=15000"]
-    return subprocess.run(base + args, capture_output=True, text=True, timeout=120, env={**os.environ, "TZ": "UTC"})
+    base = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=15000",
+    ]
+    return subprocess.run(
+        base + args, capture_output=True, text=True, timeout=120, env={**os.environ, "TZ": "UTC"}
+    )
 
 
 def _console(stderr: str) -> list[str]:
@@ -80,12 +98,14 @@ def test_renders_in_headless_chromium(dashboard, tmp_path):
     assert out.count("js-plotly-plot") >= len(PANELS)
     assert "megatron-run" in out and html.escape(EVIL) in out
     assert EVIL not in out  # shown as text, never as an element
-    assert "<img src=\"x\"" not in out and "<img src=x" not in out
+    assert '<img src="x"' not in out and "<img src=x" not in out
     legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', out)
     assert any("megatron-run" in t for t in legend) and any("&lt;script&gt;alert(1)" in t for t in legend)
 
     shot = tmp_path / "dashboard.png"
-    proc = _chromium(["--window-size=1400,1800", f"--screenshot={shot}", path.as_uri()], tmp_path / "profile2")
+    proc = _chromium(
+        ["--window-size=1400,1800", f"--screenshot={shot}", path.as_uri()], tmp_path / "profile2"
+    )
     assert _console(proc.stderr) == []
     assert shot.exists() and shot.stat().st_size > 50_000
     print(f"\ndashboard screenshot: {shot}")
@@ -95,8 +115,12 @@ def test_render_is_deterministic(dashboard):
     path, result = dashboard
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
-    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
-                             for r in (megatron, miles)])
+    rs = RunSet.from_points(
+        [
+            (LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
+            for r in (megatron, miles)
+        ]
+    )
     assert render_dashboard(rs, compare(rs)) == path.read_text(encoding="utf-8")
 
 
@@ -106,7 +130,9 @@ def test_insufficient_data_is_shown(tmp_path):
     a = synthetic_run("a", "a", "megatron", seed=1, n_steps=30)
     b = synthetic_run("b", "b", "miles", seed=2, n_steps=30, clip_p=0.3)
     a.points[10].metrics["reward:mean"] = float("nan")
-    rs = RunSet.from_points([(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in (a, b)])
+    rs = RunSet.from_points(
+        [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend), "test"), r.points) for r in (a, b)]
+    )
     result = compare(rs)
     assert result.on_policy_verdict == "insufficient data"
     text = render_dashboard(rs, result)

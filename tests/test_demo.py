@@ -25,9 +25,23 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "demo", "--steps", str(STEPS), "--out", str(out), "--no-progress",
-         "--wandb"],
-        capture_output=True, text=True, timeout=300, env=env, cwd=out,
+        [
+            sys.executable,
+            "-m",
+            "tracking.cli",
+            "demo",
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--wandb",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=out,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc.stdout
@@ -39,7 +53,9 @@ def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
     out, _ = demo
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
-    runs = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_TRAINING}'")
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_TRAINING}'"
+    )
     assert sorted(r.data.tags[keys.TAG_BACKEND] for r in runs) == ["megatron", "miles"]
     for run in runs:
         assert run.info.status == "FINISHED"
@@ -80,14 +96,31 @@ def mlflow_ui(store: Path, cwd: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log = (cwd / "mlflow-ui.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{store}", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
-        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            f"sqlite:///{store}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=cwd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         for _ in range(240):  # readiness poll: up to ~2 minutes for the server to start
             if proc.poll() is not None:
-                raise AssertionError(f"mlflow ui exited {proc.returncode}: {(cwd / 'mlflow-ui.log').read_text()[-2000:]}")
+                raise AssertionError(
+                    f"mlflow ui exited {proc.returncode}: {(cwd / 'mlflow-ui.log').read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     if response.status == 200:
@@ -109,10 +142,21 @@ def mlflow_ui(store: Path, cwd: Path) -> Iterator[str]:
 
 def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     """Headless Chromium on ``url``; ``--virtual-time-budget`` lets the app fetch and draw its charts."""
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-quic",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}", "--window-size=1600,1400", "--virtual-time-budget=60000",
-            "--run-all-compositor-stages-before-draw"]
+    base = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-quic",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1600,1400",
+        "--virtual-time-budget=60000",
+        "--run-all-compositor-stages-before-draw",
+    ]
     return subprocess.run(base + list(args) + [url], capture_output=True, text=True, timeout=300)
 
 
@@ -127,7 +171,11 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
     runs = client.search_runs([experiment.experiment_id])
-    training = {r.info.run_name: r.info.run_id for r in runs if r.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_TRAINING}
+    training = {
+        r.info.run_name: r.info.run_id
+        for r in runs
+        if r.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_TRAINING
+    }
     assert sorted(training) == ["demo-megatron-ppo-seed0", "demo-miles-ppo-seed0"]
     assert len(runs) == len(training), "only the training runs belong in the training experiment"
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
@@ -163,11 +211,13 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
-    assert not client.search_runs([experiment.experiment_id],
-                                  f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
+    assert not client.search_runs(
+        [experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'"
+    )
     comparisons = client.get_experiment_by_name("cliptrack-demo-comparisons")
-    [comparison] = client.search_runs([comparisons.experiment_id],
-                                      f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'")
+    [comparison] = client.search_runs(
+        [comparisons.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'"
+    )
     assert comparison.data.metrics == {}  # numbers are params and tags, not charted metrics
     assert comparison.data.tags[keys.TAG_VERDICT] == "insufficient data"  # this short demo has too few steps
     assert comparison.info.artifact_uri.startswith((out / "comparison-artifacts").resolve().as_uri())
@@ -182,7 +232,11 @@ def test_miles_run_is_more_off_policy_than_megatron_run(demo):
     out, _ = demo
     runs = load_runs(jsonl_dir=out / "spool")
     frame = runs.frame
-    sums = frame[frame.metric.isin([keys.CLIPPED_TOKENS, keys.LOSS_TOKENS])].groupby(["backend", "metric"]).value.sum()
+    sums = (
+        frame[frame.metric.isin([keys.CLIPPED_TOKENS, keys.LOSS_TOKENS])]
+        .groupby(["backend", "metric"])
+        .value.sum()
+    )
     fraction = {b: sums[b, keys.CLIPPED_TOKENS] / sums[b, keys.LOSS_TOKENS] for b in ("megatron", "miles")}
     assert fraction["miles"] > fraction["megatron"] > 0
 
@@ -216,7 +270,10 @@ def test_default_demo_trains_enough_steps_for_a_verdict():
     defaults = parser.parse_args([])
     assert defaults.steps >= MIN_UNITS * 1.2
     assert STEPS < MIN_UNITS  # the short demo above is short, hence its "insufficient data"
-    assert (RunConfig(path="megatron").steps, RunConfig(path="megatron").epochs) == (defaults.steps, defaults.epochs)
+    assert (RunConfig(path="megatron").steps, RunConfig(path="megatron").epochs) == (
+        defaults.steps,
+        defaults.epochs,
+    )
 
 
 @pytest.mark.slow
@@ -239,11 +296,19 @@ def test_default_training_gives_a_clip_fraction_verdict():
     threads = torch.get_num_threads()
     counts = {}
     for path, staleness in (("megatron", 0), ("miles", defaults.miles_staleness)):
-        config = RunConfig(path=path, loss=defaults.loss, steps=defaults.steps, epochs=defaults.epochs,
-                           staleness=staleness, seed=defaults.seed)
+        config = RunConfig(
+            path=path,
+            loss=defaults.loss,
+            steps=defaults.steps,
+            epochs=defaults.epochs,
+            staleness=staleness,
+            seed=defaults.seed,
+        )
         metrics = [r.output.metrics for r in train(config)]
-        counts[path] = (np.array([m[keys.CLIPPED_TOKENS] for m in metrics]),
-                        np.array([m[keys.LOSS_TOKENS] for m in metrics]))
+        counts[path] = (
+            np.array([m[keys.CLIPPED_TOKENS] for m in metrics]),
+            np.array([m[keys.LOSS_TOKENS] for m in metrics]),
+        )
     assert torch.get_num_threads() == threads, "training restores torch's thread setting"
     fraction = {path: clipped.sum() / tokens.sum() for path, (clipped, tokens) in counts.items()}
     assert 0.005 < fraction["megatron"] < fraction["miles"] < 0.5, fraction
@@ -263,8 +328,12 @@ def test_demo_refuses_bad_settings():
         RunConfig(path="miles", staleness=-1)
     with pytest.raises(ValueError, match="threads must be >= 1"):
         RunConfig(path="miles", threads=0)
-    proc = subprocess.run([sys.executable, "-m", "tracking.cli", "demo", "--paths", "nope"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracking.cli", "demo", "--paths", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "unknown path" in proc.stderr
 
 

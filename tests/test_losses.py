@@ -28,8 +28,11 @@ def batches(draw, dtype=torch.float32):
         st.lists(st.one_of(st.floats(-2.0, 2.0, width=32), st.sampled_from(edge)), min_size=n, max_size=n)
     )
     adv = draw(
-        st.lists(st.one_of(st.floats(-3.0, 3.0, width=32), st.sampled_from([0.0, 1.0, -1.0, 1e-30])),
-                 min_size=n, max_size=n)
+        st.lists(
+            st.one_of(st.floats(-3.0, 3.0, width=32), st.sampled_from([0.0, 1.0, -1.0, 1e-30])),
+            min_size=n,
+            max_size=n,
+        )
     )
     mask = draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=n, max_size=n))
     shape = (rows, cols) if two_d else (n,)
@@ -55,8 +58,14 @@ def _leaf(x):
 def test_ppo_matches_per_token_reference(dtype, data, band, bool_mask):
     lp, slp, adv, mask = data.draw(batches(dtype))
     low, high = band
-    out = losses.ppo(_leaf(lp), slp, adv, mask.bool() if bool_mask else mask,
-                     clip_low_threshold=low, clip_high_threshold=high)
+    out = losses.ppo(
+        _leaf(lp),
+        slp,
+        adv,
+        mask.bool() if bool_mask else mask,
+        clip_low_threshold=low,
+        clip_high_threshold=high,
+    )
     ref = reference.per_token_ppo(lp, slp, adv, mask, low, high)
     assert (int(out.loss_tokens), int(out.clipped_tokens)) == (ref.loss_tokens, ref.clipped)
     assert (int(out.clipped_low_tokens), int(out.clipped_high_tokens)) == (ref.low, ref.high)
@@ -85,16 +94,23 @@ def test_loss_and_gradients_bit_identical_to_objective_without_counting(dtype, d
     lp, slp, adv, mask = data.draw(batches(dtype))
     low, high = band
     cases = [
-        (lambda x: losses.ppo(x, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=high),
-         lambda x: reference.objective_ppo(x, slp, adv, mask, low, high)),
-        (lambda x: losses.cispo(x, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=high),
-         lambda x: reference.objective_cispo(x, slp, adv, mask, low, high)),
-        (lambda x: losses.importance_sampling(x, slp, adv, mask),
-         lambda x: reference.objective_importance_sampling(x, slp, adv, mask)),
-        (lambda x: losses.dro(x, slp, adv, mask, beta=beta),
-         lambda x: reference.objective_dro(x, slp, adv, mask, beta)),
-        (lambda x: losses.cross_entropy(x, adv),
-         lambda x: reference.objective_cross_entropy(x, adv)),
+        (
+            lambda x: losses.ppo(x, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=high),
+            lambda x: reference.objective_ppo(x, slp, adv, mask, low, high),
+        ),
+        (
+            lambda x: losses.cispo(x, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=high),
+            lambda x: reference.objective_cispo(x, slp, adv, mask, low, high),
+        ),
+        (
+            lambda x: losses.importance_sampling(x, slp, adv, mask),
+            lambda x: reference.objective_importance_sampling(x, slp, adv, mask),
+        ),
+        (
+            lambda x: losses.dro(x, slp, adv, mask, beta=beta),
+            lambda x: reference.objective_dro(x, slp, adv, mask, beta),
+        ),
+        (lambda x: losses.cross_entropy(x, adv), lambda x: reference.objective_cross_entropy(x, adv)),
     ]
     for counted, plain in cases:
         x1, x2 = _leaf(lp), _leaf(lp)
@@ -125,10 +141,15 @@ def test_never_clipping_losses_count_tokens_and_emit_no_clip_fields(data):
     lp, slp, adv, mask = data.draw(batches())
     weights = adv.abs() * mask
     eligible = int((mask != 0).sum())
-    for out in (losses.importance_sampling(lp, slp, adv, mask), losses.dro(lp, slp, adv, mask, beta=0.1),
-                losses.cross_entropy(lp, adv, mask)):
+    for out in (
+        losses.importance_sampling(lp, slp, adv, mask),
+        losses.dro(lp, slp, adv, mask, beta=0.1),
+        losses.cross_entropy(lp, adv, mask),
+    ):
         assert int(out.loss_tokens) == eligible
-        assert out.clipped_tokens is None and out.clipped_low_tokens is None and out.clipped_high_tokens is None
+        assert (
+            out.clipped_tokens is None and out.clipped_low_tokens is None and out.clipped_high_tokens is None
+        )
         assert out.clip_counts() is None
     ce = losses.cross_entropy(lp, weights)
     assert int(ce.loss_tokens) == int((weights != 0).sum())
@@ -153,7 +174,10 @@ def test_default_thresholds_are_tinkers():
     ppo_params = inspect.signature(losses.ppo).parameters
     cispo_params = inspect.signature(losses.cispo).parameters
     assert (ppo_params["clip_low_threshold"].default, ppo_params["clip_high_threshold"].default) == (0.8, 1.2)
-    assert (cispo_params["clip_low_threshold"].default, cispo_params["clip_high_threshold"].default) == (0.0, 4.0)
+    assert (cispo_params["clip_low_threshold"].default, cispo_params["clip_high_threshold"].default) == (
+        0.0,
+        4.0,
+    )
 
 
 @given(data=st.data())
@@ -166,8 +190,10 @@ def test_per_datum_tensor_thresholds_equal_scalar_thresholds_row_by_row(data):
     high = torch.tensor([[r[1]] for r in rows])
     for fn in (losses.ppo, losses.cispo):
         batched = fn(lp3, slp3, adv3, mask3, clip_low_threshold=low, clip_high_threshold=high)
-        per_row = [fn(lp, slp, adv, mask, clip_low_threshold=torch.tensor(lo), clip_high_threshold=torch.tensor(hi))
-                   for lo, hi in rows]
+        per_row = [
+            fn(lp, slp, adv, mask, clip_low_threshold=torch.tensor(lo), clip_high_threshold=torch.tensor(hi))
+            for lo, hi in rows
+        ]
         total = per_row[0] + per_row[1] + per_row[2]
         assert batched.clip_counts() == total.clip_counts()
 
@@ -186,7 +212,10 @@ def test_counts_stay_on_input_device_and_sum_across_micro_batches():
         outs[0] + losses.importance_sampling(torch.zeros(2), torch.zeros(2), torch.ones(2))
 
 
-@given(st.lists(st.integers(1, 40), min_size=1, max_size=8), st.sampled_from(["ppo", "cispo", "importance_sampling"]))
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    st.sampled_from(["ppo", "cispo", "importance_sampling"]),
+)
 def test_the_one_packing_adds_on_device_and_reads_back_the_exact_counts(sizes, name):
     from tests._harness import host_sync_forbidden
 
@@ -195,8 +224,14 @@ def test_the_one_packing_adds_on_device_and_reads_back_the_exact_counts(sizes, n
     with host_sync_forbidden():
         for n in sizes:
             lp = -torch.rand(n, generator=gen) * 3
-            outs.append(losses.LOSSES[name](lp, lp + 0.4 * torch.randn(n, generator=gen), torch.randn(n, generator=gen),
-                                            (torch.rand(n, generator=gen) > 0.2).float()))
+            outs.append(
+                losses.LOSSES[name](
+                    lp,
+                    lp + 0.4 * torch.randn(n, generator=gen),
+                    torch.randn(n, generator=gen),
+                    (torch.rand(n, generator=gen) > 0.2).float(),
+                )
+            )
         packed = torch.stack([losses.pack(o) for o in outs]).sum(dim=0)
     assert packed.dtype == losses.PACKED_DTYPE and packed.shape == (len(losses.PACKED_FIELDS),)
     sums = losses.unpack(packed.tolist())

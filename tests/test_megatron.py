@@ -94,7 +94,11 @@ def test_micro_batches_of_different_lengths(megatron_one_rank):
     lengths = (3, 16, 9, 1)
     parts = [setup.global_batch("ppo", setup.MICRO_BATCH, seq_len=n, seed=n) for n in lengths]
     data = [
-        {"tokens": b.tokens, "labels": b.labels, "inputs": setup.loss_inputs("ppo", b, slice(None), slice(None))}
+        {
+            "tokens": b.tokens,
+            "labels": b.labels,
+            "inputs": setup.loss_inputs("ppo", b, slice(None), slice(None)),
+        }
         for b in parts
     ]
     reports = setup.run_step(setup.build_model(), "ppo", data, seq_len=max(lengths))
@@ -140,8 +144,12 @@ def test_loss_values_and_gradients_unchanged(megatron_one_rank, per_token_loss):
 
     baseline = setup.build_model(per_token_loss=per_token_loss)
     get_forward_backward_func()(
-        forward_step_func=plain_step, data_iterator=iter(data), model=[baseline],
-        num_microbatches=len(data), seq_length=setup.SEQ_LEN, micro_batch_size=setup.MICRO_BATCH,
+        forward_step_func=plain_step,
+        data_iterator=iter(data),
+        model=[baseline],
+        num_microbatches=len(data),
+        seq_length=setup.SEQ_LEN,
+        micro_batch_size=setup.MICRO_BATCH,
     )
     counted = setup.build_model(per_token_loss=per_token_loss)
     reports = setup.run_step(counted, scenario, data, seq_len=setup.SEQ_LEN)
@@ -174,7 +182,9 @@ def test_no_host_sync_in_the_loss_or_the_micro_batch_sum(megatron_one_rank):
     reports = []
     with host_sync_forbidden():
         for micro, output in zip(data, outputs, strict=True):
-            loss_func = mg.make_loss_func("ppo", micro["inputs"], {"clip_high_threshold": 1.3}, output_to_logprobs=torch.neg)
+            loss_func = mg.make_loss_func(
+                "ppo", micro["inputs"], {"clip_high_threshold": 1.3}, output_to_logprobs=torch.neg
+            )
             loss, num_tokens, report = loss_func(output)
             loss.backward()
             reports.append(report)
@@ -232,11 +242,20 @@ def test_never_clipping_loss_reports_no_clip_keys():
     ("loss_fn", "inputs", "config", "message"),
     [
         ("ppo2", {}, {}, "loss_fn 'ppo2'"),
-        ("ppo", {"sampling_logprobs": torch.zeros(2), "advantages": torch.zeros(2), "labels": torch.zeros(2)}, {},
-         "'labels', which loss ppo does not take"),
+        (
+            "ppo",
+            {"sampling_logprobs": torch.zeros(2), "advantages": torch.zeros(2), "labels": torch.zeros(2)},
+            {},
+            "'labels', which loss ppo does not take",
+        ),
         ("ppo", {"sampling_logprobs": torch.zeros(2)}, {}, "lacks \\['advantages'\\]"),
         ("ppo", {"sampling_logprobs": torch.zeros(2), "advantages": torch.zeros(2)}, {"clip": 0.2}, "'clip'"),
-        ("dro", {"sampling_logprobs": torch.zeros(2), "advantages": torch.zeros(2)}, {}, "lacks \\['beta'\\]"),
+        (
+            "dro",
+            {"sampling_logprobs": torch.zeros(2), "advantages": torch.zeros(2)},
+            {},
+            "lacks \\['beta'\\]",
+        ),
         ("ppo", {"sampling_logprobs": [0.0], "advantages": torch.zeros(1)}, {}, "sampling_logprobs"),
     ],
 )
@@ -277,7 +296,9 @@ micro_counts = st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.intege
 )
 
 
-@given(st.lists(micro_counts, min_size=1, max_size=12), st.lists(st.floats(-1e3, 1e3), min_size=12, max_size=12))
+@given(
+    st.lists(micro_counts, min_size=1, max_size=12), st.lists(st.floats(-1e3, 1e3), min_size=12, max_size=12)
+)
 def test_sums_of_reports_are_exact(counts, losses):
     reports = [_report(loss, n, low, high) for (n, low, high), loss in zip(counts, losses, strict=False)]
     metrics = mg.reduce_losses(reports, group=None).metrics
@@ -307,17 +328,38 @@ def test_token_weighted_not_a_mean_of_micro_batch_fractions():
         ([_report(1.0, 3, 0, 1), _report(1.0, 3)], ValueError, "1 of 2 loss calls come from a clipping loss"),
         ([_report(1.0, 3), {keys.LOSS_SUM: torch.tensor(1.0)}], ValueError, "micro-batch 1: report lacks"),
         ([{**_report(1.0, 3), keys.CLIPPED_LOW_TOKENS: torch.tensor(1)}], ValueError, "but not"),
-        ([{**_report(1.0, 3, 0, 1), keys.CLIPPED_HIGH_TOKENS: torch.tensor(0)}], ValueError, "!= clipped_tokens"),
+        (
+            [{**_report(1.0, 3, 0, 1), keys.CLIPPED_HIGH_TOKENS: torch.tensor(0)}],
+            ValueError,
+            "!= clipped_tokens",
+        ),
         ([{**_report(1.0, 3), keys.LOSS_TOKENS: 3}], TypeError, "expected a tensor"),
         ([{**_report(1.0, 3), keys.LOSS_TOKENS: torch.ones(2)}], ValueError, "shape \\(2,\\)"),
         ([_report(1.0, 3, 2, 2)], ValueError, "exceeds loss_tokens"),
         ([_report(float("nan"), 3)], ValueError, "not finite"),
         ([3.0], TypeError, "micro-batch 0: report is a float"),
         # counts from a hand-written loss: never truncated to an int or emitted negative
-        ([{**_report(1.0, 3), keys.LOSS_TOKENS: torch.tensor(2.5)}], ValueError, "loss_tokens:sum.*fraction 2.5"),
-        ([{**_report(1.0, 3, 0, 1), keys.LOSS_TOKENS: torch.tensor(2.5)}], ValueError, "loss_tokens:sum.*fraction"),
-        ([{**_report(1.0, 3, 0, 1), keys.CLIPPED_LOW_TOKENS: torch.tensor(0.5),
-           keys.CLIPPED_HIGH_TOKENS: torch.tensor(0.5)}], ValueError, "clipped_low_tokens:sum.*fraction 0.5"),
+        (
+            [{**_report(1.0, 3), keys.LOSS_TOKENS: torch.tensor(2.5)}],
+            ValueError,
+            "loss_tokens:sum.*fraction 2.5",
+        ),
+        (
+            [{**_report(1.0, 3, 0, 1), keys.LOSS_TOKENS: torch.tensor(2.5)}],
+            ValueError,
+            "loss_tokens:sum.*fraction",
+        ),
+        (
+            [
+                {
+                    **_report(1.0, 3, 0, 1),
+                    keys.CLIPPED_LOW_TOKENS: torch.tensor(0.5),
+                    keys.CLIPPED_HIGH_TOKENS: torch.tensor(0.5),
+                }
+            ],
+            ValueError,
+            "clipped_low_tokens:sum.*fraction 0.5",
+        ),
         ([_report(1.0, -3)], ValueError, "loss_tokens:sum .*must be >= 0"),
     ],
 )
@@ -338,7 +380,9 @@ def test_works_without_megatron_core_installed():
         "print(sorted(fbo.metrics.items()))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = dict(ast.literal_eval(done.stdout.strip().splitlines()[-1]))
     # ratios exp(0.5)=1.65 with A>0 (high side bites), 1.0, exp(-1)=0.37 with A<0 (low side bites)

@@ -56,7 +56,9 @@ def _launch(tmp_path: Path, world: int, tp: int, pp: int, cp: int) -> list[dict]
             code = -9
         log.close()
         if code != 0:
-            failed.append(f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:])
+            failed.append(
+                f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:]
+            )
     assert not failed, "\n".join(failed)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
@@ -72,7 +74,9 @@ def _check_layout(results: list[dict], dp: int) -> None:
                 assert step["collectives"] == []
             else:
                 assert step["n_reports"] == setup.N_MICRO
-                assert len(step["collectives"]) == 1, f"{scenario}: one collective per step, got {step['collectives']}"
+                assert len(step["collectives"]) == 1, (
+                    f"{scenario}: one collective per step, got {step['collectives']}"
+                )
                 got = step["metrics"]
                 assert set(got) == set(expected), f"{scenario} rank {res['rank']}: keys {sorted(got)}"
                 for key in COUNT_KEYS:

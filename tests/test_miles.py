@@ -158,7 +158,9 @@ def test_per_datum_thresholds_override_the_request_config():
         low, high = t if t is not None else (0.85, 1.15)
         # thresholds travel as float32 on the wire: the reference uses the same rounded bounds
         low, high = float(np.float32(low)), float(np.float32(high))
-        ref = reference.per_token_ppo(lp, field(d, "logprobs"), field(d, "advantages"), field(d, "mask"), low, high)
+        ref = reference.per_token_ppo(
+            lp, field(d, "logprobs"), field(d, "advantages"), field(d, "mask"), low, high
+        )
         assert out[keys.DATUM_CLIPPED_LOW_TOKENS].tolist() == [ref.low]
         assert out[keys.DATUM_CLIPPED_HIGH_TOKENS].tolist() == [ref.high]
 
@@ -208,8 +210,10 @@ def test_runtime_accepts_tinker_datums():
     tinker_datums = [
         tinker_types.Datum(
             model_input=tinker_types.ModelInput.from_ints(d["target_tokens"]["data"]),
-            loss_fn_inputs={k: np.asarray(v["data"], dtype=np.float32 if v["dtype"] == "float32" else np.int64)
-                            for k, v in d.items()},
+            loss_fn_inputs={
+                k: np.asarray(v["data"], dtype=np.float32 if v["dtype"] == "float32" else np.int64)
+                for k, v in d.items()
+            },
         )
         for d in datums
     ]
@@ -223,12 +227,21 @@ def test_runtime_accepts_tinker_datums():
     "mutate, message",
     [
         (lambda d, c: d[0].pop("advantages"), r"datum 0: .*lacks \['advantages'\]"),
-        (lambda d, c: d[1].update(target_tokens={"data": [1], "dtype": "int64", "shape": [1]}), r"datum 1: target_tokens has 1"),
-        (lambda d, c: d[2]["advantages"]["data"].__setitem__(0, float("nan")), r"datum 2: invalid loss input"),
+        (
+            lambda d, c: d[1].update(target_tokens={"data": [1], "dtype": "int64", "shape": [1]}),
+            r"datum 1: target_tokens has 1",
+        ),
+        (
+            lambda d, c: d[2]["advantages"]["data"].__setitem__(0, float("nan")),
+            r"datum 2: invalid loss input",
+        ),
         (lambda d, c: d[0]["mask"]["data"].__setitem__(0, 0.5), r"datum 0: invalid loss input"),
         (lambda d, c: c.update(clip_low_threshold=1.5), r"clip_low_threshold=1.5 is above"),
         (lambda d, c: c.update(beta=0.1), r"loss_fn_config keys \['beta'\] are not used by 'ppo'"),
-        (lambda d, c: d[1]["advantages"]["data"].__setitem__(1, "high"), r"datum 1: loss_fn_inputs\['advantages'\].*'high'"),
+        (
+            lambda d, c: d[1]["advantages"]["data"].__setitem__(1, "high"),
+            r"datum 1: loss_fn_inputs\['advantages'\].*'high'",
+        ),
     ],
 )
 def test_runtime_bad_input_names_datum_and_input(mutate, message):
@@ -280,7 +293,9 @@ def test_tinker_chunk_merger_gives_the_single_process_fraction_and_its_own_mean_
     single = forward_backward_loss(datums, policy, "ppo").output
     assert_exact(single.metrics, expected)
     sizes = [MAX_CHUNK_DATUMS, len(datums) - MAX_CHUNK_DATUMS]
-    chunks = [output_from_json(json.loads(json.dumps(output_to_json(c)))) for c in run_chunks(datums, policy, sizes)]
+    chunks = [
+        output_from_json(json.loads(json.dumps(output_to_json(c)))) for c in run_chunks(datums, policy, sizes)
+    ]
     merged = combine_fwd_bwd_output_results(list(reversed(chunks)))  # tinker's own merger, any order
     assert isinstance(merged, tinker_types.ForwardBackwardOutput)
     assert_exact(aggregate_datums(merged), expected)
@@ -317,7 +332,9 @@ def test_two_clients_interleaved_on_one_runtime_never_mix():
         agg.register(client)
         for step in (1, 2):
             half = len(datums) // 2
-            step_datums, step_policy = (datums[:half], policy[:half]) if step == 1 else (datums[half:], policy[half:])
+            step_datums, step_policy = (
+                (datums[:half], policy[:half]) if step == 1 else (datums[half:], policy[half:])
+            )
             expected[client, step] = reference_counts(step_datums, step_policy)
             sizes = [3, 5, len(step_datums) - 8]
             for chunk in run_chunks(step_datums, step_policy, sizes):
@@ -363,25 +380,40 @@ def set_count(chunk, i, name, value, dtype="int64"):
 @pytest.mark.parametrize(
     "corrupt, message",
     [
-        (lambda c: set_count(c, 1, keys.DATUM_CLIPPED_TOKENS, 10**6), r"clipped_tokens=1000000 exceeds loss_tokens"),
+        (
+            lambda c: set_count(c, 1, keys.DATUM_CLIPPED_TOKENS, 10**6),
+            r"clipped_tokens=1000000 exceeds loss_tokens",
+        ),
         (lambda c: set_count(c, 0, keys.DATUM_LOSS_TOKENS, -3), r"loss_tokens'\] must be >= 0"),
         (lambda c: set_count(c, 2, keys.DATUM_CLIPPED_LOW_TOKENS, 1.5), r"whole number of tokens"),
         (lambda c: set_count(c, 2, keys.DATUM_LOSS_TOKENS, 4.0, "float32"), r"must be an int64 token count"),
         (lambda c: c["loss_fn_outputs"][3].pop(keys.DATUM_LOSS_TOKENS), r"\[3\] has no 'loss_tokens' field"),
-        (lambda c: c["loss_fn_outputs"][1].pop(keys.DATUM_CLIPPED_HIGH_TOKENS), r"but not \['clipped_high_tokens'\]"),
         (
-            lambda c: c["loss_fn_outputs"][4].update({keys.DATUM_LOSS_TOKENS: {"data": [1, 2], "dtype": "int64"}}),
+            lambda c: c["loss_fn_outputs"][1].pop(keys.DATUM_CLIPPED_HIGH_TOKENS),
+            r"but not \['clipped_high_tokens'\]",
+        ),
+        (
+            lambda c: c["loss_fn_outputs"][4].update(
+                {keys.DATUM_LOSS_TOKENS: {"data": [1, 2], "dtype": "int64"}}
+            ),
             r"exactly one token count",
         ),
         (
-            lambda c: c["loss_fn_outputs"][2].update({keys.DATUM_LOSS_TOKENS: {"data": [3], "dtype": "int64", "shape": "1"}}),
+            lambda c: c["loss_fn_outputs"][2].update(
+                {keys.DATUM_LOSS_TOKENS: {"data": [3], "dtype": "int64", "shape": "1"}}
+            ),
             r"\[2\]\['loss_tokens'\] has shape '1'.*list of dimensions",
         ),
         (
-            lambda c: c["loss_fn_outputs"][0].update({keys.DATUM_CLIPPED_TOKENS: {"data": [0], "dtype": "int64", "shape": [None]}}),
+            lambda c: c["loss_fn_outputs"][0].update(
+                {keys.DATUM_CLIPPED_TOKENS: {"data": [0], "dtype": "int64", "shape": [None]}}
+            ),
             r"\[0\]\['clipped_tokens'\] has shape \[None\]",
         ),
-        (lambda c: c["metrics"].update({keys.LOSS_TOKENS: 10**5}), r"loss_tokens:sum.\] = 100000 but its datums sum to"),
+        (
+            lambda c: c["metrics"].update({keys.LOSS_TOKENS: 10**5}),
+            r"loss_tokens:sum.\] = 100000 but its datums sum to",
+        ),
     ],
 )
 def test_bad_chunks_raise_and_leave_the_sums_untouched(corrupt, message):
@@ -403,7 +435,9 @@ def test_mixed_loss_kinds_unknown_clients_and_closed_steps_are_refused():
     agg = ClientAggregator()
     agg.register("run")
     agg.add("run", 0, forward_backward_loss(datums, policy, "ppo").output)
-    with pytest.raises(ValueError, match="never clips but earlier outputs of the step come from one that clips"):
+    with pytest.raises(
+        ValueError, match="never clips but earlier outputs of the step come from one that clips"
+    ):
         agg.add("run", 0, forward_backward_loss(datums, policy, "importance_sampling").output)
     with pytest.raises(UnknownClientError, match="unknown client 'other'.*registered: 'run'"):
         agg.add("other", 0, forward_backward_loss(datums, policy, "ppo").output)
@@ -426,7 +460,10 @@ def test_mixed_loss_kinds_unknown_clients_and_closed_steps_are_refused():
     # across the outputs of one call: the offending output is named
     with pytest.raises(ValueError, match=r"^outputs\[2\]: this output comes from a loss that never clips"):
         aggregate_datums(
-            [forward_backward_loss(datums, policy, loss).output for loss in ("ppo", "cispo", "importance_sampling")]
+            [
+                forward_backward_loss(datums, policy, loss).output
+                for loss in ("ppo", "cispo", "importance_sampling")
+            ]
         )
 
 
@@ -466,7 +503,9 @@ def miles_micro_batch_log(datums, policy, *, per_token, extra=False):
     count = 0.0
     clipfrac = 0.0
     for d, lp in zip(datums, policy, strict=True):
-        ref = reference.per_token_ppo(lp, field(d, "logprobs"), field(d, "advantages"), field(d, "mask"), 0.8, 1.2)
+        ref = reference.per_token_ppo(
+            lp, field(d, "logprobs"), field(d, "advantages"), field(d, "mask"), 0.8, 1.2
+        )
         eligible = int(sum(d["mask"]["data"]))
         if per_token:
             count += max(eligible, 1)
@@ -497,15 +536,24 @@ def test_miles_log_dict_in_per_token_mode_gives_exact_counts():
     expected = reference_counts(datums, policy)
     loss_tokens, clipped, low, high = total_of(expected)
     # micro-batches on 2 DP ranks, summed as Miles' train_one_step does
-    logs = [miles_micro_batch_log(datums[a:b], policy[a:b], per_token=True) for a, b in [(0, 7), (7, 15), (15, 30)]]
+    logs = [
+        miles_micro_batch_log(datums[a:b], policy[a:b], per_token=True)
+        for a, b in [(0, 7), (7, 15), (15, 30)]
+    ]
     counts = read_train_log(sum_train_logs(logs), calculate_per_token_loss=True)
     assert (counts.loss_tokens, counts.clipped_tokens) == (loss_tokens, clipped)
     assert counts.fraction == clipped / loss_tokens
     # Miles' own log has no low/high split: the clip metrics come without the split series
     assert counts.to_metrics() == {
-        keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped, keys.CLIP_FRACTION: clipped / loss_tokens}
+        keys.LOSS_TOKENS: loss_tokens,
+        keys.CLIPPED_TOKENS: clipped,
+        keys.CLIP_FRACTION: clipped / loss_tokens,
+    }
     # with cliptrack's entries the split is known too
-    logs = [miles_micro_batch_log(datums[a:b], policy[a:b], per_token=True, extra=True) for a, b in [(0, 12), (12, 30)]]
+    logs = [
+        miles_micro_batch_log(datums[a:b], policy[a:b], per_token=True, extra=True)
+        for a, b in [(0, 12), (12, 30)]
+    ]
     counts = read_train_log(sum_train_logs(logs), calculate_per_token_loss=True)
     assert (counts.clipped_low_tokens, counts.clipped_high_tokens) == (low, high)
     assert counts.to_metrics()[keys.CLIP_FRACTION] == clipped / loss_tokens
@@ -518,7 +566,9 @@ def test_miles_log_dict_in_per_token_mode_gives_exact_counts():
 def test_miles_log_dict_in_per_sample_mean_mode_is_refused():
     datums, policy = make_batch(6, seed=21)
     log = miles_micro_batch_log(datums, policy, per_token=False)
-    with pytest.raises(ValueError, match="per-sample-mean mode.*cannot be recovered.*--calculate-per-token-loss"):
+    with pytest.raises(
+        ValueError, match="per-sample-mean mode.*cannot be recovered.*--calculate-per-token-loss"
+    ):
         read_train_log(log, calculate_per_token_loss=False)
 
 
@@ -537,19 +587,27 @@ def test_miles_log_dict_bad_shapes_and_inexact_values_are_refused():
             calculate_per_token_loss=True,
         )
     with pytest.raises(ValueError, match="logs\\[1\\] value 'count' = 4096 is beyond 2048 in float16"):
-        sum_train_logs([
-            {"keys": ["pg_clipfrac"], "values": torch.tensor([10.0, 3.0], dtype=torch.float16)},
-            {"keys": ["pg_clipfrac"], "values": torch.tensor([4096.0, 2049.0], dtype=torch.float16)},
-        ])
+        sum_train_logs(
+            [
+                {"keys": ["pg_clipfrac"], "values": torch.tensor([10.0, 3.0], dtype=torch.float16)},
+                {"keys": ["pg_clipfrac"], "values": torch.tensor([4096.0, 2049.0], dtype=torch.float16)},
+            ]
+        )
     # counts exact in their own dtype stay exact when summed past its limit; other values are not counts
-    halves = [{"keys": ["pg_clipfrac", "loss"], "values": torch.tensor([200.0, 7.0, 1e6], dtype=torch.bfloat16)}] * 3
+    halves = [
+        {"keys": ["pg_clipfrac", "loss"], "values": torch.tensor([200.0, 7.0, 1e6], dtype=torch.bfloat16)}
+    ] * 3
     assert read_train_log(sum_train_logs(halves), calculate_per_token_loss=True).loss_tokens == 600
     with pytest.raises(ValueError, match="whole number of tokens"):
         read_train_log({"keys": ["pg_clipfrac"], "values": [10.0, 2.5]}, calculate_per_token_loss=True)
     with pytest.raises(ValueError, match="neither 'pg_clipfrac' nor 'clipped_tokens'"):
         read_train_log({"keys": ["loss"], "values": [10.0, 2.5]}, calculate_per_token_loss=True)
     with pytest.raises(ValueError, match="not a multiple of context_parallel_size=2"):
-        read_train_log({"keys": ["pg_clipfrac"], "values": [11.0, 2.0]}, calculate_per_token_loss=True, context_parallel_size=2)
+        read_train_log(
+            {"keys": ["pg_clipfrac"], "values": [11.0, 2.0]},
+            calculate_per_token_loss=True,
+            context_parallel_size=2,
+        )
     with pytest.raises(ValueError, match="keys .* but logs\\[0\\] has"):
         sum_train_logs([{"keys": ["a"], "values": [1.0, 2.0]}, {"keys": ["b"], "values": [1.0, 2.0]}])
 
@@ -593,14 +651,20 @@ def test_a_sum_metric_missing_from_some_outputs_is_dropped_not_summed_partially(
     merge, a key missing from any output of the step is dropped, never summed over part of it."""
     datums, policy = make_batch(10, seed=22)
     first = forward_backward_loss(datums[:6], policy[:6], "ppo").output
-    second = json.loads(json.dumps(output_to_json(forward_backward_loss(datums[6:], policy[6:], "ppo").output)))
+    second = json.loads(
+        json.dumps(output_to_json(forward_backward_loss(datums[6:], policy[6:], "ppo").output))
+    )
     second["metrics"] = {}
     expected = reference_counts(datums, policy)
     agg = ClientAggregator()
     agg.register("run")
     agg.add("run", 0, first)
     agg.add("run", 0, second)
-    for metrics in (agg.emit("run", 0).metrics, aggregate_datums([first, second]), aggregate_datums([second, first])):
+    for metrics in (
+        agg.emit("run", 0).metrics,
+        aggregate_datums([first, second]),
+        aggregate_datums([second, first]),
+    ):
         assert keys.LOSS_SUM not in metrics  # the first output's loss alone would be a wrong sum
         assert_exact(metrics, expected)
     # an output with no datums and no metrics changes nothing

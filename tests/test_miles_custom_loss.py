@@ -106,8 +106,13 @@ def test_stock_log_warns_that_all_masked_samples_inflate_loss_tokens(one_rank):
 
 
 def test_scaled_entries_that_do_not_divide_are_refused():
-    log = {"loss_tokens": 7.5, "clipped_tokens": 1.0, "clipped_low_tokens": 1.0, "clipped_high_tokens": 0.0,
-           "count_scale": 1.0}
+    log = {
+        "loss_tokens": 7.5,
+        "clipped_tokens": 1.0,
+        "clipped_low_tokens": 1.0,
+        "clipped_high_tokens": 0.0,
+        "count_scale": 1.0,
+    }
     with pytest.raises(ValueError, match="'loss_tokens' / 'count_scale' = 7.5 is not a whole number"):
         read_train_log(log)
     with pytest.raises(ValueError, match="'count_scale' = 0.0 must be > 0"):
@@ -122,8 +127,15 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+        )
         log = (tmp_path / f"rank{rank}.log").open("w")
         cmd = [sys.executable, str(HERE / "_miles_loss_case.py"), str(tmp_path), str(dp), str(cp)]
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -137,7 +149,9 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
             code = -9
         log.close()
         if code != 0:
-            failed.append(f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:])
+            failed.append(
+                f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:]
+            )
     assert not failed, "\n".join(failed)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     expected = _expected(dp)
@@ -148,7 +162,11 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
             assert got["counts"] == expected, (res["rank"], mode)
             assert got["counts_logged"] == expected, (res["rank"], mode)
             for key, value in got["stock_aggregated"].items():  # Miles' own metrics, as without our entries
-                assert got["aggregated"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (res["rank"], mode, key)
+                assert got["aggregated"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (
+                    res["rank"],
+                    mode,
+                    key,
+                )
         assert {k: res["per_sample"]["aggregated"][k] for k in COUNT_FIELDS} == expected
 
 

@@ -48,7 +48,9 @@ def cut(items: list, cuts: list[int]) -> list[list]:
     loss_fn=st.sampled_from(["ppo", "cispo"]),
     seed=st.integers(0, 2**16),
 )
-def test_random_splits_into_datums_and_chunks_never_change_the_sums(tokens, datum_cuts, chunk_cuts, loss_fn, seed):
+def test_random_splits_into_datums_and_chunks_never_change_the_sums(
+    tokens, datum_cuts, chunk_cuts, loss_fn, seed
+):
     low, high = (0.8, 1.2) if loss_fn == "ppo" else (0.5, 1.5)
     config = {"clip_low_threshold": low, "clip_high_threshold": high}
     log_ratio = torch.tensor([t[0] for t in tokens], dtype=torch.float32)
@@ -67,7 +69,9 @@ def test_random_splits_into_datums_and_chunks_never_change_the_sums(tokens, datu
         policies.append(policy[a:b])
     outputs = []
     for chunk in cut(list(range(len(datums))), chunk_cuts):
-        result = forward_backward_loss([datums[i] for i in chunk], [policies[i] for i in chunk], loss_fn, config)
+        result = forward_backward_loss(
+            [datums[i] for i in chunk], [policies[i] for i in chunk], loss_fn, config
+        )
         outputs.append(result.output)
     rng = random.Random(seed)
     rng.shuffle(outputs)
@@ -86,7 +90,12 @@ def test_random_splits_into_datums_and_chunks_never_change_the_sums(tokens, datu
     agg.register("run")
     for i, o in enumerate(outputs):
         agg.add("run", 7, wire[i] if i % 2 else o)
-    for metrics in (aggregate_datums(outputs), aggregate_datums(wire), aggregate_datums(merged), agg.emit("run", 7).metrics):
+    for metrics in (
+        aggregate_datums(outputs),
+        aggregate_datums(wire),
+        aggregate_datums(merged),
+        agg.emit("run", 7).metrics,
+    ):
         assert {k: metrics.get(k) for k in expected} == expected
         assert (keys.CLIP_FRACTION in metrics) == (ref.loss_tokens > 0)
 

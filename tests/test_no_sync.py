@@ -23,7 +23,9 @@ def test_loss_forward_backward_and_accumulation_never_sync(name, tensor_threshol
     for rows, cols in [(2, 5), (1, 17), (3, 4)]:
         features = torch.randn(rows, cols, 8)
         sampling = torch.randn(rows, cols) * 0.1 - 1.0
-        micro_batches.append((features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float()))
+        micro_batches.append(
+            (features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float())
+        )
     kwargs = {"beta": 0.1} if name == "dro" else {}
     if name in losses.CLIPPING_LOSSES and tensor_thresholds:
         kwargs = {"clip_low_threshold": torch.tensor(0.8), "clip_high_threshold": torch.tensor(1.2)}

@@ -23,7 +23,9 @@ def test_committed_notebook_has_no_outputs():
 def _with_parameters(**params) -> nbformat.NotebookNode:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    cell.source += "\n# injected by tests/test_notebook.py\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
+    cell.source += "\n# injected by tests/test_notebook.py\n" + "\n".join(
+        f"{k} = {v!r}" for k, v in params.items()
+    )
     return nb
 
 
@@ -39,7 +41,9 @@ def test_notebook_executes_against_mlflow_runs(tmp_path):
     megatron, miles = megatron_vs_miles(miles_clip_p=0.16, miles_missing=(5,))
     ids = [write_mlflow(uri, megatron), write_mlflow(uri, miles)]
     nb = _with_parameters(TRACKING_URI=uri, RUN_IDS=ids)
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     text = _outputs(nb)
     assert "on-policy verdict: different" in text
     assert "Not equally on-policy" in text
@@ -55,8 +59,12 @@ def test_notebook_executes_against_jsonl_runs(tmp_path):
 
     for run in megatron_vs_miles():
         write_jsonl(tmp_path / "spool", run)
-    nb = _with_parameters(JSONL_DIR=str(tmp_path / "spool"), RUN_IDS=["megatron-run", "miles-run"], ALIGN="tokens")
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nb = _with_parameters(
+        JSONL_DIR=str(tmp_path / "spool"), RUN_IDS=["megatron-run", "miles-run"], ALIGN="tokens"
+    )
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     assert "on-policy verdict: equivalent" in _outputs(nb)
 
 
@@ -67,7 +75,9 @@ def test_notebook_says_insufficient_data_for_short_runs(tmp_path):
     for run in megatron_vs_miles(n_megatron=40, n_miles=40, miles_clip_p=0.3):
         write_jsonl(tmp_path / "spool", run)
     nb = _with_parameters(JSONL_DIR=str(tmp_path / "spool"), RUN_IDS=["megatron-run", "miles-run"])
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     text = _outputs(nb)
     assert "on-policy verdict: insufficient data" in text
     assert "only 40 paired units (minimum 100)" in text

@@ -27,16 +27,19 @@ def _chunk(n_datums: int, tokens_per_datum: list[int], seed: int, loss=losses.pp
         slp = lp + 0.5 * torch.randn(n, generator=gen)
         outs.append(loss(lp, slp, torch.randn(n, generator=gen), torch.ones(n)))
     metrics = loss_metrics(*outs)
-    return ForwardBackwardOutput(loss_fn_output_type="TorchLossReturn", loss_fn_outputs=[{}] * n_datums,
-                                 metrics=metrics), outs
+    return ForwardBackwardOutput(
+        loss_fn_output_type="TorchLossReturn", loss_fn_outputs=[{}] * n_datums, metrics=metrics
+    ), outs
 
 
 def test_our_type_is_tinkers_own():
     assert ForwardBackwardOutput is TinkerForwardBackwardOutput
 
 
-@given(sizes=st.lists(st.lists(st.integers(1, 200), min_size=1, max_size=6), min_size=1, max_size=6),
-       seed=st.integers(0, 1000))
+@given(
+    sizes=st.lists(st.lists(st.integers(1, 200), min_size=1, max_size=6), min_size=1, max_size=6),
+    seed=st.integers(0, 1000),
+)
 def test_tinker_chunk_merger_keeps_the_exact_token_fraction_through_clip_counts(sizes, seed):
     chunks, all_outs = [], []
     for i, tokens in enumerate(sizes):
@@ -59,12 +62,28 @@ def test_tinker_chunk_merger_keeps_the_exact_token_fraction_through_clip_counts(
 
 
 def test_tinkers_datum_weighted_mean_is_wrong_and_ours_is_the_ratio_of_sums():
-    small = ForwardBackwardOutput("x", [{}], {keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 10.0,
-                                              keys.CLIPPED_LOW_TOKENS: 0.0, keys.CLIPPED_HIGH_TOKENS: 10.0,
-                                              keys.CLIP_FRACTION: 1.0})
-    large = ForwardBackwardOutput("x", [{}], {keys.LOSS_TOKENS: 10000.0, keys.CLIPPED_TOKENS: 0.0,
-                                              keys.CLIPPED_LOW_TOKENS: 0.0, keys.CLIPPED_HIGH_TOKENS: 0.0,
-                                              keys.CLIP_FRACTION: 0.0})
+    small = ForwardBackwardOutput(
+        "x",
+        [{}],
+        {
+            keys.LOSS_TOKENS: 10.0,
+            keys.CLIPPED_TOKENS: 10.0,
+            keys.CLIPPED_LOW_TOKENS: 0.0,
+            keys.CLIPPED_HIGH_TOKENS: 10.0,
+            keys.CLIP_FRACTION: 1.0,
+        },
+    )
+    large = ForwardBackwardOutput(
+        "x",
+        [{}],
+        {
+            keys.LOSS_TOKENS: 10000.0,
+            keys.CLIPPED_TOKENS: 0.0,
+            keys.CLIPPED_LOW_TOKENS: 0.0,
+            keys.CLIPPED_HIGH_TOKENS: 0.0,
+            keys.CLIP_FRACTION: 0.0,
+        },
+    )
     assert combine_fwd_bwd_output_results([small, large]).metrics[keys.CLIP_FRACTION] == 0.5
     assert merge_outputs([small, large]).metrics[keys.CLIP_FRACTION] == 10 / 10010
     assert clip_counts(combine_fwd_bwd_output_results([small, large])).fraction == 10 / 10010
@@ -72,7 +91,9 @@ def test_tinkers_datum_weighted_mean_is_wrong_and_ours_is_the_ratio_of_sums():
 
 def test_merge_follows_tinkers_reductions_for_other_suffixes():
     a = ForwardBackwardOutput("x", [{}, {}, {}], {"lr:mean": 1.0, "t:max": 3.0, "u:min": 2.0, "s:sum": 1.5})
-    b = ForwardBackwardOutput("x", [{}], {"lr:mean": 5.0, "t:max": 1.0, "u:min": 7.0, "s:sum": 2.0, "only_b:sum": 1})
+    b = ForwardBackwardOutput(
+        "x", [{}], {"lr:mean": 5.0, "t:max": 1.0, "u:min": 7.0, "s:sum": 2.0, "only_b:sum": 1}
+    )
     ours = merge_outputs([a, b]).metrics
     theirs = combine_fwd_bwd_output_results([a, b]).metrics
     assert ours == pytest.approx(theirs)
@@ -104,6 +125,7 @@ def test_zero_eligible_tokens_gives_no_fraction_and_no_nan():
 
 # ---- bad input -------------------------------------------------------------------------------------
 
+
 def test_shape_mismatch_names_the_tensor():
     with pytest.raises(ValueError, match=r"advantages has shape \(3,\) but logprobs has shape \(4,\)"):
         losses.ppo(torch.zeros(4), torch.zeros(4), torch.zeros(3))
@@ -129,18 +151,30 @@ def test_cross_entropy_non_finite_weights_are_named():
         loss_metrics(losses.cross_entropy(torch.zeros(3), weights))
 
 
-@pytest.mark.parametrize("low,high,match", [(1.3, 1.2, "above clip_high_threshold"),
-                                            (-0.1, 1.2, "clip_low_threshold must be"),
-                                            (0.8, float("inf"), "clip_high_threshold must be")])
+@pytest.mark.parametrize(
+    "low,high,match",
+    [
+        (1.3, 1.2, "above clip_high_threshold"),
+        (-0.1, 1.2, "clip_low_threshold must be"),
+        (0.8, float("inf"), "clip_high_threshold must be"),
+    ],
+)
 def test_bad_thresholds(low, high, match):
     with pytest.raises(ValueError, match=match):
-        losses.ppo(torch.zeros(2), torch.zeros(2), torch.ones(2), clip_low_threshold=low, clip_high_threshold=high)
+        losses.ppo(
+            torch.zeros(2), torch.zeros(2), torch.ones(2), clip_low_threshold=low, clip_high_threshold=high
+        )
 
 
 def test_bad_tensor_thresholds_are_counted_on_device_and_raised_at_the_host():
     low = torch.tensor([[0.8], [1.5], [-1.0]])
-    out = losses.cispo(torch.zeros(3, 2), torch.zeros(3, 2), torch.ones(3, 2),
-                       clip_low_threshold=low, clip_high_threshold=torch.tensor(1.2))
+    out = losses.cispo(
+        torch.zeros(3, 2),
+        torch.zeros(3, 2),
+        torch.ones(3, 2),
+        clip_low_threshold=low,
+        clip_high_threshold=torch.tensor(1.2),
+    )
     with pytest.raises(ValueError, match="clip thresholds have 2 entries"):
         out.check()
 
@@ -163,16 +197,33 @@ def test_metric_keys_need_exactly_one_colon(key):
         merge_outputs([ForwardBackwardOutput("x", [{}], {key: 1.0})])
 
 
-@pytest.mark.parametrize("metrics,match", [
-    ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: -1.0}, "must be >= 0"),
-    ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.5}, "whole number"),
-    ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 11.0, keys.CLIPPED_LOW_TOKENS: 11.0,
-      keys.CLIPPED_HIGH_TOKENS: 0.0}, "exceeds loss_tokens"),
-    ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 3.0, keys.CLIPPED_LOW_TOKENS: 1.0,
-      keys.CLIPPED_HIGH_TOKENS: 1.0}, r"\+ clipped_high_tokens=1 != clipped_tokens=3"),
-    ({keys.LOSS_TOKENS: float("nan"), keys.CLIPPED_TOKENS: 0.0}, "finite"),
-    ({keys.CLIPPED_TOKENS: 0.0}, "not 'loss_tokens:sum'"),
-])
+@pytest.mark.parametrize(
+    "metrics,match",
+    [
+        ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: -1.0}, "must be >= 0"),
+        ({keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.5}, "whole number"),
+        (
+            {
+                keys.LOSS_TOKENS: 10.0,
+                keys.CLIPPED_TOKENS: 11.0,
+                keys.CLIPPED_LOW_TOKENS: 11.0,
+                keys.CLIPPED_HIGH_TOKENS: 0.0,
+            },
+            "exceeds loss_tokens",
+        ),
+        (
+            {
+                keys.LOSS_TOKENS: 10.0,
+                keys.CLIPPED_TOKENS: 3.0,
+                keys.CLIPPED_LOW_TOKENS: 1.0,
+                keys.CLIPPED_HIGH_TOKENS: 1.0,
+            },
+            r"\+ clipped_high_tokens=1 != clipped_tokens=3",
+        ),
+        ({keys.LOSS_TOKENS: float("nan"), keys.CLIPPED_TOKENS: 0.0}, "finite"),
+        ({keys.CLIPPED_TOKENS: 0.0}, "not 'loss_tokens:sum'"),
+    ],
+)
 def test_bad_counts_are_refused(metrics, match):
     with pytest.raises(ValueError, match=match):
         clip_counts(ForwardBackwardOutput("x", [], metrics))
@@ -211,12 +262,22 @@ def test_errors_without_the_inputs_still_say_what_is_wrong():
 
 
 def test_a_stale_fraction_is_never_kept_when_no_token_was_eligible():
-    stale = {keys.LOSS_TOKENS: 0.0, keys.CLIPPED_TOKENS: 0.0, keys.CLIPPED_LOW_TOKENS: 0.0,
-             keys.CLIPPED_HIGH_TOKENS: 0.0, keys.CLIP_FRACTION: 0.0}
+    stale = {
+        keys.LOSS_TOKENS: 0.0,
+        keys.CLIPPED_TOKENS: 0.0,
+        keys.CLIPPED_LOW_TOKENS: 0.0,
+        keys.CLIPPED_HIGH_TOKENS: 0.0,
+        keys.CLIP_FRACTION: 0.0,
+    }
     assert keys.CLIP_FRACTION not in validate_metrics(stale)
     assert keys.CLIP_FRACTION not in merge_outputs([ForwardBackwardOutput("x", [{}], stale)]).metrics
-    wrong = {**stale, keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.0, keys.CLIPPED_HIGH_TOKENS: 1.0,
-             keys.CLIP_FRACTION: 0.5}
+    wrong = {
+        **stale,
+        keys.LOSS_TOKENS: 10.0,
+        keys.CLIPPED_TOKENS: 1.0,
+        keys.CLIPPED_HIGH_TOKENS: 1.0,
+        keys.CLIP_FRACTION: 0.5,
+    }
     assert validate_metrics(wrong)[keys.CLIP_FRACTION] == 0.1
 
 
@@ -227,4 +288,6 @@ def test_counts_at_2_to_the_53_are_refused_as_no_longer_exact():
     with pytest.raises(ValueError, match="reached 2\\*\\*53"):
         as_count("n", float(2**53))
     with pytest.raises(ValueError, match="reached 2\\*\\*53"):
-        clip_counts(ForwardBackwardOutput("x", [], {keys.LOSS_TOKENS: float(2**53 + 2), keys.CLIPPED_TOKENS: 0.0}))
+        clip_counts(
+            ForwardBackwardOutput("x", [], {keys.LOSS_TOKENS: float(2**53 + 2), keys.CLIPPED_TOKENS: 0.0})
+        )

@@ -21,8 +21,11 @@ from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
 
 EXPECTED = {
-    "clipping": [[keys.CLIP_FRACTION], [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS],
-                 [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS]],
+    "clipping": [
+        [keys.CLIP_FRACTION],
+        [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS],
+        [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS],
+    ],
     "reward": [[keys.REWARD]],
     "throughput": [[keys.THROUGHPUT], [keys.STEP_TIME]],
 }
@@ -60,7 +63,9 @@ def test_report_model_builds_with_only_the_project_lookup_patched():
     assert calls and all(c == {"entityName": "ent", "projectName": "proj"} for c in calls)
     grids = [b for b in spec["spec"]["blocks"] if b["type"] == "panel-grid"]
     assert len(grids) == 3
-    metrics = [p["config"]["metrics"] for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"]]
+    metrics = [
+        p["config"]["metrics"] for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"]
+    ]
     assert metrics == [m for section in EXPECTED.values() for m in section]
     runset = grids[0]["metadata"]["runSets"][0]
     assert runset["project"] == {"name": "proj", "entityName": "ent", "id": "UHJvamVjdDox"}
@@ -73,8 +78,12 @@ def test_report_model_builds_with_only_the_project_lookup_patched():
 def test_panels_wandb_command_writes_specs_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     out = tmp_path / "specs.json"
-    assert main(["panels", "wandb", "--entity", "ent", "--project", "proj", "--runs", "a", "b",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            ["panels", "wandb", "--entity", "ent", "--project", "proj", "--runs", "a", "b", "--out", str(out)]
+        )
+        == 0
+    )
     assert "wrote workspace and report specs" in capsys.readouterr().out
     specs = json.loads(out.read_text())
     assert set(specs) >= {"workspace", "report"}
@@ -110,7 +119,9 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == "cliptrack-tests-comparisons"
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert run.info.artifact_uri.startswith((Path(uri.removeprefix("sqlite:///")).parent / "comparison-artifacts").as_uri())
+    assert run.info.artifact_uri.startswith(
+        (Path(uri.removeprefix("sqlite:///")).parent / "comparison-artifacts").as_uri()
+    )
     # summary numbers are params and tags, never metrics
     assert run.data.metrics == {}
     d = result.difference("clip_fraction")
@@ -121,7 +132,9 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert params["clip_fraction.verdict"] == "different" and params["min_units"] == "100"
     for compared in ids:
         assert run_id in client.get_run(compared).data.tags[keys.TAG_COMPARED_IN].split(",")
-    listed = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "figures")}
+    listed = {a.path for a in client.list_artifacts(run_id)} | {
+        a.path for a in client.list_artifacts(run_id, "figures")
+    }
     assert {"comparison.csv", "comparison.md", "comparison.json", "dashboard.html"} <= listed
     assert {f"figures/{panel.id}.png" for panel in PANELS} <= listed  # the one panel list
     saved = json.loads(open(client.download_artifacts(run_id, "comparison.json", str(tmp_path))).read())
@@ -139,8 +152,23 @@ def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):
 
     uri, ids = mlflow_store
     artifacts = tmp_path / "chosen"
-    assert main(["panels", "mlflow", "megatron-run", "miles-run", "--tracking-uri", uri, "--log-experiment",
-                 "elsewhere", "--artifact-dir", str(artifacts)]) == 0
+    assert (
+        main(
+            [
+                "panels",
+                "mlflow",
+                "megatron-run",
+                "miles-run",
+                "--tracking-uri",
+                uri,
+                "--log-experiment",
+                "elsewhere",
+                "--artifact-dir",
+                str(artifacts),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "comparison run:" in out and "Not equally on-policy" in out
     run_id = out.strip().rsplit(" ", 1)[-1]
@@ -158,5 +186,7 @@ def test_wandb_workspaces_version_is_checked():
     low, high = compat.SUPPORTED
     assert compat.check_version(".".join(map(str, low))) == ".".join(map(str, low))
     for unsupported in (".".join(map(str, high)), "0.1.9", "1.0.0"):
-        with pytest.raises(compat.UnsupportedVersionError, match=f"wandb-workspaces {unsupported} is not supported"):
+        with pytest.raises(
+            compat.UnsupportedVersionError, match=f"wandb-workspaces {unsupported} is not supported"
+        ):
             compat.check_version(unsupported)

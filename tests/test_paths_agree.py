@@ -41,7 +41,9 @@ def as_datum(loss_fn: str, batch: setup.GlobalBatch, row: int) -> dict:
     return datum
 
 
-def miles_path(scenario: str, batch: setup.GlobalBatch, chunk_sizes: list[int], seed: int) -> dict[str, float]:
+def miles_path(
+    scenario: str, batch: setup.GlobalBatch, chunk_sizes: list[int], seed: int
+) -> dict[str, float]:
     spec = setup.SCENARIOS[scenario]
     policy = setup.reference_logprobs(batch.tokens, batch.labels)
     rows = list(range(batch.tokens.shape[0]))

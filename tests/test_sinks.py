@@ -108,10 +108,16 @@ def test_jsonl_run_directory_is_self_describing_and_readable_past_a_torn_line(tm
     reader.update_meta(status="FINISHED")
     meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
     assert {k: meta[k] for k in ("run_id", "run_name", "backend", "config", "started", "status")} == {
-        "run_id": "abc123", "run_name": "name", "backend": "megatron", "config": {"k": {"v": 1}},
-        "started": 1700000000.5, "status": "FINISHED"}
-    assert RunInfo.from_meta(meta, "abc123") == RunInfo("abc123", "name", "megatron", {"k": {"v": 1}},
-                                                        started=1700000000.5, status="FINISHED")
+        "run_id": "abc123",
+        "run_name": "name",
+        "backend": "megatron",
+        "config": {"k": {"v": 1}},
+        "started": 1700000000.5,
+        "status": "FINISHED",
+    }
+    assert RunInfo.from_meta(meta, "abc123") == RunInfo(
+        "abc123", "name", "megatron", {"k": {"v": 1}}, started=1700000000.5, status="FINISHED"
+    )
     lines = (run_dir / keys.POINTS_FILE).read_text().splitlines()
     assert json.loads(lines[0]) == {"step": 3, "wall_time": 1700000001.25, "metrics": {"a:mean": 0.5}}
     assert "Infinity" in lines[1]
@@ -128,16 +134,20 @@ def test_whole_run_reader_warns_on_a_torn_last_line_and_names_a_bad_middle_line(
     run = RunDir(tmp_path, "r1")
     run.path.mkdir()
     good = [Point(0, 10.0, {"a:mean": 1.5}), Point(1, 11.0, {"a:mean": 2.5})]
-    run.points_path.write_bytes(b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in good)
-                                + b'{"step": 2, "wall_ti')
+    run.points_path.write_bytes(
+        b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in good) + b'{"step": 2, "wall_ti'
+    )
     assert [p for p, _ in run.read_points()] == good  # the incremental reader stops silently
     with pytest.warns(UserWarning, match=r"points.jsonl:3: incomplete last line skipped"):
         assert run.load_points() == good
     run.points_path.write_bytes(b'{"step": 0}\n' + json.dumps(good[1].to_json()).encode() + b"\n")
     with pytest.raises(ValueError, match=r"points.jsonl:1: not a cliptrack point"):
         run.load_points()
-    run.points_path.write_bytes(b'{"step": 0, "wall_ti{"step": 1, "wall_time": 11.0, "metrics": {}}\n'
-                                + json.dumps(good[1].to_json()).encode() + b"\n")
+    run.points_path.write_bytes(
+        b'{"step": 0, "wall_ti{"step": 1, "wall_time": 11.0, "metrics": {}}\n'
+        + json.dumps(good[1].to_json()).encode()
+        + b"\n"
+    )
     with pytest.warns(UserWarning, match=r"points.jsonl:1: damaged line skipped"):
         assert run.load_points() == [good[1]]  # a glued line is reported, the rest is read
     assert RunDir(tmp_path, "absent").load_points() == []
@@ -182,9 +192,12 @@ def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
     from tracking.sinks import SINKS, sink_class, sink_from_state
 
     assert {name: sink_class(name).name for name in SINKS} == {"mlflow": "mlflow", "wandb": "wandb"}
-    assert sink_from_state("mlflow", {"tracking_uri": "sqlite:////x/m.db", "experiment": "e"}).location.startswith(
-        "mlflow sqlite:////x/m.db experiment 'e'")
-    with pytest.raises(ValueError, match=r"unknown sink 'neptune': registered sinks are \['mlflow', 'wandb'\]"):
+    assert sink_from_state(
+        "mlflow", {"tracking_uri": "sqlite:////x/m.db", "experiment": "e"}
+    ).location.startswith("mlflow sqlite:////x/m.db experiment 'e'")
+    with pytest.raises(
+        ValueError, match=r"unknown sink 'neptune': registered sinks are \['mlflow', 'wandb'\]"
+    ):
         sink_class("neptune")
     with pytest.raises(ValueError, match="neither a name, a URI nor a Sink"):
         make_sink(object())
@@ -196,7 +209,9 @@ def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
     assert [(p.key, p.value) for p in params] == [("ok", "1")]
     assert sorted(sink.params_refused) == ["bad@name", "nested.long"]
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "cliptrack"]
-    assert warning.startswith("MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': ")
+    assert warning.startswith(
+        "MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': "
+    )
     assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
 
 
@@ -208,9 +223,15 @@ def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(
 
     assert _compat_mlflow.check() == metadata.version("mlflow")
     assert _compat_wandb.check() == metadata.version("wandb")
-    with pytest.raises(UnsupportedVersionError, match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name"):
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name",
+    ):
         _compat_mlflow.check("4.0.0")
-    with pytest.raises(UnsupportedVersionError, match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log"):
+    with pytest.raises(
+        UnsupportedVersionError,
+        match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log",
+    ):
         _compat_wandb.check("0.18.7")
 
 
@@ -243,6 +264,8 @@ def test_an_experiment_the_mlflow_sink_creates_on_sqlite_keeps_artifacts_beside_
 def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
     from tracking.sinks._compat_mlflow import artifacts_beside
 
-    assert artifacts_beside("sqlite:////data/runs/m.db?timeout=20", "mlartifacts") == Path("/data/runs/mlartifacts")
+    assert artifacts_beside("sqlite:////data/runs/m.db?timeout=20", "mlartifacts") == Path(
+        "/data/runs/mlartifacts"
+    )
     for uri in ("http://127.0.0.1:5000", "postgresql://u@h/db", "file:///data/mlruns", "databricks"):
         assert artifacts_beside(uri, "mlartifacts") is None, uri

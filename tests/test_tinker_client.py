@@ -51,7 +51,10 @@ class InProcessService:
 
     def forward_backward(self, data, loss_fn, loss_fn_config=None):
         with self.lock:
-            policy = [self.logprobs(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist()) for d in data]
+            policy = [
+                self.logprobs(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].tolist())
+                for d in data
+            ]
             result = forward_backward_loss(data, policy, loss_fn, loss_fn_config)
             result.loss.backward()
         wire = output_to_json(result.output)
@@ -104,15 +107,17 @@ def make_data(service: InProcessService, n: int, seed: int) -> tuple[list[types.
         mask = (torch.rand(length, generator=gen) < 0.8).float()
         with torch.no_grad():
             sampling = service.logprobs(tokens, targets) - delta
-        data.append(types.Datum(
-            model_input=types.ModelInput.from_ints(tokens),
-            loss_fn_inputs={
-                "target_tokens": types.TensorData.from_torch(torch.tensor(targets)),
-                "logprobs": types.TensorData.from_torch(sampling.float()),
-                "advantages": types.TensorData.from_torch(advantages),
-                "mask": types.TensorData.from_torch(mask),
-            },
-        ))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens),
+                loss_fn_inputs={
+                    "target_tokens": types.TensorData.from_torch(torch.tensor(targets)),
+                    "logprobs": types.TensorData.from_torch(sampling.float()),
+                    "advantages": types.TensorData.from_torch(advantages),
+                    "mask": types.TensorData.from_torch(mask),
+                },
+            )
+        )
         eligible = mask != 0
         low = eligible & (advantages < 0) & (delta < math.log(0.8))
         high = eligible & (advantages > 0) & (delta > math.log(1.2))
@@ -140,7 +145,9 @@ def logged_points(tracker: Tracker, spool) -> dict[int, dict[str, float]]:
 def check_step(metrics: dict[str, float], expected: dict[str, int], *, split: bool) -> None:
     assert metrics[keys.LOSS_TOKENS] == expected["loss_tokens"]
     assert metrics[keys.CLIPPED_TOKENS] == expected["clipped"]
-    assert metrics[keys.CLIP_FRACTION] == expected["clipped"] / expected["loss_tokens"]  # exact, not approximately
+    assert (
+        metrics[keys.CLIP_FRACTION] == expected["clipped"] / expected["loss_tokens"]
+    )  # exact, not approximately
     if split:
         assert metrics[keys.CLIPPED_LOW_TOKENS] == expected["low"]
         assert metrics[keys.CLIPPED_HIGH_TOKENS] == expected["high"]
@@ -244,15 +251,28 @@ def test_a_failed_call_leaves_its_step_unlogged_with_a_warning(tmp_path):
 
 
 def test_cookbook_metric_names():
-    got = cookbook_metrics({
-        "env/all/reward/total": 0.25, "time/total": 4.0, "env/all/total_ac_tokens": 1000,
-        "optim/kl_sample_train_v1": 0.01, "time/sample_async:total": 1.5, "progress/done_frac": 0.5,
-        "a:b:c": 1.0, "text": "hello", "flag": True,
-    })
+    got = cookbook_metrics(
+        {
+            "env/all/reward/total": 0.25,
+            "time/total": 4.0,
+            "env/all/total_ac_tokens": 1000,
+            "optim/kl_sample_train_v1": 0.01,
+            "time/sample_async:total": 1.5,
+            "progress/done_frac": 0.5,
+            "a:b:c": 1.0,
+            "text": "hello",
+            "flag": True,
+        }
+    )
     assert got == {
-        keys.REWARD: 0.25, keys.STEP_TIME: 4.0, "env/all/total_ac_tokens:mean": 1000.0,
-        keys.THROUGHPUT: 250.0, "optim/kl_sample_train_v1:mean": 0.01, "time/sample_async:total": 1.5,
-        "progress/done_frac:mean": 0.5, "a_b_c:mean": 1.0,
+        keys.REWARD: 0.25,
+        keys.STEP_TIME: 4.0,
+        "env/all/total_ac_tokens:mean": 1000.0,
+        keys.THROUGHPUT: 250.0,
+        "optim/kl_sample_train_v1:mean": 0.01,
+        "time/sample_async:total": 1.5,
+        "progress/done_frac:mean": 0.5,
+        "a_b_c:mean": 1.0,
     }
     for key in got:
         keys.split_key(key)
@@ -282,8 +302,15 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
         client.optim_step(types.AdamParams(learning_rate=0.1))
         service.resolve([0])
         expected[i_batch] = counts
-        logger.log_metrics({"env/all/reward/total": 0.1 * i_batch, "time/total": 2.0,
-                            "env/all/total_ac_tokens": 40 + i_batch, "optim/kl_sample_train_v1": 0.02}, step=i_batch)
+        logger.log_metrics(
+            {
+                "env/all/reward/total": 0.1 * i_batch,
+                "time/total": 2.0,
+                "env/all/total_ac_tokens": 40 + i_batch,
+                "optim/kl_sample_train_v1": 0.02,
+            },
+            step=i_batch,
+        )
     logger.close()  # closes W&B and the JSON logger; the cliptrack tracker stays with its owner
     assert client.flush(timeout_s=60)
     points = logged_points(tracker, tmp_path / "spool")
@@ -293,7 +320,9 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
         assert points[i_batch][keys.THROUGHPUT] == (40 + i_batch) / 2.0
         assert points[i_batch]["optim/kl_sample_train_v1:mean"] == 0.02
     [run] = load_runs([tracker.run_id], jsonl_dir=tmp_path / "spool").runs
-    assert run.run.config["learning_rate"] == 0.1 and run.run.config["loss_fn"] == "ppo"  # the cookbook's hparams
+    assert (
+        run.run.config["learning_rate"] == 0.1 and run.run.config["loss_fn"] == "ppo"
+    )  # the cookbook's hparams
     assert (tmp_path / "json" / "metrics.jsonl").is_file()  # the cookbook's loggers ran alongside
     assert any(p.suffix == ".wandb" for p in (tmp_path / "wandb").rglob("*.wandb"))
     assert os.environ["WANDB_MODE"] == "offline"

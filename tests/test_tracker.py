@@ -55,8 +55,15 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
     caplog.set_level(logging.INFO, logger="cliptrack")
     config = {"lr": 3e-4, "optimizer": {"beta1": 0.9, "name": "adam"}, "long": "x" * 7000}
     before = time.time()
-    with Tracker("roundtrip", backends=(db_uri, "jsonl"), backend_label="megatron", config=config,
-                 spool_dir=tmp_path, experiment="t-roundtrip", flush_interval_s=0.05) as tracker:
+    with Tracker(
+        "roundtrip",
+        backends=(db_uri, "jsonl"),
+        backend_label="megatron",
+        config=config,
+        spool_dir=tmp_path,
+        experiment="t-roundtrip",
+        flush_interval_s=0.05,
+    ) as tracker:
         sent = []
         for step in range(300):
             metrics = {"loss:sum": step / 3, "reward:mean": math.sin(step), "kl/policy:mean": step * 1e-6}
@@ -67,7 +74,11 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
     run_dir = tmp_path / tracker.run_id
     meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
     assert {k: meta[k] for k in ("run_id", "run_name", "backend", "status")} == {
-        "run_id": tracker.run_id, "run_name": "roundtrip", "backend": "megatron", "status": "FINISHED"}
+        "run_id": tracker.run_id,
+        "run_name": "roundtrip",
+        "backend": "megatron",
+        "status": "FINISHED",
+    }
     assert meta["config"] == config and before <= meta["started"] <= after
     lines = _points(run_dir)
     assert [(p["step"], p["metrics"]) for p in lines] == sent
@@ -76,11 +87,16 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
 
     client, run = _mlflow_run(db_uri, tracker)
     refused, start, summary = (r.getMessage() for r in caplog.records)  # nothing else is printed
-    assert refused == ("MLflow refuses 1 config entry as params (kept whole in run.json): "
-                       "'long': value of 7000 characters, over MLflow's limit of 6000")
+    assert refused == (
+        "MLflow refuses 1 config entry as params (kept whole in run.json): "
+        "'long': value of 7000 characters, over MLflow's limit of 6000"
+    )
     assert tracker.run_id in start and db_uri in start and f"run {run.info.run_id}" in start
     assert str(run_dir) in start and "backend=megatron" in start
-    assert f"run {tracker.run_id} FINISHED: 300 points (900 values)" in summary and "mlflow: all written" in summary
+    assert (
+        f"run {tracker.run_id} FINISHED: 300 points (900 values)" in summary
+        and "mlflow: all written" in summary
+    )
     assert run.info.status == "FINISHED"
     assert run.data.tags[keys.TAG_BACKEND] == "megatron"
     assert run.data.tags[keys.TAG_RUN_KIND] == "training"
@@ -97,21 +113,44 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
 def test_log_output_logs_the_clip_series_with_the_fraction_from_sums(tmp_path):
     with Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=0.05) as tracker:
         # a fraction merged the wrong way (mean of chunk fractions) must not survive
-        bad_merge = {keys.LOSS_SUM: -3.5, keys.LOSS_TOKENS: 1000.0, keys.CLIPPED_TOKENS: 10.0,
-                     keys.CLIPPED_LOW_TOKENS: 4.0, keys.CLIPPED_HIGH_TOKENS: 6.0, keys.CLIP_FRACTION: 0.5}
-        tracker.log_output(0, ForwardBackwardOutput(loss_fn_output_type="ppo", loss_fn_outputs=[], metrics=bad_merge),
-                           extra={keys.REWARD: 0.25})
-        tracker.log_output(1, {"loss_fn_output_type": "cispo", "loss_fn_outputs": [],
-                               "metrics": {keys.LOSS_TOKENS: 7, keys.CLIPPED_TOKENS: 0}})
-        tracker.log_output(2, {"metrics": {keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: 0.0}})  # a loss that never clips
+        bad_merge = {
+            keys.LOSS_SUM: -3.5,
+            keys.LOSS_TOKENS: 1000.0,
+            keys.CLIPPED_TOKENS: 10.0,
+            keys.CLIPPED_LOW_TOKENS: 4.0,
+            keys.CLIPPED_HIGH_TOKENS: 6.0,
+            keys.CLIP_FRACTION: 0.5,
+        }
+        tracker.log_output(
+            0,
+            ForwardBackwardOutput(loss_fn_output_type="ppo", loss_fn_outputs=[], metrics=bad_merge),
+            extra={keys.REWARD: 0.25},
+        )
+        tracker.log_output(
+            1,
+            {
+                "loss_fn_output_type": "cispo",
+                "loss_fn_outputs": [],
+                "metrics": {keys.LOSS_TOKENS: 7, keys.CLIPPED_TOKENS: 0},
+            },
+        )
+        tracker.log_output(
+            2, {"metrics": {keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: 0.0}}
+        )  # a loss that never clips
         with pytest.raises(ValueError, match="metrics"):
             tracker.log_output(3, {"loss": 1.0})
         with pytest.raises(ValueError, match=r"step 3: .*reward:mean"):
             tracker.log_output(3, {"metrics": {keys.REWARD: 1.0}}, extra={keys.REWARD: 2.0})
     lines = _points(tmp_path / tracker.run_id)
-    assert lines[0]["metrics"] == {keys.LOSS_SUM: -3.5, keys.LOSS_TOKENS: 1000.0, keys.CLIPPED_TOKENS: 10.0,
-                                   keys.CLIPPED_LOW_TOKENS: 4.0, keys.CLIPPED_HIGH_TOKENS: 6.0,
-                                   keys.CLIP_FRACTION: 0.01, keys.REWARD: 0.25}
+    assert lines[0]["metrics"] == {
+        keys.LOSS_SUM: -3.5,
+        keys.LOSS_TOKENS: 1000.0,
+        keys.CLIPPED_TOKENS: 10.0,
+        keys.CLIPPED_LOW_TOKENS: 4.0,
+        keys.CLIPPED_HIGH_TOKENS: 6.0,
+        keys.CLIP_FRACTION: 0.01,
+        keys.REWARD: 0.25,
+    }
     assert lines[1]["metrics"][keys.CLIP_FRACTION] == 0.0
     # no split given: no split series (never invented, not even as 0 + 0)
     assert not {keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS} & set(lines[1]["metrics"])
@@ -142,14 +181,29 @@ BAD_INPUTS = [
     (0, {keys.LOSS_TOKENS: 10.5}, "whole number of tokens"),
     (0, {keys.LOSS_TOKENS: -1}, ">= 0 tokens"),
     (0, {keys.LOSS_TOKENS: math.nan}, "finite token count"),
-    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 6, keys.CLIPPED_LOW_TOKENS: 6, keys.CLIPPED_HIGH_TOKENS: 0},
-     "exceeds loss_tokens"),
+    (
+        0,
+        {
+            keys.LOSS_TOKENS: 5,
+            keys.CLIPPED_TOKENS: 6,
+            keys.CLIPPED_LOW_TOKENS: 6,
+            keys.CLIPPED_HIGH_TOKENS: 0,
+        },
+        "exceeds loss_tokens",
+    ),
     # the split keys are counts even when given alone; a fraction given alone lies in [0, 1]
     (0, {keys.CLIPPED_LOW_TOKENS: -1.5}, "clipped_low_tokens:sum must be >= 0|whole number"),
     (0, {keys.CLIPPED_HIGH_TOKENS: math.nan}, "clipped_high_tokens:sum must be a finite token count"),
-    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 2, keys.CLIPPED_LOW_TOKENS: 2},
-     "without its other side of the low/high split"),
-    (0, {keys.LOSS_TOKENS: 5, keys.CLIPPED_LOW_TOKENS: 1, keys.CLIPPED_HIGH_TOKENS: 1}, "but not 'clipped_tokens:sum'"),
+    (
+        0,
+        {keys.LOSS_TOKENS: 5, keys.CLIPPED_TOKENS: 2, keys.CLIPPED_LOW_TOKENS: 2},
+        "without its other side of the low/high split",
+    ),
+    (
+        0,
+        {keys.LOSS_TOKENS: 5, keys.CLIPPED_LOW_TOKENS: 1, keys.CLIPPED_HIGH_TOKENS: 1},
+        "but not 'clipped_tokens:sum'",
+    ),
     (0, {keys.CLIP_FRACTION: 7.3}, r"clip_fraction:mean must be a fraction of tokens in \[0, 1\], got 7.3"),
     (0, {keys.CLIP_FRACTION: -0.1}, r"in \[0, 1\]"),
     (0, {keys.CLIP_FRACTION: math.nan}, r"in \[0, 1\]"),
@@ -158,20 +212,32 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("step", "metrics", "message"), BAD_INPUTS)
 def test_bad_input_is_refused_by_name_and_nothing_logged_is_lost(tmp_path, db_uri, step, metrics, message):
-    with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-bad", flush_interval_s=0.05) as tracker:
+    with Tracker(
+        backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-bad", flush_interval_s=0.05
+    ) as tracker:
         tracker.log(0, {"ok:mean": 1.0})
         with pytest.raises(ValueError, match=message):
             tracker.log(step, metrics)
         tracker.log(1, {"ok:mean": 2.0})
     assert [(p["step"], p["metrics"]) for p in _points(tmp_path / tracker.run_id)] == [
-        (0, {"ok:mean": 1.0}), (1, {"ok:mean": 2.0})]
+        (0, {"ok:mean": 1.0}),
+        (1, {"ok:mean": 2.0}),
+    ]
     client, run = _mlflow_run(db_uri, tracker)
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ok:mean")] == [(0, 1.0), (1, 2.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "ok:mean")] == [
+        (0, 1.0),
+        (1, 2.0),
+    ]
 
 
 def test_nan_and_inf_are_logged_as_such(tmp_path, db_uri):
-    values = {"a:mean": math.nan, "b:mean": math.inf, "c:mean": -math.inf, "d:mean": np.float32(0.5),
-              "e:sum": np.int64(3)}
+    values = {
+        "a:mean": math.nan,
+        "b:mean": math.inf,
+        "c:mean": -math.inf,
+        "d:mean": np.float32(0.5),
+        "e:sum": np.int64(3),
+    }
     with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-nan") as tracker:
         tracker.log(0, values)
     (line,) = _points(tmp_path / tracker.run_id)
@@ -181,7 +247,9 @@ def test_nan_and_inf_are_logged_as_such(tmp_path, db_uri):
     client, run = _mlflow_run(db_uri, tracker)
     got = run.data.metrics
     assert math.isnan(got["a:mean"])
-    assert got["b:mean"] == 1.7976931348623157e308 and got["c:mean"] == -1.7976931348623157e308  # MLflow's clamp
+    assert (
+        got["b:mean"] == 1.7976931348623157e308 and got["c:mean"] == -1.7976931348623157e308
+    )  # MLflow's clamp
 
 
 def test_decreasing_and_repeated_steps_are_all_kept(tmp_path, db_uri):
@@ -190,10 +258,12 @@ def test_decreasing_and_repeated_steps_are_all_kept(tmp_path, db_uri):
         for i, step in enumerate(steps):
             tracker.log(step, {"r:mean": float(i)})
     assert [(p["step"], p["metrics"]["r:mean"]) for p in _points(tmp_path / tracker.run_id)] == [
-        (s, float(i)) for i, s in enumerate(steps)]
+        (s, float(i)) for i, s in enumerate(steps)
+    ]
     client, run = _mlflow_run(db_uri, tracker)
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "r:mean")) == sorted(
-        (s, float(i)) for i, s in enumerate(steps))
+        (s, float(i)) for i, s in enumerate(steps)
+    )
 
 
 def test_closed_tracker_refuses_logging_and_keeps_its_points(tmp_path):
@@ -209,8 +279,15 @@ def test_closed_tracker_refuses_logging_and_keeps_its_points(tmp_path):
     assert [p["step"] for p in _points(tmp_path / tracker.run_id)] == [0]
 
 
-@pytest.mark.parametrize(("error", "status"), [(RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
-                                               (SystemExit(0), "FINISHED"), (SystemExit(3), "FAILED")])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (RuntimeError("boom"), "FAILED"),
+        (KeyboardInterrupt(), "KILLED"),
+        (SystemExit(0), "FINISHED"),
+        (SystemExit(3), "FAILED"),
+    ],
+)
 def test_run_status_follows_how_the_block_ended(tmp_path, db_uri, error, status):
     with pytest.raises(type(error)):
         with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-status") as tracker:
@@ -254,13 +331,18 @@ def test_flush_says_false_while_the_local_disk_refuses_the_points(tmp_path, capl
 
 
 def test_log_config_reaches_run_json_and_mlflow_params(tmp_path, db_uri):
-    with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-config", config={"a": 1}) as tracker:
+    with Tracker(
+        backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-config", config={"a": 1}
+    ) as tracker:
         tracker.log(0, {"x:mean": 1.0})
         tracker.log_config({"b": {"c": "d"}})
         tracker.log(1, {"x:mean": 1.0})
         with pytest.raises(ValueError, match="config must be a mapping"):
             tracker.log_config(["b"])
-    assert json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["config"] == {"a": 1, "b": {"c": "d"}}
+    assert json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["config"] == {
+        "a": 1,
+        "b": {"c": "d"},
+    }
     _, run = _mlflow_run(db_uri, tracker)
     assert run.data.params == {"a": "1", "b.c": "d"}
 
@@ -287,8 +369,16 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     bounded, the points wait on disk, and `cliptrack replay` delivers each exactly once."""
     dead = f"http://127.0.0.1:{_closed_port()}"
     caplog.set_level(logging.INFO, logger="cliptrack")
-    tracker = Tracker("dead", backends=(dead, "jsonl"), spool_dir=tmp_path, experiment="t-dead",
-                      flush_interval_s=0.01, max_batch_points=100, max_buffered_points=500, open_timeout_s=5)
+    tracker = Tracker(
+        "dead",
+        backends=(dead, "jsonl"),
+        spool_dir=tmp_path,
+        experiment="t-dead",
+        flush_interval_s=0.01,
+        max_batch_points=100,
+        max_buffered_points=500,
+        open_timeout_s=5,
+    )
     lane = tracker._lanes[0]
     peak = 0
     for step in range(3000):
@@ -299,7 +389,9 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     assert tracker.flush(timeout_s=5) is False  # the failing sink is not waited for
     tracker.close(timeout_s=1)
     assert peak <= 500
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and "mlflow is failing" in r.getMessage()]
+    warnings = [
+        r for r in caplog.records if r.levelno >= logging.WARNING and "mlflow is failing" in r.getMessage()
+    ]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     summary = caplog.records[-1].getMessage()
     assert "mlflow: 3000 points pending" in summary and "cliptrack replay" in summary
@@ -311,7 +403,9 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"run {tracker.run_id} mlflow: replayed, 3000 points pushed, status FINISHED" in first.stdout
     second = subprocess.run(replay, capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert second.returncode == 0 and f"run {tracker.run_id} mlflow: up to date" in second.stdout, second.stdout
+    assert second.returncode == 0 and f"run {tracker.run_id} mlflow: up to date" in second.stdout, (
+        second.stdout
+    )
 
     client, run = _mlflow_run(db_uri, tracker)
     assert run.info.status == "FINISHED" and run.data.tags[keys.TAG_RUN_KIND] == "training"
@@ -321,16 +415,26 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
 
 
 @settings(max_examples=25)
-@given(st.lists(st.tuples(st.integers(0, 2**40),
-                          st.dictionaries(st.sampled_from(["a:mean", "b:sum", "c:max", "d/e:min"]),
-                                          st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**53, 2**53),
-                                          min_size=1)),
-                min_size=1, max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**40),
+            st.dictionaries(
+                st.sampled_from(["a:mean", "b:sum", "c:max", "d/e:min"]),
+                st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**53), 2**53),
+                min_size=1,
+            ),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
 def test_every_point_is_kept_in_order_exactly(tmp_path_factory, points):
     """Property: whatever steps and values are logged, the JSONL log reads back the same sequence."""
     root = tmp_path_factory.mktemp("prop")
-    with Tracker(backends=("jsonl",), spool_dir=root, flush_interval_s=0.01, max_batch_points=7,
-                 handle_signals=False) as tracker:
+    with Tracker(
+        backends=("jsonl",), spool_dir=root, flush_interval_s=0.01, max_batch_points=7, handle_signals=False
+    ) as tracker:
         for step, metrics in points:
             tracker.log(step, metrics)
     lines = _points(root / tracker.run_id)

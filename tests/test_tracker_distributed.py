@@ -28,9 +28,23 @@ def db_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_one_run_per_job_whatever_the_number_of_ranks(tmp_path, db_uri, world):
     spool, port = tmp_path / "spool", free_port()
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", "dist", str(spool), db_uri,
-                          str(rank), str(world), str(port)],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests._tracking_worker",
+                "dist",
+                str(spool),
+                db_uri,
+                str(rank),
+                str(world),
+                str(port),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(world)
     ]
     outputs = [p.communicate(timeout=240) for p in procs]
@@ -45,8 +59,10 @@ def test_one_run_per_job_whatever_the_number_of_ranks(tmp_path, db_uri, world):
     meta = json.loads((spool / run_id / keys.RUN_META_FILE).read_text())
     assert meta["config"] == {"world_size": world} and meta["status"] == "FINISHED"
     client = MlflowClient(db_uri)
-    runs = client.search_runs([client.get_experiment_by_name("cliptrack").experiment_id],
-                              filter_string=f"params.world_size = '{world}'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("cliptrack").experiment_id],
+        filter_string=f"params.world_size = '{world}'",
+    )
     assert len(runs) == 1 and runs[0].data.tags[keys.TAG_RUN_ID] == run_id
     history = client.get_metric_history(runs[0].info.run_id, keys.LOSS_SUM)
     assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(5)]  # rank 0's values

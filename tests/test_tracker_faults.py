@@ -50,7 +50,9 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
 
 
-def _replay(*args: str, timeout: float = 180, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _replay(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tracking.cli", "replay", *args],
         capture_output=True,
@@ -338,12 +340,22 @@ def shared_wandb_service():
     """A detached wandb-core (``wandb beta core start``), as a launcher shares with its workers
     through ``WANDB_SERVICE``: the environment naming it; stopped afterwards."""
     env = _env()
-    start = subprocess.run([sys.executable, "-m", "wandb", "beta", "core", "start", "--idle-timeout", "5m"], capture_output=True,
-                           text=True, env=env, timeout=120, check=True)
+    start = subprocess.run(
+        [sys.executable, "-m", "wandb", "beta", "core", "start", "--idle-timeout", "5m"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     token = start.stdout.strip().splitlines()[-1]
     yield {"WANDB_SERVICE": token}
-    subprocess.run([sys.executable, "-m", "wandb", "beta", "core", "stop"], capture_output=True, env={**env, "WANDB_SERVICE": token},
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "wandb", "beta", "core", "stop"],
+        capture_output=True,
+        env={**env, "WANDB_SERVICE": token},
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("inherited_service", [False, True], ids=["own-service", "inherited-service"])

@@ -41,14 +41,29 @@ class MlflowServer:
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                ["mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--workers", "1"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                [
+                    "mlflow",
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{self.db}",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as response:
                     if response.status == 200:
@@ -65,7 +80,11 @@ class MlflowServer:
 
 
 def _values(step: int) -> dict[str, float]:
-    return {keys.LOSS_SUM: step * 0.5, keys.REWARD: (step % 97) / 96, "throughput/tokens:mean": float(step % 5)}
+    return {
+        keys.LOSS_SUM: step * 0.5,
+        keys.REWARD: (step % 97) / 96,
+        "throughput/tokens:mean": float(step % 5),
+    }
 
 
 def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_path, monkeypatch):
@@ -73,8 +92,16 @@ def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_p
     server.start()
     spool = tmp_path / "spool"
     try:
-        tracker = Tracker("server-run", backends=(server.uri,), backend_label="miles", spool_dir=spool,
-                          experiment="server-test", flush_interval_s=0.1, close_timeout_s=2, handle_signals=False)
+        tracker = Tracker(
+            "server-run",
+            backends=(server.uri,),
+            backend_label="miles",
+            spool_dir=spool,
+            experiment="server-test",
+            flush_interval_s=0.1,
+            close_timeout_s=2,
+            handle_signals=False,
+        )
         lane = tracker._lanes[0]
         for step in range(STEPS):
             tracker.log(step, _values(step))
@@ -94,8 +121,13 @@ def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_p
         assert meta["sinks"]["mlflow"]["closed"] is False
 
         server.start()
-        replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(spool)],
-                                capture_output=True, text=True, cwd=REPO, timeout=180)
+        replay = subprocess.run(
+            [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=180,
+        )
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert f"run {tracker.run_id} mlflow: replayed" in replay.stdout
 

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests._tracking_worker", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._tracking_worker", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _read_until(proc: subprocess.Popen, word: str, at_least: int) -> tuple[str, list[tuple[str, int, float]]]:
@@ -67,7 +72,9 @@ def test_sigterm_drains_everything_then_chains_to_the_previous_handler(tmp_path)
     assert "SIGTERM received" in proc.stderr.read()
 
 
-@pytest.mark.parametrize(("signum", "returncode"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)])
+@pytest.mark.parametrize(
+    ("signum", "returncode"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)]
+)
 def test_signal_marks_the_mlflow_run_killed_and_the_process_still_dies_of_it(tmp_path, signum, returncode):
     spool, db = tmp_path / "spool", tmp_path / "mlflow.db"
     proc = _start("signal", str(spool), f"sqlite:///{db}", "default", str(tmp_path / "unused"))
@@ -112,7 +119,12 @@ def test_a_hard_kill_loses_at_most_the_last_flush_interval(tmp_path):
     old = [n for word, n, t in seen if word == "logged" and t < killed_at - 1.0]
     assert old and len(steps) >= max(old)
     assert _status(spool, run_id) == "RUNNING"
-    replay = subprocess.run([sys.executable, "-m", "tracking.cli", "replay", str(spool)], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    replay = subprocess.run(
+        [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert replay.returncode == 0, replay.stderr
     assert _status(spool, run_id) == "FAILED"

@@ -29,16 +29,33 @@ DEFAULT_EPOCHS = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                        help=f"training steps per run (default {DEFAULT_STEPS}; the comparison gives no verdict "
-                             f"below {MIN_UNITS} paired steps)")
-    parser.add_argument("--loss", choices=("ppo", "cispo"), default="ppo", help="loss of both runs (default ppo)")
-    parser.add_argument("--paths", default="megatron,miles",
-                        help="backend paths to train, comma-separated (default megatron,miles)")
-    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS,
-                        help=f"optimisation passes per sampled batch (default {DEFAULT_EPOCHS})")
-    parser.add_argument("--miles-staleness", type=int, default=2,
-                        help="steps the Miles run's sampler lags its policy (default 2; Megatron: 0)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"training steps per run (default {DEFAULT_STEPS}; the comparison gives no verdict "
+        f"below {MIN_UNITS} paired steps)",
+    )
+    parser.add_argument(
+        "--loss", choices=("ppo", "cispo"), default="ppo", help="loss of both runs (default ppo)"
+    )
+    parser.add_argument(
+        "--paths",
+        default="megatron,miles",
+        help="backend paths to train, comma-separated (default megatron,miles)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=DEFAULT_EPOCHS,
+        help=f"optimisation passes per sampled batch (default {DEFAULT_EPOCHS})",
+    )
+    parser.add_argument(
+        "--miles-staleness",
+        type=int,
+        default=2,
+        help="steps the Miles run's sampler lags its policy (default 2; Megatron: 0)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of both runs (default 0)")
     parser.add_argument("--out", default="cliptrack-demo", help="output folder (default ./cliptrack-demo)")
     parser.add_argument("--wandb", action="store_true", help="also log to W&B (offline without credentials)")
@@ -71,21 +88,43 @@ def run(args: argparse.Namespace) -> int:
     finals: dict[str, dict[str, float]] = {}
     schedules: dict[str, str] = {}
     for path in paths:
-        config = RunConfig(path=path, loss=args.loss, steps=args.steps, epochs=args.epochs,
-                           staleness=args.miles_staleness if path == "miles" else 0, seed=args.seed)
-        with Tracker(run_name=f"demo-{path}-{args.loss}-seed{args.seed}", backends=backends,
-                     backend_label=path, config=config.as_config(), tracking_uri=tracking_uri,
-                     experiment=EXPERIMENT, spool_dir=out / "spool", wandb_project="cliptrack-demo",
-                     wandb_dir=out) as tracker:
-            bar = tqdm(train(config), total=config.steps, desc=f"{path:>8}", unit="step",
-                       disable=args.no_progress, file=sys.stdout, leave=True)
+        config = RunConfig(
+            path=path,
+            loss=args.loss,
+            steps=args.steps,
+            epochs=args.epochs,
+            staleness=args.miles_staleness if path == "miles" else 0,
+            seed=args.seed,
+        )
+        with Tracker(
+            run_name=f"demo-{path}-{args.loss}-seed{args.seed}",
+            backends=backends,
+            backend_label=path,
+            config=config.as_config(),
+            tracking_uri=tracking_uri,
+            experiment=EXPERIMENT,
+            spool_dir=out / "spool",
+            wandb_project="cliptrack-demo",
+            wandb_dir=out,
+        ) as tracker:
+            bar = tqdm(
+                train(config),
+                total=config.steps,
+                desc=f"{path:>8}",
+                unit="step",
+                disable=args.no_progress,
+                file=sys.stdout,
+                leave=True,
+            )
             for result in bar:
                 if result.step == 0:  # which schedule ran the micro-batches: printed and an MLflow param
                     tracker.log_config({"schedule": result.schedule})
                     schedules[path] = result.schedule
                 tracker.log_output(result.step, result.output, extra=result.metrics)
-                bar.set_postfix(clip=f"{result.output.metrics.get(keys.CLIP_FRACTION, 0.0):.3f}",
-                                reward=f"{result.metrics[keys.REWARD]:.3f}")
+                bar.set_postfix(
+                    clip=f"{result.output.metrics.get(keys.CLIP_FRACTION, 0.0):.3f}",
+                    reward=f"{result.metrics[keys.REWARD]:.3f}",
+                )
                 finals[path] = {**result.output.metrics, **result.metrics}
             assert tracker.run_id is not None
             run_ids[path] = tracker.run_id
@@ -106,7 +145,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  W&B offline    {out / 'wandb'}   (push later: wandb sync {out / 'wandb'}/offline-run-*)")
     if len(run_ids) >= 2:
         print(f"  dashboard      {out / 'dashboard.html'}")
-        print(f"  comparison     MLflow experiment cliptrack-demo-comparisons, artifacts in {out / 'comparison-artifacts'}")
+        print(
+            f"  comparison     MLflow experiment cliptrack-demo-comparisons, artifacts in {out / 'comparison-artifacts'}"
+        )
         print(f"  W&B panels     {out / 'wandb-panels.json'}")
     for path, run_id in run_ids.items():
         print(f"  run {path:<9} {run_id}")
@@ -122,8 +163,11 @@ def _training_experiment(tracking_uri: str, out: Path) -> None:
 
     client = MlflowClient(tracking_uri=tracking_uri)
     if client.get_experiment_by_name(EXPERIMENT) is None:
-        client.create_experiment(EXPERIMENT, artifact_location=(out / "mlruns").as_uri(),
-                                 tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND})
+        client.create_experiment(
+            EXPERIMENT,
+            artifact_location=(out / "mlruns").as_uri(),
+            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND},
+        )
 
 
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
@@ -137,10 +181,20 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     runs = load_runs(run_ids, tracking_uri=tracking_uri)
     result = compare(runs)
     print(format_result(result))
-    dashboard = write_dashboard(out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles")
-    comparison_id = log_comparison(runs, result, tracking_uri=tracking_uri, dashboard=dashboard,
-                                   artifact_dir=out / "comparison-artifacts")
-    panels: dict[str, Any] = save_or_write("cliptrack", "cliptrack-demo", run_ids, result.summary(),
-                                           out=out / "wandb-panels.json", online=False)
-    return [f"verdict: {result.on_policy_verdict}",
-            f"MLflow comparison run {comparison_id}; W&B panel specs in {panels.get('path')}"]
+    dashboard = write_dashboard(
+        out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles"
+    )
+    comparison_id = log_comparison(
+        runs,
+        result,
+        tracking_uri=tracking_uri,
+        dashboard=dashboard,
+        artifact_dir=out / "comparison-artifacts",
+    )
+    panels: dict[str, Any] = save_or_write(
+        "cliptrack", "cliptrack-demo", run_ids, result.summary(), out=out / "wandb-panels.json", online=False
+    )
+    return [
+        f"verdict: {result.on_policy_verdict}",
+        f"MLflow comparison run {comparison_id}; W&B panel specs in {panels.get('path')}",
+    ]

@@ -142,10 +142,15 @@ ALIASES: dict[str, Alias] = {
 """Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
 key wins over an alias, an exact alias over an approximate one."""
 
-MILES_SCALED_COUNTS = {f"train/{name}": key for name, key in (
-    ("loss_tokens", LOSS_TOKENS), ("clipped_tokens", CLIPPED_TOKENS),
-    ("clipped_low_tokens", CLIPPED_LOW_TOKENS), ("clipped_high_tokens", CLIPPED_HIGH_TOKENS),
-)}
+MILES_SCALED_COUNTS = {
+    f"train/{name}": key
+    for name, key in (
+        ("loss_tokens", LOSS_TOKENS),
+        ("clipped_tokens", CLIPPED_TOKENS),
+        ("clipped_low_tokens", CLIPPED_LOW_TOKENS),
+        ("clipped_high_tokens", CLIPPED_HIGH_TOKENS),
+    )
+}
 """The count entries of ``adapters.miles.custom_loss`` as Miles' tracker logs them; each divided by
 ``train/count_scale`` (:data:`MILES_COUNT_SCALE`) is the exact token count of our key."""
 

@@ -25,8 +25,14 @@ from typing import Any
 
 from adapters._compat import UnsupportedVersionError, check_version
 
-__all__ = ["MINIMUM", "SUPPORTED_BELOW", "UnsupportedVersionError", "installed_version", "policy_loss",
-           "recording_clip_decisions"]
+__all__ = [
+    "MINIMUM",
+    "SUPPORTED_BELOW",
+    "UnsupportedVersionError",
+    "installed_version",
+    "policy_loss",
+    "recording_clip_decisions",
+]
 
 MINIMUM = (0, 0, 2)
 """Oldest ``miles-rl`` release the seam was verified on."""

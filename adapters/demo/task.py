@@ -108,7 +108,9 @@ def rollout(
     sampler: Policy, task: TaskConfig, prompts_per_step: int, group_size: int, generator: torch.Generator
 ) -> Rollout:
     """Sample ``group_size`` completions per prompt, score them, normalise advantages per group."""
-    prompts = torch.randint(0, task.vocab, (prompts_per_step,), generator=generator).repeat_interleave(group_size)
+    prompts = torch.randint(0, task.vocab, (prompts_per_step,), generator=generator).repeat_interleave(
+        group_size
+    )
     tokens, sampling_logprobs = sampler.sample(prompts, generator)
     mask = completion_mask(task, prompts)
     reward = rewards(task, prompts, tokens, mask)

@@ -63,8 +63,15 @@ class RunConfig:
             raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
         if self.loss not in ("ppo", "cispo"):
             raise ValueError(f"the demo trains with a clipping loss, 'ppo' or 'cispo'; got {self.loss!r}")
-        for name in ("steps", "epochs", "prompts_per_step", "group_size", "micro_batches", "datums_per_chunk",
-                     "threads"):
+        for name in (
+            "steps",
+            "epochs",
+            "prompts_per_step",
+            "group_size",
+            "micro_batches",
+            "datums_per_chunk",
+            "threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.staleness < 0:
@@ -73,11 +80,19 @@ class RunConfig:
     def as_config(self) -> dict[str, Any]:
         """The run's configuration, for the tracker."""
         return {
-            "path": self.path, "loss": self.loss, "steps": self.steps, "epochs": self.epochs,
-            "staleness": self.staleness, "prompts_per_step": self.prompts_per_step,
-            "group_size": self.group_size, "micro_batches": self.micro_batches,
-            "datums_per_chunk": self.datums_per_chunk, "learning_rate": self.learning_rate,
-            "seed": self.seed, "threads": self.threads, "task": vars(self.task),
+            "path": self.path,
+            "loss": self.loss,
+            "steps": self.steps,
+            "epochs": self.epochs,
+            "staleness": self.staleness,
+            "prompts_per_step": self.prompts_per_step,
+            "group_size": self.group_size,
+            "micro_batches": self.micro_batches,
+            "datums_per_chunk": self.datums_per_chunk,
+            "learning_rate": self.learning_rate,
+            "seed": self.seed,
+            "threads": self.threads,
+            "task": vars(self.task),
         }
 
 
@@ -144,8 +159,13 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
             keys.THROUGHPUT: output.metrics[keys.LOSS_TOKENS] / seconds,
             keys.STEP_TIME: seconds,
         }
-        yield StepResult(step, output, metrics, schedule=getattr(step_fn, "schedule", "") or (
-            SCHEDULE_MILES if run.path == "miles" else SCHEDULE_LOOP))
+        yield StepResult(
+            step,
+            output,
+            metrics,
+            schedule=getattr(step_fn, "schedule", "")
+            or (SCHEDULE_MILES if run.path == "miles" else SCHEDULE_LOOP),
+        )
 
 
 def _micro_batch_bounds(sequences: int, parts: int) -> list[tuple[int, int]]:
@@ -196,8 +216,12 @@ def _megatron_model(policy: Policy) -> Any:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     config = TransformerConfig(
-        num_layers=1, hidden_size=policy.task.hidden, num_attention_heads=1,
-        use_cpu_initialization=True, pipeline_dtype=torch.float32, calculate_per_token_loss=True,
+        num_layers=1,
+        hidden_size=policy.task.hidden,
+        num_attention_heads=1,
+        use_cpu_initialization=True,
+        pipeline_dtype=torch.float32,
+        calculate_per_token_loss=True,
     )
 
     class MegatronPolicy(MegatronModule):
@@ -248,8 +272,12 @@ class _MegatronScheduleStep:
             self.schedule = f"{forward_backward.__module__}.{forward_backward.__name__}"
             with megatron_cpu.cpu_redirect():
                 reports = forward_backward(
-                    forward_step_func=forward_step, data_iterator=iter(bounds), model=[self.model],
-                    num_microbatches=len(bounds), seq_length=run.task.length, micro_batch_size=1,
+                    forward_step_func=forward_step,
+                    data_iterator=iter(bounds),
+                    model=[self.model],
+                    num_microbatches=len(bounds),
+                    seq_length=run.task.length,
+                    micro_batch_size=1,
                 )
             # calculate_per_token_loss: the schedule back-propagates summed losses; divide by the
             # step's tokens as finalize_model_grads would, for the token mean over the batch.

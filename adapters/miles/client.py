@@ -60,7 +60,9 @@ def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
             "return per-datum token counts"
         )
     present = [name for name in keys.DATUM_CLIP_FIELDS if name in datum]
-    split = [name for name in (keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS) if name in datum]
+    split = [
+        name for name in (keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS) if name in datum
+    ]
     if (present and keys.DATUM_CLIPPED_TOKENS not in datum) or len(split) == 1:
         absent = [name for name in keys.DATUM_CLIP_FIELDS if name not in datum]
         raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
@@ -137,7 +139,9 @@ def _read_output(output: object, where: str) -> _Chunk:
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
     _check_metrics_agree(checked, counts, where)
-    return _Chunk(counts, len(parts.loss_fn_outputs), checked, list(parts.loss_fn_outputs), parts.loss_fn_output_type)
+    return _Chunk(
+        counts, len(parts.loss_fn_outputs), checked, list(parts.loss_fn_outputs), parts.loss_fn_output_type
+    )
 
 
 def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | None, where: str) -> None:
@@ -155,8 +159,9 @@ def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | Non
             continue
         if key not in expected:
             what = (
-                "carry no low/high split" if counts.clips else "carry no clip counts: a loss that never clips "
-                "must emit no clip keys"
+                "carry no low/high split"
+                if counts.clips
+                else "carry no clip counts: a loss that never clips must emit no clip keys"
             )
             raise ValueError(f"{where}.metrics carry {key!r} but its datums {what}")
         if metrics[key] != expected[key]:

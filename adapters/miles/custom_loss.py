@@ -79,11 +79,15 @@ def policy_loss_with_clip_counts(
     with miles_seam.recording_clip_decisions(namespace) as calls:
         loss, log = policy_loss_function(args, batch, logits, sum_of_sample_mean)
     if not calls:
-        raise RuntimeError("Miles' policy_loss_function did not call compute_policy_loss: no clip decision to count")
+        raise RuntimeError(
+            "Miles' policy_loss_function did not call compute_policy_loss: no clip decision to count"
+        )
     advantages, clipfrac = calls[-1]
     clash = [k for k in (*COUNT_ENTRIES, COUNT_SCALE) if k in log]
     if clash:
-        raise ValueError(f"Miles' log dict already has {clash}; cliptrack's count entries would overwrite them")
+        raise ValueError(
+            f"Miles' log dict already has {clash}; cliptrack's count entries would overwrite them"
+        )
     log.update(clip_count_entries(args, batch, advantages, clipfrac, namespace))
     return loss, log
 
@@ -104,7 +108,10 @@ def clip_count_entries(
     """
     state = miles_loss_namespace["get_parallel_state"]()
     local_masks = miles_loss_namespace["get_local_response_loss_masks"](
-        batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], args.qkv_format,
+        batch["total_lengths"],
+        batch["response_lengths"],
+        batch["loss_masks"],
+        args.qkv_format,
         batch.get("max_seq_lens", None),
     )
     device = clipfrac.device
@@ -115,12 +122,16 @@ def clip_count_entries(
         )
     with torch.no_grad():
         clipped = (clipfrac != 0) & eligible
-        counts = torch.stack([
-            torch.count_nonzero(eligible),
-            torch.count_nonzero(clipped),
-            torch.count_nonzero(clipped & (advantages < 0)),  # clipping bites below 1 - eps only where A < 0
-            torch.count_nonzero(clipped & (advantages > 0)),
-        ]).double()
+        counts = torch.stack(
+            [
+                torch.count_nonzero(eligible),
+                torch.count_nonzero(clipped),
+                torch.count_nonzero(
+                    clipped & (advantages < 0)
+                ),  # clipping bites below 1 - eps only where A < 0
+                torch.count_nonzero(clipped & (advantages > 0)),
+            ]
+        ).double()
     step_samples = int(batch.get("dynamic_global_batch_size", args.global_batch_size))
     samples = len(batch["response_lengths"]) if state.cp.rank == 0 else 0
     scaled = counts * step_samples

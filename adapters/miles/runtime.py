@@ -109,11 +109,15 @@ def forward_backward_loss(
             raise type(exc)(f"datum {i}: {exc}") from exc
 
     if not outs:
-        empty = TokenCounts(0, 0, 0, 0) if spec.splits else TokenCounts(0, 0) if spec.clips else TokenCounts(0)
+        empty = (
+            TokenCounts(0, 0, 0, 0) if spec.splits else TokenCounts(0, 0) if spec.clips else TokenCounts(0)
+        )
         metrics = {keys.LOSS_SUM: 0.0, **empty.to_metrics()}
         return RequestResult(
             loss=torch.zeros((), device=device),
-            output=ForwardBackwardOutput(loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics),
+            output=ForwardBackwardOutput(
+                loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics
+            ),
         )
 
     host = _to_host(outs, logprobs)
@@ -174,7 +178,9 @@ def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> 
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
     missing = [key for key, default in defaults.items() if default is losses.REQUIRED and key not in config]
     if missing:
-        raise ValueError(f"loss_fn {spec.name!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing))
+        raise ValueError(
+            f"loss_fn {spec.name!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing)
+        )
     return {k: float(v) for k, v in config.items()}
 
 

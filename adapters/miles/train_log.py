@@ -118,7 +118,9 @@ def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]
         raise ValueError(f"{where}['keys'] must be distinct strings, got {names!r}")
     limit = EXACT_BELOW.get(dtype)
     if limit is not None:
-        counted = [("count", values[0])] + [(n, v) for n, v in zip(names, values[1:], strict=True) if n in _COUNT_ENTRIES]
+        counted = [("count", values[0])] + [
+            (n, v) for n, v in zip(names, values[1:], strict=True) if n in _COUNT_ENTRIES
+        ]
         for name, value in counted:
             if abs(value) > limit:
                 raise ValueError(
@@ -156,7 +158,9 @@ def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
     """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``adapters.miles.custom_loss``)."""
     missing = [name for name in COUNT_ENTRIES if name not in entries]
     if missing:
-        raise ValueError(f"{where} has {COUNT_SCALE!r} but not {missing}: it was not written by adapters.miles.custom_loss")
+        raise ValueError(
+            f"{where} has {COUNT_SCALE!r} but not {missing}: it was not written by adapters.miles.custom_loss"
+        )
     scale = entries[COUNT_SCALE]
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"{where} value {COUNT_SCALE!r} = {scale!r} must be > 0 (the samples of the step)")
@@ -164,7 +168,9 @@ def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
     for name in COUNT_ENTRIES:
         value = entries[name]
         if not math.isfinite(value) or abs(value) >= _EXACT_SCALED:
-            raise ValueError(f"{where} value {name!r} = {value!r} is not an exact scaled count (beyond 2**53)")
+            raise ValueError(
+                f"{where} value {name!r} = {value!r} is not an exact scaled count (beyond 2**53)"
+            )
         # value = tokens * s and scale = s for one s (Miles' division by its count applies to both):
         # the quotient is the token count up to a few float64 roundings, so it rounds exactly.
         tokens = value / scale
@@ -253,7 +259,11 @@ def _check_log_arguments(calculate_per_token_loss: object, context_parallel_size
     """TypeError/ValueError naming a bad ``calculate_per_token_loss`` or ``context_parallel_size``."""
     if calculate_per_token_loss is not None and not isinstance(calculate_per_token_loss, bool):
         raise TypeError(f"calculate_per_token_loss must be a bool, got {calculate_per_token_loss!r}")
-    if isinstance(context_parallel_size, bool) or not isinstance(context_parallel_size, int) or context_parallel_size < 1:
+    if (
+        isinstance(context_parallel_size, bool)
+        or not isinstance(context_parallel_size, int)
+        or context_parallel_size < 1
+    ):
         raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
 
 
@@ -352,10 +362,7 @@ def _warn_all_masked(loss_masks: Sequence[Any] | None, loss_tokens: int) -> int:
 
     Without ``loss_masks`` the number is unknown and 0 is returned (nothing subtracted).
     """
-    fix = (
-        "use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss for exact "
-        "counts"
-    )
+    fix = "use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss for exact counts"
     if loss_masks is None:
         warnings.warn(
             "this Miles log has no loss_tokens entry: its count adds max(loss_mask.sum(), 1) per sample, "

@@ -100,7 +100,9 @@ def read_array(value: object, where: str) -> tuple[np.ndarray, str | None]:
 def _read_json_tensor(value: Mapping[str, Any], where: str) -> tuple[np.ndarray, str | None]:
     missing = [k for k in ("data", "dtype") if k not in value]
     if missing:
-        raise ValueError(f"{where} is a dict without {missing}: expected TensorData JSON {{'data', 'dtype', 'shape'}}")
+        raise ValueError(
+            f"{where} is a dict without {missing}: expected TensorData JSON {{'data', 'dtype', 'shape'}}"
+        )
     dtype = value["dtype"]
     if dtype not in WIRE_DTYPES:
         raise ValueError(f"{where} has dtype {dtype!r}; the wire carries only {WIRE_DTYPES}")
@@ -175,7 +177,9 @@ def output_from_json(payload: Mapping[str, Any]) -> ForwardBackwardOutput:
     for i, datum in enumerate(parts.loss_fn_outputs):
         if not isinstance(datum, Mapping):
             raise ValueError(f"loss_fn_outputs[{i}] must be a dict of field -> TensorData JSON")
-        typed.append({name: _typed(value, f"loss_fn_outputs[{i}][{name!r}]") for name, value in datum.items()})
+        typed.append(
+            {name: _typed(value, f"loss_fn_outputs[{i}][{name!r}]") for name, value in datum.items()}
+        )
     return ForwardBackwardOutput(
         loss_fn_output_type=parts.loss_fn_output_type,
         loss_fn_outputs=typed,

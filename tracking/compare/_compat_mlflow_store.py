@@ -40,8 +40,10 @@ def bulk_columns(tracking_uri: str, run_ids: list[str]) -> dict[str, Columns] | 
     try:
         chunks = _read_chunks(tracking_uri, run_ids, names)
     except _StoreUnreadable as exc:  # drift in MLflow's store: read through the public client instead
-        warnings.warn(f"MLflow bulk metric read unavailable ({exc}); reading histories one metric at a time",
-                      stacklevel=2)
+        warnings.warn(
+            f"MLflow bulk metric read unavailable ({exc}); reading histories one metric at a time",
+            stacklevel=2,
+        )
         return None
     rows = pd.concat(chunks, ignore_index=True) if chunks else pd.DataFrame(columns=names)
     stored = rows["value"].to_numpy(dtype=np.float64)
@@ -53,9 +55,12 @@ def bulk_columns(tracking_uri: str, run_ids: list[str]) -> dict[str, Columns] | 
     rows = rows.assign(value=np.where(rows["is_nan"].to_numpy(dtype=bool), np.nan, stored[order]))
     out = {}
     for run_id, part in rows.groupby("run_uuid", sort=False):
-        out[str(run_id)] = Columns(part["step"].to_numpy(dtype=np.int64),
-                                   part["timestamp"].to_numpy(dtype=np.float64) / 1000.0,
-                                   part["key"].to_numpy(dtype=object), part["value"].to_numpy(dtype=np.float64))
+        out[str(run_id)] = Columns(
+            part["step"].to_numpy(dtype=np.int64),
+            part["timestamp"].to_numpy(dtype=np.float64) / 1000.0,
+            part["key"].to_numpy(dtype=object),
+            part["value"].to_numpy(dtype=np.float64),
+        )
     for run_id in run_ids:
         out.setdefault(run_id, Columns(np.empty(0, np.int64), np.empty(0), np.empty(0, object), np.empty(0)))
     return out
@@ -80,8 +85,14 @@ def _read_chunks(tracking_uri: str, run_ids: list[str], names: list[str]) -> lis
         raise _StoreUnreadable(f"{type(exc).__name__}: {exc}") from exc
     try:
         store: Any = SqlAlchemyStore(tracking_uri, None)
-        stmt: Any = sa.select(SqlMetric.run_uuid, SqlMetric.key, SqlMetric.value, SqlMetric.is_nan,
-                              SqlMetric.timestamp, SqlMetric.step).where(SqlMetric.run_uuid.in_(run_ids))
+        stmt: Any = sa.select(
+            SqlMetric.run_uuid,
+            SqlMetric.key,
+            SqlMetric.value,
+            SqlMetric.is_nan,
+            SqlMetric.timestamp,
+            SqlMetric.step,
+        ).where(SqlMetric.run_uuid.in_(run_ids))
         sql = str(stmt.compile(dialect=store.engine.dialect, compile_kwargs={"literal_binds": True}))
         driver_error = store.engine.dialect.dbapi.Error  # the DB-API driver's own base error
         raw = store.engine.raw_connection()

@@ -40,13 +40,18 @@ def installed_version() -> str:
     try:
         return version("wandb-workspaces")
     except PackageNotFoundError as exc:
-        raise UnsupportedVersionError("wandb-workspaces is not installed: pip install 'cliptrack[wandb]'") from exc
+        raise UnsupportedVersionError(
+            "wandb-workspaces is not installed: pip install 'cliptrack[wandb]'"
+        ) from exc
 
 
 def check_version(found: str | None = None) -> str:
     """Return the installed (or given) version; raise ``UnsupportedVersionError`` outside ``SUPPORTED``."""
     return versions.check_version(
-        "wandb-workspaces", found or installed_version(), *SUPPORTED, USES,
+        "wandb-workspaces",
+        found or installed_version(),
+        *SUPPORTED,
+        USES,
         seam="tracking/compare/_compat_wandb_workspaces.py",
     )
 

@@ -38,7 +38,11 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
     ``adapters.miles.custom_loss`` (``train/<count> / train/count_scale``, rounded to the token);
     ``clip_fraction:mean`` formed from exact counts; an exact alias; an approximate alias.
     """
-    out = {k: v for k, v in metrics.items() if k not in keys.ALIASES and k not in keys.MILES_SCALED_COUNTS and k != _SCALE}
+    out = {
+        k: v
+        for k, v in metrics.items()
+        if k not in keys.ALIASES and k not in keys.MILES_SCALED_COUNTS and k != _SCALE
+    }
     scale = metrics.get(_SCALE)
     if scale is not None and math.isfinite(scale) and scale > 0:
         for foreign, key in keys.MILES_SCALED_COUNTS.items():

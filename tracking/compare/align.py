@@ -83,8 +83,9 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[MetricSpec], axis: str
             den_bad = wide.index.isin(list(nonfinite.get(spec.denominator, ())))
             bad |= den_bad
             logged &= den.notna() | den_bad
-        valid = pd.Series(np.isfinite(num.to_numpy(dtype=float)) & np.isfinite(den.to_numpy(dtype=float)),
-                          index=wide.index)
+        valid = pd.Series(
+            np.isfinite(num.to_numpy(dtype=float)) & np.isfinite(den.to_numpy(dtype=float)), index=wide.index
+        )
         out[f"{spec.name}.num"] = num.where(valid)
         out[f"{spec.name}.den"] = den.where(valid)
         out[f"{spec.name}.bad"] = bad.astype(float)

@@ -18,7 +18,9 @@ from tracking.compare.metrics import CLIP_TOLERANCE, RELATIVE_TOLERANCE, REWARD_
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The store options shared by ``compare`` and ``panels mlflow``."""
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    source.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
     source.add_argument("--jsonl", metavar="DIR", help="JSONL spool directory (<DIR>/<run_id>/points.jsonl)")
     source.add_argument("--wandb-dir", metavar="DIR", help="directory holding W&B run files (offline runs)")
     parser.add_argument("--experiment", help="MLflow experiment (name or id) to look runs up in")
@@ -26,20 +28,42 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
     """Alignment, window, margins and confidence."""
-    parser.add_argument("--align", choices=sorted(ALIGNMENTS), default="step",
-                        help="pair runs by trainer step, by tokens seen, or by wall time (default: step)")
-    parser.add_argument("--window", metavar="A:B", help="keep A <= x < B on the alignment axis (steps, tokens or s)")
-    parser.add_argument("--tolerance", type=float, default=CLIP_TOLERANCE,
-                        help=f"clip-fraction equivalence margin, absolute (default {CLIP_TOLERANCE})")
-    parser.add_argument("--reward-tolerance", type=float, default=RELATIVE_TOLERANCE,
-                        help=f"reward margin, relative (log-ratio scale) when both rewards are clearly away from "
-                             f"zero (default {RELATIVE_TOLERANCE})")
-    parser.add_argument("--reward-abs-tolerance", type=float, default=REWARD_ABS_TOLERANCE,
-                        help=f"reward margin in reward units, used when the rewards are near zero "
-                             f"(default {REWARD_ABS_TOLERANCE})")
-    parser.add_argument("--throughput-tolerance", type=float, default=RELATIVE_TOLERANCE,
-                        help=f"throughput margin on the log-ratio scale: 0.05 means |log(B/A)| < log(1.05) "
-                             f"(default {RELATIVE_TOLERANCE})")
+    parser.add_argument(
+        "--align",
+        choices=sorted(ALIGNMENTS),
+        default="step",
+        help="pair runs by trainer step, by tokens seen, or by wall time (default: step)",
+    )
+    parser.add_argument(
+        "--window", metavar="A:B", help="keep A <= x < B on the alignment axis (steps, tokens or s)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=CLIP_TOLERANCE,
+        help=f"clip-fraction equivalence margin, absolute (default {CLIP_TOLERANCE})",
+    )
+    parser.add_argument(
+        "--reward-tolerance",
+        type=float,
+        default=RELATIVE_TOLERANCE,
+        help=f"reward margin, relative (log-ratio scale) when both rewards are clearly away from "
+        f"zero (default {RELATIVE_TOLERANCE})",
+    )
+    parser.add_argument(
+        "--reward-abs-tolerance",
+        type=float,
+        default=REWARD_ABS_TOLERANCE,
+        help=f"reward margin in reward units, used when the rewards are near zero "
+        f"(default {REWARD_ABS_TOLERANCE})",
+    )
+    parser.add_argument(
+        "--throughput-tolerance",
+        type=float,
+        default=RELATIVE_TOLERANCE,
+        help=f"throughput margin on the log-ratio scale: 0.05 means |log(B/A)| < log(1.05) "
+        f"(default {RELATIVE_TOLERANCE})",
+    )
     parser.add_argument("--confidence", type=float, default=0.90, help="interval confidence (default 0.90)")
 
 
@@ -49,9 +73,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_comparison_arguments(parser)
     parser.add_argument("--html", metavar="OUT", help="also write the self-contained HTML dashboard here")
     parser.add_argument("--markdown", metavar="OUT", help="also write summary and table as markdown here")
-    parser.add_argument("--json", nargs="?", const="-", metavar="FILE",
-                        help="every estimate, interval, effective sample size, verdict and note as JSON: "
-                             "printed alone on stdout, or written to FILE")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="every estimate, interval, effective sample size, verdict and note as JSON: "
+        "printed alone on stdout, or written to FILE",
+    )
 
 
 def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -59,12 +88,26 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     from tracking.compare.compute import compare
     from tracking.compare.load import load_runs
 
-    runset = load_runs(args.runs, tracking_uri=args.tracking_uri, experiment=args.experiment,
-                       jsonl_dir=args.jsonl, wandb_dir=args.wandb_dir)
-    tolerances = {"clip_fraction": args.tolerance, "reward": args.reward_tolerance,
-                  "throughput": args.throughput_tolerance}
-    result = compare(runset, align=args.align, window=parse_window(args.window), tolerances=tolerances,
-                     reward_abs_tolerance=args.reward_abs_tolerance, confidence=args.confidence)
+    runset = load_runs(
+        args.runs,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        jsonl_dir=args.jsonl,
+        wandb_dir=args.wandb_dir,
+    )
+    tolerances = {
+        "clip_fraction": args.tolerance,
+        "reward": args.reward_tolerance,
+        "throughput": args.throughput_tolerance,
+    }
+    result = compare(
+        runset,
+        align=args.align,
+        window=parse_window(args.window),
+        tolerances=tolerances,
+        reward_abs_tolerance=args.reward_abs_tolerance,
+        confidence=args.confidence,
+    )
     return runset, result
 
 

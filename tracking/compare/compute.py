@@ -50,20 +50,27 @@ DEFAULT_CONFIDENCE = 0.90
 """Two-sided confidence of every interval (TOST at 5 %)."""
 DEFAULT_TOLERANCES = {spec.name: spec.tolerance for spec in m.DEFAULT_SPECS}
 """Equivalence margins by quantity: clip fractions 0.02 absolute, reward and throughput ±5 %."""
-METHOD = (f"fixed-b HAC interval (Bartlett kernel, bandwidth {FIXED_B:g} x units, Kiefer-Vogelsang "
-          "critical values) on the linearised ratio of sums")
+METHOD = (
+    f"fixed-b HAC interval (Bartlett kernel, bandwidth {FIXED_B:g} x units, Kiefer-Vogelsang "
+    "critical values) on the linearised ratio of sums"
+)
 """The interval method, as stated in every rendering."""
 
 
-def _choose_specs(runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float],
-                  reward_abs_tolerance: float | None) -> list[m.MetricSpec]:
+def _choose_specs(
+    runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float], reward_abs_tolerance: float | None
+) -> list[m.MetricSpec]:
     throughput = m.THROUGHPUT
-    if all(keys.STEP_TIME in runset.wide(label) and keys.LOSS_TOKENS in runset.wide(label) for label in labels):
+    if all(
+        keys.STEP_TIME in runset.wide(label) and keys.LOSS_TOKENS in runset.wide(label) for label in labels
+    ):
         throughput = m.THROUGHPUT_FROM_TIME
     specs = [m.CLIP, m.CLIP_LOW, m.CLIP_HIGH, m.REWARD, throughput]
     unknown = set(tolerances) - {s.name for s in specs}
     if unknown:
-        raise ValueError(f"tolerance given for unknown quantities {sorted(unknown)}; known: {[s.name for s in specs]}")
+        raise ValueError(
+            f"tolerance given for unknown quantities {sorted(unknown)}; known: {[s.name for s in specs]}"
+        )
     out = []
     for spec in specs:
         if spec.name in tolerances:
@@ -93,20 +100,33 @@ def _run_notes(spec: m.MetricSpec, label: str, table: pd.DataFrame, align: str) 
     if bad.any():
         xs = table["x"].to_numpy()[bad]
         k = int(bad.sum())
-        tail = " from there to the end" if bad[np.argmax(bad):].all() else ""
-        notes.append(Note(spec.name, label,
-                          f"{label}: {keys_} is NaN or infinite at {k} of {n} {unit}s (first at {unit} "
-                          f"{_where(float(xs[0]))}{tail}); those {unit}s are left out of {spec.name} for this "
-                          f"run and of its paired difference", warning=True))
+        tail = " from there to the end" if bad[np.argmax(bad) :].all() else ""
+        notes.append(
+            Note(
+                spec.name,
+                label,
+                f"{label}: {keys_} is NaN or infinite at {k} of {n} {unit}s (first at {unit} "
+                f"{_where(float(xs[0]))}{tail}); those {unit}s are left out of {spec.name} for this "
+                f"run and of its paired difference",
+                warning=True,
+            )
+        )
     missing = int((~logged).sum())
     if missing and logged.any():
-        notes.append(Note(spec.name, label, f"{label}: {keys_} not logged at {missing} of {n} {unit}s "
-                                            f"(left out, nothing is counted as 0)"))
+        notes.append(
+            Note(
+                spec.name,
+                label,
+                f"{label}: {keys_} not logged at {missing} of {n} {unit}s "
+                f"(left out, nothing is counted as 0)",
+            )
+        )
     return notes
 
 
-def _estimate_run(spec: m.MetricSpec, label: str, backend: str, table: pd.DataFrame,
-                  confidence: float) -> RunEstimate:
+def _estimate_run(
+    spec: m.MetricSpec, label: str, backend: str, table: pd.DataFrame, confidence: float
+) -> RunEstimate:
     num, den = table[f"{spec.name}.num"], table[f"{spec.name}.den"]
     valid = num.notna() & den.notna()
     nv, dv = num[valid].to_numpy(), den[valid].to_numpy()
@@ -117,12 +137,31 @@ def _estimate_run(spec: m.MetricSpec, label: str, backend: str, table: pd.DataFr
     bad = table[f"{spec.name}.bad"].to_numpy() > 0
     logged = table[f"{spec.name}.logged"].to_numpy() > 0
     first = float(table["x"].to_numpy()[bad][0]) if bad.any() else None
-    return RunEstimate(spec.name, label, backend, est, float(nv.sum()), float(dv.sum()), int(valid.sum()),
-                       int(bad.sum()), int((~logged).sum()) if logged.any() else 0, first, w_low, w_high)
+    return RunEstimate(
+        spec.name,
+        label,
+        backend,
+        est,
+        float(nv.sum()),
+        float(dv.sum()),
+        int(valid.sum()),
+        int(bad.sum()),
+        int((~logged).sum()) if logged.any() else 0,
+        first,
+        w_low,
+        w_high,
+    )
 
 
-def _no_result_reason(spec: m.MetricSpec, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame,
-                      common: pd.Index, est: Estimate) -> str:
+def _no_result_reason(
+    spec: m.MetricSpec,
+    reference: str,
+    label: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    common: pd.Index,
+    est: Estimate,
+) -> str:
     """Why a pair has no verdict: the real reason, most basic first."""
     name = spec.name
     for run, table in ((reference, a), (label, b)):
@@ -133,8 +172,10 @@ def _no_result_reason(spec: m.MetricSpec, reference: str, label: str, a: pd.Data
     if spec.denominator is not None:
         for run, table in ((reference, a), (label, b)):
             if float(table.loc[common, f"{name}.den"].sum()) == 0:
-                return (f"{run} logged 0 {spec.denominator} at all {len(common)} paired units: "
-                        f"{name} is undefined")
+                return (
+                    f"{run} logged 0 {spec.denominator} at all {len(common)} paired units: "
+                    f"{name} is undefined"
+                )
     if not np.isfinite(est.value):
         return f"{name} is not positive in both runs, so it has no log-ratio"
     return est.insufficiency() or "no interval"
@@ -180,8 +221,15 @@ def compare(
     specs = _choose_specs(runset, labels, tolerances or {}, reward_abs_tolerance)
     units = unit_table(runset, labels, specs, by=align, window=window)
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
-    result = ComparisonResult(runs=labels, backends=backends, align=align, window=window, confidence=confidence,
-                              method=METHOD, specs=specs)
+    result = ComparisonResult(
+        runs=labels,
+        backends=backends,
+        align=align,
+        window=window,
+        confidence=confidence,
+        method=METHOD,
+        specs=specs,
+    )
     approximate = _approximate_quantities(runset, labels, specs, units, align, window)
     reference = labels[0]
     for spec in specs:
@@ -193,15 +241,23 @@ def compare(
             result.estimates.append(estimate)
             result.notes.extend(_run_notes(spec, label, units[label], align))
         for label in labels[1:]:
-            difference = _difference(spec, reference, label, units[reference], units[label], confidence, result)
+            difference = _difference(
+                spec, reference, label, units[reference], units[label], confidence, result
+            )
             if (spec.name, reference) in approximate or (spec.name, label) in approximate:
                 difference = replace(difference, approximate=True)
             result.differences.append(difference)
     return result
 
 
-def _approximate_quantities(runset: RunSet, labels: Sequence[str], specs: Sequence[m.MetricSpec],
-                            units: dict[str, pd.DataFrame], align: str, window: Window) -> dict[tuple[str, str], str]:
+def _approximate_quantities(
+    runset: RunSet,
+    labels: Sequence[str],
+    specs: Sequence[m.MetricSpec],
+    units: dict[str, pd.DataFrame],
+    align: str,
+    window: Window,
+) -> dict[tuple[str, str], str]:
     """(quantity, run) -> why it is approximate, for runs whose tracker logged the clip fraction only
     as a mean of per-sample or per-micro-batch means (``LoadedRun.approximate``, ``keys.ALIASES``).
 
@@ -231,45 +287,85 @@ def _approximate_quantities(runset: RunSet, labels: Sequence[str], specs: Sequen
     return found
 
 
-def _difference(spec: m.MetricSpec, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame,
-                confidence: float, result: ComparisonResult) -> Difference:
+def _difference(
+    spec: m.MetricSpec,
+    reference: str,
+    label: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    confidence: float,
+    result: ComparisonResult,
+) -> Difference:
     name = spec.name
     num, den = f"{name}.num", f"{name}.den"
     va = a.index[(a[num].notna() & a[den].notna()).to_numpy()]
     vb = b.index[(b[num].notna() & b[den].notna()).to_numpy()]
     common = va.intersection(vb)
-    arrays = [a.loc[common, num].to_numpy(), a.loc[common, den].to_numpy(),
-              b.loc[common, num].to_numpy(), b.loc[common, den].to_numpy()]
+    arrays = [
+        a.loc[common, num].to_numpy(),
+        a.loc[common, den].to_numpy(),
+        b.loc[common, num].to_numpy(),
+        b.loc[common, den].to_numpy(),
+    ]
     ref_paired = ratio_estimate(arrays[0], arrays[1], confidence=confidence)
     run_paired = ratio_estimate(arrays[2], arrays[3], confidence=confidence)
     scale, tolerance, margin = spec.scale, spec.tolerance, spec.tolerance
     if scale == m.AUTO:
         floor = spec.relative_floor()
-        clear = (ref_paired.has_interval and run_paired.has_interval
-                 and ((ref_paired.low > 0 and run_paired.low > 0) or (ref_paired.high < 0 and run_paired.high < 0))
-                 and min(abs(ref_paired.value), abs(run_paired.value)) >= floor)
+        clear = (
+            ref_paired.has_interval
+            and run_paired.has_interval
+            and ((ref_paired.low > 0 and run_paired.low > 0) or (ref_paired.high < 0 and run_paired.high < 0))
+            and min(abs(ref_paired.value), abs(run_paired.value)) >= floor
+        )
         if clear:
             scale = LOG_RATIO
         else:
             scale, margin = ABSOLUTE, spec.abs_tolerance
-            result.notes.append(Note(name, label, (
-                f"{label} vs {reference}: {name} compared on the absolute scale (±{margin:g}) instead of "
-                f"±{spec.tolerance * 100:g}%: relative margins apply only when both runs' {name} is clearly away "
-                f"from zero (both intervals on one side of 0 and |{name}| >= {floor:g}); here "
-                f"{ref_paired.value:.4g} and {run_paired.value:.4g}"), warning=True))
+            result.notes.append(
+                Note(
+                    name,
+                    label,
+                    (
+                        f"{label} vs {reference}: {name} compared on the absolute scale (±{margin:g}) instead of "
+                        f"±{spec.tolerance * 100:g}%: relative margins apply only when both runs' {name} is clearly away "
+                        f"from zero (both intervals on one side of 0 and |{name}| >= {floor:g}); here "
+                        f"{ref_paired.value:.4g} and {run_paired.value:.4g}"
+                    ),
+                    warning=True,
+                )
+            )
     tolerance = m.log_margin(margin) if scale == LOG_RATIO else margin
     est = paired_difference(*arrays, scale=scale, confidence=confidence)
     only = len(va.union(vb)) - len(common)
     said = [n.text for n in result.notes if n.run == label and "in only one run" in n.text]
     if only and len(common) and not any(f": {only} units" in t for t in said):
-        result.notes.append(Note(name, label, f"{label} vs {reference}: {only} units with a valid {name} in only "
-                                              f"one run are left out of the paired comparison ({len(common)} "
-                                              f"paired); per-run values are shown over the paired units, the "
-                                              f"full-window value beside them"))
+        result.notes.append(
+            Note(
+                name,
+                label,
+                f"{label} vs {reference}: {only} units with a valid {name} in only "
+                f"one run are left out of the paired comparison ({len(common)} "
+                f"paired); per-run values are shown over the paired units, the "
+                f"full-window value beside them",
+            )
+        )
     verdict = equivalence_verdict(est, tolerance)
     if verdict == INSUFFICIENT:
         reason = _no_result_reason(spec, reference, label, a, b, common, est)
     else:
         reason = _verdict_reason(est, tolerance, verdict)
-    return Difference(name, reference, label, est, ref_paired, run_paired, tolerance, margin, scale, verdict,
-                      reason, spec.verdict)
+    return Difference(
+        name,
+        reference,
+        label,
+        est,
+        ref_paired,
+        run_paired,
+        tolerance,
+        margin,
+        scale,
+        verdict,
+        reason,
+        spec.verdict,
+    )

@@ -25,7 +25,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
-    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({r},{g},{b},{alpha})"
 
 
@@ -47,19 +47,50 @@ def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
             name = html.escape(f"{label} [{result.backends.get(label, '')}]")
             x = _xs(s["x"])
             if panel.band:
-                fig.add_trace(go.Scatter(x=x + x[::-1], y=_xs(s["band_high"]) + _xs(s["band_low"])[::-1],
-                                         fill="toself", fillcolor=_rgba(color, 0.18), line={"width": 0},
-                                         hoverinfo="skip", legendgroup=name, showlegend=False, name=f"{name} band"))
-                fig.add_trace(go.Scatter(x=x, y=_xs(s["clip_fraction"]), mode="markers",
-                                         marker={"size": 4, "color": color, "opacity": 0.45}, legendgroup=name,
-                                         showlegend=False, name=f"{name} per step"))
+                fig.add_trace(
+                    go.Scatter(
+                        x=x + x[::-1],
+                        y=_xs(s["band_high"]) + _xs(s["band_low"])[::-1],
+                        fill="toself",
+                        fillcolor=_rgba(color, 0.18),
+                        line={"width": 0},
+                        hoverinfo="skip",
+                        legendgroup=name,
+                        showlegend=False,
+                        name=f"{name} band",
+                    )
+                )
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=_xs(s["clip_fraction"]),
+                        mode="markers",
+                        marker={"size": 4, "color": color, "opacity": 0.45},
+                        legendgroup=name,
+                        showlegend=False,
+                        name=f"{name} per step",
+                    )
+                )
             for line in panel.lines:
-                fig.add_trace(go.Scatter(x=x, y=_xs(s[line.column]), mode="lines", legendgroup=name,
-                                         name=f"{name} {line.label}".strip(),
-                                         line={"color": color, "dash": line.dash, "width": 2 if panel.band else 1.5}))
-        fig.update_layout(title={"text": panel.title}, xaxis_title=x_title, yaxis_title=panel.y_title,
-                          template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360,
-                          legend={"orientation": "h", "y": -0.25})
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=_xs(s[line.column]),
+                        mode="lines",
+                        legendgroup=name,
+                        name=f"{name} {line.label}".strip(),
+                        line={"color": color, "dash": line.dash, "width": 2 if panel.band else 1.5},
+                    )
+                )
+        fig.update_layout(
+            title={"text": panel.title},
+            xaxis_title=x_title,
+            yaxis_title=panel.y_title,
+            template="plotly_white",
+            margin={"l": 60, "r": 20, "t": 50, "b": 50},
+            height=360,
+            legend={"orientation": "h", "y": -0.25},
+        )
         if panel.percent:
             fig.update_yaxes(tickformat=".1%")
         out[panel.id] = fig.to_plotly_json()
@@ -78,7 +109,13 @@ def _runs_table(runset: RunSet, labels: Sequence[str]) -> str:
     for label in labels:
         info = runset.info(label)
         config = "; ".join(f"{k}={v}" for k, v in sorted(info.run.config.items(), key=lambda kv: str(kv[0])))
-        cells = [info.display, info.run.backend_label or "", info.run.run_id, f"{info.source}: {info.location}", config]
+        cells = [
+            info.display,
+            info.run.backend_label or "",
+            info.run.run_id,
+            f"{info.source}: {info.location}",
+            config,
+        ]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "backend", "run id", "source", "config"))
     return f'<table class="runs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
@@ -114,9 +151,9 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
         "done+=1;document.body.setAttribute('data-rendered',String(done));});});})();"
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
-        f"<script>{plotly_js}</script></head>\n<body data-rendered=\"0\">"
+        f'<script>{plotly_js}</script></head>\n<body data-rendered="0">'
         f"<h1>{html.escape(title)}</h1>"
         f'<p class="summary {verdict}" id="summary">{html.escape(result.summary())}</p>'
         f"<h2>Verdict table</h2>{result.to_html_table()}"
@@ -127,8 +164,9 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
     )
 
 
-def write_dashboard(path: str | Path, runset: RunSet, result: ComparisonResult,
-                    title: str = "cliptrack comparison") -> Path:
+def write_dashboard(
+    path: str | Path, runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison"
+) -> Path:
     """Write ``render_dashboard`` to ``path`` (UTF-8) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

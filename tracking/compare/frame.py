@@ -56,8 +56,9 @@ class LoadedRun:
 
 def _empty_frame() -> pd.DataFrame:
     frame = pd.DataFrame({c: pd.Series(dtype="float64") for c in COLUMNS})
-    return frame.astype({"run": "object", "run_id": "object", "backend": "object", "metric": "object",
-                         "step": "int64"})
+    return frame.astype(
+        {"run": "object", "run_id": "object", "backend": "object", "metric": "object", "step": "int64"}
+    )
 
 
 _NUMERIC = (int, float, np.integer, np.floating)
@@ -70,7 +71,9 @@ def _check_numeric(info: LoadedRun, steps: list[int], names: list[str], values: 
         return
     for step, key, value in zip(steps, names, values, strict=True):
         if isinstance(value, bool) or not isinstance(value, _NUMERIC):
-            raise ValueError(f"run {info.display!r} step {step}: metric {key!r} has non-numeric value {value!r}")
+            raise ValueError(
+                f"run {info.display!r} step {step}: metric {key!r} has non-numeric value {value!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -114,18 +117,35 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
             names.append("")
             values.append(float("nan"))
     _check_numeric(info, steps, names, values)
-    return _frame(info, Columns(np.asarray(steps, dtype=np.int64), np.asarray(walls, dtype=np.float64),
-                                np.asarray(names, dtype=object), np.asarray(values, dtype=np.float64)))
+    return _frame(
+        info,
+        Columns(
+            np.asarray(steps, dtype=np.int64),
+            np.asarray(walls, dtype=np.float64),
+            np.asarray(names, dtype=object),
+            np.asarray(values, dtype=np.float64),
+        ),
+    )
 
 
 def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
     if len(cols.step) == 0:
         return _empty_frame()
-    walls = pd.Series(np.asarray(cols.wall_time, dtype=np.float64),
-                      index=pd.Index(np.asarray(cols.step, dtype=np.int64), name="step")).groupby(level=0).max()
-    rows = pd.DataFrame({"step": np.asarray(cols.step, dtype=np.int64),
-                         "metric": pd.Series(np.asarray(cols.metric, dtype=object), dtype=object),
-                         "value": np.asarray(cols.value, dtype=np.float64)})
+    walls = (
+        pd.Series(
+            np.asarray(cols.wall_time, dtype=np.float64),
+            index=pd.Index(np.asarray(cols.step, dtype=np.int64), name="step"),
+        )
+        .groupby(level=0)
+        .max()
+    )
+    rows = pd.DataFrame(
+        {
+            "step": np.asarray(cols.step, dtype=np.int64),
+            "metric": pd.Series(np.asarray(cols.metric, dtype=object), dtype=object),
+            "value": np.asarray(cols.value, dtype=np.float64),
+        }
+    )
     rows = rows[rows["metric"] != ""]
     rows = rows.drop_duplicates(["step", "metric"], keep="last").sort_values("step", kind="stable")
     tokens = rows.loc[rows["metric"] == keys.LOSS_TOKENS].set_index("step")["value"]
@@ -139,15 +159,29 @@ def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
     wall = walls.reindex(step_values).to_numpy()
     first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
     n = len(step_values)
-    frame = pd.DataFrame({
-        "run": pd.Series([info.display] * n, dtype=object), "run_id": pd.Series([info.run.run_id] * n, dtype=object),
-        "backend": pd.Series([info.run.backend_label or ""] * n, dtype=object), "step": step_values,
-        "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
-        "wall_time": wall, "elapsed_s": wall - first,
-        "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object), "value": rows["value"].to_numpy(),
-    }, columns=list(COLUMNS))
-    return frame.astype({"step": "int64", "tokens_seen": "float64", "wall_time": "float64",
-                         "elapsed_s": "float64", "value": "float64"}).reset_index(drop=True)
+    frame = pd.DataFrame(
+        {
+            "run": pd.Series([info.display] * n, dtype=object),
+            "run_id": pd.Series([info.run.run_id] * n, dtype=object),
+            "backend": pd.Series([info.run.backend_label or ""] * n, dtype=object),
+            "step": step_values,
+            "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
+            "wall_time": wall,
+            "elapsed_s": wall - first,
+            "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object),
+            "value": rows["value"].to_numpy(),
+        },
+        columns=list(COLUMNS),
+    )
+    return frame.astype(
+        {
+            "step": "int64",
+            "tokens_seen": "float64",
+            "wall_time": "float64",
+            "elapsed_s": "float64",
+            "value": "float64",
+        }
+    ).reset_index(drop=True)
 
 
 @dataclass
@@ -201,8 +235,9 @@ class RunSet:
             rows = self.frame[self.frame["run"] == display]
             axes = rows.groupby("step", sort=True)[["tokens_seen", "wall_time", "elapsed_s"]].first()
             if rows.duplicated(["step", "metric"]).any():
-                values = rows.pivot_table(index="step", columns="metric", values="value", aggfunc="last",
-                                          dropna=False)
+                values = rows.pivot_table(
+                    index="step", columns="metric", values="value", aggfunc="last", dropna=False
+                )
             else:
                 values = rows.pivot(index="step", columns="metric", values="value")
             values.columns.name = None

@@ -57,7 +57,9 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     for run_dir in _jsonl_runs(root):
         info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
         found.append((info, run_dir))
-    chosen = _choose(refs, [(info, info.run.run_id, info.run.run_name) for info, _ in found], f"JSONL dir {root}")
+    chosen = _choose(
+        refs, [(info, info.run.run_id, info.run.run_name) for info, _ in found], f"JSONL dir {root}"
+    )
     by_id = {info.run.run_id: run_dir for info, run_dir in found}
     return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
 
@@ -94,8 +96,12 @@ def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
         kinds = set(map(type, values))
         if not kinds <= {int, float}:
             raise ValueError("a non-numeric value")
-        return Columns(np.asarray(steps, dtype=np.int64), np.asarray(walls, dtype=np.float64),
-                       np.asarray(names, dtype=object), np.asarray(values, dtype=np.float64))
+        return Columns(
+            np.asarray(steps, dtype=np.int64),
+            np.asarray(walls, dtype=np.float64),
+            np.asarray(names, dtype=object),
+            np.asarray(values, dtype=np.float64),
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
         return run_dir.load_points()
 
@@ -115,7 +121,9 @@ def _choose(refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: 
         by_name = [(item, run_id) for item, run_id, name in candidates if name == ref]
         if len(by_name) > 1:
             ids = ", ".join(run_id for _, run_id in by_name)
-            raise RunNotFoundError(f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id")
+            raise RunNotFoundError(
+                f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id"
+            )
         if not by_name:
             known = ", ".join(f"{run_id} ({name})" for _, run_id, name in candidates[:20]) or "none"
             raise RunNotFoundError(f"no run with id or name {ref!r} in {where}; runs there: {known}")
@@ -208,8 +216,11 @@ def _mlflow_experiment_ids(client: Any, experiment: str | None, where: str) -> l
 
 def _mlflow_training_runs(client: Any, experiment_ids: list[str], where: str) -> list[Any]:
     """Every run of the experiments but comparison runs (tag ``cliptrack.kind=comparison``)."""
-    runs = [found for found in client.search_runs(experiment_ids, max_results=50000)
-            if found.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON]
+    runs = [
+        found
+        for found in client.search_runs(experiment_ids, max_results=50000)
+        if found.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON
+    ]
     if not runs:
         raise RunNotFoundError(f"{where} has no training runs")
     return runs
@@ -256,14 +267,20 @@ def _points_of(columns: Columns) -> list[Point]:
     """Bulk-read columns as one Point per step (a step's wall time is the latest of its entries)."""
     by_step: dict[int, dict[str, float]] = {}
     wall: dict[int, float] = {}
-    for step, when, name, value in zip(columns.step.tolist(), columns.wall_time.tolist(),
-                                       columns.metric.tolist(), columns.value.tolist(), strict=True):
+    for step, when, name, value in zip(
+        columns.step.tolist(),
+        columns.wall_time.tolist(),
+        columns.metric.tolist(),
+        columns.value.tolist(),
+        strict=True,
+    ):
         by_step.setdefault(int(step), {})[str(name)] = float(value)
         wall[int(step)] = max(wall.get(int(step), -math.inf), float(when))
     return [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())]
 
 
 # ------------------------------------------------------------------------------ W&B offline files
+
 
 def _item_key(item: Any) -> str:
     return item.key if item.key else ".".join(item.nested_key)
@@ -303,8 +320,12 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point
 def wandb_run_info(run_id: str, name: str, backend: object, config: dict[str, Any]) -> RunInfo:
     """The ``tracking.records.RunInfo`` of a W&B run: its id, display name, the ``cliptrack.backend``
     config key (else the run group) as ``backend_label``, and its config without W&B's own keys."""
-    return RunInfo(run_id=run_id, run_name=name or "", backend_label=str(backend) if backend else None,
-                   config={k: v for k, v in config.items() if not str(k).startswith("_")})
+    return RunInfo(
+        run_id=run_id,
+        run_name=name or "",
+        backend_label=str(backend) if backend else None,
+        config={k: v for k, v in config.items() if not str(k).startswith("_")},
+    )
 
 
 def _history_point(row: dict[str, Any]) -> Point | None:
@@ -357,9 +378,12 @@ def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple
             merged[run_id] = (info, list(points))
             continue
         first, kept = merged[run_id]
-        run = replace(first.run, run_name=first.run.run_name or info.run.run_name,
-                      backend_label=first.run.backend_label or info.run.backend_label,
-                      config={**first.run.config, **info.run.config})
+        run = replace(
+            first.run,
+            run_name=first.run.run_name or info.run.run_name,
+            backend_label=first.run.backend_label or info.run.backend_label,
+            config={**first.run.config, **info.run.config},
+        )
         merged[run_id] = (LoadedRun(run, first.source, first.location), kept + list(points))
     return list(merged.values())
 
@@ -373,7 +397,9 @@ def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
     """
     files = sorted(wandb_run_files(directory), key=lambda p: (_started(p), str(p)))
     runs = _merge_segments([_wandb_offline_run(path, str(path.parent)) for path in files])
-    chosen = _choose(refs, [(run, run[0].run.run_id, run[0].run.run_name) for run in runs], f"W&B dir {directory}")
+    chosen = _choose(
+        refs, [(run, run[0].run.run_id, run[0].run.run_name) for run in runs], f"W&B dir {directory}"
+    )
     return RunSet.from_points(chosen)
 
 
@@ -396,7 +422,8 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
         run = api.run(path)
         config = dict(run.config)
         points, approximate = canonical_points(
-            [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None])
+            [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None]
+        )
         backend = config.get(keys.TAG_BACKEND) or getattr(run, "group", "") or ""
         info = wandb_run_info(run.id, run.name, backend, config)
         items.append((LoadedRun(info, source="wandb", location=path, approximate=approximate), points))
@@ -422,8 +449,11 @@ def load_runs(
     ``tracking_uri`` (default: MLflow's own default, ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``).
     """
     refs = list(refs)
-    named = [n for n, v in (("jsonl_dir", jsonl_dir), ("wandb_dir", wandb_dir), ("tracking_uri", tracking_uri))
-             if v is not None]
+    named = [
+        n
+        for n, v in (("jsonl_dir", jsonl_dir), ("wandb_dir", wandb_dir), ("tracking_uri", tracking_uri))
+        if v is not None
+    ]
     if len(named) > 1:
         raise ValueError(f"load_runs: name one store, got {', '.join(named)}")
     if jsonl_dir is not None:

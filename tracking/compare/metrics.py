@@ -78,17 +78,39 @@ RELATIVE_TOLERANCE = 0.05
 REWARD_ABS_TOLERANCE = 0.02
 """Default absolute reward tolerance (reward units), used when the rewards are near zero."""
 
-CLIP = MetricSpec("clip_fraction", keys.CLIPPED_TOKENS, keys.LOSS_TOKENS, CLIP_TOLERANCE, ABSOLUTE,
-                  "fraction of loss tokens")
-CLIP_LOW = MetricSpec("clip_low_fraction", keys.CLIPPED_LOW_TOKENS, keys.LOSS_TOKENS, CLIP_TOLERANCE, ABSOLUTE,
-                      "fraction of loss tokens", verdict=False)
-CLIP_HIGH = MetricSpec("clip_high_fraction", keys.CLIPPED_HIGH_TOKENS, keys.LOSS_TOKENS, CLIP_TOLERANCE, ABSOLUTE,
-                       "fraction of loss tokens", verdict=False)
-REWARD = MetricSpec("reward", keys.REWARD, None, RELATIVE_TOLERANCE, AUTO, "reward",
-                    abs_tolerance=REWARD_ABS_TOLERANCE)
+CLIP = MetricSpec(
+    "clip_fraction",
+    keys.CLIPPED_TOKENS,
+    keys.LOSS_TOKENS,
+    CLIP_TOLERANCE,
+    ABSOLUTE,
+    "fraction of loss tokens",
+)
+CLIP_LOW = MetricSpec(
+    "clip_low_fraction",
+    keys.CLIPPED_LOW_TOKENS,
+    keys.LOSS_TOKENS,
+    CLIP_TOLERANCE,
+    ABSOLUTE,
+    "fraction of loss tokens",
+    verdict=False,
+)
+CLIP_HIGH = MetricSpec(
+    "clip_high_fraction",
+    keys.CLIPPED_HIGH_TOKENS,
+    keys.LOSS_TOKENS,
+    CLIP_TOLERANCE,
+    ABSOLUTE,
+    "fraction of loss tokens",
+    verdict=False,
+)
+REWARD = MetricSpec(
+    "reward", keys.REWARD, None, RELATIVE_TOLERANCE, AUTO, "reward", abs_tolerance=REWARD_ABS_TOLERANCE
+)
 THROUGHPUT = MetricSpec("throughput", keys.THROUGHPUT, None, RELATIVE_TOLERANCE, LOG_RATIO, "tokens/s")
-THROUGHPUT_FROM_TIME = MetricSpec("throughput", keys.LOSS_TOKENS, keys.STEP_TIME, RELATIVE_TOLERANCE, LOG_RATIO,
-                                  "tokens/s")
+THROUGHPUT_FROM_TIME = MetricSpec(
+    "throughput", keys.LOSS_TOKENS, keys.STEP_TIME, RELATIVE_TOLERANCE, LOG_RATIO, "tokens/s"
+)
 """Throughput as total loss tokens / total step time, used when every run logs ``step_time_s:mean``."""
 
 DEFAULT_SPECS = (CLIP, CLIP_LOW, CLIP_HIGH, REWARD, THROUGHPUT)

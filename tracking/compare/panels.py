@@ -43,16 +43,44 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("clip", "clipping", "Clip fraction (token-weighted, rolling, with 90% band)", "clipped / loss tokens",
-          (Line("clip_rolling", keys.CLIP_FRACTION),), percent=True, band=True),
-    Panel("tokens", "clipping", "Clipped and loss tokens per step (loss dotted)", "tokens",
-          (Line("clipped_tokens", keys.CLIPPED_TOKENS, "clipped"), Line("loss_tokens", keys.LOSS_TOKENS, "loss", "dot"))),
-    Panel("split", "clipping", "Clipping by side of the band (low dotted, high solid)", "clipped / loss tokens",
-          (Line("low_fraction", keys.CLIPPED_LOW_TOKENS, "low", "dot"),
-           Line("high_fraction", keys.CLIPPED_HIGH_TOKENS, "high")), percent=True),
+    Panel(
+        "clip",
+        "clipping",
+        "Clip fraction (token-weighted, rolling, with 90% band)",
+        "clipped / loss tokens",
+        (Line("clip_rolling", keys.CLIP_FRACTION),),
+        percent=True,
+        band=True,
+    ),
+    Panel(
+        "tokens",
+        "clipping",
+        "Clipped and loss tokens per step (loss dotted)",
+        "tokens",
+        (
+            Line("clipped_tokens", keys.CLIPPED_TOKENS, "clipped"),
+            Line("loss_tokens", keys.LOSS_TOKENS, "loss", "dot"),
+        ),
+    ),
+    Panel(
+        "split",
+        "clipping",
+        "Clipping by side of the band (low dotted, high solid)",
+        "clipped / loss tokens",
+        (
+            Line("low_fraction", keys.CLIPPED_LOW_TOKENS, "low", "dot"),
+            Line("high_fraction", keys.CLIPPED_HIGH_TOKENS, "high"),
+        ),
+        percent=True,
+    ),
     Panel("reward", "reward", "Reward", "reward:mean", (Line("reward", keys.REWARD),)),
-    Panel("throughput", "throughput", "Throughput (loss tokens/s)", "loss tokens / s",
-          (Line("throughput", keys.THROUGHPUT),)),
+    Panel(
+        "throughput",
+        "throughput",
+        "Throughput (loss tokens/s)",
+        "loss tokens / s",
+        (Line("throughput", keys.THROUGHPUT),),
+    ),
     Panel("step_time", "throughput", "Step time (s)", "seconds", (Line("step_time", keys.STEP_TIME),)),
 )
 """Every panel, in drawing order."""

@@ -22,20 +22,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     wb.add_argument("--entity", required=True, help="W&B entity")
     wb.add_argument("--project", required=True, help="W&B project")
     wb.add_argument("--runs", nargs="*", default=[], metavar="RUN_ID", help="run ids the report compares")
-    wb.add_argument("--summary-from", metavar="DIR",
-                    help="W&B run directory to compute the verdict summary for the report from (offline files)")
+    wb.add_argument(
+        "--summary-from",
+        metavar="DIR",
+        help="W&B run directory to compute the verdict summary for the report from (offline files)",
+    )
     wb.add_argument("--out", default="cliptrack-wandb-panels.json", help="specs file written when offline")
     wb.add_argument("--offline", action="store_true", help="write specs even when WANDB_API_KEY is set")
     ml = sub.add_parser("mlflow", help="MLflow comparison run with figures, table and dashboard")
     ml.add_argument("runs", nargs="+", metavar="RUN", help="run ids or names; the first is the reference")
     add_source_arguments(ml)
     add_comparison_arguments(ml)
-    ml.add_argument("--log-uri", help="MLflow tracking URI to log the comparison run to (default: --tracking-uri)")
-    ml.add_argument("--log-experiment",
-                    help="experiment for the comparison run (default: <experiment of the first run>-comparisons)")
-    ml.add_argument("--artifact-dir", metavar="DIR",
-                    help="artifact location of the comparisons experiment when it is created "
-                         "(default for a sqlite store: comparison-artifacts beside the database)")
+    ml.add_argument(
+        "--log-uri", help="MLflow tracking URI to log the comparison run to (default: --tracking-uri)"
+    )
+    ml.add_argument(
+        "--log-experiment",
+        help="experiment for the comparison run (default: <experiment of the first run>-comparisons)",
+    )
+    ml.add_argument(
+        "--artifact-dir",
+        metavar="DIR",
+        help="artifact location of the comparisons experiment when it is created "
+        "(default for a sqlite store: comparison-artifacts beside the database)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +59,14 @@ def run(args: argparse.Namespace) -> int:
                 from tracking.compare.load import load_wandb_offline
 
                 summary = compare(load_wandb_offline(args.runs, args.summary_from)).summary()
-            outcome = save_or_write(args.entity, args.project, args.runs, summary, out=args.out,
-                                    online=False if args.offline else None)
+            outcome = save_or_write(
+                args.entity,
+                args.project,
+                args.runs,
+                summary,
+                out=args.out,
+                online=False if args.offline else None,
+            )
             if outcome["saved"]:
                 print(f"workspace: {outcome['workspace_url']}\nreport: {outcome['report_url']}")
             else:
@@ -59,8 +75,13 @@ def run(args: argparse.Namespace) -> int:
         from tracking.compare.panels_mlflow import log_comparison
 
         runset, result = load_and_compare(args)
-        run_id = log_comparison(runset, result, tracking_uri=args.log_uri or args.tracking_uri,
-                                experiment=args.log_experiment, artifact_dir=args.artifact_dir)
+        run_id = log_comparison(
+            runset,
+            result,
+            tracking_uri=args.log_uri or args.tracking_uri,
+            experiment=args.log_experiment,
+            artifact_dir=args.artifact_dir,
+        )
         print(result.summary())
         print(f"\ncomparison run: {run_id}")
         return 0

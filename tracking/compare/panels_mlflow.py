@@ -71,8 +71,13 @@ def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Pat
                 ax.fill_between(s["x"], s["band_low"], s["band_high"], color=color, alpha=0.18, linewidth=0)
                 ax.plot(s["x"], s["clip_fraction"], ".", color=color, alpha=0.4, markersize=3)
             for line in panel.lines:
-                ax.plot(s["x"], s[line.column], styles.get(line.dash, "-"), color=color,
-                        label=f"{name} {line.label}".strip())
+                ax.plot(
+                    s["x"],
+                    s[line.column],
+                    styles.get(line.dash, "-"),
+                    color=color,
+                    label=f"{name} {line.label}".strip(),
+                )
         if panel.percent:
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.set_title(panel.title)
@@ -102,8 +107,12 @@ def _param_value(x: Any) -> str:
 def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str]:
     """The params of the comparison run: settings, margins, runs and every difference's numbers."""
     params: dict[str, Any] = {
-        "align": result.align, "window": str(result.window), "confidence": result.confidence,
-        "method": result.method, "min_units": MIN_UNITS, "min_ess": MIN_ESS,
+        "align": result.align,
+        "window": str(result.window),
+        "confidence": result.confidence,
+        "method": result.method,
+        "min_units": MIN_UNITS,
+        "min_ess": MIN_ESS,
     }
     for s in result.specs:
         params[f"tolerance.{s.name}"] = f"{s.tolerance:g} {s.scale}"
@@ -111,20 +120,36 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
             params[f"abs_tolerance.{s.name}"] = f"{s.abs_tolerance:g}"
     for i, label in enumerate(result.runs):
         info = runset.info(label)
-        params[f"run.{i}"] = f"{info.display} [{info.run.backend_label or ''}] {info.source}:{info.run.run_id}"
+        params[f"run.{i}"] = (
+            f"{info.display} [{info.run.backend_label or ''}] {info.source}:{info.run.run_id}"
+        )
     for d in result.differences:
         suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
         e = d.estimate
-        for what, value in (("difference", e.value), ("ci_low", e.low), ("ci_high", e.high), ("scale", d.scale),
-                            ("margin", d.margin), ("paired_units", e.n_units), ("lag1", e.lag1), ("ess", e.ess),
-                            ("verdict", d.verdict), ("reference_value", d.reference_paired.value),
-                            ("run_value", d.run_paired.value)):
+        for what, value in (
+            ("difference", e.value),
+            ("ci_low", e.low),
+            ("ci_high", e.high),
+            ("scale", d.scale),
+            ("margin", d.margin),
+            ("paired_units", e.n_units),
+            ("lag1", e.lag1),
+            ("ess", e.ess),
+            ("verdict", d.verdict),
+            ("reference_value", d.reference_paired.value),
+            ("run_value", d.run_paired.value),
+        ):
             params[f"{d.metric}.{what}{suffix}"] = value
     return {k: _param_value(v)[:6000] for k, v in params.items()}
 
 
-def _experiment(client: Any, runset: RunSet, result: ComparisonResult, experiment: str | None,
-                artifact_dir: str | Path | None) -> str:
+def _experiment(
+    client: Any,
+    runset: RunSet,
+    result: ComparisonResult,
+    experiment: str | None,
+    artifact_dir: str | Path | None,
+) -> str:
     from mlflow.exceptions import MlflowException
 
     name = experiment
@@ -139,19 +164,31 @@ def _experiment(client: Any, runset: RunSet, result: ComparisonResult, experimen
     found = client.get_experiment_by_name(name)
     if found is not None:
         return str(found.experiment_id)
-    directory = Path(artifact_dir) if artifact_dir is not None else default_artifact_dir(str(client.tracking_uri))
+    directory = (
+        Path(artifact_dir) if artifact_dir is not None else default_artifact_dir(str(client.tracking_uri))
+    )
     location = None
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         location = directory.resolve().as_uri()
-    return str(client.create_experiment(name, artifact_location=location,
-                                        tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND,
-                                              keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON}))
+    return str(
+        client.create_experiment(
+            name,
+            artifact_location=location,
+            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND, keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON},
+        )
+    )
 
 
-def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str | None = None,
-                   experiment: str | None = None, run_name: str | None = None,
-                   dashboard: str | Path | None = None, artifact_dir: str | Path | None = None) -> str:
+def log_comparison(
+    runset: RunSet,
+    result: ComparisonResult,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    run_name: str | None = None,
+    dashboard: str | Path | None = None,
+    artifact_dir: str | Path | None = None,
+) -> str:
     """Log the comparison as an MLflow run in its comparisons experiment; return the run id.
 
     ``dashboard``: an HTML dashboard of this comparison already written (by ``write_dashboard``)
@@ -176,12 +213,19 @@ def log_comparison(runset: RunSet, result: ComparisonResult, tracking_uri: str |
     run = client.create_run(exp_id, run_name=run_name or "compare: " + " vs ".join(result.runs), tags=tags)
     run_id = run.info.run_id
     try:
-        verdict_tags = [RunTag(f"{keys.TAG_VERDICT}.{d.metric}" + ("" if len(result.runs) == 2
-                                                                   else f".{result.runs.index(d.run)}"), d.verdict)
-                        for d in result.differences]
-        client.log_batch(run_id, params=[Param(k, v) for k, v in comparison_params(runset, result).items()],
-                         tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))),
-                               *verdict_tags])
+        verdict_tags = [
+            RunTag(
+                f"{keys.TAG_VERDICT}.{d.metric}"
+                + ("" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"),
+                d.verdict,
+            )
+            for d in result.differences
+        ]
+        client.log_batch(
+            run_id,
+            params=[Param(k, v) for k, v in comparison_params(runset, result).items()],
+            tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))), *verdict_tags],
+        )
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             write_figures(runset, result, root / "figures")

@@ -28,8 +28,16 @@ from tracking import keys
 from tracking.compare._compat_wandb_workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
 from tracking.compare.panels import Panel, sections
 
-__all__ = ["GROUP_BY", "OFFLINE_PROJECT_ID", "build_report", "build_workspace", "offline_project_ids",
-           "report_spec", "save_or_write", "workspace_spec"]
+__all__ = [
+    "GROUP_BY",
+    "OFFLINE_PROJECT_ID",
+    "build_report",
+    "build_workspace",
+    "offline_project_ids",
+    "report_spec",
+    "save_or_write",
+    "workspace_spec",
+]
 
 GROUP_BY = "Group"
 """Run attribute the panels group by (the W&B group = the backend label)."""
@@ -38,9 +46,18 @@ GROUP_BY = "Group"
 def _line_plots(panels: Sequence[Panel]) -> list[Any]:
     import wandb_workspaces.reports.v2 as wr
 
-    return [wr.LinePlot(title=panel.title, x=keys.WANDB_STEP_METRIC, y=list[Any](panel.wandb_keys), groupby=GROUP_BY,
-                        groupby_aggfunc="mean", groupby_rangefunc="minmax", title_x="trainer step")
-            for panel in panels]
+    return [
+        wr.LinePlot(
+            title=panel.title,
+            x=keys.WANDB_STEP_METRIC,
+            y=list[Any](panel.wandb_keys),
+            groupby=GROUP_BY,
+            groupby_aggfunc="mean",
+            groupby_rangefunc="minmax",
+            title_x="trainer step",
+        )
+        for panel in panels
+    ]
 
 
 def build_workspace(entity: str, project: str, name: str = "cliptrack: megatron vs miles") -> Any:
@@ -48,8 +65,10 @@ def build_workspace(entity: str, project: str, name: str = "cliptrack: megatron 
     import wandb_workspaces.workspaces as ws
     from wandb_workspaces import expr
 
-    built = [ws.Section(name=section, panels=_line_plots(panels), is_open=True)
-             for section, panels in sections().items()]
+    built = [
+        ws.Section(name=section, panels=_line_plots(panels), is_open=True)
+        for section, panels in sections().items()
+    ]
     return ws.Workspace(
         entity=entity,
         project=project,
@@ -60,18 +79,27 @@ def build_workspace(entity: str, project: str, name: str = "cliptrack: megatron 
     )
 
 
-def build_report(entity: str, project: str, run_ids: Sequence[str] = (), summary: str = "",
-                 title: str = "cliptrack: are both stacks equally on-policy?") -> Any:
+def build_report(
+    entity: str,
+    project: str,
+    run_ids: Sequence[str] = (),
+    summary: str = "",
+    title: str = "cliptrack: are both stacks equally on-policy?",
+) -> Any:
     """A ``wandb_workspaces.reports.v2.Report`` comparing ``run_ids`` (all project runs when empty)."""
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
     filters: Any = expr.And(expr.Metric("ID").isin(list(run_ids))) if run_ids else ""
-    runset = wr.Runset(entity=entity, project=project, name="compared runs", filters=filters, groupby=["group"])
+    runset = wr.Runset(
+        entity=entity, project=project, name="compared runs", filters=filters, groupby=["group"]
+    )
     blocks: list[Any] = [
         wr.H1("Clip fraction, reward and throughput by backend"),
-        wr.P("Token-weighted clip fraction (clipped_tokens:sum / loss_tokens:sum) per trainer step, "
-             "grouped by backend (the run group)."),
+        wr.P(
+            "Token-weighted clip fraction (clipped_tokens:sum / loss_tokens:sum) per trainer step, "
+            "grouped by backend (the run group)."
+        ),
     ]
     if summary:
         blocks.append(wr.H2("Verdict"))
@@ -92,8 +120,14 @@ def report_spec(report: Any) -> dict[str, Any]:
     return model_json(report)
 
 
-def save_or_write(entity: str, project: str, run_ids: Sequence[str] = (), summary: str = "",
-                  out: str | Path | None = None, online: bool | None = None) -> dict[str, Any]:
+def save_or_write(
+    entity: str,
+    project: str,
+    run_ids: Sequence[str] = (),
+    summary: str = "",
+    out: str | Path | None = None,
+    online: bool | None = None,
+) -> dict[str, Any]:
     """Save the workspace and report to W&B when ``online`` (default: ``WANDB_API_KEY`` is set);
     otherwise write both specs to ``out`` (default ``cliptrack-wandb-panels.json``).
 
@@ -110,9 +144,12 @@ def save_or_write(entity: str, project: str, run_ids: Sequence[str] = (), summar
         report.save()
         return {"saved": True, "workspace_url": workspace.url, "report_url": report.url}
     with offline_project_ids():
-        specs = {"workspace": workspace_spec(workspace), "report": report_spec(report),
-                 "note": f"built offline; project id placeholder {OFFLINE_PROJECT_ID!r}. "
-                         "Run `cliptrack panels wandb` with WANDB_API_KEY set to save."}
+        specs = {
+            "workspace": workspace_spec(workspace),
+            "report": report_spec(report),
+            "note": f"built offline; project id placeholder {OFFLINE_PROJECT_ID!r}. "
+            "Run `cliptrack panels wandb` with WANDB_API_KEY set to save.",
+        }
     path = Path(out or "cliptrack-wandb-panels.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(specs, indent=2), encoding="utf-8")

@@ -18,9 +18,25 @@ from tracking import keys
 from tracking.compare.align import ALIGNMENTS, Window
 from tracking.compare.frame import RunSet
 
-AXIS_TITLES = {"step": "trainer step", "tokens": "tokens seen (loss tokens)", "time": "wall time since start (s)"}
-SERIES_COLUMNS = ("x", "clip_fraction", "clip_rolling", "band_low", "band_high", "clipped_tokens", "loss_tokens",
-                  "low_fraction", "high_fraction", "reward", "throughput", "step_time")
+AXIS_TITLES = {
+    "step": "trainer step",
+    "tokens": "tokens seen (loss tokens)",
+    "time": "wall time since start (s)",
+}
+SERIES_COLUMNS = (
+    "x",
+    "clip_fraction",
+    "clip_rolling",
+    "band_low",
+    "band_high",
+    "clipped_tokens",
+    "loss_tokens",
+    "low_fraction",
+    "high_fraction",
+    "reward",
+    "throughput",
+    "step_time",
+)
 
 
 def rolling_window(n_steps: int) -> int:
@@ -32,8 +48,14 @@ def _col(wide: pd.DataFrame, key: str) -> pd.Series:
     return wide[key] if key in wide else pd.Series(np.nan, index=wide.index)
 
 
-def run_series(runset: RunSet, label: str, align: str = "step", window: Window | None = None,
-               rolling: int | None = None, confidence: float = 0.90) -> pd.DataFrame:
+def run_series(
+    runset: RunSet,
+    label: str,
+    align: str = "step",
+    window: Window | None = None,
+    rolling: int | None = None,
+    confidence: float = 0.90,
+) -> pd.DataFrame:
     """One run's plot series, indexed by step, with the columns of ``SERIES_COLUMNS``."""
     wide = runset.wide(label)
     axis = ALIGNMENTS[align]
@@ -42,12 +64,16 @@ def run_series(runset: RunSet, label: str, align: str = "step", window: Window |
     out = out[(window or Window()).mask(out["x"])]
     wide = wide.loc[out.index]
     clipped, tokens = _col(wide, keys.CLIPPED_TOKENS), _col(wide, keys.LOSS_TOKENS)
-    valid = pd.Series(np.isfinite(clipped.to_numpy(dtype=float)) & np.isfinite(tokens.to_numpy(dtype=float)),
-                      index=wide.index) & (tokens > 0)
+    valid = pd.Series(
+        np.isfinite(clipped.to_numpy(dtype=float)) & np.isfinite(tokens.to_numpy(dtype=float)),
+        index=wide.index,
+    ) & (tokens > 0)
     c, t = clipped.where(valid), tokens.where(valid)
     out["clip_fraction"] = c / t
     w = rolling or rolling_window(len(out))
-    roll = pd.DataFrame({"c": c, "t": t, "cc": c * c, "ct": c * t, "tt": t * t}).rolling(w, min_periods=2).sum()
+    roll = (
+        pd.DataFrame({"c": c, "t": t, "cc": c * c, "ct": c * t, "tt": t * t}).rolling(w, min_periods=2).sum()
+    )
     count = valid.astype(float).rolling(w, min_periods=2).sum()
     ratio = roll["c"] / roll["t"]
     resid = (roll["cc"] - 2 * ratio * roll["ct"] + ratio * ratio * roll["tt"]).clip(lower=0)
@@ -68,7 +94,8 @@ def run_series(runset: RunSet, label: str, align: str = "step", window: Window |
     return out
 
 
-def all_series(runset: RunSet, labels: Sequence[str], align: str = "step", window: Window | None = None
-               ) -> dict[str, pd.DataFrame]:
+def all_series(
+    runset: RunSet, labels: Sequence[str], align: str = "step", window: Window | None = None
+) -> dict[str, pd.DataFrame]:
     """``run_series`` for each label."""
     return {label: run_series(runset, label, align, window) for label in labels}

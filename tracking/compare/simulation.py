@@ -51,8 +51,9 @@ TOLERANCE = 0.02
 METHODS = ("fixed-b", "newey-west", "bootstrap-cuberoot", "bootstrap-pw")
 
 
-def simulate(rng: np.random.Generator, replicates: int, n: int, phi: float, mean: float, sd: float = SD
-             ) -> tuple[np.ndarray, np.ndarray]:
+def simulate(
+    rng: np.random.Generator, replicates: int, n: int, phi: float, mean: float, sd: float = SD
+) -> tuple[np.ndarray, np.ndarray]:
     """``(clipped, loss_tokens)``, each ``(replicates, n)`` float arrays of integer counts."""
     from scipy.signal import lfilter
 
@@ -69,8 +70,9 @@ def _linearise(num: np.ndarray, den: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ratio, (num - ratio[:, None] * den) / den.mean(axis=1, keepdims=True)
 
 
-def _newey_west(z: np.ndarray, values: np.ndarray, confidence: float
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _newey_west(
+    z: np.ndarray, values: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     n = z.shape[1]
     g = autocovariances(z)
     rho, ess = lag1_ess(g, n)
@@ -96,7 +98,7 @@ def politis_white_block(z: np.ndarray) -> int:
     c = 2.0 * math.sqrt(math.log10(n) / n)
     mhat = mmax
     for m in range(1, min(mmax, n - kn)):
-        if np.all(np.abs(rho[m + 1: m + 1 + kn]) < c):
+        if np.all(np.abs(rho[m + 1 : m + 1 + kn]) < c):
             mhat = m
             break
     big_m = min(2 * mhat, mmax, n - 1)
@@ -117,11 +119,12 @@ def block_sums(x: np.ndarray, block: int) -> np.ndarray:
     n = x.size
     ext = np.concatenate([x, x[: block - 1]]) if block > 1 else x
     c = np.concatenate([[0.0], np.cumsum(ext)])
-    return c[block: block + n] - c[:n]
+    return c[block : block + n] - c[:n]
 
 
-def bootstrap_replicates(series: list[np.ndarray], block: int, n_boot: int, rng: np.random.Generator
-                         ) -> list[np.ndarray]:
+def bootstrap_replicates(
+    series: list[np.ndarray], block: int, n_boot: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Circular block bootstrap totals of each series, the same block draws for all of them.
 
     ``ceil(n / block)`` blocks per replicate; the last is cut so a replicate has ``n`` units: its
@@ -140,8 +143,14 @@ def bootstrap_replicates(series: list[np.ndarray], block: int, n_boot: int, rng:
     return out
 
 
-def _bootstrap(arrays: list[np.ndarray], paired: bool, method: str, confidence: float, rng: np.random.Generator,
-               n_boot: int) -> tuple[np.ndarray, np.ndarray]:
+def _bootstrap(
+    arrays: list[np.ndarray],
+    paired: bool,
+    method: str,
+    confidence: float,
+    rng: np.random.Generator,
+    n_boot: int,
+) -> tuple[np.ndarray, np.ndarray]:
     rows, n = arrays[0].shape
     low, high = np.empty(rows), np.empty(rows)
     alpha = (1 - confidence) / 2
@@ -163,8 +172,9 @@ def _bootstrap(arrays: list[np.ndarray], paired: bool, method: str, confidence: 
     return low, high
 
 
-def _intervals(method: str, arrays: list[np.ndarray], confidence: float, rng: np.random.Generator,
-               n_boot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _intervals(
+    method: str, arrays: list[np.ndarray], confidence: float, rng: np.random.Generator, n_boot: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(value, low, high, n_eff)`` per replicate for one run (2 arrays) or a difference (4 arrays)."""
     paired = len(arrays) == 4
     if paired:
@@ -206,8 +216,17 @@ def _rate(hits: np.ndarray, given: np.ndarray) -> float:
     return float(hits[given].mean()) if given.any() else float("nan")
 
 
-def measure_one(method: str, phi: float, n: int, replicates: int, seed: int, *, confidence: float = 0.90,
-                tol: float = TOLERANCE, n_boot: int = 500) -> Row:
+def measure_one(
+    method: str,
+    phi: float,
+    n: int,
+    replicates: int,
+    seed: int,
+    *,
+    confidence: float = 0.90,
+    tol: float = TOLERANCE,
+    n_boot: int = 500,
+) -> Row:
     """One row of the table (see the module docstring); fixed ``seed``, so it repeats exactly."""
     rng = np.random.default_rng([seed, int(round(phi * 1000)), n])
     a = simulate(rng, replicates, n, phi, MEAN)
@@ -227,36 +246,58 @@ def measure_one(method: str, phi: float, n: int, replicates: int, seed: int, *, 
     equivalent = float(np.mean(given0 & (lo0 > -tol) & (hi0 < tol)))
     _, lo2, hi2, given2 = verdicts[2 * tol]
     power = float(np.mean(given2 & ((lo2 > tol) | (hi2 < -tol))))
-    return Row(method, phi, n, replicates, coverage_run, coverage_difference, float(given.mean()), false_equivalent,
-               false_different, power, equivalent)
+    return Row(
+        method,
+        phi,
+        n,
+        replicates,
+        coverage_run,
+        coverage_difference,
+        float(given.mean()),
+        false_equivalent,
+        false_different,
+        power,
+        equivalent,
+    )
 
 
-def measure(method: str = "fixed-b", phis: tuple[float, ...] = (0.0, 0.5, 0.9),
-            steps: tuple[int, ...] = (20, 50, 100, 200, 1000), replicates: int = 400, seed: int = 0,
-            n_boot: int = 500) -> list[Row]:
+def measure(
+    method: str = "fixed-b",
+    phis: tuple[float, ...] = (0.0, 0.5, 0.9),
+    steps: tuple[int, ...] = (20, 50, 100, 200, 1000),
+    replicates: int = 400,
+    seed: int = 0,
+    n_boot: int = 500,
+) -> list[Row]:
     """The table for ``method``: one row per autocorrelation ``phi`` and run length."""
     return [measure_one(method, phi, n, replicates, seed, n_boot=n_boot) for phi in phis for n in steps]
 
 
 def markdown(rows: list[Row]) -> str:
     """Rows as a markdown table (rates in %)."""
-    head = ("| method | AR coef. | steps | coverage, run | coverage, difference | with a verdict | "
-            "false equivalent | false different | different at 2× margin | equivalent at 0 |")
+    head = (
+        "| method | AR coef. | steps | coverage, run | coverage, difference | with a verdict | "
+        "false equivalent | false different | different at 2× margin | equivalent at 0 |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def pct(x: float) -> str:
         return "–" if x != x else f"{x * 100:.0f}%"
 
     for r in rows:
-        lines.append(f"| {r.method} | {r.phi:g} | {r.steps} | {pct(r.coverage_run)} | {pct(r.coverage_difference)} | "
-                     f"{pct(r.with_verdict)} | {pct(r.false_equivalent)} | {pct(r.false_different)} | "
-                     f"{pct(r.power)} | {pct(r.equivalent)} |")
+        lines.append(
+            f"| {r.method} | {r.phi:g} | {r.steps} | {pct(r.coverage_run)} | {pct(r.coverage_difference)} | "
+            f"{pct(r.with_verdict)} | {pct(r.false_equivalent)} | {pct(r.false_different)} | "
+            f"{pct(r.power)} | {pct(r.equivalent)} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--candidates", action="store_true", help="measure every candidate method, not only fixed-b")
+    parser.add_argument(
+        "--candidates", action="store_true", help="measure every candidate method, not only fixed-b"
+    )
     parser.add_argument("--replicates", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")

@@ -87,8 +87,10 @@ class Estimate:
         if self.n_units < MIN_UNITS:
             return f"only {self.n_units} paired unit{'s' if self.n_units != 1 else ''} (minimum {MIN_UNITS})"
         if not self.ess >= MIN_ESS:
-            return (f"effective sample size {self.ess:.1f} < {MIN_ESS:g} (lag-1 autocorrelation "
-                    f"{self.lag1:.2f} over {self.n_units} units)")
+            return (
+                f"effective sample size {self.ess:.1f} < {MIN_ESS:g} (lag-1 autocorrelation "
+                f"{self.lag1:.2f} over {self.n_units} units)"
+            )
         return ""
 
 
@@ -123,7 +125,7 @@ def fixed_b_critical_value(b: float, confidence: float = 0.90) -> float:
     z90, z95 = NormalDist().inv_cdf(0.95), NormalDist().inv_cdf(0.975)
     w = (z - z90) / (z95 - z90)
     c = [lo + w * (hi - lo) for lo, hi in zip(fits[0.90], fits[0.95], strict=True)]
-    return z + c[0] * b + c[1] * b * b + c[2] * b ** 3
+    return z + c[0] * b + c[1] * b * b + c[2] * b**3
 
 
 def lag1_ess(gammas: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,8 +144,9 @@ def lag1_ess(gammas: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return rho, ess
 
 
-def mean_intervals(z: np.ndarray, values: np.ndarray, confidence: float = 0.90
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def mean_intervals(
+    z: np.ndarray, values: np.ndarray, confidence: float = 0.90
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(low, high, rho, n_eff)`` for each row of ``z`` (shape ``(rows, n)``): the fixed-b Bartlett
     HAC interval around ``values`` (one per row) whose first-order error is the row mean of ``z``.
 
@@ -169,8 +172,9 @@ def mean_interval(z: np.ndarray, value: float, confidence: float = 0.90) -> Esti
     if n < 2 or not np.isfinite(value) or not np.all(np.isfinite(z)):
         return _nan_estimate(value, n, confidence)
     low, high, rho, ess = mean_intervals(z[None, :], np.array([value]), confidence)
-    return Estimate(float(value), float(low[0]), float(high[0]), n, float(rho[0]), float(ess[0]), FIXED_B * n,
-                    confidence)
+    return Estimate(
+        float(value), float(low[0]), float(high[0]), n, float(rho[0]), float(ess[0]), FIXED_B * n, confidence
+    )
 
 
 def _linearised(num: np.ndarray, den: np.ndarray) -> tuple[float, np.ndarray]:

@@ -114,7 +114,11 @@ def bounded_requests() -> Iterator[None]:
 def check(found: str | None = None) -> str:
     """The installed MLflow version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
     return check_version(
-        "mlflow", found or metadata.version("mlflow"), *SUPPORTED, USES, seam="tracking/sinks/_compat_mlflow.py"
+        "mlflow",
+        found or metadata.version("mlflow"),
+        *SUPPORTED,
+        USES,
+        seam="tracking/sinks/_compat_mlflow.py",
     )
 
 

@@ -93,7 +93,10 @@ def leave_the_second_of(dir: str | os.PathLike[str], run_id: str) -> None:
     then (at most 1 s; nothing when no earlier directory is from this second)."""
     now = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
-    if any(path.parent.name.startswith((f"run-{stamp}-", f"offline-run-{stamp}-")) for path in run_files(dir, run_id)):
+    if any(
+        path.parent.name.startswith((f"run-{stamp}-", f"offline-run-{stamp}-"))
+        for path in run_files(dir, run_id)
+    ):
         time.sleep(math.ceil(now) - now + 0.01)
 
 
