@@ -24,7 +24,6 @@ from hypothesis import strategies as st
 
 from adapters import fused, losses
 from tests import reference
-from tests._harness import host_sync_forbidden
 from tests.test_losses import batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,38 +234,6 @@ def test_one_graph_serves_every_batch_shape_and_layout():
         lp, slp, adv, mask = _inputs(shape, seed=len(shape))
         _run("ppo", lp, slp, adv, mask)
         assert counters["unique_graphs"] == graphs, f"recompiled for shape {shape}"
-
-
-@pytest.mark.parametrize("name", list(losses.LOSSES))
-def test_fused_forward_backward_and_accumulation_never_sync(name):
-    torch.manual_seed(1)
-    policy = torch.nn.Linear(8, 1)
-    micro_batches = []
-    for rows, cols in [(2, 5), (1, 17), (3, 4)]:
-        features = torch.randn(rows, cols, 8)
-        sampling = torch.randn(rows, cols) * 0.1 - 1.0
-        micro_batches.append(
-            (features, sampling, torch.randn(rows, cols), (torch.rand(rows, cols) > 0.2).float())
-        )
-    kwargs = {"beta": 0.1} if name == "dro" else {}
-
-    def step(features, sampling, adv, mask):
-        logprobs = -torch.nn.functional.softplus(policy(features).squeeze(-1))
-        if name == "cross_entropy":
-            return losses.cross_entropy(logprobs, mask)
-        return losses.LOSSES[name](logprobs, sampling, adv, mask, **kwargs)
-
-    step(*micro_batches[0]).loss.backward()  # compile outside the guard; every other shape reuses the graph
-    before = fused.compiled_calls[name]
-    total = None
-    with host_sync_forbidden():
-        for batch in micro_batches:
-            out = step(*batch)
-            out.loss.backward()
-            total = out if total is None else total + out
-    assert fused.compiled_calls[name] - before == len(micro_batches)
-    assert total is not None
-    assert int(total.loss_tokens) == sum(int((m != 0).sum()) for *_, m in micro_batches)
 
 
 def test_selection_by_environment_and_size(monkeypatch):
