@@ -47,7 +47,10 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
+    """Steps of every complete journal line; a SIGKILL may leave the last line torn (no newline),
+    which the spool cuts on reopen. Every complete line must parse: none torn or glued mid-file."""
+    lines = (run_dir / keys.POINTS_FILE).read_bytes().split(b"\n")
+    return [json.loads(line)["step"] for line in lines[:-1]]  # after the last newline: torn or empty
 
 
 def _replay(
