@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
+from tests._journal import journal_steps
 from tests._tracking_wandb_log import history
 from tracking import keys, spool
 from tracking.records import Point, RunInfo
@@ -44,13 +45,6 @@ def _env(**extra: str) -> dict[str, str]:
     if "WANDB_SERVICE" not in extra:  # a service of this test process's own W&B use is not shared
         env.pop("WANDB_SERVICE", None)
     return env
-
-
-def _steps(run_dir: Path) -> list[int]:
-    """Steps of every complete journal line; a SIGKILL may leave the last line torn (no newline),
-    which the spool cuts on reopen. Every complete line must parse: none torn or glued mid-file."""
-    lines = (run_dir / keys.POINTS_FILE).read_bytes().split(b"\n")
-    return [json.loads(line)["step"] for line in lines[:-1]]  # after the last newline: torn or empty
 
 
 def _replay(
@@ -158,7 +152,7 @@ def test_a_run_resumed_in_a_new_process_reaches_mlflow_and_wandb_exactly_once(tm
         )
         assert done.returncode == 0, done.stderr[-3000:]
         assert "mlflow: all written" in done.stdout and "wandb: all written" in done.stdout, done.stdout
-    assert _steps(spool_dir / run_id) == list(range(8000))
+    assert journal_steps(spool_dir / run_id) == list(range(8000))
     replay = _replay(str(spool_dir))
     assert replay.returncode == 0 and f"run {run_id} mlflow: up to date" in replay.stdout, replay.stdout
 
@@ -198,11 +192,11 @@ def test_a_write_that_fails_midway_is_cut_back_and_written_whole_later(tmp_path,
         tracker.log(step, {"a:mean": float(step)})
     assert tracker.flush(timeout_s=30) is False  # not durable: held in memory
     run_dir = tmp_path / tracker.run_id
-    assert _steps(run_dir) == list(range(100))  # the half batch was cut back
+    assert journal_steps(run_dir) == list(range(100))  # the half batch was cut back
     failing["on"] = False
     assert tracker.flush(timeout_s=30) is True
     tracker.close()
-    assert _steps(run_dir) == list(range(250))
+    assert journal_steps(run_dir) == list(range(250))
     assert [p.step for p in recorder.points] == list(range(250))
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
 
@@ -317,7 +311,7 @@ def test_overload_then_sigkill_loses_at_most_the_last_flush_interval(tmp_path, c
     finally:
         proc.kill()
     stderr = proc.stderr.read()
-    steps = _steps(spool_dir / run_id)
+    steps = journal_steps(spool_dir / run_id)
     assert steps == list(range(len(steps)))
     old = [n for n, t in seen if t < killed_at - 2.0]
     assert old and len(steps) >= max(old), (len(steps), max(old))
@@ -401,7 +395,7 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path, request, 
     assert replay.returncode == 0 and f"run {run_id} wandb: replayed" in replay.stdout, (
         replay.stdout + replay.stderr
     )
-    journal = _steps(spool_dir / run_id)
+    journal = journal_steps(spool_dir / run_id)
     files = sorted(wandb_dir.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
     rows = sorted(row[keys.WANDB_STEP_METRIC] for path in files for row in history(path))
     assert rows == journal  # no row lost, none twice
@@ -485,7 +479,7 @@ def test_sigterm_with_a_dead_server_ends_the_process_within_ten_seconds(tmp_path
     assert took < 10, took  # the scheduler's grace period; unbounded it was 31 s
     meta = json.loads((spool_dir / run_id / keys.RUN_META_FILE).read_text())
     assert meta["status"] == "KILLED" and meta["sinks"]["mlflow"]["closed"] is False  # the rest: replay
-    assert _steps(spool_dir / run_id) == list(range(len(_steps(spool_dir / run_id))))
+    assert journal_steps(spool_dir / run_id) == list(range(len(journal_steps(spool_dir / run_id))))
 
 
 # ---- 6. unwritable spool -------------------------------------------------------------------------
@@ -520,7 +514,7 @@ def test_an_unwritable_spool_never_crashes_close_nor_duplicates_points(tmpfs, ca
     assert recorder.statuses == ["FINISHED"]
     assert any("cannot mark run" in r.getMessage() for r in caplog.records)
     assert any("progress is kept in memory" in r.getMessage() for r in caplog.records)
-    assert _steps(tmpfs / "spool" / tracker.run_id) == list(range(200))
+    assert journal_steps(tmpfs / "spool" / tracker.run_id) == list(range(200))
 
 
 # ---- 7. stalls and races -------------------------------------------------------------------------
@@ -593,7 +587,7 @@ def test_a_point_accepted_while_close_runs_is_never_lost(tmp_path):
     tracker.close()
     release.set()
     thread.join(30)
-    steps = _steps(tmp_path / tracker.run_id)
+    steps = journal_steps(tmp_path / tracker.run_id)
     assert (outcome == ["accepted"] and steps == [0, 1]) or (
         isinstance(outcome[0], TrackerClosed) and steps == [0]
     )
@@ -626,7 +620,7 @@ def test_a_run_left_open_gets_the_status_of_how_the_process_ended(tmp_path, scri
     subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=120, env=_env(), capture_output=True)
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert json.loads((run_dir / keys.RUN_META_FILE).read_text())["status"] == status
-    assert _steps(run_dir) == [0]
+    assert journal_steps(run_dir) == [0]
 
 
 @pytest.mark.parametrize("rank", ["-1", "one", "1.5"])

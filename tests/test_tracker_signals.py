@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests._journal import journal_steps
 from tracking import keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def _read_until(proc: subprocess.Popen, word: str, at_least: int) -> tuple[str, 
 
 
 def _steps(spool: Path, run_id: str) -> list[int]:
-    return [json.loads(line)["step"] for line in (spool / run_id / keys.POINTS_FILE).read_text().splitlines()]
+    return journal_steps(spool / run_id)
 
 
 def _status(spool: Path, run_id: str) -> str:
