@@ -1,10 +1,17 @@
-"""Shared test machinery: a host-sync guard, loopback ports, a one-rank Megatron-Core setup."""
+"""Shared test machinery: a host-sync guard, loopback ports, gloo worker ranks as processes, a one-rank
+Megatron-Core setup."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +45,43 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def run_ranks(script: Path, args: list[str], world: int, tmp_path: Path, timeout_s: float) -> list[Any]:
+    """Run ``script tmp_path *args`` as ``world`` gloo ranks on loopback (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT set; one OpenMP thread each); each writes ``tmp_path/rank{r}.json``. Returns
+    those results by rank, or fails naming each rank that exited non-zero with the tail of its log."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+        )
+        log = (tmp_path / f"rank{rank}.log").open("w")
+        cmd = [sys.executable, str(script), str(tmp_path), *args]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            code = -9
+        log.close()
+        if code != 0:
+            failed.append(
+                f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:]
+            )
+    assert not failed, "\n".join(failed)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 @contextlib.contextmanager

@@ -7,10 +7,6 @@ cross entropy) and compares the merged metrics with one process computing the wh
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +16,7 @@ pytest.importorskip("megatron.core")
 from adapters.losses import ppo
 from adapters.output import loss_metrics
 from tests import _megatron_setup as setup
-from tests._harness import free_port
+from tests._harness import run_ranks
 from tracking import keys
 
 HERE = Path(__file__).resolve().parent
@@ -30,37 +26,7 @@ COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
 
 def _launch(tmp_path: Path, world: int, tp: int, pp: int, cp: int) -> list[dict]:
     """Start ``world`` worker processes on loopback and return their results by rank."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-            OMP_NUM_THREADS="1",
-        )
-        log = (tmp_path / f"rank{rank}.log").open("w")
-        cmd = [sys.executable, str(WORKER), str(tmp_path), str(tp), str(pp), str(cp)]
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(timeout=150)
-        except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                other.kill()
-            code = -9
-        log.close()
-        if code != 0:
-            failed.append(
-                f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:]
-            )
-    assert not failed, "\n".join(failed)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    return run_ranks(WORKER, [str(tp), str(pp), str(cp)], world, tmp_path, timeout_s=150)
 
 
 def _check_layout(results: list[dict], dp: int) -> None:

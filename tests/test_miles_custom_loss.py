@@ -11,10 +11,6 @@ exact counts of a plain reference; Miles' own entries are unchanged.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +21,7 @@ pytest.importorskip("megatron.core")  # Miles' log-prob path uses megatron-core'
 
 from adapters.miles import MilesCountWarning, read_train_log, sum_train_logs
 from tests import _miles_loss_case as case
-from tests._harness import free_port
+from tests._harness import free_port, run_ranks
 from tests._miles_source import VERSION, MilesUnavailable, import_miles
 
 HERE = Path(__file__).resolve().parent
@@ -124,36 +120,7 @@ def test_scaled_entries_that_do_not_divide_are_refused():
 def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
     dp, cp = 2, 2
     world = dp * cp
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-            OMP_NUM_THREADS="1",
-        )
-        log = (tmp_path / f"rank{rank}.log").open("w")
-        cmd = [sys.executable, str(HERE / "_miles_loss_case.py"), str(tmp_path), str(dp), str(cp)]
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                other.kill()
-            code = -9
-        log.close()
-        if code != 0:
-            failed.append(
-                f"rank {rank} exited {code}:\n" + (tmp_path / f"rank{rank}.log").read_text()[-3000:]
-            )
-    assert not failed, "\n".join(failed)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    results = run_ranks(HERE / "_miles_loss_case.py", [str(dp), str(cp)], world, tmp_path, timeout_s=300)
     expected = _expected(dp)
     for res in results:
         for mode in ("per_sample", "per_token"):
