@@ -47,6 +47,19 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _run_id_once_flushed(proc: subprocess.Popen[str], points: int) -> str:
+    """Read the worker's protocol lines until it reports ``points`` flushed; its run id."""
+    run_id = ""
+    while True:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line, proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+        head, _, value = line.strip().partition(" ")
+        if head == "run":
+            run_id = value
+        elif head == "flushed" and int(value) >= points:
+            return run_id
+
+
 def _replay(
     *args: str, timeout: float = 180, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -371,15 +384,7 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path, request, 
         env=_env(**extra),
     )
     try:
-        run_id = ""
-        while True:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()[-3000:]
-            head, _, value = line.strip().partition(" ")
-            if head == "run":
-                run_id = value
-            elif head == "flushed" and int(value) >= 1200:
-                break
+        run_id = _run_id_once_flushed(proc, 1200)
         helpers = _children(proc.pid)  # W&B's own service process
         proc.kill()
         proc.wait(30)
@@ -461,15 +466,7 @@ def test_sigterm_with_a_dead_server_ends_the_process_within_ten_seconds(tmp_path
         env=env,
     )
     try:
-        run_id = ""
-        while True:
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read()[-3000:]
-            head, _, value = line.strip().partition(" ")
-            if head == "run":
-                run_id = value
-            elif head == "flushed" and int(value) >= 200:
-                break
+        run_id = _run_id_once_flushed(proc, 200)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == -signal.SIGTERM

@@ -137,21 +137,19 @@ _checked: list[bool] = []
 
 def metric_key_error(key: str) -> str | None:
     """Why MLflow refuses ``key`` as a metric key, or None when it takes it."""
-    rules = validation()
-    try:
-        rules._validate_metric_name(key)
-    except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
-        return message(exc)
-    if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
-        return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"
-    return None
+    return _key_error("_validate_metric_name", key)
 
 
 def param_key_error(key: str) -> str | None:
     """Why MLflow refuses ``key`` as a param name, or None when it takes it."""
+    return _key_error("_validate_param_name", key)
+
+
+def _key_error(validator: str, key: str) -> str | None:
+    """Why MLflow's private ``validator`` (or its key-length bound) refuses ``key``, or None."""
     rules = validation()
     try:
-        rules._validate_param_name(key)
+        getattr(rules, validator)(key)
     except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
         return message(exc)
     if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
