@@ -17,7 +17,7 @@ from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 from tracking import keys
 from tracking.compare import RunSet, Window, compare, parse_window, unit_table
 from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.metrics import CLIP, REWARD
+from tracking.compare.quantities import quantity
 from tracking.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
@@ -37,6 +37,8 @@ from tracking.compare.stats import (
     wilson_interval,
 )
 from tracking.records import RunInfo
+
+CLIP, REWARD = quantity("clip_fraction"), quantity("reward")
 
 
 def runset_of(*runs) -> RunSet:
@@ -160,7 +162,7 @@ def test_throughput_from_step_time_is_tokens_over_seconds():
     result = compare(runset_of(a, b))
     est = result.run_estimate("throughput", "a")
     assert est.estimate.value == pytest.approx(a.total(keys.LOSS_TOKENS) / a.total(keys.STEP_TIME))
-    assert result.spec("throughput").denominator == keys.STEP_TIME
+    assert result.quantity("throughput").denominator == keys.STEP_TIME
 
 
 def test_throughput_margin_is_symmetric():
