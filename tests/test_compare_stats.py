@@ -267,7 +267,7 @@ def test_nan_mid_run_is_left_out_and_flagged():
     assert reward.reference_paired.value == pytest.approx(ref)
     est = result.run_estimate("reward", "miles-run")
     assert est.nonfinite == 70 and est.first_nonfinite == 130 and est.units == 130
-    [note] = [n for n in result.notes if n.metric == "reward" and n.warning]
+    [note] = [n for n in result.notes if n.metric == "reward" and n.warning and "NaN" in n.text]
     assert note.run == "miles-run"
     assert "NaN or infinite at 70 of 200 steps (first at step 130 from there to the end)" in note.text
     assert f"Warning: {note.text}" in result.summary()

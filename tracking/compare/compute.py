@@ -32,9 +32,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from tracking.compare import _stats_pending as st
 from tracking.compare import quantities as qs
+from tracking.compare import stats as st
 from tracking.compare.align import ALIGNMENTS, Window, unit_table
+from tracking.compare.estimate import interval_verdict
 from tracking.compare.frame import RunSet
 from tracking.compare.quantities import Quantity
 from tracking.compare.result import (
@@ -53,6 +54,7 @@ from tracking.compare.stats import (
     INSUFFICIENT,
     LOG_RATIO,
     Estimate,
+    GroupEstimate,
     equivalence_verdict,
     paired_difference,
     wilson_interval,
@@ -108,7 +110,9 @@ def _choose_quantities(
         )
         chosen.append(q.using(estimand))
     abs_margins = {
-        q.name: reward_abs_tolerance for q in chosen if q.scale == qs.AUTO and reward_abs_tolerance
+        q.name: reward_abs_tolerance
+        for q in chosen
+        if q.scale == qs.AUTO and reward_abs_tolerance is not None
     }
     return qs.with_margins(chosen, tolerances, abs_margins)
 
@@ -322,6 +326,7 @@ def _segments(pair: _Pair, found: Sequence[st.Segment]) -> list[DifferenceSegmen
             int(s.stop),
             s.estimate,
             s.verdict,
+            bool(s.episode),
         )
         for s in found
         if s.stop > s.start
@@ -336,8 +341,14 @@ def _per_unit(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def _lead(q: Quantity, pair: _Pair) -> Lead | None:
     if not q.lead_lag or pair.x.size < 2:
         return None
-    found = st.lead_lag(_per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b))
-    return None if found is None else Lead(float(found.lag), float(found.gain), float(found.explained))
+    a, b = _per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return None
+    found = st.lead_lag(a, b)
+    if found is None:
+        return None
+    spacing = float(np.median(np.diff(pair.x))) if pair.x.size > 1 else 1.0
+    return Lead(int(found.lag), float(found.lag) * spacing, float(found.gain), bool(found.explained))
 
 
 @dataclass(frozen=True)
@@ -360,11 +371,15 @@ def _judge(
     found = st.segment_differences(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     segments = _segments(pair, found)
     throughout = st.throughout_verdict(est, found, tolerance)
-    differing = tuple(segments[i] for i in throughout.differing if i < len(segments))
+    ranges = set(throughout.differing)
+    differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
     reason = _verdict_reason(est, throughout.verdict)
     if differing:
         spans = ", ".join(f"{_span(s, align)} ({s.verdict})" for s in differing)
-        reason = f"the average lies within the margin, but not throughout: {spans}"
+        if average == EQUIVALENT:
+            reason = f"the whole window lies within the margin, but not throughout: {spans}"
+        else:
+            reason = f"{reason}; segments not within the margin: {spans}"
     units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     influential = tuple(float(pair.x[i]) for i in units)
     return _Judged(throughout.verdict, reason, average, tuple(segments), differing, influential)
@@ -372,28 +387,29 @@ def _judge(
 
 def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: str) -> list[Note]:
     notes = []
-    unit = "step" if align == "step" else "unit at x ="
     if d.influential:
         where = ", ".join(f"{x:g}" for x in d.influential)
+        unit = "step" if align == "step" else "the unit at x ="
         notes.append(
             Note(
                 q.name,
                 label,
-                f"{label} vs {reference}: the {q.name} verdict ({d.verdict}) rests on single {unit.split()[0]}s: "
-                f"dropping any one of {unit} {where} alone changes it",
+                f"{label} vs {reference}: the whole-window {q.name} verdict ({d.average_verdict}) rests on single "
+                f"units: leaving out {unit} {where} (any one of them, or the outliers among them together) "
+                f"changes it; look at those steps",
                 warning=True,
             )
         )
-    if d.lead is not None and d.lead.lag != 0:
+    if d.lead is not None and d.lead.explained:
         behind, ahead = (label, reference) if d.lead.lag > 0 else (reference, label)
-        steps = "steps" if align == "step" else "units"
+        what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[align]
         notes.append(
             Note(
                 q.name,
                 label,
-                f"{label} vs {reference}: {behind}'s {q.name} curve lags {ahead}'s by {abs(d.lead.lag):g} {steps} "
-                f"(the shifted curve explains {d.lead.explained * 100:.0f}% of the paired difference's variance): "
-                f"part of the difference is a shift in time, not a level",
+                f"{label} vs {reference}: {behind}'s {q.name} curve lags {ahead}'s by {abs(d.lead.shift):g} {what} "
+                f"({abs(d.lead.lag)} units; shifting it removes {d.lead.gain * 100:.0f}% of the squared difference "
+                f"of the smoothed curves): the difference is mostly a shift in time, not a level",
                 warning=True,
             )
         )
@@ -473,13 +489,53 @@ def _group_scale(q: Quantity, estimates: list[Estimate]) -> tuple[str, float]:
     return (LOG_RATIO, q.margin) if clear else (ABSOLUTE, q.abs_margin)
 
 
-def _group_verdict(estimate: st.GroupEstimate, tolerance: float) -> tuple[str, str]:
-    verdict = st.group_verdict(estimate, tolerance)
-    if verdict == INSUFFICIENT:
-        return verdict, estimate.reason or "no interval"
-    return verdict, _verdict_reason(
-        Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict
-    )
+def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, str]:
+    if not estimate.has_interval:
+        return INSUFFICIENT, estimate.reason or "no interval"
+    verdict = interval_verdict(estimate.low, estimate.high, tolerance)
+    reason = _verdict_reason(Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict)
+    return verdict, reason.replace(", in every segment of the window", " (over seeds)")
+
+
+def _seeds(
+    q: Quantity, members: Sequence[str], units: dict[str, pd.DataFrame]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [_valid(units[label], q)[:2] for label in members]
+
+
+def _group_estimate(
+    seeds_a: list[tuple[np.ndarray, np.ndarray]],
+    seeds_b: list[tuple[np.ndarray, np.ndarray]],
+    scale: str,
+    confidence: float,
+) -> GroupEstimate:
+    try:
+        return st.group_difference(seeds_a, seeds_b, scale=scale, confidence=confidence)
+    except ValueError as exc:  # a seed without a defined ratio (e.g. a quantity it does not log)
+        nan = float("nan")
+        return GroupEstimate(nan, nan, nan, confidence, len(seeds_a), len(seeds_b), nan, nan, nan, str(exc))
+
+
+def _seeds_needed(
+    est: GroupEstimate, within: Sequence[Estimate], scale: str, tolerance: float, confidence: float
+) -> int | None:
+    """Seeds per group for this margin at the measured spread (None when it cannot be said)."""
+    ses = [
+        float(np.sqrt(e.lrv / e.n_units)) / (abs(e.value) if scale == LOG_RATIO else 1.0)
+        for e in within
+        if np.isfinite(e.lrv) and e.n_units > 0 and e.value != 0
+    ]
+    sds = [x for x in (est.between_sd_a, est.between_sd_b) if np.isfinite(x)]
+    if not ses or not sds:
+        return None
+    between = float(np.sqrt(np.mean(np.square(sds))))
+    if scale == LOG_RATIO:
+        means = [abs(e.value) for e in within if np.isfinite(e.value) and e.value != 0]
+        between /= float(np.mean(means)) if means else 1.0
+    try:
+        return int(st.seeds_needed(between, float(np.mean(ses)), tolerance, confidence=confidence))
+    except ValueError:
+        return None
 
 
 def _group_differences(
@@ -493,16 +549,15 @@ def _group_differences(
     names = list(groups)
     out = []
     for q in quantities:
-        seeds = {g: [_valid(units[label], q)[:2] for label in groups[g]] for g in names}
         scale, margin = _group_scale(q, [by[q.name, r].estimate for g in names for r in groups[g]])
         tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
         for g in names[1:]:
-            est = st.group_difference(seeds[names[0]], seeds[g], scale=scale, confidence=confidence)
+            members = groups[names[0]] + groups[g]
+            est = _group_estimate(
+                _seeds(q, groups[names[0]], units), _seeds(q, groups[g], units), scale, confidence
+            )
             verdict, reason = _group_verdict(est, tolerance)
-            within = [by[q.name, r].estimate for r in groups[names[0]] + groups[g]]
-            half = [(e.high - e.low) / 2 for e in within if e.has_interval]
-            within_se = float(np.mean(half)) / 1.645 if half else float("nan")
-            between = float(np.sqrt((est.between_sd_a**2 + est.between_sd_b**2) / 2))
+            within = [by[q.name, r].estimate for r in members]
             out.append(
                 GroupDifference(
                     metric=q.name,
@@ -515,8 +570,8 @@ def _group_differences(
                     verdict=verdict,
                     reason=reason,
                     counts_for_verdict=q.verdict,
-                    seeds_needed=int(st.seeds_needed(between, within_se, tolerance)),
-                    approximate=any(by[q.name, r].approximate for r in groups[names[0]] + groups[g]),
+                    seeds_needed=_seeds_needed(est, within, scale, tolerance, confidence),
+                    approximate=any(by[q.name, r].approximate for r in members),
                 )
             )
     return out

@@ -118,7 +118,7 @@ class Quantity:
         return replace(self, margin=float(margin))
 
     def with_abs_margin(self, margin: float) -> Quantity:
-        _check_margin(f"{self.name} (absolute)", margin)
+        _check_margin(self.name, margin, "absolute tolerance")
         return replace(self, abs_margin=float(margin))
 
     def relative_floor(self) -> float:
@@ -126,9 +126,9 @@ class Quantity:
         return self.abs_margin / self.margin
 
 
-def _check_margin(name: str, margin: float) -> None:
+def _check_margin(name: str, margin: float, what: str = "tolerance") -> None:
     if not (isinstance(margin, int | float) and math.isfinite(margin) and margin > 0):
-        raise ValueError(f"tolerance for {name} must be > 0 (a finite margin), got {margin!r}")
+        raise ValueError(f"{what} for {name} must be > 0 (a finite margin), got {margin!r}")
 
 
 def log_margin(relative: float) -> float:

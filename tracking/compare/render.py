@@ -533,7 +533,12 @@ def _difference(d: Difference) -> dict[str, Any]:
         "influential": list(d.influential),
         "lead": None
         if d.lead is None
-        else {"lag": d.lead.lag, "gain": _num(d.lead.gain), "explained": _num(d.lead.explained)},
+        else {
+            "lag": d.lead.lag,
+            "shift": d.lead.shift,
+            "gain": _num(d.lead.gain),
+            "explained": d.lead.explained,
+        },
     }
 
 

@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from tracking.compare.align import Window
 from tracking.compare.quantities import Quantity
-from tracking.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT, LOG_RATIO, Estimate
+from tracking.compare.stats import (
+    DIFFERENT,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    INSUFFICIENT,
+    LOG_RATIO,
+    Estimate,
+    GroupEstimate,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,7 +65,8 @@ class RunEstimate:
 class DifferenceSegment:
     """The paired difference over one segment of the window: units ``[start_unit, stop_unit)`` of
     the paired units, whose x (step, tokens seen or seconds; bin centres when binned) runs from
-    ``start`` to ``end`` inclusive."""
+    ``start`` to ``end`` inclusive. ``episode``: a stretch found by the episode scan
+    (``stats.segment_differences``), not one of the equal segments."""
 
     start: float
     end: float
@@ -65,17 +74,20 @@ class DifferenceSegment:
     stop_unit: int
     estimate: Estimate
     verdict: str
+    episode: bool = False
 
 
 @dataclass(frozen=True)
 class Lead:
-    """One run's curve lagging the other's: ``lag`` units (steps when aligned by step; positive:
-    the compared run lags the reference), ``gain`` and ``explained`` (the share of the paired
-    difference's variance the shifted curve accounts for) as ``stats.lead_lag`` measured them."""
+    """One run's curve lagging the other's (``stats.lead_lag``): ``lag`` in paired units (positive:
+    the compared run lags the reference), ``shift`` the same on the x axis (steps when aligned by
+    step); ``gain``: share of the squared difference of the smoothed curves the shift removes
+    (0..1); ``explained``: the shift accounts for most of the difference."""
 
-    lag: float
+    lag: int
+    shift: float
     gain: float
-    explained: float
+    explained: bool
 
 
 @dataclass(frozen=True)
@@ -127,21 +139,21 @@ class GroupDifference:
 
     ``estimate`` (``stats.GroupEstimate``): the difference of the groups' mean per-seed values
     (absolute or log-ratio, as ``scale``) with an interval that includes the between-seed
-    variation. ``seeds_needed``: seeds per group for an interval of half-width ``margin`` at this
-    between-seed spread.
+    variation. ``seeds_needed``: seeds per group for the interval to fall within the margin (80 %
+    power when the stacks are equal) at the measured spread (None when it cannot be said).
     """
 
     metric: str
     reference: str
     group: str
-    estimate: Any
+    estimate: GroupEstimate
     tolerance: float
     margin: float
     scale: str
     verdict: str
     reason: str
     counts_for_verdict: bool
-    seeds_needed: int
+    seeds_needed: int | None
     approximate: bool = False
 
 
