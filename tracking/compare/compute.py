@@ -34,9 +34,9 @@ import pandas as pd
 
 from tracking.compare import quantities as qs
 from tracking.compare import stats as st
-from tracking.compare.align import ALIGNMENTS, Window, unit_table
+from tracking.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
 from tracking.compare.estimate import interval_verdict
-from tracking.compare.frame import RunSet
+from tracking.compare.frame import RunSet, count_problems
 from tracking.compare.quantities import Quantity
 from tracking.compare.result import (
     ComparisonResult,
@@ -226,6 +226,61 @@ def _weighting_note(
     ]
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def steps_text(steps: Sequence[int], most: int = 6) -> str:
+    """Steps as ranges, ``"100-199, 250"``, the first ``most`` ranges and a count of the rest."""
+    ranges: list[list[int]] = []
+    for step in sorted(steps):
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+    words = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges[:most]]
+    if len(ranges) > most:
+        words.append(f"and {len(ranges) - most} more ranges")
+    return ", ".join(words)
+
+
+def _data_notes(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quantity]) -> list[Note]:
+    """Bad data named: keys logged twice at a step with different values (last kept), and exact
+    counts refused (negative, fractional, above their total), by run, key and steps."""
+    notes = []
+    for label in labels:
+        for dup in runset.info(label).duplicates:
+            notes.append(
+                Note(
+                    "",
+                    label,
+                    f"{label}: {dup.metric} logged more than once with different values at "
+                    f"{_n(len(dup.steps), 'step')} ({steps_text(dup.steps)}): the last value logged is kept, as when a resumed run "
+                    "replays its last steps",
+                    warning=True,
+                )
+            )
+        wide = runset.wide(label)
+        found: dict[tuple[str, str], tuple[np.ndarray, list[str]]] = {}
+        for q in quantities:
+            if not (q.estimand.counts and q.denominator is not None):
+                continue
+            for key, problem, mask in count_problems(wide, q.numerator, q.denominator):
+                found.setdefault((key, problem), (mask, []))[1].append(q.name)
+        for (key, problem), (mask, names) in found.items():
+            steps = wide.index.to_numpy()[mask]
+            notes.append(
+                Note(
+                    names[0],
+                    label,
+                    f"{label}: {key} is {problem} at {_n(steps.size, 'step')} ({steps_text(steps.tolist())}): "
+                    f"not a valid token count, so those steps are refused (left out of {', '.join(names)})",
+                    warning=True,
+                )
+            )
+    return notes
+
+
 # ------------------------------------------------------------------------------- per pair
 
 
@@ -239,6 +294,8 @@ class _Pair:
     den_b: np.ndarray
     x: np.ndarray
     only: int
+    only_a: pd.Index
+    only_b: pd.Index
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -257,7 +314,56 @@ def _pair(q: Quantity, a: pd.DataFrame, b: pd.DataFrame) -> _Pair:
         b.loc[common, den].to_numpy(dtype=float),
         a.loc[common, "x"].to_numpy(dtype=float),
         len(va.union(vb)) - len(common),
+        va.difference(vb),
+        vb.difference(va),
     )
+
+
+MISSING_MIN_UNITS = 5
+"""Fewest units missing from one run of a pair for the missing-pattern check to speak."""
+
+
+def _missing_pattern(
+    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, pair: _Pair, tolerance: float
+) -> list[Note]:
+    """Units one run lacks, judged by the other run's values there: when the other run's ratio over
+    the missing units differs from its ratio over the paired units by more than the margin, the
+    units are missing in a pattern tied to the quantity (not at random), and the paired comparison
+    may be biased. Figures in the note."""
+    notes = []
+    for present, table, absent, other, missing, common_num, common_den in (
+        (reference, a, label, b, pair.only_a, pair.num_a, pair.den_a),
+        (label, b, reference, a, pair.only_b, pair.num_b, pair.den_b),
+    ):
+        span = other["x"].to_numpy()[(other[f"{q.name}.logged"] > 0).to_numpy()]
+        if span.size:  # gaps inside the other run's range, not a shorter run
+            x = table.loc[missing, "x"].to_numpy()
+            missing = missing[(x >= span.min()) & (x <= span.max())]
+        if len(missing) < MISSING_MIN_UNITS or not common_den.sum():
+            continue
+        there = float(table.loc[missing, f"{q.name}.num"].sum()) / float(
+            table.loc[missing, f"{q.name}.den"].sum()
+        )
+        paired = float(common_num.sum()) / float(common_den.sum())
+        gap = (
+            abs(there - paired)
+            if q.scale == ABSOLUTE or there <= 0 or paired <= 0
+            else abs(np.log(there / paired))
+        )
+        if not gap > tolerance:
+            continue
+        fmt = (lambda v: f"{v * 100:.2f}%") if q.percent else (lambda v: f"{v:.4g}")
+        notes.append(
+            Note(
+                q.name,
+                label,
+                f"{absent} lacks a valid {q.name} at {_n(len(missing), 'unit')} where {present} has one, and there "
+                f"{present}'s {q.name} is {fmt(there)} against {fmt(paired)} at the paired units: units are "
+                f"missing in a pattern tied to {q.name}, so the paired comparison may be biased",
+                warning=True,
+            )
+        )
+    return notes
 
 
 def _scale(
@@ -453,6 +559,7 @@ def _difference(
         lead=_lead(q, pair),
     )
     notes += _pair_notes(q, reference, label, d, align)
+    notes += _missing_pattern(q, reference, label, a, b, pair, tolerance)
     notes += _weighting_note(q, f"{label} - {reference}", est, step_weighted, tolerance)
     return d, pair, notes
 
@@ -706,6 +813,9 @@ def compare(
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
     group_of = {label: g for g, members in named.items() for label in members}
     notes = [Note(q, label, text, warning=True) for (q, label), text in approximate.items()]
+    notes += _data_notes(runset, labels, quantities)
+    axis_note = check_token_axis(runset, labels) if align == "tokens" else ""
+    notes += [Note("", "", axis_note, warning=True)] if axis_note else []
     estimates = []
     for q in quantities:
         for label in labels:

@@ -13,6 +13,12 @@ Columns (units):
 - ``elapsed_s``: seconds since the run's first point;
 - ``metric``: the metric key (``name:reduction``);
 - ``value``: float.
+
+Bad data is refused or named, never a silent number: a non-numeric value raises ValueError naming
+the run, step and key; a step logged more than once with different values keeps the **last**
+value (as a resumed run replays its last steps; ``LoadedRun.duplicates`` names them, and the
+comparison says so); count problems (``count_problems``: a negative or fractional token count, a
+count above its total) are found here and refused by the comparison, which names run, step and key.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elap
 
 
 @dataclass(frozen=True)
+class Duplicate:
+    """A key the run logged more than once at ``steps`` with different values; the last is kept."""
+
+    metric: str
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LoadedRun:
     """A run loaded for comparison: its ``tracking.records.RunInfo`` (the one run record, with the
     run.json mapping) plus where it was loaded from.
@@ -47,6 +61,8 @@ class LoadedRun:
     approximate: tuple[str, ...] = ()
     """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
     means (``tracking.keys.ALIASES``): shown as approximate, never as exact."""
+    duplicates: tuple[Duplicate, ...] = ()
+    """Keys logged more than once at a step with different values (the last value is kept)."""
 
     @property
     def display(self) -> str:
@@ -99,8 +115,14 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
     kept (NaN stays NaN); non-numeric values raise ValueError naming the run, step and key.
     Vectorised: one pass over the points to flatten them, the rest in numpy/pandas.
     """
+    return _frame(info, as_columns(info, points))
+
+
+def as_columns(info: LoadedRun, points: Iterable[Point] | Columns) -> Columns:
+    """One run's points as ``Columns`` (one pass; non-numeric values raise ValueError naming the
+    run, step and key)."""
     if isinstance(points, Columns):
-        return _frame(info, points)
+        return points
     steps: list[int] = []
     names: list[str] = []
     values: list[Any] = []
@@ -117,15 +139,54 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
             names.append("")
             values.append(float("nan"))
     _check_numeric(info, steps, names, values)
-    return _frame(
-        info,
-        Columns(
-            np.asarray(steps, dtype=np.int64),
-            np.asarray(walls, dtype=np.float64),
-            np.asarray(names, dtype=object),
-            np.asarray(values, dtype=np.float64),
-        ),
+    return Columns(
+        np.asarray(steps, dtype=np.int64),
+        np.asarray(walls, dtype=np.float64),
+        np.asarray(names, dtype=object),
+        np.asarray(values, dtype=np.float64),
     )
+
+
+def duplicated_values(cols: Columns) -> tuple[Duplicate, ...]:
+    """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
+    if len(cols.step) == 0:
+        return ()
+    rows = pd.DataFrame({"step": cols.step, "metric": cols.metric, "value": cols.value})
+    rows = rows[rows["metric"] != ""]
+    repeated = rows[rows.duplicated(["step", "metric"], keep=False)]
+    if repeated.empty:
+        return ()
+    spread = repeated.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
+    differing = spread[spread > 1]
+    out = []
+    for metric, group in differing.groupby(level=0, sort=True):
+        out.append(Duplicate(str(metric), tuple(int(s) for s in group.index.get_level_values(1))))
+    return tuple(out)
+
+
+def count_problems(wide: pd.DataFrame, numerator: str, denominator: str) -> list[tuple[str, str, np.ndarray]]:
+    """``(key, problem, step mask)`` (``problem``: ``"negative"``, ``"fractional"`` or
+    ``"above <denominator>"``) for each problem the exact counts ``numerator`` /
+    ``denominator`` have in a run's wide table: a negative or fractional value of either key, or
+    the numerator above the denominator (e.g. more clipped tokens than loss tokens). Only problems
+    present are listed; a key not logged has none."""
+    out = []
+    present = {}
+    for key in (numerator, denominator):
+        if key not in wide:
+            continue
+        v = wide[key].to_numpy(dtype=float)
+        finite = np.isfinite(v)
+        present[key] = v
+        for problem, mask in (("negative", finite & (v < 0)), ("fractional", finite & (v != np.floor(v)))):
+            if mask.any():
+                out.append((key, problem, mask))
+    if len(present) == 2:
+        num, den = present[numerator], present[denominator]
+        above = np.isfinite(num) & np.isfinite(den) & (num > den)
+        if above.any():
+            out.append((numerator, f"above {denominator}", above))
+    return out
 
 
 def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
@@ -202,7 +263,11 @@ class RunSet:
         for (info, _), name in zip(pairs, names, strict=True):
             label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
             infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
-        frames = [build_frame(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
+        columns = [as_columns(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
+        infos = [
+            replace(info, duplicates=duplicated_values(c)) for info, c in zip(infos, columns, strict=True)
+        ]
+        frames = [_frame(info, c) for info, c in zip(infos, columns, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
         return cls(frame=frame, runs=infos)
 
