@@ -409,7 +409,7 @@ def _no_result_reason(
 
 def _verdict_reason(est: Estimate, verdict: str) -> str:
     if verdict == EQUIVALENT:
-        return "the whole interval lies within the margin, in every segment of the window"
+        return "the whole interval lies within the margin, and so does every segment's"
     if verdict == DIFFERENT:
         return "the whole interval lies outside the margin"
     if est.low > 0 or est.high < 0:
@@ -479,13 +479,13 @@ def _judge(
     throughout = st.throughout_verdict(est, found, tolerance)
     ranges = set(throughout.differing)
     differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
-    reason = _verdict_reason(est, throughout.verdict)
+    reason = _verdict_reason(est, average)
     if differing:
         spans = ", ".join(f"{_span(s, align)} ({s.verdict})" for s in differing)
-        if average == EQUIVALENT:
-            reason = f"the whole window lies within the margin, but not throughout: {spans}"
-        else:
-            reason = f"{reason}; segments not within the margin: {spans}"
+        whole = (
+            "the whole-window interval lies within the margin, but" if average == EQUIVALENT else f"{reason};"
+        )
+        reason = f"{whole} not throughout the window: {spans}"
     units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     influential = tuple(float(pair.x[i]) for i in units)
     return _Judged(throughout.verdict, reason, average, tuple(segments), differing, influential)
@@ -601,7 +601,7 @@ def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, str]
         return INSUFFICIENT, estimate.reason or "no interval"
     verdict = interval_verdict(estimate.low, estimate.high, tolerance)
     reason = _verdict_reason(Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict)
-    return verdict, reason.replace(", in every segment of the window", " (over seeds)")
+    return verdict, reason.replace(", and so does every segment's", " (the window average over seeds; groups get no per-segment test)")
 
 
 def _seeds(
