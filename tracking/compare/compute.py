@@ -601,7 +601,9 @@ def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, str]
         return INSUFFICIENT, estimate.reason or "no interval"
     verdict = interval_verdict(estimate.low, estimate.high, tolerance)
     reason = _verdict_reason(Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict)
-    return verdict, reason.replace(", and so does every segment's", " (the window average over seeds; groups get no per-segment test)")
+    return verdict, reason.replace(
+        ", and so does every segment's", " (the window average over seeds; groups get no per-segment test)"
+    )
 
 
 def _seeds(
