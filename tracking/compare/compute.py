@@ -35,8 +35,10 @@ import pandas as pd
 from tracking.compare import quantities as qs
 from tracking.compare import stats as st
 from tracking.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
-from tracking.compare.estimate import interval_verdict
+from tracking.compare.estimate import MIN_ESS, MIN_UNITS, interval_verdict
 from tracking.compare.frame import RunSet, count_problems
+from tracking.compare.influence import ROBUST_Z
+from tracking.compare.intervals import difference_series
 from tracking.compare.quantities import Quantity
 from tracking.compare.result import (
     ComparisonResult,
@@ -467,10 +469,49 @@ class _Judged:
     influential: tuple[float, ...]
 
 
+HINGE_SAFETY = 3.0
+"""Safety factor of the screen that skips the exact leave-one-out check (``_could_hinge``)."""
+
+
+def _hinges(drop: np.ndarray, n: int, gamma0: float, est: Estimate, distance: float) -> bool:
+    k = drop.size
+    if k == 0 or k > n // 10:
+        return False
+    spread = float(np.sum(drop * drop)) / (n * gamma0)
+    effect = float(drop.sum()) / (n - k) + (est.high - est.low) / 2.0 * spread
+    return HINGE_SAFETY * effect >= distance or est.ess * (1 - HINGE_SAFETY * spread) < MIN_ESS
+
+
+def _could_hinge(pair: _Pair, est: Estimate, scale: str, tolerance: float) -> bool:
+    """Whether leaving out one unit (or all robust outliers together) could change the whole-window
+    verdict, by a first-order bound: the shift of the value, ``sum |z_i - mean| / (n - k)``, plus
+    the change of the half-width, ``half * sum (z_i - mean)^2 / (n gamma0)``, times
+    ``HINGE_SAFETY``, against the distance of the interval's bounds from ``±tolerance``; or the
+    unit or ESS gates being near. Only when it could is the exact check
+    (``stats.influential_units``, which refits the long-run variance per candidate unit) run."""
+    n = pair.x.size
+    if not est.has_interval or n - 1 < MIN_UNITS * 1.1 or not est.ess >= MIN_ESS * 1.5:
+        return True
+    _, z = difference_series(*pair.arrays, scale)
+    if not np.all(np.isfinite(z)):
+        return False
+    dev = np.abs(z - z.mean())
+    gamma0 = float(np.mean(dev * dev))
+    if not gamma0 > 0:
+        return False
+    from_median = np.abs(z - np.median(z))  # the robust score of ``stats.influential_units``
+    mad = 1.4826 * float(np.median(from_median))
+    robust = from_median / mad if mad > 0 else np.where(from_median > 0, np.inf, 0.0)
+    distance = min(abs(b - t) for b in (est.low, est.high) for t in (-tolerance, tolerance))
+    return any(
+        _hinges(drop, n, gamma0, est, distance) for drop in (np.array([dev.max()]), dev[robust > ROBUST_Z])
+    )
+
+
 def _judge(
-    pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str
+    pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str, influence: bool
 ) -> _Judged:
-    """The verdict throughout the window, its reason, the segments and the deciding steps."""
+    """The verdict throughout the window, its reason, the segments and (``influence``) the deciding steps."""
     average = equivalence_verdict(est, tolerance)
     if average == INSUFFICIENT:
         return _Judged(INSUFFICIENT, "", average, (), (), ())
@@ -486,7 +527,9 @@ def _judge(
             "the whole-window interval lies within the margin, but" if average == EQUIVALENT else f"{reason};"
         )
         reason = f"{whole} not throughout the window: {spans}"
-    units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
+    units: list[int] = []
+    if influence and _could_hinge(pair, est, scale, tolerance):
+        units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     influential = tuple(float(pair.x[i]) for i in units)
     return _Judged(throughout.verdict, reason, average, tuple(segments), differing, influential)
 
@@ -522,16 +565,32 @@ def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: s
     return notes
 
 
+def _paired_estimate(
+    q: Quantity, num: np.ndarray, den: np.ndarray, full: RunEstimate, confidence: float
+) -> Estimate:
+    """A run's estimate over the paired units: its full-window estimate when those are all its units."""
+    if full.units == num.size:
+        return full.estimate
+    return st.ratio_estimate(num, den, confidence=confidence, bounds=q.bounds)
+
+
 def _difference(
-    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, confidence: float, align: str
+    q: Quantity,
+    reference: str,
+    label: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    confidence: float,
+    align: str,
+    full: tuple[RunEstimate, RunEstimate],
 ) -> tuple[Difference, _Pair, list[Note]]:
     pair = _pair(q, a, b)
-    ref_paired = st.ratio_estimate(pair.num_a, pair.den_a, confidence=confidence, bounds=q.bounds)
-    run_paired = st.ratio_estimate(pair.num_b, pair.den_b, confidence=confidence, bounds=q.bounds)
+    ref_paired = _paired_estimate(q, pair.num_a, pair.den_a, full[0], confidence)
+    run_paired = _paired_estimate(q, pair.num_b, pair.den_b, full[1], confidence)
     scale, margin, notes = _scale(q, ref_paired, run_paired, reference, label)
     tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
     est = paired_difference(*pair.arrays, scale=scale, confidence=confidence)
-    judged = _judge(pair, est, scale, tolerance, confidence, align)
+    judged = _judge(pair, est, scale, tolerance, confidence, align, influence=q.verdict)
     reason = judged.reason or _no_result_reason(q, reference, label, a, b, pair, est)
     step_weighted = None
     if q.denominator is not None and pair.x.size:
@@ -556,7 +615,7 @@ def _difference(
         differing=judged.differing,
         step_weighted=step_weighted,
         influential=judged.influential,
-        lead=_lead(q, pair),
+        lead=_lead(q, pair) if q.verdict else None,
     )
     notes += _pair_notes(q, reference, label, d, align)
     notes += _missing_pattern(q, reference, label, a, b, pair, tolerance)
@@ -736,15 +795,18 @@ def _differences(
     approximate: Mapping[tuple[str, str], str],
     confidence: float,
     align: str,
+    estimates: Sequence[RunEstimate],
 ) -> tuple[list[Difference], list[Note]]:
     """Every run against the reference, quantity by quantity, with the notes of each pair."""
     reference = labels[0]
+    by = {(e.metric, e.run): e for e in estimates}
     differences, notes = [], []
     only: dict[str, dict[int, list[str]]] = {}
     for q in quantities:
         for label in labels[1:]:
+            full = (by[q.name, reference], by[q.name, label])
             d, pair, pair_notes = _difference(
-                q, reference, label, units[reference], units[label], confidence, align
+                q, reference, label, units[reference], units[label], confidence, align, full
             )
             approx = (q.name, reference) in approximate or (q.name, label) in approximate
             differences.append(replace(d, approximate=approx))
@@ -833,7 +895,9 @@ def compare(
             )
     differences: list[Difference] = []
     if not named:
-        differences, pair_notes = _differences(quantities, labels, units, approximate, confidence, align)
+        differences, pair_notes = _differences(
+            quantities, labels, units, approximate, confidence, align, estimates
+        )
         notes += pair_notes
     notes.append(_seed_note(named))
     return ComparisonResult(
