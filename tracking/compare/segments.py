@@ -178,7 +178,7 @@ def _segment_estimate(value: float, s: int, e: int, v: LongRunVariance, confiden
         confidence,
         lrv=lrv,
         df=df,
-        trend_terms=v.trend_terms,
+        trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
     )
 
