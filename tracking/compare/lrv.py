@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracking.compare.tdist import f_quantile
+
 TREND_DEGREE = 2
 """Highest Legendre degree of the smooth trend removed before the variance (linear + quadratic)."""
 TREND_MIN_UNITS = 50
@@ -147,8 +149,6 @@ def trend_is_significant(z: np.ndarray, degree: int) -> np.ndarray:
     stationary noise gives: ``F = (||terms||^2 / d) / LRV`` with the EWC estimate over
     ``0.4 n^(2/3)`` cosines of the row around its mean (trend included, so a strong persistent wander
     is not mistaken for a trend), against the F(d, K) quantile at ``1 - TREND_LEVEL / degree``."""
-    from tracking.compare.tdist import f_quantile
-
     rows, n = z.shape
     if degree < 1:
         return np.zeros(rows, bool)
@@ -167,12 +167,13 @@ def trend_is_significant(z: np.ndarray, degree: int) -> np.ndarray:
 
 
 def long_run_variance(
-    z: np.ndarray, *, degree: int | None = None, extra: np.ndarray | None = None
+    z: np.ndarray, *, degree: int | None = None, extra: np.ndarray | None = None, floor: bool = True
 ) -> LongRunVariance:
     """The long-run variance of each row of ``z`` (``(rows, n)``, or one 1-d series) around its
     smooth trend (see the module docstring). ``degree``: trend degree (default: ``TREND_DEGREE``
     from ``TREND_MIN_UNITS`` units where the trend test finds one, else 0); ``extra``: ``n x r``
-    further regressors removed with the trend."""
+    further regressors removed with the trend; ``floor``: use the coarsest cosines' estimate when it
+    is larger (step 2; off for the episode scan, whose Bonferroni threshold needs the band's df)."""
     z = np.atleast_2d(np.asarray(z, dtype=float))
     rows, n = z.shape
     if n < 2:
@@ -180,12 +181,15 @@ def long_run_variance(
         zero = np.zeros(rows, int)
         return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan)
     if degree is not None:
-        return _fixed_degree(z, degree, extra)
+        return _fixed_degree(z, degree, extra, floor)
     top = TREND_DEGREE if n >= TREND_MIN_UNITS else 0
     with_trend = trend_is_significant(z, top)
     if with_trend.all() or not with_trend.any():
-        return _fixed_degree(z, top if with_trend.all() else 0, extra)
-    parts = {d: (mask, _fixed_degree(z[mask], d, extra)) for d, mask in ((top, with_trend), (0, ~with_trend))}
+        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor)
+    parts = {
+        d: (mask, _fixed_degree(z[mask], d, extra, floor))
+        for d, mask in ((top, with_trend), (0, ~with_trend))
+    }
     merged = {}
     for name in LongRunVariance.__dataclass_fields__:
         out = np.empty(rows, dtype=getattr(parts[0][1], name).dtype)
@@ -195,7 +199,9 @@ def long_run_variance(
     return LongRunVariance(**merged)
 
 
-def _fixed_degree(z: np.ndarray, degree: int, extra: np.ndarray | None) -> LongRunVariance:
+def _fixed_degree(
+    z: np.ndarray, degree: int, extra: np.ndarray | None, floor: bool = True
+) -> LongRunVariance:
     rows, n = z.shape
     degree = max(0, min(degree, n - 2))
     basis = trend_basis(n, degree, extra)
@@ -216,7 +222,7 @@ def _fixed_degree(z: np.ndarray, degree: int, extra: np.ndarray | None) -> LongR
         lrv[rows_k], df[rows_k] = _ewc(coef[rows_k], overlap, int(k))
     ratio = np.full(rows, np.nan)
     flagged = np.zeros(rows, bool)
-    if low_k < int(terms.min()):
+    if floor and low_k < int(terms.min()):
         coarse, coarse_df = _ewc(coef, overlap, low_k)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(lrv > 0, coarse / lrv, np.nan)
