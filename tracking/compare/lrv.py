@@ -34,16 +34,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracking.compare.tdist import f_quantile
+
 TREND_DEGREE = 2
 """Highest Legendre degree of the smooth trend removed before the variance (linear + quadratic)."""
 TREND_MIN_UNITS = 50
 """Fewest units for which a trend is removed (below, only the mean)."""
 K_MIN = 4
 """Fewest cosine terms of the EWC estimate (t critical values with at least about 4 df)."""
-VR_LIMIT = 2.0
+FLAT_SHARE = 0.1
+"""Cosine terms are kept below ``FLAT_SHARE * n * (1 - rho)``, where an AR(1) spectrum is still flat."""
+VR_LIMIT = 1.8
 """Variance ratio ``L(4m) / L(m)`` above which the series is flagged as persistent at window scale."""
+EXTRAPOLATE = 1.5
+"""When flagged, ``L`` is extrapolated from batches of ``4m`` towards the window as ``L(4m) ratio^EXTRAPOLATE``
+(power-law growth of the batch-mean variance; ``ratio^2`` would reach batches of ``n``)."""
 VR_BATCHES = 64
-"""Batches at the smaller batch size of the long-memory check (``m = n // VR_BATCHES``)."""
+"""Batches at the smaller batch size of the long-memory check (at most; see ``batch_sizes``)."""
+VR_TAU = 2.0
+"""The smaller batch size is at least this many integrated autocorrelation times ``(1 + rho) / (1 - rho)``,
+so that short-memory correlation has died out within a batch."""
+VR_MIN_BATCHES = 4
+"""Fewest batches at the larger batch size for the check to run."""
+
+
+def batch_sizes(n: int, lag1: np.ndarray) -> np.ndarray:
+    """Smaller batch size ``m`` of the long-memory check per row: ``max(n // VR_BATCHES, VR_TAU tau)``."""
+    rho = np.clip(np.nan_to_num(lag1, nan=0.0), 0.0, 0.999)
+    return np.maximum(n // VR_BATCHES, np.ceil(VR_TAU * (1.0 + rho) / (1.0 - rho))).astype(int)
 
 
 @dataclass(frozen=True)
@@ -62,7 +80,7 @@ class LongRunVariance:
     gamma0: np.ndarray
     lag1: np.ndarray
     terms: np.ndarray
-    trend_terms: int
+    trend_terms: np.ndarray
     variance_ratio: np.ndarray
     long_memory: np.ndarray
     ess: np.ndarray
@@ -92,9 +110,25 @@ def choose_terms(n: int, lag1: np.ndarray, q: int) -> np.ndarray:
     """EWC cosine terms per row: ``min(0.4 n^(2/3), 0.1 n (1 - rho))`` within ``[K_MIN, n // 2 - q]``."""
     rule = 0.4 * n ** (2.0 / 3.0)
     rho = np.clip(np.nan_to_num(lag1, nan=0.0), -0.5, 1.0)
-    k = np.floor(np.minimum(rule, 0.1 * n * (1.0 - rho)))
+    k = np.floor(np.minimum(rule, FLAT_SHARE * n * (1.0 - rho)))
     top = max(1, n // 2 - q)
     return np.clip(k, min(K_MIN, top), top).astype(int)
+
+
+def _ewc(coef: np.ndarray, overlap: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """EWC estimate over the first ``k`` cosines of residual coefficients ``coef`` (rows x >= k), and
+    its Satterthwaite degrees of freedom, for a trend basis with cosine overlaps ``overlap``."""
+    b = overlap[:, :k]
+    c = np.eye(k) - b.T @ b
+    tr = float(np.trace(c))
+    return np.sum(coef[:, :k] ** 2, axis=1) / tr, tr * tr / float(np.sum(c * c))
+
+
+def _low_terms(overlap: np.ndarray, n: int, q: int) -> int:
+    """Fewest lowest cosines whose part outside the trend, ``tr(C)``, reaches ``K_MIN``."""
+    left = np.cumsum(1.0 - np.sum(overlap * overlap, axis=0))
+    reach = np.flatnonzero(left >= K_MIN - 1e-9)
+    return int(reach[0]) + 1 if reach.size else max(1, min(n // 2 - q, overlap.shape[1]))
 
 
 def _batch_lrv(e: np.ndarray, basis: np.ndarray, m: int) -> np.ndarray:
@@ -106,19 +140,69 @@ def _batch_lrv(e: np.ndarray, basis: np.ndarray, m: int) -> np.ndarray:
     return (sums * sums).sum(axis=1) / max(expected, 1e-300)
 
 
+TREND_LEVEL = 0.01
+"""Significance level of the test that a smooth trend is there (F test against the EWC variance)."""
+
+
+def trend_is_significant(z: np.ndarray, degree: int) -> np.ndarray:
+    """Per row of ``z``: whether its Legendre terms ``1 .. d`` (for some ``d <= degree``) exceed what
+    stationary noise gives: ``F = (||terms||^2 / d) / LRV`` with the EWC estimate over
+    ``0.4 n^(2/3)`` cosines of the row around its mean (trend included, so a strong persistent wander
+    is not mistaken for a trend), against the F(d, K) quantile at ``1 - TREND_LEVEL / degree``."""
+    rows, n = z.shape
+    if degree < 1:
+        return np.zeros(rows, bool)
+    basis = trend_basis(n, degree)
+    trend = (z @ basis)[:, 1:]
+    k = int(max(K_MIN, min(n // 2 - 1, round(0.4 * n ** (2.0 / 3.0)))))
+    c = cosine_coefficients(z - z.mean(axis=1, keepdims=True), k)
+    lrv = np.sum(c * c, axis=1) / k
+    found = np.zeros(rows, bool)
+    for d in range(1, degree + 1):  # the first d terms jointly, each at TREND_LEVEL / degree
+        size = np.sum(trend[:, :d] ** 2, axis=1) / d
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(lrv > 0, size / lrv, np.where(size > 0, np.inf, 0.0))
+        found |= f > f_quantile(1.0 - TREND_LEVEL / degree, d, k)
+    return found
+
+
 def long_run_variance(
-    z: np.ndarray, *, degree: int | None = None, extra: np.ndarray | None = None
+    z: np.ndarray, *, degree: int | None = None, extra: np.ndarray | None = None, floor: bool = True
 ) -> LongRunVariance:
     """The long-run variance of each row of ``z`` (``(rows, n)``, or one 1-d series) around its
-    smooth trend (see the module docstring). ``degree``: trend degree (default ``TREND_DEGREE`` from
-    ``TREND_MIN_UNITS`` units); ``extra``: ``n x r`` further regressors removed with the trend."""
+    smooth trend (see the module docstring). ``degree``: trend degree (default: ``TREND_DEGREE``
+    from ``TREND_MIN_UNITS`` units where the trend test finds one, else 0); ``extra``: ``n x r``
+    further regressors removed with the trend; ``floor``: use the coarsest cosines' estimate when it
+    is larger (step 2; off for the episode scan, whose Bonferroni threshold needs the band's df)."""
     z = np.atleast_2d(np.asarray(z, dtype=float))
     rows, n = z.shape
     if n < 2:
         nan = np.full(rows, np.nan)
-        return LongRunVariance(nan, nan, nan, nan, np.zeros(rows, int), 0, nan, np.zeros(rows, bool), nan)
-    if degree is None:
-        degree = TREND_DEGREE if n >= TREND_MIN_UNITS else 0
+        zero = np.zeros(rows, int)
+        return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan)
+    if degree is not None:
+        return _fixed_degree(z, degree, extra, floor)
+    top = TREND_DEGREE if n >= TREND_MIN_UNITS else 0
+    with_trend = trend_is_significant(z, top)
+    if with_trend.all() or not with_trend.any():
+        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor)
+    parts = {
+        d: (mask, _fixed_degree(z[mask], d, extra, floor))
+        for d, mask in ((top, with_trend), (0, ~with_trend))
+    }
+    merged = {}
+    for name in LongRunVariance.__dataclass_fields__:
+        out = np.empty(rows, dtype=getattr(parts[0][1], name).dtype)
+        for mask, part in parts.values():
+            out[mask] = getattr(part, name)
+        merged[name] = out
+    return LongRunVariance(**merged)
+
+
+def _fixed_degree(
+    z: np.ndarray, degree: int, extra: np.ndarray | None, floor: bool = True
+) -> LongRunVariance:
+    rows, n = z.shape
     degree = max(0, min(degree, n - 2))
     basis = trend_basis(n, degree, extra)
     q = basis.shape[1]
@@ -129,28 +213,39 @@ def long_run_variance(
         lag1 = np.where(ss > 0, np.einsum("ij,ij->i", e[:, 1:], e[:, :-1]) / ss, np.nan)
     terms = choose_terms(n, lag1, q)
     kmax = int(terms.max())
-    coef = cosine_coefficients(e, kmax)
-    overlap = cosine_coefficients(basis.T, kmax)  # (q, kmax): phi_j' basis_i
+    overlap = cosine_coefficients(basis.T, max(kmax, min(n - q, 4 * K_MIN)))  # (q, k): phi_j' basis_i
+    low_k = _low_terms(overlap, n, q)
+    coef = cosine_coefficients(e, max(kmax, low_k))
     lrv, df = np.empty(rows), np.empty(rows)
     for k in np.unique(terms):
         rows_k = terms == k
-        b = overlap[:, :k]
-        c = np.eye(k) - b.T @ b
-        tr = float(np.trace(c))
-        lrv[rows_k] = np.sum(coef[rows_k, :k] ** 2, axis=1) / tr
-        df[rows_k] = tr * tr / float(np.sum(c * c))
+        lrv[rows_k], df[rows_k] = _ewc(coef[rows_k], overlap, int(k))
     ratio = np.full(rows, np.nan)
     flagged = np.zeros(rows, bool)
-    m = n // VR_BATCHES
-    if m >= 1 and n // (4 * m) >= 8:
-        small, large = _batch_lrv(e, basis, m), _batch_lrv(e, basis, 4 * m)
+    if floor and low_k < int(terms.min()):
+        coarse, coarse_df = _ewc(coef, overlap, low_k)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(small > 0, large / small, np.nan)
+            ratio = np.where(lrv > 0, coarse / lrv, np.nan)
         flagged = np.nan_to_num(ratio) > VR_LIMIT
-        lrv = np.where(flagged, np.maximum(lrv, ratio * large), lrv)
+        wider = np.nan_to_num(ratio) > 1.0
+        lrv = np.where(wider, coarse, lrv)
+        df = np.where(wider, coarse_df, df)
+    for m in np.unique(batch_sizes(n, lag1)):
+        rows_m = batch_sizes(n, lag1) == m
+        if m < 1 or n // (4 * m) < VR_MIN_BATCHES:
+            continue
+        small, large = _batch_lrv(e[rows_m], basis, int(m)), _batch_lrv(e[rows_m], basis, 4 * int(m))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vr = np.where(small > 0, large / small, np.nan)
+        hit = np.nan_to_num(vr) > VR_LIMIT
+        idx = np.flatnonzero(rows_m)
+        ratio[idx[hit]] = vr[hit]
+        flagged[idx[hit]] = True
+        lrv[idx[hit]] = np.maximum(lrv[idx[hit]], vr[hit] ** EXTRAPOLATE * large[hit])
     with np.errstate(divide="ignore", invalid="ignore"):
         ess = np.where(lrv > 0, np.minimum(n, n * gamma0 / lrv), float(n))
-    return LongRunVariance(lrv, df, gamma0, lag1, terms, degree, ratio, flagged, ess)
+    trend_terms = np.full(rows, degree)
+    return LongRunVariance(lrv, df, gamma0, lag1, terms, trend_terms, ratio, flagged, ess)
 
 
 def autocovariances(z: np.ndarray) -> np.ndarray:
