@@ -167,8 +167,8 @@ def _valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd
 
 
 def _step_weighted(q: Quantity, num: np.ndarray, den: np.ndarray, confidence: float) -> Estimate | None:
-    if q.denominator is None:
-        return None  # one per step: token- and step-weighted are the same number
+    if q.denominator is None or not q.verdict:
+        return None  # one per step: token- and step-weighted are the same number; or a diagnostic split
     return st.step_weighted_estimate(num, den, confidence=confidence, bounds=q.bounds)
 
 
@@ -511,10 +511,13 @@ def _could_hinge(pair: _Pair, est: Estimate, scale: str, tolerance: float) -> bo
 def _judge(
     pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str, influence: bool
 ) -> _Judged:
-    """The verdict throughout the window, its reason, the segments and (``influence``) the deciding steps."""
+    """The verdict throughout the window, its reason, the segments and the deciding steps (for a
+    quantity with a verdict, ``influence``; a diagnostic one gets its whole-window verdict only)."""
     average = equivalence_verdict(est, tolerance)
     if average == INSUFFICIENT:
         return _Judged(INSUFFICIENT, "", average, (), (), ())
+    if not influence:  # a diagnostic quantity (no verdict of its own): the whole window only
+        return _Judged(average, _verdict_reason(est, average).split(", and so")[0], average, (), (), ())
     found = st.segment_differences(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     segments = _segments(pair, found)
     throughout = st.throughout_verdict(est, found, tolerance)
@@ -593,7 +596,7 @@ def _difference(
     judged = _judge(pair, est, scale, tolerance, confidence, align, influence=q.verdict)
     reason = judged.reason or _no_result_reason(q, reference, label, a, b, pair, est)
     step_weighted = None
-    if q.denominator is not None and pair.x.size:
+    if q.denominator is not None and q.verdict and pair.x.size:
         ra, rb = _per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b)
         ones = np.ones(pair.x.size)
         step_weighted = paired_difference(ra, ones, rb, ones, scale=scale, confidence=confidence)

@@ -147,15 +147,37 @@ def as_columns(info: LoadedRun, points: Iterable[Point] | Columns) -> Columns:
     )
 
 
+def _entry_keys(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
+    """One int64 per (step, metric) pair (equal pairs, equal keys): a fast stand-in for the pair."""
+    codes, uniques = pd.factorize(np.asarray(metric, dtype=object))
+    step = np.asarray(step, dtype=np.int64)
+    low = int(step.min()) if step.size else 0
+    return (step - low) * max(len(uniques), 1) + codes
+
+
+def _last_of_each(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
+    """Mask of the entries that are the last of their (step, metric) pair."""
+    key = _entry_keys(step, metric)
+    return ~pd.Series(key[::-1]).duplicated().to_numpy()[::-1]
+
+
 def duplicated_values(cols: Columns) -> tuple[Duplicate, ...]:
     """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
     if len(cols.step) == 0:
         return ()
-    rows = pd.DataFrame({"step": cols.step, "metric": cols.metric, "value": cols.value})
-    rows = rows[rows["metric"] != ""]
-    repeated = rows[rows.duplicated(["step", "metric"], keep=False)]
-    if repeated.empty:
+    named = np.asarray(cols.metric, dtype=object) != ""
+    key = _entry_keys(np.asarray(cols.step)[named], np.asarray(cols.metric)[named])
+    repeated_mask = pd.Series(key).duplicated(keep=False).to_numpy()
+    if not repeated_mask.any():
         return ()
+    rows = pd.DataFrame(
+        {
+            "step": np.asarray(cols.step)[named],
+            "metric": np.asarray(cols.metric)[named],
+            "value": np.asarray(cols.value)[named],
+        }
+    )
+    repeated = rows[repeated_mask]
     spread = repeated.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
     differing = spread[spread > 1]
     out = []
@@ -207,8 +229,10 @@ def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
             "value": np.asarray(cols.value, dtype=np.float64),
         }
     )
-    rows = rows[rows["metric"] != ""]
-    rows = rows.drop_duplicates(["step", "metric"], keep="last").sort_values("step", kind="stable")
+    rows = rows[(rows["metric"] != "").to_numpy()]
+    rows = rows[_last_of_each(rows["step"].to_numpy(), rows["metric"].to_numpy())].sort_values(
+        "step", kind="stable"
+    )
     tokens = rows.loc[rows["metric"] == keys.LOSS_TOKENS].set_index("step")["value"]
     tokens = tokens[np.isfinite(tokens.to_numpy())]
     if len(tokens):
@@ -252,6 +276,10 @@ class RunSet:
     frame: pd.DataFrame
     runs: list[LoadedRun]
     _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _slices: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _nonfinite: dict[str, dict[str, list[int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_points(cls, items: Iterable[tuple[LoadedRun, Iterable[Point] | Columns]]) -> RunSet:
@@ -269,7 +297,19 @@ class RunSet:
         ]
         frames = [_frame(info, c) for info, c in zip(infos, columns, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
-        return cls(frame=frame, runs=infos)
+        runset = cls(frame=frame, runs=infos)
+        start = 0
+        for info, part in zip(infos, frames, strict=True):  # each run's rows, in load order
+            runset._slices[info.display] = (start, start + len(part))
+            start += len(part)
+        return runset
+
+    def _rows(self, display: str) -> pd.DataFrame:
+        """The frame's rows of one run (by position when built by ``from_points``)."""
+        if display in self._slices:
+            start, stop = self._slices[display]
+            return self.frame.iloc[start:stop]
+        return self.frame[(self.frame["run"] == display).to_numpy()]
 
     @property
     def labels(self) -> list[str]:
@@ -297,20 +337,33 @@ class RunSet:
         """
         display = self.info(label).display
         if display not in self._wide:
-            rows = self.frame[self.frame["run"] == display]
-            axes = rows.groupby("step", sort=True)[["tokens_seen", "wall_time", "elapsed_s"]].first()
-            if rows.duplicated(["step", "metric"]).any():
-                values = rows.pivot_table(
-                    index="step", columns="metric", values="value", aggfunc="last", dropna=False
-                )
-            else:
-                values = rows.pivot(index="step", columns="metric", values="value")
-            values.columns.name = None
-            self._wide[display] = axes.join(values).sort_index()
+            self._wide[display] = _wide_table(self._rows(display))
         return self._wide[display]
 
     def nonfinite(self, label: str) -> dict[str, list[int]]:
         """Metric key -> steps at which the run logged a NaN or infinite value (keys without any left out)."""
-        rows = self.frame[self.frame["run"] == self.info(label).display]
-        bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
-        return {str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")}
+        display = self.info(label).display
+        if display not in self._nonfinite:
+            rows = self._rows(display)
+            bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+            self._nonfinite[display] = {
+                str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")
+            }
+        return self._nonfinite[display]
+
+
+def _wide_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """A run's tidy rows as one row per step: the axes (first entry of each step) and one column per
+    metric, sorted by name (the last value of a (step, metric) pair wins). O(rows), in numpy."""
+    steps = rows["step"].to_numpy(dtype=np.int64)
+    metric = rows["metric"].to_numpy(dtype=object)
+    last = _last_of_each(steps, metric)
+    unique_steps, first = np.unique(steps, return_index=True)
+    position = np.searchsorted(unique_steps, steps[last])
+    codes, names = pd.factorize(metric[last], sort=True)
+    table = np.full((unique_steps.size, len(names)), np.nan)
+    table[position, codes] = rows["value"].to_numpy(dtype=float)[last]
+    index = pd.Index(unique_steps, name="step")
+    axes = {c: rows[c].to_numpy(dtype=float)[first] for c in ("tokens_seen", "wall_time", "elapsed_s")}
+    values = {str(name): table[:, i] for i, name in enumerate(names)}
+    return pd.DataFrame({**axes, **values}, index=index)
