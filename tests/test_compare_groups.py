@@ -184,3 +184,16 @@ def test_unshifted_or_identical_curves_have_no_lag():
     assert lead_lag(a[:10], a[:10]) is None
     with pytest.raises(ValueError, match="one value per paired unit"):
         lead_lag(a, a[:-1])
+
+
+def test_a_heavy_outlier_step_is_named_in_a_long_window_too():
+    rng = np.random.default_rng(10)
+    n = 6000  # above EXACT_UNITS: only the most extreme units are tried
+    ca, ta = _seed(rng, n, 0.10)
+    cb, tb = _seed(rng, n, 0.115)
+    tb[4321] = 2_000_000.0  # one step with 100x the tokens of the others, 95 % of them clipped
+    cb[4321] = 1_900_000.0
+    without = [np.delete(x, 4321) for x in (ca, ta, cb, tb)]
+    assert equivalence_verdict(paired_difference(*without), 0.02) == EQUIVALENT
+    assert equivalence_verdict(paired_difference(ca, ta, cb, tb), 0.02) != EQUIVALENT
+    assert 4321 in influential_units(ca, ta, cb, tb, tolerance=0.02)

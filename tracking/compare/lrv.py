@@ -31,6 +31,7 @@ few passes over ``n`` numbers and one FFT of length ``2n`` per row: O(n log n).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -96,14 +97,34 @@ def cosine_coefficients(x: np.ndarray, k: int) -> np.ndarray:
 
 def trend_basis(n: int, degree: int, extra: np.ndarray | None = None) -> np.ndarray:
     """Orthonormal columns (``n x q``) spanning the Legendre polynomials of degree ``0 .. degree``
-    over the unit index, plus the columns of ``extra`` (``n x r``) if given."""
-    x = (2.0 * np.arange(n) + 1.0) / n - 1.0
-    v = np.polynomial.legendre.legvander(x, degree)
-    if extra is not None:
-        v = np.column_stack([v, extra])
+    over the unit index, plus the columns of ``extra`` (``n x r``) if given (read-only; the basis
+    without ``extra`` is cached per ``(n, degree)``)."""
+    if extra is None:
+        return _polynomial_basis(n, degree)
+    return _orthonormal(np.column_stack([_polynomial_basis(n, degree), extra]))
+
+
+def _orthonormal(v: np.ndarray) -> np.ndarray:
     q, r = np.linalg.qr(v)
-    keep = np.abs(np.diag(r)) > 1e-10 * max(1.0, float(np.abs(np.diag(r)).max()))
-    return q[:, keep]
+    diag = np.abs(np.diag(r))
+    keep = diag > 1e-10 * max(1.0, float(diag.max()))
+    out = np.ascontiguousarray(q[:, keep])
+    out.setflags(write=False)
+    return out
+
+
+@lru_cache(maxsize=8)
+def _polynomial_basis(n: int, degree: int) -> np.ndarray:
+    x = (2.0 * np.arange(n) + 1.0) / n - 1.0
+    return _orthonormal(np.polynomial.legendre.legvander(x, degree))
+
+
+@lru_cache(maxsize=8)
+def _polynomial_overlap(n: int, degree: int, k: int) -> np.ndarray:
+    """``phi_j' basis_i`` (``q x k``) of the cached polynomial basis (read-only)."""
+    out = cosine_coefficients(_polynomial_basis(n, degree).T, k)
+    out.setflags(write=False)
+    return out
 
 
 def choose_terms(n: int, lag1: np.ndarray, q: int) -> np.ndarray:
@@ -119,9 +140,11 @@ def _ewc(coef: np.ndarray, overlap: np.ndarray, k: int) -> tuple[np.ndarray, flo
     """EWC estimate over the first ``k`` cosines of residual coefficients ``coef`` (rows x >= k), and
     its Satterthwaite degrees of freedom, for a trend basis with cosine overlaps ``overlap``."""
     b = overlap[:, :k]
-    c = np.eye(k) - b.T @ b
-    tr = float(np.trace(c))
-    return np.sum(coef[:, :k] ** 2, axis=1) / tr, tr * tr / float(np.sum(c * c))
+    # C = I - B'B (k x k) is never formed: tr(C) = k - |B|^2, tr(C^2) = k - 2 |B|^2 + |B B'|^2
+    bb = b @ b.T
+    tr = k - float(np.trace(bb))
+    tr2 = k - 2.0 * float(np.trace(bb)) + float(np.sum(bb * bb))
+    return np.sum(coef[:, :k] ** 2, axis=1) / tr, tr * tr / tr2
 
 
 def _low_terms(overlap: np.ndarray, n: int, q: int) -> int:
@@ -144,18 +167,23 @@ TREND_LEVEL = 0.01
 """Significance level of the test that a smooth trend is there (F test against the EWC variance)."""
 
 
-def trend_is_significant(z: np.ndarray, degree: int) -> np.ndarray:
+def _test_terms(n: int) -> int:
+    return int(max(K_MIN, min(n // 2 - 1, round(0.4 * n ** (2.0 / 3.0)))))
+
+
+def trend_is_significant(z: np.ndarray, degree: int, zcoef: np.ndarray | None = None) -> np.ndarray:
     """Per row of ``z``: whether its Legendre terms ``1 .. d`` (for some ``d <= degree``) exceed what
     stationary noise gives: ``F = (||terms||^2 / d) / LRV`` with the EWC estimate over
     ``0.4 n^(2/3)`` cosines of the row around its mean (trend included, so a strong persistent wander
-    is not mistaken for a trend), against the F(d, K) quantile at ``1 - TREND_LEVEL / degree``."""
+    is not mistaken for a trend), against the F(d, K) quantile at ``1 - TREND_LEVEL / degree``.
+    ``zcoef``: the rows' cosine coefficients when already computed."""
     rows, n = z.shape
     if degree < 1:
         return np.zeros(rows, bool)
     basis = trend_basis(n, degree)
     trend = (z @ basis)[:, 1:]
-    k = int(max(K_MIN, min(n // 2 - 1, round(0.4 * n ** (2.0 / 3.0)))))
-    c = cosine_coefficients(z - z.mean(axis=1, keepdims=True), k)
+    k = _test_terms(n)
+    c = cosine_coefficients(z, k) if zcoef is None or zcoef.shape[1] < k else zcoef[:, :k]
     lrv = np.sum(c * c, axis=1) / k
     found = np.zeros(rows, bool)
     for d in range(1, degree + 1):  # the first d terms jointly, each at TREND_LEVEL / degree
@@ -180,14 +208,15 @@ def long_run_variance(
         nan = np.full(rows, np.nan)
         zero = np.zeros(rows, int)
         return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan)
+    zcoef = cosine_coefficients(z, min(n, max(_test_terms(n), 4 * K_MIN)))  # the one FFT per row
     if degree is not None:
-        return _fixed_degree(z, degree, extra, floor)
+        return _fixed_degree(z, degree, extra, floor, zcoef)
     top = TREND_DEGREE if n >= TREND_MIN_UNITS else 0
-    with_trend = trend_is_significant(z, top)
+    with_trend = trend_is_significant(z, top, zcoef)
     if with_trend.all() or not with_trend.any():
-        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor)
+        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor, zcoef)
     parts = {
-        d: (mask, _fixed_degree(z[mask], d, extra, floor))
+        d: (mask, _fixed_degree(z[mask], d, extra, floor, zcoef[mask]))
         for d, mask in ((top, with_trend), (0, ~with_trend))
     }
     merged = {}
@@ -200,22 +229,32 @@ def long_run_variance(
 
 
 def _fixed_degree(
-    z: np.ndarray, degree: int, extra: np.ndarray | None, floor: bool = True
+    z: np.ndarray, degree: int, extra: np.ndarray | None, floor: bool, zcoef: np.ndarray
 ) -> LongRunVariance:
+    """``long_run_variance`` at a given trend degree; ``zcoef``: cosine coefficients of ``z`` (the
+    residual's are ``zcoef - (z' basis) overlap``, since the transform is linear)."""
     rows, n = z.shape
     degree = max(0, min(degree, n - 2))
     basis = trend_basis(n, degree, extra)
     q = basis.shape[1]
-    e = z - (z @ basis) @ basis.T
+    proj = z @ basis
+    e = z - proj @ basis.T
     ss = np.einsum("ij,ij->i", e, e)
     gamma0 = ss / max(n - q, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         lag1 = np.where(ss > 0, np.einsum("ij,ij->i", e[:, 1:], e[:, :-1]) / ss, np.nan)
     terms = choose_terms(n, lag1, q)
     kmax = int(terms.max())
-    overlap = cosine_coefficients(basis.T, max(kmax, min(n - q, 4 * K_MIN)))  # (q, k): phi_j' basis_i
+    k_over = max(kmax, min(n - q, 4 * K_MIN))
+    overlap = (  # (q, k): phi_j' basis_i
+        _polynomial_overlap(n, degree, k_over) if extra is None else cosine_coefficients(basis.T, k_over)
+    )
     low_k = _low_terms(overlap, n, q)
-    coef = cosine_coefficients(e, max(kmax, low_k))
+    need = max(kmax, low_k)
+    if zcoef.shape[1] >= need and overlap.shape[1] >= need:
+        coef = zcoef[:, :need] - proj @ overlap[:, :need]
+    else:
+        coef = cosine_coefficients(e, need)
     lrv, df = np.empty(rows), np.empty(rows)
     for k in np.unique(terms):
         rows_k = terms == k
