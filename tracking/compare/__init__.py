@@ -10,13 +10,65 @@ Nothing here imports torch. Plotting libraries, MLflow and wandb are imported on
 that need them.
 """
 
-from tracking.compare.align import ALIGNMENTS, Window, parse_window, unit_table
-from tracking.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
-from tracking.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
-from tracking.compare.load import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
-from tracking.compare.metrics import MetricSpec
-from tracking.compare.result import ComparisonResult, Difference, Note, RunEstimate
-from tracking.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracking.compare.align import ALIGNMENTS, Window, parse_window, unit_table
+    from tracking.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
+    from tracking.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
+    from tracking.compare.load import (
+        load_jsonl,
+        load_mlflow,
+        load_runs,
+        load_wandb_offline,
+        load_wandb_online,
+    )
+    from tracking.compare.metrics import MetricSpec
+    from tracking.compare.result import ComparisonResult, Difference, Note, RunEstimate
+    from tracking.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
+
+_HOMES = {
+    "ALIGNMENTS": "align",
+    "Window": "align",
+    "parse_window": "align",
+    "unit_table": "align",
+    "DEFAULT_CONFIDENCE": "compute",
+    "DEFAULT_TOLERANCES": "compute",
+    "compare": "compute",
+    "COLUMNS": "frame",
+    "LoadedRun": "frame",
+    "Point": "frame",
+    "RunSet": "frame",
+    "build_frame": "frame",
+    "load_jsonl": "load",
+    "load_mlflow": "load",
+    "load_runs": "load",
+    "load_wandb_offline": "load",
+    "load_wandb_online": "load",
+    "MetricSpec": "metrics",
+    "ComparisonResult": "result",
+    "Difference": "result",
+    "Note": "result",
+    "RunEstimate": "result",
+    "MIN_ESS": "stats",
+    "MIN_UNITS": "stats",
+    "Estimate": "stats",
+    "wilson_interval": "stats",
+}
+"""Each public name's module: imported on first use, so that ``tracking.compare.options`` (the
+command line's arguments) loads without numpy or pandas."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'tracking.compare' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tracking.compare.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALIGNMENTS",

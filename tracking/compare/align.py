@@ -22,9 +22,7 @@ import pandas as pd
 
 from tracking.compare.frame import RunSet
 from tracking.compare.metrics import MetricSpec
-
-ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
-"""Alignment name -> frame column used as the x axis."""
+from tracking.compare.options import ALIGNMENTS  # alignment name -> frame column of its axis
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, replace
 
 from tracking import keys
+from tracking.compare.options import CLIP_TOLERANCE, RELATIVE_TOLERANCE, REWARD_ABS_TOLERANCE
 from tracking.compare.stats import ABSOLUTE, LOG_RATIO
 
 AUTO = "auto"
@@ -70,13 +71,6 @@ def log_margin(relative: float) -> float:
     """The log-ratio margin of a relative tolerance: ``log(1 + relative)``."""
     return math.log1p(relative)
 
-
-CLIP_TOLERANCE = 0.02
-"""Default absolute tolerance on the clip-fraction difference (fraction of tokens)."""
-RELATIVE_TOLERANCE = 0.05
-"""Default relative tolerance of reward and throughput (±5 %, on the log-ratio scale)."""
-REWARD_ABS_TOLERANCE = 0.02
-"""Default absolute reward tolerance (reward units), used when the rewards are near zero."""
 
 CLIP = MetricSpec(
     "clip_fraction",
