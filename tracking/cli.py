@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,8 +92,14 @@ def _run(args: argparse.Namespace) -> int:
     return int(module.run(args) or 0)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
+    """A warning as ``cliptrack: warning: ...`` on one line (no source file and line)."""
+    return f"cliptrack: warning: {' '.join(str(message).split())}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     args = build_parser(selected_command(argv)).parse_args(argv)
     try:
         return _run(args)

@@ -21,6 +21,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     from tracking.compare.align import parse_window
     from tracking.compare.compute import compare
     from tracking.compare.load import load_runs
+    from tracking.compare.preflight import check_window
 
     runset = load_runs(
         args.runs,
@@ -34,10 +35,12 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         "reward": args.reward_tolerance,
         "throughput": args.throughput_tolerance,
     }
+    window = parse_window(args.window)
+    check_window(runset, args.align, window)
     result = compare(
         runset,
         align=args.align,
-        window=parse_window(args.window),
+        window=window,
         tolerances=tolerances,
         reward_abs_tolerance=args.reward_abs_tolerance,
         confidence=args.confidence,
