@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from tracking.compare.catalog import mlflow_entries, spool_entries
 from tracking.compare.options import add_source_arguments
 
 
@@ -19,47 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the runs as a JSON array")
     parser.add_argument("--all", action="store_true", help="include comparison runs (MLflow)")
-
-
-def mlflow_entries(tracking_uri: str | None, experiment: str | None, include_comparisons: bool) -> list[Any]:
-    """Every run of the MLflow store (of ``experiment`` when named), as ``catalog.RunEntry``."""
-    from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
-
-    from tracking import keys
-    from tracking.compare.catalog import mlflow_entry
-    from tracking.compare.preflight import resolve_tracking_uri
-
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
-    experiments = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
-    if experiment is not None:
-        experiments = [e for e in experiments if experiment in (e.name, e.experiment_id)]
-        if not experiments:
-            raise LookupError(
-                f"no experiment named or with id {experiment!r} in MLflow store {client.tracking_uri}"
-            )
-    names = {e.experiment_id: e.name for e in experiments}
-    runs = client.search_runs(list(names), max_results=50000) if names else []
-    entries = []
-    for run in runs:
-        if not include_comparisons and run.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_COMPARISON:
-            continue
-        entry = mlflow_entry(client, run, keys.LOSS_TOKENS)
-        entries.append(type(entry)(**{**entry.as_dict(), "experiment": names[run.info.experiment_id]}))
-    return entries
-
-
-def spool_entries(directory: str) -> list[Any]:
-    """Every run of a JSONL spool directory, as ``catalog.RunEntry``."""
-    from pathlib import Path
-
-    from tracking.compare.catalog import spool_entry
-    from tracking.spool import spool_runs
-
-    root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"JSONL run directory {directory!r} does not exist")
-    return [spool_entry(run_dir) for run_dir in spool_runs(root)]
 
 
 def wandb_entries(directory: str) -> list[Any]:

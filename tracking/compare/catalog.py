@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 FINISHED = "FINISHED"
@@ -121,3 +121,53 @@ def spool_entry(run_dir: Any) -> RunEntry:
         steps=steps,
         experiment=info.experiment,
     )
+
+
+def mlflow_entries(tracking_uri: str | None, experiment: str | None, include_comparisons: bool) -> list[Any]:
+    """Every run of the MLflow store (of ``experiment`` when named), as ``catalog.RunEntry``."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    from tracking import keys
+    from tracking.compare.preflight import resolve_tracking_uri
+
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    experiments = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
+    if experiment is not None:
+        experiments = [e for e in experiments if experiment in (e.name, e.experiment_id)]
+        if not experiments:
+            raise LookupError(
+                f"no experiment named or with id {experiment!r} in MLflow store {client.tracking_uri}"
+            )
+    names = {e.experiment_id: e.name for e in experiments}
+    runs = client.search_runs(list(names), max_results=50000) if names else []
+    entries = []
+    for run in runs:
+        if not include_comparisons and run.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_COMPARISON:
+            continue
+        entry = mlflow_entry(client, run, keys.LOSS_TOKENS)
+        entries.append(replace(entry, experiment=names[run.info.experiment_id]))
+    return entries
+
+
+def spool_entries(directory: str) -> list[Any]:
+    """Every run of a JSONL spool directory, as ``catalog.RunEntry``."""
+    from pathlib import Path
+
+    from tracking.spool import spool_runs
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"JSONL run directory {directory!r} does not exist")
+    return [spool_entry(run_dir) for run_dir in spool_runs(root)]
+
+
+def latest_by_backend(entries: Sequence[RunEntry]) -> list[RunEntry]:
+    """The latest FINISHED run of each backend, by backend name (``megatron`` before ``miles``)."""
+    latest: dict[str, RunEntry] = {}
+    for entry in entries:
+        if entry.status != FINISHED:
+            continue
+        if entry.backend not in latest or entry.started > latest[entry.backend].started:
+            latest[entry.backend] = entry
+    return [latest[backend] for backend in sorted(latest)]
