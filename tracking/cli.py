@@ -99,8 +99,9 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *_: objec
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     args = build_parser(selected_command(argv)).parse_args(argv)
+    shown = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     try:
         return _run(args)
     except KeyboardInterrupt:
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"cliptrack {args.command}: {message} (--debug shows the traceback)", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        warnings.formatwarning = shown
 
 
 if __name__ == "__main__":

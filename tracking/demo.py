@@ -29,6 +29,8 @@ DEFAULT_STEPS = 150
 margin, so that the default demo reaches a verdict on the clip fraction."""
 DEFAULT_EPOCHS = 4
 """Optimisation passes per sampled batch: every pass after the first is off-policy."""
+DEFAULT_OUT = "cliptrack-demo"
+"""The demo's output folder (relative to the working directory) unless ``--out`` names another."""
 LOG_FILE = "demo.log"
 """Where, in ``--out``, third-party log records and warnings of the demo go."""
 UI_PORT = 5000
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="steps the Miles run's sampler lags its policy (default 2; Megatron: 0)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of both runs (default 0)")
-    parser.add_argument("--out", default="cliptrack-demo", help="output folder (default ./cliptrack-demo)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
     parser.add_argument("--wandb", action="store_true", help="also log to W&B (offline without credentials)")
     parser.add_argument(
         "--no-progress",
@@ -261,6 +263,22 @@ def third_party_output_to(log_path: Path) -> Iterator[None]:
         for logger, handlers, propagate in saved:
             logger.handlers, logger.propagate = handlers, propagate
         handle.close()
+
+
+def find_output(out: str | Path = DEFAULT_OUT, *, near: Path | None = None) -> Path:
+    """The demo's output folder ``out``: as given when absolute, else in ``near`` (default: the
+    working directory) or its parent (a notebook runs in ``notebooks/``, the demo from the root)."""
+    path = Path(out)
+    here = near or Path.cwd()
+    candidates = [path] if path.is_absolute() else [here / path, here.parent / path]
+    for candidate in candidates:
+        if (candidate / "mlflow.db").is_file():
+            return candidate.resolve()
+    tried = " or ".join(str(c) for c in candidates)
+    raise FileNotFoundError(
+        f"no demo output (mlflow.db) in {tried}: run `cliptrack demo` from the repository root first "
+        f"(or pass the folder the demo wrote with --out)"
+    )
 
 
 def _training_experiment(tracking_uri: str, out: Path) -> str:

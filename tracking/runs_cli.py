@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             entries = mlflow_entries(args.tracking_uri, args.experiment, args.all)
     except (LookupError, FileNotFoundError) as exc:
+        if getattr(args, "debug", False):
+            raise
         print(f"cliptrack runs: {exc}", file=sys.stderr)
         return 2
     entries.sort(key=lambda e: -e.started)

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         runset, result = load_and_compare(args)
     except (LookupError, ValueError, FileNotFoundError) as exc:
+        if getattr(args, "debug", False):
+            raise
         print(f"cliptrack compare: {exc}", file=sys.stderr)
         return 2
     if args.json == "-":
