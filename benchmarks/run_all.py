@@ -1,6 +1,6 @@
 """Every benchmark of the project, side by side in one process group, as one markdown table.
 
-Writes ``benchmarks/results.md`` and the table between the ``benchmarks`` markers of README.md.
+Writes ``benchmarks/results.md`` and the table between the ``benchmarks`` markers of docs/REFERENCE.md.
 Each row states the anchor it is compared with; ratios are from one run (the machine is noisy,
 absolute times drift). Run: ``python benchmarks/run_all.py`` (or ``make bench``).
 """
@@ -61,7 +61,7 @@ def main() -> int:
     )
     text = f"{header}\n\n{table}\n"
     (ROOT / "benchmarks" / "results.md").write_text(text, encoding="utf-8")
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "REFERENCE.md"
     content = readme.read_text(encoding="utf-8")
     content = re.sub(
         r"(<!-- benchmarks:start -->\n).*?(\n<!-- benchmarks:end -->)",
