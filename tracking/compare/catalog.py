@@ -123,8 +123,20 @@ def spool_entry(run_dir: Any) -> RunEntry:
     )
 
 
-def mlflow_entries(tracking_uri: str | None, experiment: str | None, include_comparisons: bool) -> list[Any]:
-    """Every run of the MLflow store (of ``experiment`` when named), as ``catalog.RunEntry``."""
+def mlflow_entries(
+    tracking_uri: str | None, experiment: str | None = None, include_comparisons: bool = False
+) -> list[RunEntry]:
+    """Every run of the MLflow store (of ``experiment`` when named), as ``RunEntry``, comparison
+    runs only with ``include_comparisons``; requests to a server bounded as the tracker's are."""
+    from tracking.sinks._compat_mlflow import bounded_requests
+
+    with bounded_requests():
+        return _mlflow_entries(tracking_uri, experiment, include_comparisons)
+
+
+def _mlflow_entries(
+    tracking_uri: str | None, experiment: str | None, include_comparisons: bool
+) -> list[RunEntry]:
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 

@@ -30,6 +30,7 @@ from tracking.compare.frame import Columns, LoadedRun, Point, RunSet
 from tracking.compare.preflight import StoreError, resolve_tracking_uri
 from tracking.records import RunInfo
 from tracking.sinks import _compat_wandb as compat_wandb
+from tracking.sinks._compat_mlflow import bounded_requests
 from tracking.spool import RunDir, spool_runs
 
 __all__ = [
@@ -171,8 +172,14 @@ def load_mlflow(
     ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
     ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
     (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
-    looked up inside that experiment only.
+    looked up inside that experiment only. Requests to a server are bounded as the tracker's are
+    (``_compat_mlflow.bounded_requests``), so a server that dies mid-read fails within seconds.
     """
+    with bounded_requests():
+        return _load_mlflow(refs, tracking_uri, experiment)
+
+
+def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str | None) -> RunSet:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))

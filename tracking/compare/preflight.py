@@ -4,10 +4,10 @@ Reading never creates a store: MLflow's client makes a missing sqlite file (and 
 fills it with empty tables, so a mistyped path would "work" and then find no run. Every check here
 raises ``StoreError`` (a ``LookupError``) with one line saying what was tried and what to do.
 
-Time bound: a server is probed with one TCP connection (``PROBE_TIMEOUT_S``) before any request,
-and MLflow's own HTTP retries are bounded (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-``MLFLOW_HTTP_REQUEST_TIMEOUT``, set in this process unless the user set them) before the client is
-made, so a dead server costs seconds, not MLflow's default of minutes of retries.
+Time bound: a server is probed with one TCP connection (``PROBE_TIMEOUT_S``) before any request;
+the reads themselves run under ``_compat_mlflow.bounded_requests`` (the tracker's bounds: 2
+retries, 5 s per attempt, on the reading thread only), so a dead server costs seconds, not MLflow's
+default of minutes of retries.
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 """MLflow's own default store (relative to the working directory)."""
 PROBE_TIMEOUT_S = 3.0
 """Seconds one TCP connection to a tracking server may take."""
-HTTP_RETRIES = "1"
-HTTP_TIMEOUT_S = "5"
-"""MLflow's HTTP retries and per-request timeout (seconds) while reading, unless already set."""
 STORE_HINT = (
     "name the store with --tracking-uri sqlite:///PATH/mlflow.db (the demo's: "
     "sqlite:///cliptrack-demo/mlflow.db) or http://HOST:PORT, or read the spool with --jsonl DIR"
@@ -100,8 +97,6 @@ def _check_server(uri: str) -> None:
             f"no MLflow server answers at {uri} ({reason}); start one "
             f"(mlflow server --backend-store-uri sqlite:///PATH/mlflow.db --port {port}) or check the URI"
         ) from None
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", HTTP_RETRIES)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
 
 
 def _plain_path_message(uri: str) -> str:
