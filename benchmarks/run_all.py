@@ -40,7 +40,7 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
-    from benchmarks import compare, loss_overhead, merge, stress, tracking
+    from benchmarks import cli_start, compare, loss_overhead, merge, stress, tracking
 
     started = time.perf_counter()
     rows: list[Row] = []
@@ -50,6 +50,7 @@ def main() -> int:
         ("tracking", tracking),
         ("compare", compare),
         ("stress", stress),
+        ("cli_start", cli_start),
     ):
         print(f"running {name} ...", flush=True)
         rows += _rows(module.run())
