@@ -1,6 +1,6 @@
 """Every benchmark of the project, side by side in one process group, as one markdown table.
 
-Writes ``benchmarks/results.md`` and the table between the ``benchmarks`` markers of README.md.
+Writes ``benchmarks/results.md`` and the table between the ``benchmarks`` markers of docs/REFERENCE.md.
 Each row states the anchor it is compared with; ratios are from one run (the machine is noisy,
 absolute times drift). Run: ``python benchmarks/run_all.py`` (or ``make bench``).
 """
@@ -40,7 +40,7 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
-    from benchmarks import compare, loss_overhead, merge, stress, tracking
+    from benchmarks import cli_start, compare, loss_overhead, merge, stress, tracking
 
     started = time.perf_counter()
     rows: list[Row] = []
@@ -50,6 +50,7 @@ def main() -> int:
         ("tracking", tracking),
         ("compare", compare),
         ("stress", stress),
+        ("cli_start", cli_start),
     ):
         print(f"running {name} ...", flush=True)
         rows += _rows(module.run())
@@ -61,7 +62,7 @@ def main() -> int:
     )
     text = f"{header}\n\n{table}\n"
     (ROOT / "benchmarks" / "results.md").write_text(text, encoding="utf-8")
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "REFERENCE.md"
     content = readme.read_text(encoding="utf-8")
     content = re.sub(
         r"(<!-- benchmarks:start -->\n).*?(\n<!-- benchmarks:end -->)",

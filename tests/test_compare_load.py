@@ -110,11 +110,23 @@ def test_runs_resolved_by_id_and_name_with_clear_errors(stores):
         load_runs(["x"], jsonl_dir="a", wandb_dir="b")
 
 
-def test_ambiguous_name_lists_ids(tmp_path):
+def test_ambiguous_name_takes_the_latest_finished_run_and_lists_the_others(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tracking.compare.catalog import RunChoiceWarning
+
     megatron, _ = megatron_vs_miles()
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    first, second = write_mlflow(uri, megatron), write_mlflow(uri, megatron)
-    with pytest.raises(RunNotFoundError, match="matches 2 runs") as info:
+    first, second, crashed = (write_mlflow(uri, megatron) for _ in range(3))
+    MlflowClient(tracking_uri=uri).set_terminated(crashed, status="FAILED")  # the latest run crashed
+    with pytest.warns(RunChoiceWarning, match="matches 3 runs") as caught:
+        runset = load_mlflow(["megatron-run"], tracking_uri=uri)
+    assert [info.run.run_id for info in runset.runs] == [second]
+    message = str(caught[0].message)
+    assert first in message and crashed in message and "FAILED" in message and "200 steps" in message
+    MlflowClient(tracking_uri=uri).set_terminated(first, status="FAILED")
+    MlflowClient(tracking_uri=uri).set_terminated(second, status="KILLED")
+    with pytest.raises(RunNotFoundError, match="none FINISHED") as info:
         load_mlflow(["megatron-run"], tracking_uri=uri)
     assert first in str(info.value) and second in str(info.value)
 

@@ -47,7 +47,7 @@ def test_notebook_executes_against_mlflow_runs(tmp_path):
     text = _outputs(nb)
     assert "on-policy verdict: different" in text
     assert "Not equally on-policy" in text
-    assert "effective sample size" in text and "lag1" in text and "left out of the paired comparison" in text
+    assert "effective sample size" in text and "lag-1" in text and "left out of the paired comparison" in text
     assert sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})) == 1
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []

@@ -122,9 +122,11 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert run.info.artifact_uri.startswith(
         (Path(uri.removeprefix("sqlite:///")).parent / "comparison-artifacts").as_uri()
     )
-    # summary numbers are params and tags, never metrics
-    assert run.data.metrics == {}
     d = result.difference("clip_fraction")
+    # the numbers are metrics too (step 0), named apart from every training series
+    assert run.data.metrics["clip_fraction.difference"] == pytest.approx(d.estimate.value, rel=1e-12)
+    assert run.data.metrics["clip_fraction.paired_units"] == d.estimate.n_units
+    assert not set(run.data.metrics) & set(client.get_run(ids[0]).data.metrics)
     params = run.data.params
     assert params["align"] == "step" and params["tolerance.clip_fraction"] == "0.02 absolute"
     assert float(params["clip_fraction.difference"]) == pytest.approx(d.estimate.value, rel=1e-5)

@@ -68,6 +68,7 @@ from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_r
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
+from tracking.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from tracking.validation import check_step, metric_value
 from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
@@ -469,6 +470,29 @@ class Tracker:
             except ValueError as exc:
                 raise ValueError(f"step {step}: {exc}") from None
         self._known_keys.add(key)
+
+    # ---- a custom loop in a few lines (tracking.steps) -------------------------------------------
+    def log_losses(
+        self,
+        step: int,
+        *losses: object,
+        reward: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Log one step of a custom loop: ``losses`` are what ``adapters.output.loss_metrics``
+        returns (or ``ForwardBackwardOutput``s), their counts summed exactly; ``reward`` is the
+        step's mean reward. Inside ``with tracker.step(step):`` the point is logged when the block
+        ends, with the step time and tokens per second; outside it, now."""
+        open_step: OpenStep | None = getattr(self, "_open_step", None)
+        if open_step is not None and open_step.step == step:
+            open_step.add(losses, reward, extra)
+            return
+        self.log(step, step_metrics(*losses, reward=reward, extra=extra))
+
+    def step(self, step: int) -> AbstractContextManager[OpenStep]:
+        """Time the block as trainer step ``step``: on a normal exit, log what ``log_losses`` gave
+        inside it plus ``keys.STEP_TIME`` (seconds) and ``keys.THROUGHPUT`` (loss tokens/s)."""
+        return timed_step(self, self._check_step(step))
 
 
 class NullTracker(Tracker):

@@ -18,14 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tracking.compare.options import ALIGNMENTS  # alignment name -> frame column of its axis
+
 if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
     import pandas as pd
 
     from tracking.compare.frame import RunSet
     from tracking.compare.quantities import Quantity
-
-ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
-"""Alignment name -> frame column used as the x axis."""
 
 
 @dataclass(frozen=True)

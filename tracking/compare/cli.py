@@ -17,7 +17,8 @@ import argparse
 import sys
 from typing import Any
 
-from tracking.compare.align import ALIGNMENTS, parse_window
+from tracking.compare.align import parse_window
+from tracking.compare.options import ALIGNMENTS, add_source_arguments
 from tracking.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
 from tracking.compare.result import FAIL_ON
 
@@ -27,17 +28,6 @@ EXIT_GATE = 1
 """The ``--fail-on`` gate tripped."""
 EXIT_ERROR = 2
 """A usage or data error."""
-
-
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """The store options shared by ``compare`` and ``panels mlflow``."""
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
-    source.add_argument("--jsonl", metavar="DIR", help="JSONL spool directory (<DIR>/<run_id>/points.jsonl)")
-    source.add_argument("--wandb-dir", metavar="DIR", help="directory holding W&B run files (offline runs)")
-    parser.add_argument("--experiment", help="MLflow experiment (name or id) to look runs up in")
 
 
 def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,6 +155,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the named runs (or groups) and compare them as the arguments say; return (runset, result)."""
     from tracking.compare.compute import compare
     from tracking.compare.load import load_runs
+    from tracking.compare.preflight import check_window
 
     groups = parse_groups(getattr(args, "group", []))
     if groups and args.runs:
@@ -178,6 +169,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         jsonl_dir=args.jsonl,
         wandb_dir=args.wandb_dir,
     )
+    check_window(runset, args.align, window)
     result = compare(
         runset,
         groups=groups or None,
@@ -222,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         runset, result = load_and_compare(args)
     except (LookupError, ValueError, FileNotFoundError) as exc:
+        if getattr(args, "debug", False):
+            raise
         print(f"cliptrack compare: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if args.json == "-":

@@ -4,8 +4,10 @@ Every loader turns what it reads into ``Point``s and hands them to ``RunSet.from
 run loaded from any store gives the same frame (MLflow keeps wall time in milliseconds, so its
 ``wall_time`` is rounded to 1 ms).
 
-Runs are named by id or by run name. A name that matches several runs is an error that lists their
-ids; a reference that matches nothing is an error that lists what is there.
+Runs are named by id (cliptrack's or the store's) or by run name. A name that matches several runs
+picks the latest FINISHED one and says so (``catalog.choose_by_name``; W&B files, which keep no
+status, make it an error listing their ids); a reference that matches nothing is an error that lists
+what is there. Reading never writes: the MLflow store is checked first (``preflight``).
 """
 
 from __future__ import annotations
@@ -23,16 +25,24 @@ import numpy as np
 from tracking import keys
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
+from tracking.compare.catalog import RunNotFoundError, choose_by_name, mlflow_entry, spool_entry
 from tracking.compare.frame import Columns, LoadedRun, Point, RunSet
+from tracking.compare.preflight import StoreError, resolve_tracking_uri
 from tracking.records import RunInfo
 from tracking.sinks import _compat_wandb as compat_wandb
+from tracking.sinks._compat_mlflow import bounded_requests
 from tracking.spool import RunDir, spool_runs
 
+__all__ = [
+    "RunNotFoundError",
+    "load_jsonl",
+    "load_mlflow",
+    "load_runs",
+    "load_wandb_offline",
+    "load_wandb_online",
+]
+
 _SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
-
-
-class RunNotFoundError(LookupError):
-    """A run reference matched no run (or several) in the named store."""
 
 
 # ---------------------------------------------------------------------------------------- JSONL
@@ -57,10 +67,13 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     for run_dir in _jsonl_runs(root):
         info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
         found.append((info, run_dir))
-    chosen = _choose(
-        refs, [(info, info.run.run_id, info.run.run_name) for info, _ in found], f"JSONL dir {root}"
-    )
     by_id = {info.run.run_id: run_dir for info, run_dir in found}
+    chosen = _choose(
+        refs,
+        [(info, info.run.run_id, info.run.run_name) for info, _ in found],
+        f"JSONL dir {root}",
+        entry=lambda info: spool_entry(by_id[info.run.run_id]),
+    )
     return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
 
 
@@ -106,8 +119,11 @@ def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
         return run_dir.load_points()
 
 
-def _choose(refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: str) -> list[Any]:
-    """Pick candidates (item, id, name) by id first, then by unique name, in the order of ``refs``."""
+def _choose(
+    refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: str, entry: Any = None
+) -> list[Any]:
+    """Pick candidates (item, id, name) by id first, then by name, in the order of ``refs``. Several
+    runs of one name: the latest FINISHED (``entry`` lists an item), or an error without ``entry``."""
     if not refs:
         if not candidates:
             raise RunNotFoundError(f"no runs in {where}")
@@ -119,6 +135,9 @@ def _choose(refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: 
             chosen.append(by_id[0])
             continue
         by_name = [(item, run_id) for item, run_id, name in candidates if name == ref]
+        if len(by_name) > 1 and entry is not None:
+            chosen.append(choose_by_name(ref, [item for item, _ in by_name], entry, where))
+            continue
         if len(by_name) > 1:
             ids = ", ".join(run_id for _, run_id in by_name)
             raise RunNotFoundError(
@@ -153,11 +172,17 @@ def load_mlflow(
     ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
     ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
     (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
-    looked up inside that experiment only.
+    looked up inside that experiment only. Requests to a server are bounded as the tracker's are
+    (``_compat_mlflow.bounded_requests``), so a server that dies mid-read fails within seconds.
     """
+    with bounded_requests():
+        return _load_mlflow(refs, tracking_uri, experiment)
+
+
+def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str | None) -> RunSet:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
     where = f"MLflow store {client.tracking_uri}"
     experiment_ids = _mlflow_experiment_ids(client, experiment, where)
     if refs:
@@ -243,12 +268,23 @@ def _mlflow_find(client: Any, ref: str, experiment_ids: list[str], where: str) -
     )
     for filter_string, what, hint in lookups:
         matches = client.search_runs(experiment_ids, filter_string=filter_string, max_results=100)
+        if len(matches) > 1 and hint:  # a run name: the latest finished run, the others listed
+            return choose_by_name(ref, matches, lambda r: mlflow_entry(client, r, keys.LOSS_TOKENS), where)
         if len(matches) > 1:
             ids = ", ".join(m.info.run_id for m in matches)
             raise RunNotFoundError(f"{what} matches {len(matches)} runs in {where} ({ids}){hint}")
         if matches:
             return matches[0]
-    raise RunNotFoundError(f"no run with id, name or cliptrack run id {ref!r} in {where}")
+    present = client.search_runs(experiment_ids, max_results=10, order_by=["attributes.start_time DESC"])
+    if not present:
+        raise StoreError(f"{where} holds no runs: is it the store the training logged to?")
+    listing = ", ".join(
+        f"{r.info.run_name} ({r.data.tags.get(keys.TAG_RUN_ID, r.info.run_id)})" for r in present
+    )
+    raise RunNotFoundError(
+        f"no run with id, name or cliptrack run id {ref!r} in {where}; latest runs there: {listing} "
+        f"(cliptrack runs --tracking-uri {client.tracking_uri} lists them all)"
+    )
 
 
 def _metric_histories(client: Any, run: Any) -> list[Point]:

@@ -9,7 +9,11 @@ never charts the comparison's numbers beside the training series. It holds
   description (``mlflow.note.content``);
 - params: alignment, window, confidence, method, minimum units and effective sample size,
   margins, the runs, and per quantity and pair the difference, its interval, the paired units,
-  lag-1 autocorrelation, effective sample size and verdict — params and tags, **never metrics**;
+  lag-1 autocorrelation, effective sample size and verdict;
+- metrics (step 0, so the MLflow UI shows and sorts them): the same numbers, one metric per
+  quantity and pair (``comparison_metrics``: ``<quantity>.difference``, ``.ci_low``, ``.ci_high``,
+  ``.margin``, ``.paired_units``, ``.lag1``, ``.ess``, ``.reference_value``, ``.run_value``); their
+  names share nothing with the training series, so no training chart draws them;
 - artifacts: ``comparison.json`` (every estimate, interval, ESS, verdict and note),
   ``comparison.csv``, ``comparison.md``, ``dashboard.html`` (the self-contained dashboard) and
   ``figures/<panel>.png`` (one per entry of ``panels.PANELS``, matplotlib).
@@ -20,7 +24,8 @@ beside the database file — never ``./mlruns`` of the working directory). An ex
 exists keeps the location it was created with.
 
 The compared runs are linked by tag on both sides: each compared MLflow run in the same store gets
-the comparison's id appended to its ``cliptrack.compared_in`` tag. ``mlflow.parentRunId`` is not
+the comparison's id appended to its ``cliptrack.compared_in`` tag, and a compared run without a
+description gets one linking to the comparison run in the MLflow UI (``mlflow.note.content``). ``mlflow.parentRunId`` is not
 used: the compared runs exist before the comparison, may sit in other experiments and can take part
 in several comparisons, while a run has only one parent.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +149,38 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
     return {k: _param_value(v)[:6000] for k, v in params.items()}
 
 
+def comparison_metrics(result: ComparisonResult) -> dict[str, float]:
+    """The comparison's numbers as MLflow metrics: per quantity (and pair, beyond two runs) the
+    difference, its interval, margin, paired units, lag-1 autocorrelation, ESS and both values."""
+    out: dict[str, float] = {}
+    for d in result.differences:
+        suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
+        e = d.estimate
+        for what, value in (
+            ("difference", e.value),
+            ("ci_low", e.low),
+            ("ci_high", e.high),
+            ("margin", d.margin),
+            ("paired_units", e.n_units),
+            ("lag1", e.lag1),
+            ("ess", e.ess),
+            ("reference_value", d.reference_paired.value),
+            ("run_value", d.run_paired.value),
+        ):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{d.metric}.{what}{suffix}"] = float(value)
+    return out
+
+
+def _describe_link(client: Any, compared_id: str, experiment_id: str, run_id: str, name: str) -> None:
+    """Give a compared run without a description one that links to its comparison run."""
+    note = "mlflow.note.content"
+    if client.get_run(compared_id).data.tags.get(note):
+        return
+    link = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    client.set_tag(compared_id, note, f"Compared in [{name}]({link}).")
+
+
 def _experiment(
     client: Any,
     runset: RunSet,
@@ -195,7 +233,7 @@ def log_comparison(
     to log as the artifact instead of rendering it again. ``artifact_dir``: where the artifacts of
     a comparisons experiment created by this call are stored (see the module docstring).
     """
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import Metric, Param, RunTag
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -224,6 +262,7 @@ def log_comparison(
         client.log_batch(
             run_id,
             params=[Param(k, v) for k, v in comparison_params(runset, result).items()],
+            metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in comparison_metrics(result).items()],
             tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))), *verdict_tags],
         )
         with tempfile.TemporaryDirectory() as tmp:
@@ -242,6 +281,7 @@ def log_comparison(
                 previous = client.get_run(info.run.run_id).data.tags.get(keys.TAG_COMPARED_IN, "")
                 linked = [x for x in previous.split(",") if x] + [run_id]
                 client.set_tag(info.run.run_id, keys.TAG_COMPARED_IN, ",".join(linked))
+                _describe_link(client, info.run.run_id, exp_id, run_id, run.info.run_name or run_id)
             except MlflowException:
                 pass
         client.set_terminated(run_id, "FINISHED")

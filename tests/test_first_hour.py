@@ -1,0 +1,176 @@
+"""A newcomer's first hour, end to end: the demo with its output redirected, then every command it
+printed, exactly as printed, then the notebook as shipped against the demo's output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracking import keys
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "compare_backends.ipynb"
+STEPS = 6
+
+pytestmark = pytest.mark.slow
+
+
+def _cliptrack(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``cliptrack ARGV`` as a user runs it (the console script is ``tracking.cli:main``)."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "tracking.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    home = tmp_path_factory.mktemp("newcomer")
+    proc = _cliptrack(["demo", "--steps", str(STEPS)], home)  # stdout and stderr are pipes, not a terminal
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return home / "cliptrack-demo", proc
+
+
+def _printed_commands(stdout: str) -> list[str]:
+    return [line.strip()[2:] for line in stdout.splitlines() if line.strip().startswith("$ ")]
+
+
+def test_output_is_quiet_and_third_party_messages_are_in_the_log(demo):
+    out, proc = demo
+    assert "\r" not in proc.stdout and "\x1b[" not in proc.stdout  # no bar frames in a file
+    assert f"megatron: step {STEPS}/{STEPS} (100%)" in proc.stdout
+    for noise in ("Creating initial MLflow database tables", "UserWarning", "Apex is not installed", "INFO"):
+        assert noise not in proc.stderr, proc.stderr
+        assert noise not in proc.stdout
+    log = (out / "demo.log").read_text()
+    assert "Creating initial MLflow database tables" in log and "Apex is not installed" in log
+
+
+def test_the_printed_commands_run_as_printed(demo):
+    out, proc = demo
+    commands = _printed_commands(proc.stdout)
+    run_ids = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("  run ")]
+    assert len(run_ids) == 2
+    compare, as_json, runs, ui, notebook = commands
+    assert compare.split()[:4] == ["cliptrack", "compare", *run_ids]  # the ids the demo printed
+    assert as_json == compare + " --json"
+    assert ui.startswith("mlflow ui --backend-store-uri sqlite:///") and notebook.endswith(
+        "compare_backends.ipynb"
+    )
+    table = _cliptrack(shlex.split(compare)[1:], out.parent)
+    assert table.returncode == 0, table.stderr
+    assert "clip_fraction" in table.stdout and "insufficient data" in table.stdout
+    numbers = _cliptrack(shlex.split(as_json)[1:], out.parent)
+    assert numbers.returncode == 0, numbers.stderr
+    result = json.loads(numbers.stdout)
+    assert result["verdict"] == "insufficient data"
+    listing = _cliptrack(shlex.split(runs)[1:], out.parent)
+    assert listing.returncode == 0, listing.stderr
+    for run_id in run_ids:
+        assert run_id in listing.stdout
+    rows = json.loads(_cliptrack([*shlex.split(runs)[1:], "--json"], out.parent).stdout)
+    assert sorted(r["cliptrack_id"] for r in rows) == sorted(run_ids)
+    assert {r["status"] for r in rows} == {"FINISHED"} and {r["steps"] for r in rows} == {STEPS}
+    store_ids = [row["store_id"] for row in rows]  # the MLflow UI's ids are accepted too
+    assert not set(store_ids) & set(run_ids)
+    other = _cliptrack(
+        ["compare", *store_ids, "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"], out.parent
+    )
+    assert other.returncode == 0, other.stderr
+
+
+def test_the_notebook_as_shipped_reads_the_demo_output(demo, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    out, proc = demo
+    [notebook] = [c for c in _printed_commands(proc.stdout) if "jupyter" in c]
+    assert notebook.startswith(f"CLIPTRACK_DEMO_OUT={out} jupyter execute notebooks/")
+    monkeypatch.setenv("CLIPTRACK_DEMO_OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    before = sorted(p.name for p in NOTEBOOK.parent.iterdir())
+    nb = nbformat.read(NOTEBOOK, as_version=4)  # as shipped: no parameter injected
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    text = json.dumps(outputs)
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert "on-policy verdict: insufficient data" in text
+    stderr = [o["text"] for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    assert stderr == []  # no third-party warning (tqdm's IProgress, MLflow's logs) in the notebook
+    assert " pp" in text  # the CLI's units: percentage points, not raw log-ratios
+    assert sorted(p.name for p in NOTEBOOK.parent.iterdir()) == before  # no mlflow.db left behind
+
+
+def test_the_notebook_without_a_demo_output_says_what_to_run(tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    monkeypatch.setenv("CLIPTRACK_DEMO_OUT", str(tmp_path / "never-ran"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    with pytest.raises(CellExecutionError, match="run `cliptrack demo`"):
+        NotebookClient(
+            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demo_keys_are_the_keys_a_user_is_told_to_pass(demo):
+    from mlflow.tracking import MlflowClient
+
+    out, _ = demo
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    [run, *_] = client.search_runs([client.get_experiment_by_name("cliptrack-demo").experiment_id])
+    assert {keys.REWARD, keys.THROUGHPUT, keys.CLIP_FRACTION} <= set(run.data.metrics)
+
+
+def _readme_loop() -> str:
+    """The README's complete custom-loop example: the python block after its announcing line."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text[text.index("Your own loop, complete and runnable") :]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start : after.index("```", start)]
+
+
+def test_the_readme_loop_runs_and_logs_what_the_readme_says(tmp_path):
+    code = _readme_loop()
+    assert (
+        "tracker.log_losses(" in code and "with tracker.step(step):" in code and "/ out.loss_tokens" in code
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing = _cliptrack(["runs", "--jsonl", "my-runs", "--json"], tmp_path)
+    [row] = json.loads(listing.stdout)
+    assert row["name"] == "my-loop" and row["status"] == "FINISHED" and row["steps"] == 20
+    points = [
+        json.loads(line)
+        for line in (tmp_path / "my-runs" / row["cliptrack_id"] / keys.POINTS_FILE).read_text().splitlines()
+    ]
+    metrics = points[0]["metrics"]
+    assert metrics[keys.LOSS_TOKENS] == 4 * 64  # four epochs of 64 tokens, summed
+    assert (
+        0 < metrics[keys.CLIP_FRACTION] < 1
+        and metrics[keys.CLIP_FRACTION] == metrics[keys.CLIPPED_TOKENS] / metrics[keys.LOSS_TOKENS]
+    )
+    assert (
+        metrics[keys.STEP_TIME] > 0
+        and metrics[keys.THROUGHPUT] == metrics[keys.LOSS_TOKENS] / metrics[keys.STEP_TIME]
+    )
+    assert keys.REWARD in metrics
