@@ -218,8 +218,12 @@ TAG_VERDICT = "cliptrack.verdict"
 def _check_declared() -> None:
     """The named constants above agree with the declaration (tracking.measures)."""
     named = (LOSS_SUM, *TOKEN_COUNT_KEYS, LOG_RATIO_SUM, ABS_LOG_RATIO_SUM, KL_K3_SUM, RATIO_OUTSIDE_TOKENS)
-    named += (IS_WEIGHT_SUM, IS_WEIGHT_SQ_SUM, LOG_RATIO_MAX, LOG_RATIO_MIN)
-    if tuple(named) != MEASURED_KEYS or (CLIP_FRACTION, ABS_LOG_RATIO_MEAN, KL_K3_MEAN) != MEAN_KEYS:
+    named_extra = (IS_WEIGHT_SUM, IS_WEIGHT_SQ_SUM, LOG_RATIO_MAX, LOG_RATIO_MIN)
+    if (*named, *named_extra) != MEASURED_KEYS or (
+        CLIP_FRACTION,
+        ABS_LOG_RATIO_MEAN,
+        KL_K3_MEAN,
+    ) != MEAN_KEYS:
         raise AssertionError("tracking.keys and tracking.measures disagree on the measured keys")
     if (DATUM_LOSS_TOKENS, *DATUM_CLIP_FIELDS, *DATUM_GAUGE_FIELDS) != DATUM_MEASURE_FIELDS:
         raise AssertionError("tracking.keys and tracking.measures disagree on the datum fields")
