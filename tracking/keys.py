@@ -147,6 +147,18 @@ COOKBOOK_AC_TOKENS = "env/all/total_ac_tokens"
 DUAL_CLIP_FRACTION = "dual_clip_fraction:mean"
 """verl's ``pg_clipfrac_lower``: tokens with A < 0 where dual-clip PPO's bound ``clip_ratio_c``
 bites (a different rule from the low side of the band), as a fraction of eligible tokens."""
+KL_K1 = "kl_k1:mean"
+"""verl's ``rollout_corr/kl``: the k1 estimator of KL(sampler || trainer), the mean over eligible
+tokens of ``log pi_sampler - log pi_trainer = -l``; with cliptrack's sums it is
+``-log_ratio:sum / loss_tokens:sum`` (it may be negative, unlike ``kl_k3:mean``). Never produced by
+cliptrack's losses: the key under which a verl run's value is read."""
+
+# Miles' mismatch metrics (``policy_loss_function``, logged when the batch has rollout log-probs):
+# sample means (``sum_of_sample_mean``) of the trainer's pre-update log-probs against the rollout's.
+MILES_ABS_DIFF = "train_rollout_logprob_abs_diff"
+"""Miles' mean of ``|log pi_old - log pi_rollout|`` (per-sample means in its default mode)."""
+MILES_ROLLOUT_KL = "train_rollout_kl"
+"""Miles' mean of the k3 KL(rollout || trainer), each token's term clamped to [-10, 10]."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +184,7 @@ FOREIGN_STEP_COLUMNS = (MILES_STEP, "_step")
 def _miles_spellings() -> dict[str, Alias]:
     """Our keys logged through Miles' tracker: ``train/<key>`` (W&B keeps ``:``, its MLflow backend
     rewrites every character outside ``[A-Za-z0-9_-./ ]`` to ``_``). Exact: they are our numbers."""
-    ours = (LOSS_SUM, *TOKEN_COUNT_KEYS, CLIP_FRACTION, REWARD, THROUGHPUT, STEP_TIME)
+    ours = (LOSS_SUM, *TOKEN_COUNT_KEYS, CLIP_FRACTION, *GAUGE_KEYS, REWARD, THROUGHPUT, STEP_TIME)
     table = {}
     for key in ours:
         table[f"train/{key}"] = Alias(key, False, "miles tracker")
@@ -186,6 +198,15 @@ ALIASES: dict[str, Alias] = {
     "actor/pg_clipfrac": Alias(CLIP_FRACTION, True, "verl"),  # mean of micro-batch token means
     "actor/pg_clipfrac_lower": Alias(DUAL_CLIP_FRACTION, True, "verl"),
     "critic/score/mean": Alias(REWARD, False, "verl"),  # mean sequence score of the step's batch
+    # The gauge's means. Approximate: Miles' are means of per-sample means (its default mode) or
+    # token means over a count with one token per all-masked sample; verl's are means of
+    # micro-batch means in its bypass mode. And none sees the step's own drift: both compare the
+    # trainer's log-probs before the update (old_log_probs) with the rollout's, where cliptrack's
+    # l uses the log-probs of each pass (docs/CONTRACT.md, "The on-policy gauge").
+    f"train/{MILES_ABS_DIFF}": Alias(ABS_LOG_RATIO_MEAN, True, "miles"),
+    f"train/{MILES_ROLLOUT_KL}": Alias(KL_K3_MEAN, True, "miles"),  # k3, clamped to [-10, 10] per token
+    "rollout_corr/k3_kl": Alias(KL_K3_MEAN, True, "verl"),
+    "rollout_corr/kl": Alias(KL_K1, True, "verl"),  # k1: mean of log pi_rollout - log pi_old
 }
 """Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
 key wins over an alias, an exact alias over an approximate one."""
@@ -201,6 +222,12 @@ MILES_SCALED_COUNTS = {
 }
 """The count entries of ``adapters.miles.custom_loss`` as Miles' tracker logs them; each divided by
 ``train/count_scale`` (:data:`MILES_COUNT_SCALE`) is the exact token count of our key."""
+MILES_SCALED_GAUGE = {
+    f"train/{m.miles_entry}": m.key for m in _measures.GAUGE_MEASURES if m.miles_entry is not None
+}
+"""The gauge's sum entries of ``adapters.miles.custom_loss`` as Miles' tracker logs them; each
+divided by ``train/count_scale`` is our sum (a count rounded to the token, a float sum as it is).
+Extremes have no entry: Miles adds its log values over micro-batches and ranks."""
 
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"
