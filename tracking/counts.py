@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tracking import keys, measures
 from tracking.outputs import metrics_of
@@ -170,7 +170,7 @@ class MeasuredSums:
     clipped_tokens: int | None = None
     clipped_low_tokens: int | None = None
     clipped_high_tokens: int | None = None
-    gauge: Mapping[str, float | int] | None = None
+    gauge: Mapping[str, float | int] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loss_tokens", as_count("loss_tokens", self.loss_tokens))
@@ -249,7 +249,7 @@ class MeasuredSums:
             assert self.clipped_high_tokens is not None and other.clipped_high_tokens is not None
             low = self.clipped_low_tokens + other.clipped_low_tokens
             high = self.clipped_high_tokens + other.clipped_high_tokens
-        return MeasuredSums(tokens, self.clipped_tokens + other.clipped_tokens, low, high, gauge)
+        return MeasuredSums(tokens, self.clipped_tokens + other.clipped_tokens, low, high, gauge=gauge)
 
     def to_metrics(self) -> dict[str, float]:
         """The metric keys of docs/CONTRACT.md: ``loss_tokens:sum`` always; for a loss that clips,
@@ -296,7 +296,7 @@ class MeasuredSums:
             counts.get(keys.CLIPPED_TOKENS),
             counts.get(keys.CLIPPED_LOW_TOKENS),
             counts.get(keys.CLIPPED_HIGH_TOKENS),
-            gauge,
+            gauge=gauge,
         )
 
 
