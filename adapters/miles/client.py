@@ -61,8 +61,8 @@ def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
     ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
     (``clipped_low_tokens``, ``clipped_high_tokens``) is optional and comes as a pair. The gauge's
     fields (:data:`tracking.keys.DATUM_GAUGE_FIELDS`) mark a loss with sampling log-probs: its sums
-    come together, its extremes are optional (and the identity ``∓inf`` over no eligible token
-    means none). Counts are int64, float measures float32 ``[hi, lo]`` pairs or single floats.
+    come together, its extremes are optional (and ignored for a datum with no eligible token, which
+    has none). Counts are int64, float measures float32 ``[hi, lo]`` pairs or single floats.
     """
     if not isinstance(datum, Mapping):
         raise TypeError(f"{where} must be a dict of field -> TensorData, got {type(datum).__name__}")
@@ -107,8 +107,8 @@ def _datum_gauge(datum: Mapping[str, Any], where: str, loss_tokens: int) -> dict
     for m in fields:
         name = f"{where}[{m.field!r}]"
         value = read_count(datum[m.field], name) if m.exact else read_float(datum[m.field], name)
-        if m.reduction != measures.SUM and loss_tokens == 0 and value == measures.identity(m):
-            continue  # the extreme over no token: none
+        if m.reduction != measures.SUM and loss_tokens == 0:
+            continue  # no eligible token, no extreme: the wire's placeholder is ignored
         gauge[m.key] = value
     return gauge
 

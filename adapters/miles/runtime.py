@@ -153,15 +153,16 @@ def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
     order): ``loss_tokens``; for a loss that clips, ``clipped_tokens`` and the low/high split when
     known; for a loss with sampling log-probs, the gauge of the datum's sequence. Counts are int64
     TensorData of shape ``[1]``, float measures float32 ``[hi, lo]`` pairs
-    (:func:`adapters.miles.wire.float_data`); an extreme over no eligible token is its identity
-    (``-inf`` for a max, ``+inf`` for a min), so every datum of a request has the same fields."""
+    (:func:`adapters.miles.wire.float_data`). A datum with no eligible token has no extreme: its
+    ``log_ratio_max`` / ``log_ratio_min`` are 0 on the wire and ignored by the reader (JSON has no
+    infinity, and protobuf needs the same fields in every datum)."""
     values = counts.to_metrics()
     fields: dict[str, Any] = {}
     for measure in measures.DATUM_MEASURES:
         if measure.key in values:
             value = values[measure.key]
         elif measure.group == measures.GAUGE and counts.has_gauge and counts.loss_tokens == 0:
-            value = measures.identity(measure)
+            value = 0.0  # an extreme over no token: a placeholder the reader ignores
         else:
             continue
         fields[measure.field] = (

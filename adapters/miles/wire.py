@@ -83,15 +83,15 @@ def float_data(value: float, where: str = "value") -> Any:
 
     The wire carries only int64 and float32; ``hi`` is the float32 rounding of ``value`` and ``lo``
     the float32 rounding of the rest, so ``hi + lo`` (added in float64, :func:`read_float`) is
-    ``value`` to within 2**-48 of its magnitude, and ``hi`` alone is its float32 value. ``±inf``
-    (the identity of an extreme over no token) travels as ``[±inf, 0]``. ValueError, naming
-    ``where``, for NaN or a finite value beyond float32's range.
+    ``value`` to within 2**-48 of its magnitude, and ``hi`` alone is its float32 value. ValueError,
+    naming ``where``, for a non-finite value or one beyond float32's range (a sequence whose
+    ``is_weight_sq`` exceeds 3.4e38 holds a token with a ratio above e**44: a bad input).
     """
     number = float(value)
-    if math.isnan(number) or (math.isfinite(number) and abs(number) > FLOAT32_MAX):
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         raise ValueError(f"{where} = {number!r} cannot travel as float32 (finite, |x| <= {FLOAT32_MAX:.3e})")
     hi = np.float32(number)
-    lo = np.float32(number - float(hi)) if math.isfinite(number) else np.float32(0.0)
+    lo = np.float32(number - float(hi))
     return tensor_data(np.asarray([hi, lo], dtype=np.float32))
 
 
