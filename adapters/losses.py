@@ -164,9 +164,10 @@ class LossOutput:
         return sums.counts
 
     def clip_counts(self) -> TokenCounts | None:
-        """Exact host-side counts (synchronises once); ``None`` when the loss never clips."""
+        """Exact host-side clip counts, without the gauge (synchronises once); ``None`` when the
+        loss never clips."""
         counts = self.token_counts()
-        return counts if counts.clips else None
+        return counts.without_gauge() if counts.clips else None
 
 
 def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
