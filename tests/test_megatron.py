@@ -220,8 +220,14 @@ def test_loss_func_returns_megatrons_three_tuple():
     direct = ppo(logprobs, **inputs)
     assert torch.equal(loss, direct.loss) and loss.requires_grad
     assert num_tokens.dtype == torch.int64 and int(num_tokens) == int((inputs["mask"] != 0).sum())
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, mg.REPORT_INVALID}
-    for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
+    assert set(report) == {
+        keys.LOSS_SUM,
+        keys.LOSS_TOKENS,
+        *keys.CLIP_COUNT_KEYS,
+        *keys.GAUGE_MEASURED_KEYS,
+        mg.REPORT_INVALID,
+    }
+    for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, *keys.GAUGE_MEASURED_KEYS):
         assert report[key].dim() == 0 and not report[key].requires_grad
     assert report[keys.CLIPPED_TOKENS].dtype == torch.int64
     assert int(report[keys.CLIPPED_TOKENS]) == int(direct.clipped_tokens)
@@ -232,7 +238,7 @@ def test_loss_func_returns_megatrons_three_tuple():
 def test_never_clipping_loss_reports_no_clip_keys():
     logprobs, inputs = _micro()
     _, _, report = mg.make_loss_func("dro", inputs, {"beta": 0.1})(logprobs)
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, mg.REPORT_INVALID}
+    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_MEASURED_KEYS, mg.REPORT_INVALID}
     fbo = mg.reduce_losses([report, report], group=None)
     assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS}
     assert fbo.metrics[keys.LOSS_TOKENS] == 2 * int((inputs["mask"] != 0).sum())

@@ -319,8 +319,9 @@ def mixed_groups_error(group: str, earlier: bool, now: bool, what: str = "this o
             "importance_sampling and dro belong in steps of their own)"
         )
     has = {True: "carries", False: "does not carry"}
+    have = {True: "carry", False: "do not carry"}
     return ValueError(
-        f"{what} {has[now]} the {group} measures but earlier outputs of the step {has[earlier]} them "
+        f"{what} {has[now]} the {group} measures but earlier outputs of the step {have[earlier]} them "
         f"(emitted by {GROUP_LOSSES[group]}): their tokens cannot share one "
         f"{'/'.join(m.key for m in MEANS if m.group == group) or group}; run such losses in steps of their own"
     )
