@@ -307,7 +307,8 @@ def merge_packed(packed: Tensor, group: Any) -> Tensor:
     if packed.dim() != 1:
         raise ValueError(f"packed must be a 1-D vector, got shape {tuple(packed.shape)}")
     world = dist.get_world_size(group)
-    if world == 1:
+    if world == 1:  # still the one collective (a no-op sum), so every layout communicates alike
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
         return packed
     gathered = torch.empty(world * packed.numel(), dtype=packed.dtype, device=packed.device)
     if packed.device.type == "cpu" and "gloo" in str(dist.get_backend(group)).lower():

@@ -46,6 +46,18 @@ def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:
 
 
 @pytest.mark.parametrize("scenario", list(setup.SCENARIOS))
+def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> None:
+    """The gauge of a reduction against one pass over the whole batch: the same keys, counts exact,
+    sums and extremes to float32 rounding of the log-probs (the schedule's model computes them
+    micro-batch by micro-batch)."""
+    assert set(got) & set(keys.GAUGE_KEYS) == set(expected) & set(keys.GAUGE_KEYS)
+    for key in set(expected) & set(keys.GAUGE_KEYS):
+        if key == keys.RATIO_OUTSIDE_TOKENS:
+            assert got[key] == expected[key]
+        else:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-5), key
+
+
 def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scenario):
     batch, data = _one_rank_data(scenario)
     model = setup.build_model()
@@ -56,9 +68,10 @@ def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scena
     assert len(calls) == 1
     expected = setup.expected_metrics(scenario, batch)
     assert set(fbo.metrics) == set(expected)
-    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION):
+    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION, keys.RATIO_OUTSIDE_TOKENS):
         assert fbo.metrics.get(key) == expected.get(key), key
     assert fbo.metrics[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
+    assert_gauge_close(fbo.metrics, expected)
     if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # docs/CONTRACT.md's rule, token by token, agrees
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert (fbo.metrics[keys.LOSS_TOKENS], fbo.metrics[keys.CLIPPED_TOKENS]) == (n, clipped)
@@ -240,8 +253,12 @@ def test_never_clipping_loss_reports_no_clip_keys():
     _, _, report = mg.make_loss_func("dro", inputs, {"beta": 0.1})(logprobs)
     assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_MEASURED_KEYS, mg.REPORT_INVALID}
     fbo = mg.reduce_losses([report, report], group=None)
-    assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS}
+    assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_KEYS}
     assert fbo.metrics[keys.LOSS_TOKENS] == 2 * int((inputs["mask"] != 0).sum())
+    # the gauge of the same micro-batch twice: sums doubled, extremes unchanged
+    assert fbo.metrics[keys.KL_K3_SUM] == 2 * float(report[keys.KL_K3_SUM])
+    assert fbo.metrics[keys.LOG_RATIO_MAX] == float(report[keys.LOG_RATIO_MAX])
+    assert fbo.metrics[keys.LOG_RATIO_MIN] == float(report[keys.LOG_RATIO_MIN])
 
 
 @pytest.mark.parametrize(

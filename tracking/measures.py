@@ -208,7 +208,7 @@ MEASURES: tuple[Measure, ...] = (
         SUM,
         False,
         GAUGE,
-        "exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), as expm1(l) - l; nats",
+        "exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), without cancellation; nats",
         True,
     ),
     Measure(
