@@ -207,14 +207,20 @@ K3_SERIES_BELOW = 0.5
 
 
 def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
-    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``.
+    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
 
-    For ``|l| < 1/2`` the Taylor series to ``l**10`` by Horner (a few ulps relative, where
-    ``w - 1 - l`` would lose every digit to cancellation: float32 ``w`` near 1 carries ``6e-8``
-    absolute, the k3 term of ``l = 1e-4`` is ``5e-9``); from ``1/2`` on ``w - 1 - l`` (the term is
-    then at least ``0.1``). No second ``exp``, and no ``expm1``: Inductor's CPU code writes
-    ``expm1(x)`` as ``exp(x) - 1``. Clamped at 0 against rounding (the term is >= 0).
+    Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series to ``l**10`` by Horner in the
+    dtype of ``l`` (a few ulps relative, where ``w - 1 - l`` would lose every digit to
+    cancellation: float32 ``w`` near 1 carries ``6e-8`` absolute, the k3 term of ``l = 1e-4`` is
+    ``5e-9``), from ``1/2`` on ``w - 1 - l`` (the term is then at least ``0.1``); no second
+    ``exp``, and no ``expm1``, which Inductor's CPU code writes as ``exp(x) - 1``. Eager:
+    ``expm1(l) - l`` in float64 (three element-wise ops instead of the series' twenty; ATen's
+    ``expm1`` is exact to an ulp). Both agree with the float64 reference to float32 rounding of the
+    term (``tests/test_gauge.py``). Clamped at 0 against rounding (the term is >= 0).
     """
+    if not torch.compiler.is_compiling():
+        wide = log_ratio.to(torch.float64)
+        return torch.clamp_min(torch.expm1(wide) - wide, 0.0)
     poly = log_ratio * _K3_SERIES[-1] + _K3_SERIES[-2]
     for c in reversed(_K3_SERIES[:-2]):
         poly = poly * log_ratio + c

@@ -62,11 +62,12 @@ from adapters.losses import (
     unpack,
 )
 from adapters.output import ForwardBackwardOutput
-from tracking import keys, measures
+from tracking import keys
 
 __all__ = [
     "AUTO",
     "PACKED_FIELDS",
+    "REPORT_GAUGE",
     "REPORT_INVALID",
     "LossFunc",
     "broadcast_from_last_stage",
@@ -81,6 +82,11 @@ __all__ = [
 
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``adapters.losses.INPUT_CHECKS`` order)."""
+REPORT_GAUGE = "cliptrack/gauge"
+"""Report key of a loss with sampling log-probs: its on-policy gauge, the float64 vector
+``LossOutput.gauge`` laid out as :data:`adapters.losses.GAUGE_FIELDS` (sums, then ``log_ratio:max``
+and ``-log_ratio:min``; ``-inf`` over no eligible token). One tensor, not eight: the step's
+reduction packs it as it is."""
 
 _SUMMED = "summed over micro-batches and ranks"
 
@@ -127,9 +133,8 @@ def make_loss_func(
     per-token loss, ``num_tokens`` the int64 count of eligible tokens, ``report`` the 0-dim tensors
     ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling), ``loss_tokens:sum``
     and, for clipping losses, ``clipped_tokens:sum``, ``clipped_low_tokens:sum``,
-    ``clipped_high_tokens:sum``, for losses with sampling log-probs the gauge's keys
-    (:data:`tracking.keys.GAUGE_MEASURED_KEYS`; float64, the extremes ``-inf`` / ``+inf`` over no
-    eligible token), plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
+    ``clipped_high_tokens:sum``, for losses with sampling log-probs the gauge vector under
+    :data:`REPORT_GAUGE`, plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
     missing input and option names are raised here, shapes and Python-number options when the loss
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
@@ -174,8 +179,7 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
             report[keys.CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.detach()
             report[keys.CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.detach()
     if out.gauge is not None:
-        measured = out.measured()
-        report.update((key, measured[key]) for key in keys.GAUGE_MEASURED_KEYS)
+        report[REPORT_GAUGE] = out.gauge.detach()
     return report
 
 
@@ -210,24 +214,17 @@ def _empty(device: torch.device | str | None) -> tuple[Tensor, Tensor, None, Non
 
 
 def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
-    """The :data:`adapters.losses.GAUGE_FIELDS` vector of a report's gauge keys (all or none)."""
-    present = [k for k in keys.GAUGE_MEASURED_KEYS if k in report]
-    if not present:
+    """The report's :data:`REPORT_GAUGE` vector, checked; ``None`` without one."""
+    gauge = report.get(REPORT_GAUGE)
+    if gauge is None:
         return None
-    if len(present) != len(keys.GAUGE_MEASURED_KEYS):
-        absent = [k for k in keys.GAUGE_MEASURED_KEYS if k not in report]
-        raise ValueError(f"micro-batch {index}: report has the gauge keys {present} but not {absent}")
-    values = []
-    for key in keys.GAUGE_MEASURED_KEYS:
-        value = report[key]
-        if not isinstance(value, Tensor) or value.numel() != 1:
-            raise ValueError(
-                f"micro-batch {index}: report[{key!r}] must be a one-value tensor, got {value!r}"
-            )
-        value = value.detach().reshape(()).to(PACKED_DTYPE)
-        values.append(-value if measures.by_key(key).reduction == measures.MIN else value)
-    assert len(values) == len(GAUGE_FIELDS)
-    return torch.stack(values)
+    if not isinstance(gauge, Tensor) or gauge.shape != (len(GAUGE_FIELDS),):
+        shape = tuple(gauge.shape) if isinstance(gauge, Tensor) else type(gauge).__name__
+        raise ValueError(
+            f"micro-batch {index}: report[{REPORT_GAUGE!r}] is {shape}, expected a tensor of shape "
+            f"({len(GAUGE_FIELDS)},) laid out as adapters.losses.GAUGE_FIELDS"
+        )
+    return gauge
 
 
 def _pack_report(index: int, report: object) -> Tensor:

@@ -18,6 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adapters import losses
 from adapters import megatron as mg
 from adapters.losses import INPUT_CHECKS, ppo
 from tests import _harness as harness
@@ -237,10 +238,11 @@ def test_loss_func_returns_megatrons_three_tuple():
         keys.LOSS_SUM,
         keys.LOSS_TOKENS,
         *keys.CLIP_COUNT_KEYS,
-        *keys.GAUGE_MEASURED_KEYS,
+        mg.REPORT_GAUGE,
         mg.REPORT_INVALID,
     }
-    for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, *keys.GAUGE_MEASURED_KEYS):
+    assert report[mg.REPORT_GAUGE].dtype == torch.float64 and not report[mg.REPORT_GAUGE].requires_grad
+    for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
         assert report[key].dim() == 0 and not report[key].requires_grad
     assert report[keys.CLIPPED_TOKENS].dtype == torch.int64
     assert int(report[keys.CLIPPED_TOKENS]) == int(direct.clipped_tokens)
@@ -251,14 +253,15 @@ def test_loss_func_returns_megatrons_three_tuple():
 def test_never_clipping_loss_reports_no_clip_keys():
     logprobs, inputs = _micro()
     _, _, report = mg.make_loss_func("dro", inputs, {"beta": 0.1})(logprobs)
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_MEASURED_KEYS, mg.REPORT_INVALID}
+    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, mg.REPORT_GAUGE, mg.REPORT_INVALID}
     fbo = mg.reduce_losses([report, report], group=None)
     assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_KEYS}
     assert fbo.metrics[keys.LOSS_TOKENS] == 2 * int((inputs["mask"] != 0).sum())
     # the gauge of the same micro-batch twice: sums doubled, extremes unchanged
-    assert fbo.metrics[keys.KL_K3_SUM] == 2 * float(report[keys.KL_K3_SUM])
-    assert fbo.metrics[keys.LOG_RATIO_MAX] == float(report[keys.LOG_RATIO_MAX])
-    assert fbo.metrics[keys.LOG_RATIO_MIN] == float(report[keys.LOG_RATIO_MIN])
+    gauge = dict(zip(losses.GAUGE_FIELDS, report[mg.REPORT_GAUGE].tolist(), strict=True))
+    assert fbo.metrics[keys.KL_K3_SUM] == 2 * gauge[keys.KL_K3_SUM]
+    assert fbo.metrics[keys.LOG_RATIO_MAX] == gauge[keys.LOG_RATIO_MAX]
+    assert fbo.metrics[keys.LOG_RATIO_MIN] == -gauge["-" + keys.LOG_RATIO_MIN]
 
 
 @pytest.mark.parametrize(
@@ -423,7 +426,7 @@ def test_module_does_not_import_megatron():
 
 def test_merged_counts_at_2_to_the_53_are_refused():
     fields = dict.fromkeys(mg.PACKED_FIELDS, 0.0)
-    fields.update({keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: float(2**53), mg.PACKED_FIELDS[5]: 1.0})
+    fields.update({keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: float(2**53), "calls": 1.0})
     with pytest.raises(ValueError, match="reached 2\\*\\*53"):
         mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS])
     fields[keys.LOSS_TOKENS] = float(2**53 - 1)
