@@ -164,9 +164,10 @@ class LossOutput:
         return sums.counts
 
     def clip_counts(self) -> TokenCounts | None:
-        """Exact host-side counts (synchronises once); ``None`` when the loss never clips."""
+        """Exact host-side clip counts, without the gauge (synchronises once); ``None`` when the
+        loss never clips."""
         counts = self.token_counts()
-        return counts if counts.clips else None
+        return counts.without_gauge() if counts.clips else None
 
 
 def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
@@ -198,6 +199,36 @@ def combine_gauges(a: Tensor, b: Tensor) -> Tensor:
     return torch.cat([a[:_GAUGE_SUMS] + b[:_GAUGE_SUMS], torch.maximum(a[_GAUGE_SUMS:], b[_GAUGE_SUMS:])])
 
 
+_K3_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 11))
+"""Coefficients of ``exp(l) - 1 - l = l**2/2! + l**3/3! + ... + l**10/10!`` (truncation below
+``2e-9`` relative for ``|l| < 1/2``)."""
+K3_SERIES_BELOW = 0.5
+"""``|l|`` below which ``kl_k3`` is the series; from it on ``w - 1 - l`` (no cancellation there)."""
+
+
+def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
+    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
+
+    Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series to ``l**10`` by Horner in the
+    dtype of ``l`` (a few ulps relative, where ``w - 1 - l`` would lose every digit to
+    cancellation: float32 ``w`` near 1 carries ``6e-8`` absolute, the k3 term of ``l = 1e-4`` is
+    ``5e-9``), from ``1/2`` on ``w - 1 - l`` (the term is then at least ``0.1``); no second
+    ``exp``, and no ``expm1``, which Inductor's CPU code writes as ``exp(x) - 1``. Eager:
+    ``expm1(l) - l`` in float64 (three element-wise ops instead of the series' twenty; ATen's
+    ``expm1`` is exact to an ulp). Both agree with the float64 reference to float32 rounding of the
+    term (``tests/test_gauge.py``). Clamped at 0 against rounding (the term is >= 0).
+    """
+    if not torch.compiler.is_compiling():
+        wide = log_ratio.to(torch.float64)
+        return torch.clamp_min(torch.expm1(wide) - wide, 0.0)
+    poly = log_ratio * _K3_SERIES[-1] + _K3_SERIES[-2]
+    for c in reversed(_K3_SERIES[:-2]):
+        poly = poly * log_ratio + c
+    series = log_ratio * log_ratio * poly
+    direct = weight - 1.0 - log_ratio
+    return torch.clamp_min(torch.where(log_ratio.abs() < K3_SERIES_BELOW, series, direct), 0.0)
+
+
 def gauge_of(
     log_ratio: Tensor,
     ratio: Tensor,
@@ -210,18 +241,19 @@ def gauge_of(
     ``log_ratio``: per token ``l = logprobs - sampling_logprobs`` as the loss computed it;
     ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
     ``eligible``: bool tensor of eligible tokens, ``None`` for all; ``low`` / ``high``: the
-    ``ratio_outside_tokens`` bounds. Per-token terms are formed in the input's dtype (at least
-    float32): ``|l|``, ``expm1(l) - l`` (clamped at 0 against rounding; no cancellation for small
-    ``l``), ``w = ratio`` and ``w**2`` (in float64, so it does not overflow before ``w``); sums
-    accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf`` over
-    none), the min stored negated. Detached, on the input's device, no host sync; the same
+    ``ratio_outside_tokens`` bounds. Per-token terms are formed in float32 or float64 (a bfloat16
+    or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew in float32): ``|l|``, the k3
+    term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it does not overflow before ``w``);
+    sums accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf``
+    over none), the min stored negated. Detached, on the input's device, no host sync; the same
     function serves the eager and the fused pass (traced into the compiled kernel).
     """
     with torch.no_grad():
         lr = log_ratio.detach()
         w = ratio.detach()
         if lr.dtype not in (torch.float32, torch.float64):
-            lr, w = lr.float(), w.float()
+            lr = lr.float()
+            w = torch.exp(lr)
         f64 = torch.float64
         if eligible is None:
             lm, wm, on = lr, w, None
@@ -229,7 +261,7 @@ def gauge_of(
             on = eligible
             lm = torch.where(on, lr, 0.0)
             wm = torch.where(on, w, 0.0)
-        kl = torch.clamp_min(torch.expm1(lm) - lm, 0.0)
+        kl = k3_terms(lm, wm if on is None else torch.where(on, w, 1.0))
         outside = (w < low) | (w > high)
         if on is not None:
             outside = outside & on

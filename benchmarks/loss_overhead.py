@@ -202,7 +202,7 @@ def _run(repeats: int) -> list[Row]:
         return differentiated(x.reshape(-1), *flat)[0]
 
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
-        kernel = fused.compiled("ppo", (0.8, 1.2, torch.int32))
+        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32))
         assert kernel is not None
         return fused._Fused.apply(kernel, x.reshape(-1), *flat)[0]
 

@@ -208,7 +208,7 @@ MEASURES: tuple[Measure, ...] = (
         SUM,
         False,
         GAUGE,
-        "exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), as expm1(l) - l; nats",
+        "exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), without cancellation; nats",
         True,
     ),
     Measure(
@@ -319,8 +319,9 @@ def mixed_groups_error(group: str, earlier: bool, now: bool, what: str = "this o
             "importance_sampling and dro belong in steps of their own)"
         )
     has = {True: "carries", False: "does not carry"}
+    have = {True: "carry", False: "do not carry"}
     return ValueError(
-        f"{what} {has[now]} the {group} measures but earlier outputs of the step {has[earlier]} them "
+        f"{what} {has[now]} the {group} measures but earlier outputs of the step {have[earlier]} them "
         f"(emitted by {GROUP_LOSSES[group]}): their tokens cannot share one "
         f"{'/'.join(m.key for m in MEANS if m.group == group) or group}; run such losses in steps of their own"
     )
