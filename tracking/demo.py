@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
     try:
-        from adapters.demo.train import PATHS, RunConfig, train
+        from adapters.demo.train import PATHS, OnPolicy, RunConfig, train
     except ImportError as exc:
         print(f"cliptrack demo needs torch: pip install 'cliptrack[all]' ({exc})", file=sys.stderr)
         return 2
@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     run_ids: dict[str, str] = {}
     finals: dict[str, dict[str, float]] = {}
     schedules: dict[str, str] = {}
+    on_policy: dict[str, OnPolicy] = {}
     for path in paths:
         config = RunConfig(
             path=path,
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                     reward=f"{result.metrics[keys.REWARD]:.3f}",
                 )
                 finals[path] = {**result.output.metrics, **result.metrics}
+                on_policy[path] = on_policy.get(path, OnPolicy(config.staleness)).add(result)
             assert tracker.run_id is not None
             run_ids[path] = tracker.run_id
     training_s = time.perf_counter() - started
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     summary_lines = [f"trained {len(paths)} run(s) in {training_s:.1f} s"]
     summary_lines += [f"{path} path ran through: {schedule}" for path, schedule in schedules.items()]
+    summary_lines += [f"{path} run: {summary.describe()}" for path, summary in on_policy.items()]
     if len(run_ids) >= 2:
         summary_lines += _compare(list(run_ids.values()), tracking_uri, out)
     print("\n".join(summary_lines))
