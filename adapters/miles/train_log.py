@@ -1,4 +1,4 @@
-"""Exact clip counts from Miles' own train-step log dict, when it carries them.
+"""Exact clip counts and gauge sums from Miles' own train-step log dict, when it carries them.
 
 What Miles produces (``miles/backends/megatron_utils/loss.py``, ``model.py``): the loss function
 handed to Megatron returns, per micro-batch, ``{"keys": [k1, k2, ...], "values": tensor([count,
@@ -24,6 +24,13 @@ slice); with them the low/high split is known and ``loss_tokens`` does not depen
 ``max(., 1)`` above. The ready loss :mod:`adapters.miles.custom_loss` adds them scaled, with
 :data:`COUNT_SCALE`, so they read back exactly from every form of the log, including the dict
 ``aggregate_train_losses`` returns and the ``train/*`` values Miles' tracker logs.
+
+The same loss adds the on-policy gauge's sums (:data:`GAUGE_ENTRIES`, scaled alike);
+:func:`read_train_log` returns them in the result's ``gauge`` (no extremes: Miles adds its log
+values over micro-batches and ranks, which a max or min does not survive). A stock log's own
+mismatch metrics (``train_rollout_logprob_abs_diff``, ``train_rollout_kl``) compare the trainer's
+pre-update log-probs with the rollout's and are per-sample means in the default mode: they are
+not read as the gauge (the comparison's aliases load them as approximate means).
 
 Without those entries (a stock Miles log) ``loss_tokens`` is ``count / cp_size``: every sample
 whose loss mask is all zero adds one token there (and lowers the fraction); :func:`read_train_log`
@@ -240,7 +247,8 @@ def read_train_log(
     loss_masks: Sequence[Any] | None = None,
 ) -> TokenCounts:
     """Exact token counts from a Miles log of one optimizer step, as a ``TokenCounts`` of a clipping
-    loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it).
+    loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it;
+    with :mod:`adapters.miles.custom_loss`'s entries also the gauge's sums, in ``gauge``).
 
     ``log`` is one of:
 
