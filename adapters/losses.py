@@ -261,16 +261,17 @@ def gauge_of(
             on = eligible
             lm = torch.where(on, lr, 0.0)
             wm = torch.where(on, w, 0.0)
-        kl = k3_terms(lm, wm if on is None else torch.where(on, w, 1.0))
+        kl = k3_terms(lm, wm)  # an ineligible token: l = 0 and w = 0, the series' 0
         outside = (w < low) | (w > high)
         if on is not None:
             outside = outside & on
         w64 = wm.to(f64)
+        count = torch.int32 if lr.numel() < 2**31 else torch.int64  # exact; int32 lanes are cheaper
         sums = [
             lm.sum(dtype=f64),
             lm.abs().sum(dtype=f64),
             kl.sum(dtype=f64),
-            outside.sum(dtype=f64),
+            outside.sum(dtype=count).to(f64),
             w64.sum(),
             (w64 * w64).sum(),
         ]

@@ -46,7 +46,6 @@ def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:
 # ---- the real schedule, one rank ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", list(setup.SCENARIOS))
 def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> None:
     """The gauge of a reduction against one pass over the whole batch: the same keys, counts exact,
     sums and extremes to float32 rounding of the log-probs (the schedule's model computes them
@@ -59,6 +58,7 @@ def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> Non
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-5), key
 
 
+@pytest.mark.parametrize("scenario", list(setup.SCENARIOS))
 def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scenario):
     batch, data = _one_rank_data(scenario)
     model = setup.build_model()
