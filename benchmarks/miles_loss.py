@@ -188,6 +188,10 @@ def _run(repeats: int) -> list[Row]:
     fns = {"ours": ours, "miles": miles_compiled, "miles reducer": miles_own_reducer}
     for fn in fns.values():  # compile before timing
         step(fn)()
+    served = fused.compiled_calls["ppo"]
+    step(ours)()
+    if fused.compiled_calls["ppo"] != served + 1:
+        raise RuntimeError("the fused path did not serve the PPO call: the candidate would be eager")
     medians = interleaved_medians({name: step(fn) for name, fn in fns.items()}, repeats)
     tag = f"{SHAPE[0]}x{SHAPE[1]} tokens, fwd+bwd, 1 thread"
     return [
