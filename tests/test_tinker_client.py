@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import json
 import math
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("tinker")
 from tinker import types
@@ -260,6 +264,59 @@ def test_async_client(tmp_path):
     points = logged_points(tracker, tmp_path)
     for step, total in expected.items():
         check_step(points[step], total, split=True)
+
+
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    calls=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    order=st.randoms(use_true_random=False),
+    loss_fn=st.sampled_from(["ppo", "cispo", "importance_sampling"]),
+    seed=st.integers(0, 1000),
+)
+def test_any_number_of_calls_resolved_in_any_order_log_the_merged_gauge_exactly(calls, order, loss_fn, seed):
+    """Whatever the calls of a step and their order of resolution, the logged point is the exact
+    merge of the outputs the caller got: counts summed, float sums by one fsum, extremes by max /
+    min, means formed once from the merged sums (read back from the run's journal)."""
+    import tempfile
+
+    service = InProcessService()
+    with tempfile.TemporaryDirectory() as spool:
+        tracker = Tracker("tinker-any", backends=["jsonl"], spool_dir=spool, handle_signals=False)
+        client = TrackedTrainingClient(service, tracker, first_step=seed)
+        futures = [
+            client.forward_backward(make_data(service, n, seed + i)[0], loss_fn) for i, n in enumerate(calls)
+        ]
+        client.optim_step(types.AdamParams(learning_rate=0.1))
+        resolution = list(range(len(calls)))
+        order.shuffle(resolution)
+        service.resolve(resolution)
+        outputs = [f.result().metrics for f in futures]
+        assert client.flush(timeout_s=60)
+        tracker.close()
+        run_dir = next(Path(spool).iterdir())
+        (point,) = [json.loads(line) for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
+    assert point["step"] == seed
+    logged = point["metrics"]
+    tokens = sum(int(o[keys.LOSS_TOKENS]) for o in outputs)
+    assert logged[keys.LOSS_TOKENS] == tokens
+    assert logged[keys.RATIO_OUTSIDE_TOKENS] == sum(int(o[keys.RATIO_OUTSIDE_TOKENS]) for o in outputs)
+    for key in (
+        keys.LOG_RATIO_SUM,
+        keys.ABS_LOG_RATIO_SUM,
+        keys.KL_K3_SUM,
+        keys.IS_WEIGHT_SUM,
+        keys.IS_WEIGHT_SQ_SUM,
+    ):
+        assert logged[key] == math.fsum(o[key] for o in outputs), key
+    assert logged[keys.LOG_RATIO_MAX] == max(
+        o[keys.LOG_RATIO_MAX] for o in outputs if keys.LOG_RATIO_MAX in o
+    )
+    assert logged[keys.LOG_RATIO_MIN] == min(
+        o[keys.LOG_RATIO_MIN] for o in outputs if keys.LOG_RATIO_MIN in o
+    )
+    assert logged[keys.KL_K3_MEAN] == logged[keys.KL_K3_SUM] / tokens
+    assert logged[keys.ABS_LOG_RATIO_MEAN] == logged[keys.ABS_LOG_RATIO_SUM] / tokens
+    assert (keys.CLIP_FRACTION in logged) == (loss_fn != "importance_sampling")
 
 
 def test_a_failed_call_leaves_its_step_unlogged_with_a_warning(tmp_path):
