@@ -15,6 +15,8 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tracking import Tracker, keys
 from tracking.compare import load_runs
@@ -318,3 +320,38 @@ def test_an_approximate_clip_fraction_is_marked_in_table_dashboard_and_json(stor
     assert any(n["warning"] and n["run"] == "verl" and "approximate" in n["text"] for n in data["notes"])
     html = write_dashboard(tmp_path / "dash.html", runs, result).read_text(encoding="utf-8")
     assert "≈" in html and "approx." in html
+
+
+@given(
+    counts=st.tuples(st.integers(1, 10**6), st.integers(0, 10**6)).map(lambda t: (t[0] + t[1], t[1])),
+    sums=st.lists(st.floats(0, 1e6), min_size=5, max_size=5),
+    log_ratio=st.floats(-1e6, 1e6),
+    scale=st.floats(1e-3, 1e3),
+    foreign=st.sets(st.sampled_from(sorted(STOCK_MISMATCH) + sorted(VERL_MISMATCH))),
+)
+def test_scaled_gauge_entries_read_back_over_any_scale_and_win_over_foreign_means(
+    counts, sums, log_ratio, scale, foreign
+):
+    """Any count scale Miles' division may leave (``count_scale`` = samples x cp / N): the counts
+    come back exactly, the float sums to a few roundings, the means from those sums, and a foreign
+    approximate mean logged beside them never replaces one (nor is the run marked approximate)."""
+    tokens, outside = counts
+    abs_sum, kl, weight, weight_sq, _ = sums
+    exact = {
+        "log_ratio": log_ratio,
+        "abs_log_ratio": abs_sum,
+        "kl_k3": kl,
+        "ratio_outside_tokens": outside,
+        "is_weight": weight,
+        "is_weight_sq": weight_sq,
+    }
+    logged = {f"train/{name}": value * scale for name, value in exact.items()}
+    logged |= {"train/loss_tokens": tokens * scale, "train/count_scale": scale}
+    logged |= {(f"train/{n}" if n in STOCK_MISMATCH else n): 0.5 for n in foreign}
+    got = canonical_metrics(logged)
+    assert got.metrics[keys.RATIO_OUTSIDE_TOKENS] == outside
+    for name, key in _GAUGE_ENTRIES.items():
+        assert got.metrics[key] == pytest.approx(exact[name], rel=1e-14, abs=1e-300), name
+    assert got.metrics[keys.KL_K3_MEAN] == got.metrics[keys.KL_K3_SUM] / tokens
+    assert got.metrics[keys.ABS_LOG_RATIO_MEAN] == got.metrics[keys.ABS_LOG_RATIO_SUM] / tokens
+    assert got.approximate == ({keys.KL_K1} if "rollout_corr/kl" in foreign else frozenset())
