@@ -126,10 +126,13 @@ def test_any_chunking_and_order_gives_the_unchunked_gauge_bit_for_bit(
     assert_gauge_matches(whole.metrics, gauge_reference(eligible), len(eligible))
 
     outputs = []
-    for chunk in cut(list(range(len(datums))), chunk_cuts):
+    clipping = ("ppo", "cispo")
+    for n, chunk in enumerate(cut(list(range(len(datums))), chunk_cuts)):
+        # mixed datums: PPO and CISPO chunks sum together in one step (same l, same gauge)
+        chunk_loss = clipping[(n + seed) % 2] if loss_fn in clipping else loss_fn
         outputs.append(
             forward_backward_loss(
-                [datums[i] for i in chunk], [policies[i] for i in chunk], loss_fn, config
+                [datums[i] for i in chunk], [policies[i] for i in chunk], chunk_loss, config
             ).output
         )
     random.Random(seed).shuffle(outputs)
