@@ -189,14 +189,22 @@ def test_an_empty_request_carries_the_declared_keys(toy):
         keys.LOSS_TOKENS: 0.0,
         keys.CLIPPED_TOKENS: 0.0,
     }
+    # a gauge loss: the gauge's sums are 0 over no token; no extreme and no mean is invented
+    no_gauge = {key: 0.0 for key in keys.GAUGE_MEASURED_KEYS if key not in keys.EXTREME_KEYS}
     assert forward_backward_loss([], [], "ppo").output.metrics == {
         keys.LOSS_SUM: 0.0,
         keys.LOSS_TOKENS: 0.0,
         keys.CLIPPED_TOKENS: 0.0,
         keys.CLIPPED_LOW_TOKENS: 0.0,
         keys.CLIPPED_HIGH_TOKENS: 0.0,
+        **no_gauge,
     }
     assert forward_backward_loss([], [], "dro", {"beta": 0.1}).output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+        **no_gauge,
+    }
+    assert forward_backward_loss([], [], "cross_entropy").output.metrics == {
         keys.LOSS_SUM: 0.0,
         keys.LOSS_TOKENS: 0.0,
     }
