@@ -48,14 +48,19 @@ def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:
 
 def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> None:
     """The gauge of a reduction against one pass over the whole batch: the same keys, counts exact,
-    sums and extremes to float32 rounding of the log-probs (the schedule's model computes them
-    micro-batch by micro-batch)."""
+    sums and extremes to float32 rounding of the log-probs. The schedule's model computes them
+    micro-batch by micro-batch (and split over ranks), so where the sampler's log-probs are the
+    one-pass model's own (``l = 0`` exactly there) the gauge reads the layouts' float32 differences:
+    up to about 1e-7 per token, which is what it is for."""
     assert set(got) & set(keys.GAUGE_KEYS) == set(expected) & set(keys.GAUGE_KEYS)
+    tokens = expected[keys.LOSS_TOKENS]
     for key in set(expected) & set(keys.GAUGE_KEYS):
         if key == keys.RATIO_OUTSIDE_TOKENS:
             assert got[key] == expected[key]
+        elif key.endswith(":sum"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6 * tokens + 1e-6), key
         else:
-            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-5), key
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.parametrize("scenario", list(setup.SCENARIOS))
