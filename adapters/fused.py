@@ -42,6 +42,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from adapters import losses
+from tracking import measures
 
 ENV_VAR = "CLIPTRACK_FUSED"
 """``1``: always the fused path; ``0``: always eager; unset: the automatic choice."""
@@ -140,10 +141,19 @@ def _mask_terms(
 
 
 def _checks(
-    loss: Tensor, propagated: Tensor, mask_bad: Tensor, low: object = None, high: object = None
+    loss: Tensor,
+    propagated: Tensor,
+    mask_bad: Tensor,
+    low: object = None,
+    high: object = None,
+    gauge: Tensor | None = None,
 ) -> Tensor:
-    """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries."""
-    nonfinite = (~torch.isfinite(loss + propagated.sum())).to(torch.int64)
+    """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries
+    (the gauge's ``is_weight_sq:sum`` in the non-finite flag, as in the eager path)."""
+    total = loss + propagated.sum()
+    if gauge is not None:
+        total = total + gauge[losses._WEIGHT_SQ]
+    nonfinite = (~torch.isfinite(total)).to(torch.int64)
     if isinstance(low, Tensor) and isinstance(high, Tensor):
         thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(
             dtype=torch.int64
@@ -165,6 +175,8 @@ def _ppo_kernel(
     mask: Tensor | None,
     low: losses.Threshold,
     high: losses.Threshold,
+    outside_low: float,
+    outside_high: float,
     accumulate: torch.dtype,
 ) -> tuple:
     log_ratio = lp - slp
@@ -186,8 +198,9 @@ def _ppo_kernel(
         bites = bites & eligible
     n_clipped = _count(bites, accumulate)
     n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
-    invalid = _checks(loss, log_ratio, mask_bad, low, high)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
 
 
 def _cispo_kernel(
@@ -197,6 +210,8 @@ def _cispo_kernel(
     mask: Tensor | None,
     low: losses.Threshold,
     high: losses.Threshold,
+    outside_low: float,
+    outside_high: float,
     accumulate: torch.dtype,
 ) -> tuple:
     log_ratio = lp - slp
@@ -211,30 +226,46 @@ def _cispo_kernel(
         departs = departs & eligible
     n_clipped = _count(departs, accumulate)
     n_low = _count(departs & (ratio < coefficient), accumulate)
-    invalid = _checks(loss, log_ratio, mask_bad, low, high)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
 
 
 def _importance_sampling_kernel(
-    lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, accumulate: torch.dtype
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
 ) -> tuple:
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
-    _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
+    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(ratio * adv * weight).sum()
     grad = _as(-weight * adv, lp) * ratio
-    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad)
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
 
 
 def _dro_kernel(
-    lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, half_beta: float, accumulate: torch.dtype
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    half_beta: float,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
 ) -> tuple:
     log_ratio = lp - slp
-    _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
+    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     objective = lp * adv - half_beta * log_ratio**2
     loss = -(objective * weight).sum()
     grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp)
-    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad)
+    gauge = losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible, outside_low, outside_high)
+    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
 
 
 def _cross_entropy_kernel(lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype) -> tuple:
@@ -370,6 +401,8 @@ def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ..
 
 # --- public entry points: host-side checks as in adapters.losses, then one compiled call --------
 
+_DEFAULT_OUTSIDE = (measures.RATIO_OUTSIDE_LOW, measures.RATIO_OUTSIDE_HIGH)
+
 
 def _differentiable(*others: object) -> bool:
     """Whether an input other than the logprobs requires grad (the kernel differentiates the logprobs only)."""
@@ -435,6 +468,7 @@ def _clipping(
     mask: Tensor | None,
     low: losses.Threshold,
     high: losses.Threshold,
+    ratio_outside: tuple[float, float],
 ) -> losses.LossOutput | None:
     if _differentiable(sampling_logprobs, advantages, mask, low, high):
         return None
@@ -442,15 +476,15 @@ def _clipping(
     lo, hi = _bounds(low, high, logprobs)
     tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
     if not isinstance(lo, Tensor) or not isinstance(hi, Tensor):
-        out = _run(name, _flat(*tokens), (lo, hi))
+        out = _run(name, _flat(*tokens), (lo, hi, *ratio_outside))
     elif lo.dim() == 0 and hi.dim() == 0:
-        out = _run(name, _flat(*tokens) + (lo, hi))
+        out = _run(name, _flat(*tokens) + (lo, hi), ratio_outside)
     else:  # per-datum thresholds broadcast against the token shape: one graph per rank
-        out = _run(name, tokens + (lo, hi))
+        out = _run(name, tokens + (lo, hi), ratio_outside)
     if out is None:
         return None
-    loss, n_tokens, invalid, n_clipped, n_low, n_high = out
-    return losses.LossOutput(loss, n_tokens, n_clipped, n_low, n_high, invalid, (sources,))
+    loss, n_tokens, invalid, n_clipped, n_low, n_high, gauge = out
+    return losses.LossOutput(loss, n_tokens, n_clipped, n_low, n_high, invalid, (sources,), gauge=gauge)
 
 
 def ppo(
@@ -461,10 +495,18 @@ def ppo(
     *,
     clip_low_threshold: losses.Threshold,
     clip_high_threshold: losses.Threshold,
+    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
 ) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.ppo`; ``None`` when the compiler failed (run the eager loss)."""
     return _clipping(
-        "ppo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold
+        "ppo",
+        logprobs,
+        sampling_logprobs,
+        advantages,
+        mask,
+        clip_low_threshold,
+        clip_high_threshold,
+        ratio_outside,
     )
 
 
@@ -476,10 +518,18 @@ def cispo(
     *,
     clip_low_threshold: losses.Threshold,
     clip_high_threshold: losses.Threshold,
+    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
 ) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.cispo`; ``None`` when the compiler failed (run the eager loss)."""
     return _clipping(
-        "cispo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold
+        "cispo",
+        logprobs,
+        sampling_logprobs,
+        advantages,
+        mask,
+        clip_low_threshold,
+        clip_high_threshold,
+        ratio_outside,
     )
 
 
@@ -492,19 +542,25 @@ def _never_clipping(
     out = _run(name, tensors, constants)
     if out is None:
         return None
-    loss, n_tokens, invalid = out
-    return losses.LossOutput(loss, n_tokens, None, None, None, invalid, (sources,))
+    loss, n_tokens, invalid, *gauge = out
+    return losses.LossOutput(
+        loss, n_tokens, None, None, None, invalid, (sources,), gauge=gauge[0] if gauge else None
+    )
 
 
 def importance_sampling(
-    logprobs: Tensor, sampling_logprobs: Tensor, advantages: Tensor, mask: Tensor | None = None
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
 ) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.importance_sampling`; ``None`` when the compiler failed."""
     if _differentiable(sampling_logprobs, advantages, mask):
         return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
     tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
-    return _never_clipping("importance_sampling", sources, _flat(*tokens))
+    return _never_clipping("importance_sampling", sources, _flat(*tokens), ratio_outside)
 
 
 def dro(
@@ -514,13 +570,14 @@ def dro(
     mask: Tensor | None = None,
     *,
     beta: float,
+    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
 ) -> losses.LossOutput | None:
     """Fused :func:`adapters.losses.dro` (``beta`` already checked by the caller); ``None`` on failure."""
     if _differentiable(sampling_logprobs, advantages, mask):
         return None
     sources = _sources(logprobs, sampling_logprobs, advantages, mask)
     tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
-    return _never_clipping("dro", sources, _flat(*tokens), (0.5 * beta,))
+    return _never_clipping("dro", sources, _flat(*tokens), (0.5 * beta, *ratio_outside))
 
 
 def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> losses.LossOutput | None:

@@ -27,8 +27,16 @@ import torch
 from torch import Tensor
 
 from adapters import fused as _fused
-from tracking import keys
-from tracking.counts import TokenCounts, as_count, mixed_kinds_error
+from tracking import keys, measures
+from tracking.counts import (
+    GAUGE_EXTREME_KEYS,
+    GAUGE_SUM_KEYS,
+    MeasuredSums,
+    TokenCounts,
+    as_count,
+    check_gauge,
+    mixed_kinds_error,
+)
 
 Threshold = float | Tensor
 """An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
@@ -49,6 +57,17 @@ INPUT_CHECKS = (
 )
 """Messages for the entries of ``LossOutput.invalid``, in order; ``{n}`` is the entry's value."""
 _NONFINITE, _MASK, _THRESHOLDS = range(len(INPUT_CHECKS))
+assert len(INPUT_CHECKS) == measures.INVALID_SLOTS
+
+RATIO_OUTSIDE_LOW = measures.RATIO_OUTSIDE_LOW
+"""Default lower ratio bound of ``ratio_outside_tokens:sum`` (keyword ``ratio_outside_low``)."""
+RATIO_OUTSIDE_HIGH = measures.RATIO_OUTSIDE_HIGH
+"""Default upper ratio bound of ``ratio_outside_tokens:sum`` (keyword ``ratio_outside_high``)."""
+
+GAUGE_FIELDS: tuple[str, ...] = (*GAUGE_SUM_KEYS, *(measures.by_key(k).packed for k in GAUGE_EXTREME_KEYS))
+"""Layout of ``LossOutput.gauge``: the gauge's sums, then its extremes as combined by max
+(``log_ratio:max``, ``-log_ratio:min``); float64, the same order as in :data:`PACKED_FIELDS`."""
+_GAUGE_SUMS = len(GAUGE_SUM_KEYS)
 
 Sources = tuple[dict[str, Tensor], ...]
 """Detached inputs of each loss call, by argument name, kept to name bad entries precisely."""
@@ -62,8 +81,9 @@ class LossOutput:
     detached in a sum). Counts are detached int64 0-dim tensors on the loss's device, in tokens;
     the clip fields are ``None`` for losses that never clip, and the low/high pair may be ``None``
     for a clipping loss that does not split. ``invalid``: int64 vector, the number of bad entries
-    per input of :data:`INPUT_CHECKS`. Moved to the host through one packing (:func:`pack`,
-    :data:`PACKED_FIELDS`).
+    per input of :data:`INPUT_CHECKS`. ``gauge``: the on-policy gauge of a loss with sampling
+    log-probs, a detached float64 vector laid out as :data:`GAUGE_FIELDS` (:func:`gauge_of`),
+    ``None`` otherwise. Moved to the host through one packing (:func:`pack`, :data:`PACKED_FIELDS`).
     """
 
     loss: Tensor
@@ -75,11 +95,34 @@ class LossOutput:
     sources: Sources = ()
     calls: int = 1
     """Number of loss calls summed in this output."""
+    gauge: Tensor | None = None
 
     @property
     def clips(self) -> bool:
         """Whether this loss clips (and so carries clip counts)."""
         return self.clipped_tokens is not None
+
+    @property
+    def has_gauge(self) -> bool:
+        """Whether this loss measures the on-policy gauge (it has sampling log-probs)."""
+        return self.gauge is not None
+
+    def measured(self) -> dict[str, Tensor]:
+        """Every measured value under its metric key, as 0-dim device tensors (views; no sync):
+        ``loss:sum``, the counts present, the gauge when present (``log_ratio:min`` un-negated)."""
+        out = {keys.LOSS_SUM: self.loss.detach(), keys.LOSS_TOKENS: self.loss_tokens}
+        for key, value in zip(
+            keys.CLIP_COUNT_KEYS,
+            (self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens),
+            strict=True,
+        ):
+            if value is not None:
+                out[key] = value
+        if self.gauge is not None:
+            for i, key in enumerate((*GAUGE_SUM_KEYS, *GAUGE_EXTREME_KEYS)):
+                value = self.gauge[i]
+                out[key] = -value if measures.by_key(key).reduction == measures.MIN else value
+        return out
 
     def __add__(self, other: LossOutput) -> LossOutput:
         """Sum two outputs on device (no host sync); the summed ``loss`` is detached."""
@@ -87,6 +130,10 @@ class LossOutput:
             return NotImplemented
         if self.clips != other.clips:
             raise mixed_kinds_error(self.clips, other.clips, "this LossOutput")
+        if self.has_gauge != other.has_gauge:
+            raise measures.mixed_groups_error(
+                measures.GAUGE, self.has_gauge, other.has_gauge, "this LossOutput"
+            )
 
         def add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
             return None if a is None or b is None else a + b
@@ -100,22 +147,27 @@ class LossOutput:
             invalid=self.invalid + other.invalid,
             sources=self.sources + other.sources,
             calls=self.calls + other.calls,
+            gauge=None
+            if self.gauge is None or other.gauge is None
+            else combine_gauges(self.gauge, other.gauge),
         )
 
     def check(self) -> None:
         """Raise ValueError naming every input with bad entries. Synchronises with the host."""
         raise_invalid(self.invalid, self.sources)
 
-    def token_counts(self) -> TokenCounts:
-        """Exact host-side counts (synchronises once); raises ValueError for invalid loss inputs."""
+    def token_counts(self) -> MeasuredSums:
+        """Exact host-side measured sums, the gauge included (synchronises once); raises ValueError
+        for invalid loss inputs."""
         sums = unpack(pack(self).tolist())
         sums.check(self.sources)
         return sums.counts
 
     def clip_counts(self) -> TokenCounts | None:
-        """Exact host-side counts (synchronises once); ``None`` when the loss never clips."""
+        """Exact host-side clip counts, without the gauge (synchronises once); ``None`` when the
+        loss never clips."""
         counts = self.token_counts()
-        return counts if counts.clips else None
+        return counts.without_gauge() if counts.clips else None
 
 
 def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
@@ -136,9 +188,116 @@ def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
             problems = precise
         elif counts[_NONFINITE]:
             problems = [
-                "the loss or logprobs - sampling_logprobs overflows to inf although the inputs are finite"
+                "the loss, logprobs - sampling_logprobs or its importance weight exp(logprobs - "
+                "sampling_logprobs) overflows to inf although the inputs are finite"
             ]
     raise ValueError("invalid loss input: " + "; ".join(problems))
+
+
+def combine_gauges(a: Tensor, b: Tensor) -> Tensor:
+    """Two :data:`GAUGE_FIELDS` vectors of disjoint tokens as one: sums add, extremes by max (no sync)."""
+    return torch.cat([a[:_GAUGE_SUMS] + b[:_GAUGE_SUMS], torch.maximum(a[_GAUGE_SUMS:], b[_GAUGE_SUMS:])])
+
+
+_K3_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 11))
+"""Coefficients of ``exp(l) - 1 - l = l**2/2! + l**3/3! + ... + l**10/10!`` (truncation below
+``2e-9`` relative for ``|l| < 1/2``)."""
+K3_SERIES_BELOW = 0.5
+"""``|l|`` below which ``kl_k3`` is the series; from it on ``w - 1 - l`` (no cancellation there)."""
+
+
+def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
+    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
+
+    Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series to ``l**10`` by Horner in the
+    dtype of ``l`` (a few ulps relative, where ``w - 1 - l`` would lose every digit to
+    cancellation: float32 ``w`` near 1 carries ``6e-8`` absolute, the k3 term of ``l = 1e-4`` is
+    ``5e-9``), from ``1/2`` on ``w - 1 - l`` (the term is then at least ``0.1``); no second
+    ``exp``, and no ``expm1``, which Inductor's CPU code writes as ``exp(x) - 1``. Eager:
+    ``expm1(l) - l`` in float64 (three element-wise ops instead of the series' twenty; ATen's
+    ``expm1`` is exact to an ulp). Both agree with the float64 reference to float32 rounding of the
+    term (``tests/test_gauge.py``). Clamped at 0 against rounding (the term is >= 0).
+    """
+    if not torch.compiler.is_compiling():
+        wide = log_ratio.to(torch.float64)
+        return torch.clamp_min(torch.expm1(wide) - wide, 0.0)
+    poly = log_ratio * _K3_SERIES[-1] + _K3_SERIES[-2]
+    for c in reversed(_K3_SERIES[:-2]):
+        poly = poly * log_ratio + c
+    series = log_ratio * log_ratio * poly
+    direct = weight - 1.0 - log_ratio
+    return torch.clamp_min(torch.where(log_ratio.abs() < K3_SERIES_BELOW, series, direct), 0.0)
+
+
+def gauge_of(
+    log_ratio: Tensor,
+    ratio: Tensor,
+    eligible: Tensor | None,
+    low: float = RATIO_OUTSIDE_LOW,
+    high: float = RATIO_OUTSIDE_HIGH,
+) -> Tensor:
+    """The on-policy gauge of one loss call: a float64 vector laid out as :data:`GAUGE_FIELDS`.
+
+    ``log_ratio``: per token ``l = logprobs - sampling_logprobs`` as the loss computed it;
+    ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
+    ``eligible``: bool tensor of eligible tokens, ``None`` for all; ``low`` / ``high``: the
+    ``ratio_outside_tokens`` bounds. Per-token terms are formed in float32 or float64 (a bfloat16
+    or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew in float32): ``|l|``, the k3
+    term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it does not overflow before ``w``);
+    sums accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf``
+    over none), the min stored negated. Detached, on the input's device, no host sync; the same
+    function serves the eager and the fused pass (traced into the compiled kernel).
+    """
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        w = ratio.detach()
+        if lr.dtype not in (torch.float32, torch.float64):
+            lr = lr.float()
+            w = torch.exp(lr)
+        f64 = torch.float64
+        if eligible is None:
+            lm, wm, on = lr, w, None
+        else:
+            on = eligible
+            lm = torch.where(on, lr, 0.0)
+            wm = torch.where(on, w, 0.0)
+        kl = k3_terms(lm, wm)  # an ineligible token: l = 0 and w = 0, the series' 0
+        outside = (w < low) | (w > high)
+        if on is not None:
+            outside = outside & on
+        w64 = wm.to(f64)
+        count = torch.int32 if lr.numel() < 2**31 else torch.int64  # exact; int32 lanes are cheaper
+        sums = [
+            lm.sum(dtype=f64),
+            lm.abs().sum(dtype=f64),
+            kl.sum(dtype=f64),
+            outside.sum(dtype=count).to(f64),
+            w64.sum(),
+            (w64 * w64).sum(),
+        ]
+        if lr.numel() == 0:
+            extremes = [torch.full((), -math.inf, dtype=f64, device=lr.device)] * 2
+        else:
+            neg_inf = -math.inf
+            top = lr if on is None else torch.where(on, lr, neg_inf)
+            bottom = -lr if on is None else torch.where(on, -lr, neg_inf)
+            extremes = [top.amax().to(f64), bottom.amax().to(f64)]
+        return torch.stack([*sums, *extremes])
+
+
+def check_ratio_outside(low: object, high: object) -> tuple[float, float]:
+    """The ``ratio_outside_low`` / ``ratio_outside_high`` options as floats: finite absolute ratio
+    bounds with ``0 <= low <= high``, else ValueError naming the option (host-side, no sync)."""
+    names = (measures.RATIO_OUTSIDE_LOW_OPTION, measures.RATIO_OUTSIDE_HIGH_OPTION)
+    for name, value in zip(names, (low, high), strict=True):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a float (an absolute ratio bound), got {type(value).__name__}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite ratio bound >= 0, got {value!r}")
+    assert isinstance(low, (int, float)) and isinstance(high, (int, float))
+    if low > high:
+        raise ValueError(f"{names[0]}={low!r} is above {names[1]}={high!r}")
+    return float(low), float(high)
 
 
 def _diagnose(sources: Sources) -> list[str]:
@@ -166,13 +325,17 @@ def ppo(
     *,
     clip_low_threshold: Threshold = PPO_CLIP_LOW,
     clip_high_threshold: Threshold = PPO_CLIP_HIGH,
+    ratio_outside_low: float = RATIO_OUTSIDE_LOW,
+    ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
 ) -> LossOutput:
     """Clipped PPO: per token ``-min(r*A, clamp(r, low, high)*A)``, ``r = exp(logprobs - sampling_logprobs)``.
 
     A token is clipped where clipping bites, ``clamp(r)*A < r*A``: low side ``A < 0, r < low``,
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
-    broadcast to the token shape for per-datum thresholds).
+    broadcast to the token shape for per-datum thresholds). ``ratio_outside_low`` /
+    ``ratio_outside_high``: the bounds of the gauge's ``ratio_outside_tokens:sum`` (:func:`gauge_of`).
     """
+    outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     if _fused.wanted(logprobs) and (
         out := _fused.ppo(
             logprobs,
@@ -181,10 +344,11 @@ def ppo(
             mask,
             clip_low_threshold=clip_low_threshold,
             clip_high_threshold=clip_high_threshold,
+            ratio_outside=outside,
         )
     ):
         return out
-    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
     log_ratio = logprobs - sampling_logprobs
     ratio = torch.exp(log_ratio)
@@ -197,7 +361,8 @@ def ppo(
         n_low = torch.count_nonzero(
             bites & (advantages < 0)
         )  # clipping bites on the low side exactly when A < 0
-    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
+        gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside)
+    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad, gauge)
 
 
 def cispo(
@@ -208,12 +373,15 @@ def cispo(
     *,
     clip_low_threshold: Threshold = CISPO_CLIP_LOW,
     clip_high_threshold: Threshold = CISPO_CLIP_HIGH,
+    ratio_outside_low: float = RATIO_OUTSIDE_LOW,
+    ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
 ) -> LossOutput:
     """CISPO: per token ``-(clamp(r, low, high).detach() * A * logprobs)``.
 
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
-    ``r < low``, high side ``r > high``, whatever the sign of ``A``.
+    ``r < low``, high side ``r > high``, whatever the sign of ``A``. The gauge as in :func:`ppo`.
     """
+    outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     if _fused.wanted(logprobs) and (
         out := _fused.cispo(
             logprobs,
@@ -222,10 +390,11 @@ def cispo(
             mask,
             clip_low_threshold=clip_low_threshold,
             clip_high_threshold=clip_high_threshold,
+            ratio_outside=outside,
         )
     ):
         return out
-    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
     thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
     log_ratio = (logprobs - sampling_logprobs).detach()
     ratio = torch.exp(log_ratio)
@@ -235,7 +404,8 @@ def cispo(
         departs = (coefficient != ratio) & batch.eligible
         n_clipped = torch.count_nonzero(departs)
         n_low = torch.count_nonzero(departs & (ratio < coefficient))
-    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad)
+        gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside)
+    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad, gauge)
 
 
 def importance_sampling(
@@ -243,16 +413,24 @@ def importance_sampling(
     sampling_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor | None = None,
+    *,
+    ratio_outside_low: float = RATIO_OUTSIDE_LOW,
+    ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
 ) -> LossOutput:
-    """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips."""
+    """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips; the gauge as in :func:`ppo`."""
+    outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     if _fused.wanted(logprobs) and (
-        out := _fused.importance_sampling(logprobs, sampling_logprobs, advantages, mask)
+        out := _fused.importance_sampling(
+            logprobs, sampling_logprobs, advantages, mask, ratio_outside=outside
+        )
     ):
         return out
-    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
-    loss = -(torch.exp(log_ratio) * advantages * batch.weight).sum()
-    return batch.output(loss, log_ratio)
+    ratio = torch.exp(log_ratio)
+    loss = -(ratio * advantages * batch.weight).sum()
+    gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside)
+    return batch.output(loss, log_ratio, gauge=gauge)
 
 
 def dro(
@@ -262,19 +440,24 @@ def dro(
     mask: Tensor | None = None,
     *,
     beta: float,
+    ratio_outside_low: float = RATIO_OUTSIDE_LOW,
+    ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
 ) -> LossOutput:
-    """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips."""
+    """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips;
+    the gauge as in :func:`ppo` (its ratio ``exp(l)`` formed for the gauge alone)."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     if _fused.wanted(logprobs) and (
-        out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta)
+        out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta, ratio_outside=outside)
     ):
         return out
-    batch = _Batch(logprobs, sampling_logprobs, advantages, mask)
+    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
     log_ratio = logprobs - sampling_logprobs
     objective = logprobs * advantages - 0.5 * beta * log_ratio**2
     loss = -(objective * batch.weight).sum()
-    return batch.output(loss, log_ratio)
+    gauge = gauge_of(log_ratio, torch.exp(log_ratio.detach()), batch.mask_eligible, *outside)
+    return batch.output(loss, log_ratio, gauge=gauge)
 
 
 def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> LossOutput:
@@ -285,7 +468,7 @@ def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None)
     if _fused.wanted(logprobs) and (out := _fused.cross_entropy(logprobs, weights, mask)):
         return out
     _check_tensor("weights", weights, like=logprobs)
-    batch = _Batch(logprobs, None, weights, mask, advantages_name="weights")
+    batch = LossInputs(logprobs, None, weights, mask, advantages_name="weights")
     weighted = weights * logprobs
     if mask is None:
         batch.eligible = weights.detach() != 0
@@ -345,8 +528,10 @@ class LossSpec:
     """One loss: its Tinker ``loss_fn`` name, function, whether it clips, inputs and options.
 
     The function is called as ``fn(logprobs, **tensor_inputs, **options)`` and returns a
-    :class:`LossOutput` whose clip fields are set exactly when ``clips``, and whose low/high split
-    is set exactly when ``splits`` (only for a loss that clips).
+    :class:`LossOutput` whose clip fields are set exactly when ``clips``, whose low/high split
+    is set exactly when ``splits`` (only for a loss that clips), and whose ``gauge`` is set
+    exactly when ``gauge`` (a loss with sampling log-probs: :func:`gauge_of`; its inputs checked
+    with :func:`check_inputs`).
     """
 
     name: str
@@ -355,6 +540,7 @@ class LossSpec:
     inputs: tuple[TensorInput, ...]
     options: tuple[Option, ...] = ()
     splits: bool = False
+    gauge: bool = False
 
     def __post_init__(self) -> None:
         if self.splits and not self.clips:
@@ -381,6 +567,11 @@ class LossSpec:
             raise TypeError(
                 f"loss {self.name} is registered as returning {shape(self.clips, self.splits)} but returned "
                 f"{shape(out.clips, out.clips and split)}"
+            )
+        if out.has_gauge != self.gauge:
+            raise TypeError(
+                f"loss {self.name} is registered {'with' if self.gauge else 'without'} the on-policy gauge "
+                f"but returned {'one' if out.has_gauge else 'none'} (LossOutput.gauge, adapters.losses.gauge_of)"
             )
         return out
 
@@ -509,18 +700,34 @@ _RL_INPUTS = (
 and the eligible tokens as ``mask`` (else ``weights``)."""
 
 
+GAUGE_OPTIONS = (
+    Option(measures.RATIO_OUTSIDE_LOW_OPTION, RATIO_OUTSIDE_LOW),
+    Option(measures.RATIO_OUTSIDE_HIGH_OPTION, RATIO_OUTSIDE_HIGH),
+)
+"""The gauge's per-call options (``loss_fn_config`` keys) of every loss with sampling log-probs."""
+
+
 def _thresholds(low: float, high: float) -> tuple[Option, ...]:
     return (
         Option("clip_low_threshold", low, per_datum=True),
         Option("clip_high_threshold", high, per_datum=True),
+        *GAUGE_OPTIONS,
     )
 
 
 for _spec in (
-    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH), splits=True),
-    LossSpec("cispo", cispo, True, _RL_INPUTS, _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH), splits=True),
-    LossSpec("importance_sampling", importance_sampling, False, _RL_INPUTS),
-    LossSpec("dro", dro, False, _RL_INPUTS, (Option("beta"),)),
+    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH), splits=True, gauge=True),
+    LossSpec(
+        "cispo",
+        cispo,
+        True,
+        _RL_INPUTS,
+        _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH),
+        splits=True,
+        gauge=True,
+    ),
+    LossSpec("importance_sampling", importance_sampling, False, _RL_INPUTS, GAUGE_OPTIONS, gauge=True),
+    LossSpec("dro", dro, False, _RL_INPUTS, (Option("beta"), *GAUGE_OPTIONS), gauge=True),
     LossSpec(
         "cross_entropy", cross_entropy, False, (TensorInput("weights"), TensorInput("mask", required=False))
     ),
@@ -533,35 +740,36 @@ del _spec
 # The packing: a LossOutput as one float64 vector, for every host transfer and the one collective.
 # ---------------------------------------------------------------------------------------------
 
-PACKED_FIELDS: tuple[str, ...] = (
-    keys.LOSS_SUM,
-    *keys.TOKEN_COUNT_KEYS,
-    "calls",
-    "clipping_calls",
-    "split_calls",
-    *(f"invalid[{i}]" for i in range(len(INPUT_CHECKS))),
-)
-"""Layout of a packed :class:`LossOutput` (or a sum of packed ones).
+PACKED_FIELDS: tuple[str, ...] = measures.PACKED_FIELDS
+"""Layout of a packed :class:`LossOutput` (or a combination of packed ones), declared in
+:data:`tracking.measures.PACKED_FIELDS`.
 
-``loss:sum``; the four token counts (0 where absent); the number of loss calls summed, of those
-from a clipping loss and of those reporting the low/high split; then the bad-input counts of
-:data:`INPUT_CHECKS`. One dtype, :data:`PACKED_DTYPE`: the loss sum is a float and every count
-stays exact below 2**53 tokens (checked on the host by :func:`unpack`), so a step's vectors add
-on device and cross ranks in one collective.
+The added part (:data:`PACKED_ADDED` fields): ``loss:sum``; the four token counts (0 where
+absent); the gauge's sums (0 where absent); the number of loss calls summed, of those from a
+clipping loss, of those reporting the low/high split and of those with the gauge; then the
+bad-input counts of :data:`INPUT_CHECKS`. The extremes (``log_ratio:max``, ``-log_ratio:min``;
+``-inf`` where absent or over no token) are combined by max (:func:`combine_packed`). One dtype,
+:data:`PACKED_DTYPE`: every count stays exact below 2**53 tokens (checked on the host by
+:func:`unpack`), so a step's vectors combine on device and cross ranks in one collective.
 """
 PACKED_DTYPE = torch.float64
-_HEAD = PACKED_FIELDS.index("calls")
+PACKED_ADDED = len(measures.PACKED_ADDED)
+"""Number of leading packed fields that add; the rest combine by max."""
+_COUNTERS = PACKED_FIELDS.index("calls")
+_INVALID = _COUNTERS + len(measures.CALL_COUNTERS)
 
 
 @functools.lru_cache(maxsize=256)
-def _constants(device: torch.device, calls: int, clipping: bool, split: bool) -> Tensor:
-    """``[0, calls, clipping_calls, split_calls]`` on ``device``, made once per combination (a fill,
-    never a host-to-device copy); only ever read (``torch.cat`` copies it)."""
-    values = (0.0, float(calls), float(calls if clipping else 0), float(calls if split else 0))
-    out = torch.empty(4, dtype=PACKED_DTYPE, device=device)
+def _constants(device: torch.device, calls: int, groups: tuple[bool, ...]) -> tuple[Tensor, Tensor]:
+    """``[0, calls, per-group calls...]`` and the gauge of no call (sums 0, extremes -inf) on
+    ``device``, made once per combination (fills, never a host-to-device copy); only ever read."""
+    values = (0.0, float(calls), *(float(calls if present else 0) for present in groups))
+    counters = torch.empty(len(values), dtype=PACKED_DTYPE, device=device)
     for i, value in enumerate(values):
-        out[i].fill_(value)
-    return out
+        counters[i].fill_(value)
+    absent = torch.zeros(len(GAUGE_FIELDS), dtype=PACKED_DTYPE, device=device)
+    absent[_GAUGE_SUMS:].fill_(-math.inf)
+    return counters, absent
 
 
 def pack_values(
@@ -572,13 +780,14 @@ def pack_values(
     clipped_high_tokens: Tensor | None,
     invalid: Tensor,
     calls: int = 1,
+    gauge: Tensor | None = None,
 ) -> Tensor:
     """The :data:`PACKED_FIELDS` vector of one loss output's tensors, on ``loss``'s device. No sync."""
     device = loss.device
     clipping = clipped_tokens is not None
     split = clipping and clipped_low_tokens is not None and clipped_high_tokens is not None
-    constants = _constants(device, calls, clipping, split)
-    zero = constants[0]
+    counters, absent = _constants(device, calls, (clipping, split, gauge is not None))
+    zero = counters[0]
 
     def value(t: Tensor | None) -> Tensor:
         return zero if t is None else t.detach().reshape(()).to(device=device, dtype=PACKED_DTYPE)
@@ -592,8 +801,15 @@ def pack_values(
             value(clipped_high_tokens if split else None),
         ]
     )
+    measured = absent if gauge is None else gauge.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)
     return torch.cat(
-        [head, constants[1:], invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)]
+        [
+            head,
+            measured[:_GAUGE_SUMS],
+            counters[1:],
+            invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE),
+            measured[_GAUGE_SUMS:],
+        ]
     )
 
 
@@ -607,16 +823,26 @@ def pack(out: LossOutput) -> Tensor:
         out.clipped_high_tokens,
         out.invalid,
         out.calls,
+        out.gauge,
     )
+
+
+def combine_packed(rows: Tensor) -> Tensor:
+    """Combine packed vectors (the rows of ``rows``, ``[n, len(PACKED_FIELDS)]``) into one: the
+    added part summed, the extremes by max (the merge rules of :mod:`tracking.measures`). No sync."""
+    if rows.dim() != 2 or rows.shape[1] != len(PACKED_FIELDS):
+        raise ValueError(f"rows must have shape [n, {len(PACKED_FIELDS)}], got {tuple(rows.shape)}")
+    return torch.cat([rows[:, :PACKED_ADDED].sum(dim=0), rows[:, PACKED_ADDED:].amax(dim=0)])
 
 
 @dataclass(frozen=True)
 class PackedSums:
-    """Host values of a packed vector: ``loss_sum`` (sum of per-token losses), the exact
-    ``counts``, the number of loss ``calls`` summed and the bad-input counts ``invalid``."""
+    """Host values of a packed vector: ``loss_sum`` (sum of per-token losses), the exact measured
+    sums ``counts`` (the gauge included), the number of loss ``calls`` and the bad-input counts
+    ``invalid``."""
 
     loss_sum: float
-    counts: TokenCounts
+    counts: MeasuredSums
     calls: int
     invalid: list[int] = field(default_factory=list)
 
@@ -625,31 +851,57 @@ class PackedSums:
         raise_invalid(self.invalid, sources)
 
 
-def unpack(values: Sequence[float], where: str = "") -> PackedSums:
-    """Read a :data:`PACKED_FIELDS` vector brought to the host (one sum of packed outputs).
+def _mixed_calls(group: str, present: int, calls: int) -> ValueError:
+    what = {measures.CLIP: "a clipping loss", measures.GAUGE: "a loss with the on-policy gauge"}[group]
+    rest = {measures.CLIP: "a loss that never clips", measures.GAUGE: "a loss without it (cross_entropy)"}[
+        group
+    ]
+    return ValueError(
+        f"{present} of {calls} loss calls come from {what} and the rest from {rest}; one step must use "
+        "one kind of loss (PPO and CISPO sum together)"
+    )
 
-    Counts are checked whole, non-negative and exact (below 2**53); ``where`` is appended to the
-    name of a bad count. Raises ValueError when the sum mixes clipping and non-clipping losses.
-    The split is kept only when every clipping call reported it. Bad inputs are left in
-    ``invalid`` (see :meth:`PackedSums.check`).
+
+def _gauge_values(values: Sequence[float], loss_tokens: int) -> dict[str, float]:
+    """The gauge's metric values from a packed vector: sums, and extremes over some token."""
+    start = PACKED_FIELDS.index(GAUGE_SUM_KEYS[0])
+    out = dict(zip(GAUGE_SUM_KEYS, values[start : start + _GAUGE_SUMS], strict=True))
+    if loss_tokens:
+        for key, packed in zip(GAUGE_EXTREME_KEYS, values[PACKED_ADDED:], strict=True):
+            out[key] = -packed if measures.by_key(key).reduction == measures.MIN else packed
+    return out
+
+
+def unpack(values: Sequence[float], where: str = "") -> PackedSums:
+    """Read a :data:`PACKED_FIELDS` vector brought to the host (one combination of packed outputs).
+
+    Counts are checked whole, non-negative and exact (below 2**53), the gauge as in
+    :func:`tracking.counts.check_gauge`; ``where`` is appended to the name of a bad value. Raises
+    ValueError when the combination mixes clipping and non-clipping losses, or losses with and
+    without the gauge. The split is kept only when every clipping call reported it. Bad inputs
+    are left in ``invalid`` (see :meth:`PackedSums.check`); with any, the gauge is not read (its
+    values are then not meaningful).
     """
     if len(values) != len(PACKED_FIELDS):
         raise ValueError(f"expected {len(PACKED_FIELDS)} packed values ({PACKED_FIELDS}), got {len(values)}")
-    invalid = [int(v) for v in values[_HEAD + 3 :]]
-    calls, clipping, split = (int(v) for v in values[_HEAD : _HEAD + 3])
+    invalid = [int(v) for v in values[_INVALID:PACKED_ADDED]]
+    calls, clipping, split, gauged = (int(v) for v in values[_COUNTERS:_INVALID])
     if clipping not in (0, calls):
-        raise ValueError(
-            f"{clipping} of {calls} loss calls come from a clipping loss and the rest from a loss that never "
-            "clips; one step must use one kind of loss (PPO and CISPO sum together)"
-        )
+        raise _mixed_calls(measures.CLIP, clipping, calls)
+    if gauged not in (0, calls):
+        raise _mixed_calls(measures.GAUGE, gauged, calls)
     suffix = f" ({where})" if where else ""
     count = {key: as_count(f"{key}{suffix}", values[1 + i]) for i, key in enumerate(keys.TOKEN_COUNT_KEYS)}
+    tokens = count[keys.LOSS_TOKENS]
+    gauge = None
+    if gauged and not any(invalid):
+        gauge = check_gauge(_gauge_values(values, tokens), tokens, suffix)
     if not clipping:
-        counts = TokenCounts(count[keys.LOSS_TOKENS])
+        counts = MeasuredSums(tokens, gauge=gauge)
     elif split == clipping:
-        counts = TokenCounts(*(count[k] for k in keys.TOKEN_COUNT_KEYS))
+        counts = MeasuredSums(*(count[k] for k in keys.TOKEN_COUNT_KEYS), gauge=gauge)
     else:
-        counts = TokenCounts(count[keys.LOSS_TOKENS], count[keys.CLIPPED_TOKENS])
+        counts = MeasuredSums(tokens, count[keys.CLIPPED_TOKENS], gauge=gauge)
     return PackedSums(float(values[0]), counts, calls, invalid)
 
 
@@ -677,8 +929,14 @@ def _check_tensor(name: str, value: object, *, like: Tensor | None = None, float
             raise ValueError(f"{name} is on {value.device} but logprobs is on {like.device}")
 
 
-class _Batch:
-    """Checked per-token inputs of one loss call: eligible tokens, the mask as a multiplier."""
+class LossInputs:
+    """Checked per-token inputs of one loss call: eligible tokens, the mask as a multiplier.
+
+    The public input checks of every loss (:func:`check_inputs`); a registered loss of one's own
+    builds its output with :meth:`output` and so gets the same on-device checks and error messages.
+    Attributes: ``eligible`` (bool, the token shape), ``mask_eligible`` (the same, ``None`` without
+    a mask: every token is eligible), ``weight`` (the mask as a multiplier, ``1.0`` without one).
+    """
 
     def __init__(
         self,
@@ -698,6 +956,7 @@ class _Batch:
         self.sources[advantages_name] = advantages.detach()
         self.device = logprobs.device
         self.mask_bad: Tensor | None = None
+        self.mask_eligible: Tensor | None = None
         if mask is None:
             self.eligible = torch.ones(logprobs.shape, dtype=torch.bool, device=self.device)
             self.weight: Tensor | float = 1.0
@@ -711,6 +970,7 @@ class _Batch:
             self.eligible = mask != 0
             # 0/1 entries equal their own eligibility (0 or 1); any other value, NaN too, differs.
             self.mask_bad = torch.count_nonzero(mask != self.eligible)
+        self.mask_eligible = self.eligible
         self.weight = mask.to(logprobs.dtype)
 
     def output(
@@ -721,24 +981,46 @@ class _Batch:
         low: Tensor | None = None,
         high: Tensor | None = None,
         thresholds_bad: Tensor | None = None,
+        gauge: Tensor | None = None,
     ) -> LossOutput:
-        """Assemble the output.
+        """Assemble the output (``gauge``: :func:`gauge_of`, for a loss with sampling log-probs).
 
         Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum
         of ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn
         into a harmless 0 still shows): one extra reduction. A sum that overflows from finite
-        inputs (beyond 3.4e38) is reported as such.
+        inputs (beyond 3.4e38, or an importance weight beyond float range) is reported as such.
         """
         with torch.no_grad():
             loss_tokens = torch.count_nonzero(self.eligible)  # int64, no int64 copy of the mask
-            nonfinite = (~torch.isfinite(loss.detach() + propagated.detach().sum())).to(torch.int64)
+            total = loss.detach() + propagated.detach().sum()
+            if gauge is not None:
+                total = total + gauge[_WEIGHT_SQ]  # +inf once an importance weight overflows
+            nonfinite = (~torch.isfinite(total)).to(torch.int64)
             mask_bad = self.mask_bad
             if mask_bad is None:
                 mask_bad = torch.zeros((), dtype=torch.int64, device=self.device)
             if thresholds_bad is None:
                 thresholds_bad = torch.zeros((), dtype=torch.int64, device=self.device)
             invalid = torch.stack([nonfinite, mask_bad, thresholds_bad])
-        return LossOutput(loss, loss_tokens, clipped, low, high, invalid, (self.sources,))
+        return LossOutput(loss, loss_tokens, clipped, low, high, invalid, (self.sources,), gauge=gauge)
+
+
+_WEIGHT_SQ = GAUGE_FIELDS.index(keys.IS_WEIGHT_SQ_SUM)
+"""Index of ``is_weight_sq:sum`` in :data:`GAUGE_FIELDS` (the non-finite check reads it)."""
+
+
+def check_inputs(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor | None = None,
+    *,
+    advantages_name: str = "advantages",
+) -> LossInputs:
+    """The input checks of every loss, public: types, shapes and devices at once (TypeError /
+    ValueError naming the input), mask entries counted on device. Build the output with
+    :meth:`LossInputs.output` (and :func:`gauge_of` for a loss with sampling log-probs)."""
+    return LossInputs(logprobs, sampling_logprobs, advantages, mask, advantages_name=advantages_name)
 
 
 def _check_thresholds(low: Threshold, high: Threshold, device: torch.device) -> Tensor | None:

@@ -9,9 +9,11 @@ Two pieces, one per side of Megatron's schedule:
   metric keys of :mod:`tracking.keys` (plus :data:`REPORT_INVALID`). Nothing synchronises with the
   host.
 * :func:`reduce_losses` takes what ``forward_backward_func`` returned (one report per micro-batch on
-  the last pipeline stage), sums the micro-batches on device, merges across the data-parallel x
-  context-parallel group in **one** collective for all keys, and builds the step's
-  :class:`~adapters.output.ForwardBackwardOutput`.
+  the last pipeline stage), combines the micro-batches on device, merges across the data-parallel x
+  context-parallel group in **one** collective for all keys (sums and the gauge's extremes alike:
+  every rank receives every rank's packed vector and combines them locally, sums added and
+  extremes by max, :func:`adapters.losses.combine_packed`), and builds the step's
+  :class:`~adapters.output.ForwardBackwardOutput`. A step costs one collective and one host read.
 
 Loss scaling (what Megatron-Core 0.16.1 does with the 3-tuple, ``forward_step_calc_loss``):
 
@@ -47,11 +49,13 @@ from torch import Tensor
 
 from adapters._compat import megatron as megatron_compat
 from adapters.losses import (
+    GAUGE_FIELDS,
     INPUT_CHECKS,
     PACKED_DTYPE,
     PACKED_FIELDS,
     LossOutput,
     LossSpec,
+    combine_packed,
     loss_spec,
     pack_values,
     raise_invalid,
@@ -63,6 +67,7 @@ from tracking import keys
 __all__ = [
     "AUTO",
     "PACKED_FIELDS",
+    "REPORT_GAUGE",
     "REPORT_INVALID",
     "LossFunc",
     "broadcast_from_last_stage",
@@ -77,6 +82,11 @@ __all__ = [
 
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``adapters.losses.INPUT_CHECKS`` order)."""
+REPORT_GAUGE = "cliptrack/gauge"
+"""Report key of a loss with sampling log-probs: its on-policy gauge, the float64 vector
+``LossOutput.gauge`` laid out as :data:`adapters.losses.GAUGE_FIELDS` (sums, then ``log_ratio:max``
+and ``-log_ratio:min``; ``-inf`` over no eligible token). One tensor, not eight: the step's
+reduction packs it as it is."""
 
 _SUMMED = "summed over micro-batches and ranks"
 
@@ -123,7 +133,8 @@ def make_loss_func(
     per-token loss, ``num_tokens`` the int64 count of eligible tokens, ``report`` the 0-dim tensors
     ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling), ``loss_tokens:sum``
     and, for clipping losses, ``clipped_tokens:sum``, ``clipped_low_tokens:sum``,
-    ``clipped_high_tokens:sum``, plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
+    ``clipped_high_tokens:sum``, for losses with sampling log-probs the gauge vector under
+    :data:`REPORT_GAUGE`, plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
     missing input and option names are raised here, shapes and Python-number options when the loss
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
@@ -167,6 +178,8 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
         if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
             report[keys.CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.detach()
             report[keys.CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.detach()
+    if out.gauge is not None:
+        report[REPORT_GAUGE] = out.gauge.detach()
     return report
 
 
@@ -189,9 +202,29 @@ def sum_reports(
         )
     rows = [_pack_report(i, report) for i, report in enumerate(losses_reduced)]
     if not rows:
-        return torch.zeros(len(PACKED_FIELDS), dtype=PACKED_DTYPE, device=device)
+        return pack_values(*_empty(device))
     target = torch.device(device) if device is not None else rows[0].device
-    return torch.stack([row.to(target) for row in rows]).sum(dim=0)
+    return combine_packed(torch.stack([row.to(target) for row in rows]))
+
+
+def _empty(device: torch.device | str | None) -> tuple[Tensor, Tensor, None, None, None, Tensor, int]:
+    """The packing arguments of no loss call (zeros, the extremes ``-inf``) on ``device``."""
+    zero = torch.zeros((), dtype=PACKED_DTYPE, device=device)
+    return zero, zero, None, None, None, torch.zeros(len(INPUT_CHECKS), dtype=PACKED_DTYPE, device=device), 0
+
+
+def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
+    """The report's :data:`REPORT_GAUGE` vector, checked; ``None`` without one."""
+    gauge = report.get(REPORT_GAUGE)
+    if gauge is None:
+        return None
+    if not isinstance(gauge, Tensor) or gauge.shape != (len(GAUGE_FIELDS),):
+        shape = tuple(gauge.shape) if isinstance(gauge, Tensor) else type(gauge).__name__
+        raise ValueError(
+            f"micro-batch {index}: report[{REPORT_GAUGE!r}] is {shape}, expected a tensor of shape "
+            f"({len(GAUGE_FIELDS)},) laid out as adapters.losses.GAUGE_FIELDS"
+        )
+    return gauge
 
 
 def _pack_report(index: int, report: object) -> Tensor:
@@ -235,6 +268,7 @@ def _pack_report(index: int, report: object) -> Tensor:
         report.get(keys.CLIPPED_LOW_TOKENS),
         report.get(keys.CLIPPED_HIGH_TOKENS),
         invalid,
+        gauge=_report_gauge(index, report),
     )
 
 
@@ -256,28 +290,29 @@ def merged_sums(
 
 
 def merge_packed(packed: Tensor, group: Any) -> Tensor:
-    """Sum a 1-D vector over the ranks of ``group`` with exactly one collective.
+    """Combine a packed vector (:data:`adapters.losses.PACKED_FIELDS`) over the ranks of ``group``
+    with exactly one collective: its added part summed, its extremes by max.
 
-    A CPU tensor on a gloo group goes through one ``all_to_all_single``: every rank sends its vector
-    to every rank and each adds the ``world`` vectors locally, in rank order. Gloo's ring
-    ``all_reduce`` needs 2 x (world - 1) dependent rounds once the vector has more elements than
-    about two (measured in ``benchmarks/merge.py`` over 4 ranks: the packed ``all_reduce`` is slower
-    than the all-to-all), while the all-to-all is one round. Any other tensor/backend (NCCL on GPU) uses one
-    ``all_reduce``. Both are exact for integer counts in float64; the all-to-all also gives a
-    bit-identical ``loss:sum`` on every rank.
+    Every rank receives every rank's vector and combines the ``world`` rows locally, in rank order
+    (:func:`adapters.losses.combine_packed`), so one collective carries the sums and the gauge's
+    extremes alike, with a bit-identical result on every rank. A CPU tensor on a gloo group goes
+    through one ``all_to_all_single`` (gloo's ring ``all_reduce`` and ``all_gather`` need
+    ``world - 1`` or more dependent rounds, the all-to-all one: ``benchmarks/merge.py``); any
+    other tensor/backend (NCCL on GPU) through one ``all_gather_into_tensor``. Exact for integer
+    counts in float64.
     """
     if packed.dim() != 1:
         raise ValueError(f"packed must be a 1-D vector, got shape {tuple(packed.shape)}")
     world = dist.get_world_size(group)
-    if world == 1:
+    if world == 1:  # still the one collective (a no-op sum), so every layout communicates alike
         dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
         return packed
+    gathered = torch.empty(world * packed.numel(), dtype=packed.dtype, device=packed.device)
     if packed.device.type == "cpu" and "gloo" in str(dist.get_backend(group)).lower():
-        gathered = torch.empty(world * packed.numel(), dtype=packed.dtype, device=packed.device)
         dist.all_to_all_single(gathered, packed.repeat(world), group=group)
-        return gathered.view(world, packed.numel()).sum(dim=0)
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
-    return packed
+    else:
+        dist.all_gather_into_tensor(gathered, packed.contiguous(), group=group)
+    return combine_packed(gathered.view(world, packed.numel()))
 
 
 def reduce_losses(
@@ -306,7 +341,9 @@ def reduce_losses(
     collective, on every rank alike, rather than yield a wrong number. Metrics: ``loss:sum``,
     ``loss_tokens:sum`` and, for a clipping loss, ``clipped_tokens:sum``, the low/high split when
     every micro-batch reported it, and ``clip_fraction:mean`` (formed from the merged sums; absent
-    when no token was eligible). A loss that never clips emits no clip keys.
+    when no token was eligible); for a loss with sampling log-probs the gauge's sums, extremes and
+    means (docs/CONTRACT.md, "The on-policy gauge"). A loss that never clips emits no clip keys,
+    cross entropy no gauge.
     """
     if group is AUTO:
         state = megatron_compat.parallel_state()
@@ -331,7 +368,8 @@ def output_from_sums(
     """Build the output from the merged :data:`adapters.losses.PACKED_FIELDS` values (host numbers)."""
     if len(values) != len(PACKED_FIELDS):
         raise ValueError(f"expected {len(PACKED_FIELDS)} merged values ({PACKED_FIELDS}), got {len(values)}")
-    invalid = [int(v) for v in values[len(PACKED_FIELDS) - len(INPUT_CHECKS) :]]
+    first = PACKED_FIELDS.index("invalid[0]")
+    invalid = [int(v) for v in values[first : first + len(INPUT_CHECKS)]]
     raise_invalid(invalid)  # bad inputs first: they explain any odd count
     sums = unpack(values, _SUMMED)
     if sums.calls == 0:

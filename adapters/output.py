@@ -1,9 +1,11 @@
-"""``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions.
+"""``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions and gauge means.
 
 ``ForwardBackwardOutput`` is tinker's own frozen dataclass when ``tinker`` is installed and an
 identical dataclass otherwise (:mod:`adapters._compat.tinker`). Metrics are ``name:reduction`` ->
 float. Outputs in any of their three forms (ours, tinker's, the JSON dict) are read through
-:func:`tracking.outputs.read_output`; the low/high split is optional (docs/CONTRACT.md).
+:func:`tracking.outputs.read_output`; the low/high split is optional (docs/CONTRACT.md). The merge
+rules are those of :mod:`tracking.measures`: sums add (counts exactly), ``:max`` / ``:min`` by
+max / min, the means re-formed from the merged sums.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from adapters._compat.tinker import ForwardBackwardOutput
-from tracking import keys
-from tracking.counts import TokenCounts, as_count, exact_clip_metrics
+from tracking import keys, measures
+from tracking.counts import MeasuredSums, TokenCounts, as_count, exact_measured_metrics
 from tracking.outputs import metrics_of, read_output
 from tracking.validation import check_metrics
 
@@ -27,6 +29,7 @@ __all__ = [
     "clip_counts",
     "loss_metrics",
     "merge_metrics",
+    "measured_sums",
     "merge_outputs",
     "metrics_of",
     "validate_metrics",
@@ -37,7 +40,13 @@ def clip_counts(output: object) -> TokenCounts | None:
     """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips;
     ``None`` when it never clips (no ``clipped_tokens:sum``). The low/high split is optional."""
     counts = TokenCounts.from_metrics(metrics_of(output))
-    return counts if counts is not None and counts.clips else None
+    return counts.without_gauge() if counts is not None and counts.clips else None
+
+
+def measured_sums(output: object) -> MeasuredSums | None:
+    """Everything an output (ours, tinker's, or its JSON dict) measured, the gauge included;
+    ``None`` without ``loss_tokens:sum``. Raises ValueError naming a bad value."""
+    return MeasuredSums.from_metrics(metrics_of(output))
 
 
 def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
@@ -68,32 +77,49 @@ def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> 
 
 
 def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int]) -> dict[str, float]:
-    """Merge chunk metrics with Tinker's reductions; ``clip_fraction:mean`` recomputed from the sums.
+    """Merge chunk metrics with Tinker's reductions; the means re-formed from the merged sums.
 
     ``weights`` are the chunks' datum counts (Tinker weights ``:mean`` by them). As in Tinker, a
-    key missing from any chunk is dropped and ``:unique`` keeps every value under suffixed keys.
-    Token counts are summed exactly.
+    key missing from any chunk is dropped and ``:unique`` keeps every value under suffixed keys;
+    an extreme (``log_ratio:max`` / ``:min``) is also kept when only chunks without an eligible
+    token lack it (it is absent there). Counts are summed exactly.
     """
     if not chunks:
         return {}
     merged: dict[str, float] = {}
     for key in chunks[0]:
         _, reduction = keys.split_key(key)
-        if not all(key in chunk for chunk in chunks):
+        if key in keys.EXTREME_KEYS or not all(key in chunk for chunk in chunks):
             continue
         values = [float(chunk[key]) for chunk in chunks]
         if reduction == "unique":
             merged[key] = values[0]
             merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
             continue
-        if key in keys.TOKEN_COUNT_KEYS:
+        if key in _EXACT_KEYS:
             merged[key] = float(sum(as_count(key, v) for v in values))
             continue
         value = _reduce(reduction, values, weights)
         if value is not None:
             merged[key] = value
-    merged.pop(keys.CLIP_FRACTION, None)  # a merged ``:mean`` is datum-weighted: never the token fraction
-    return exact_clip_metrics(merged)
+    merged.update(_merged_extremes(chunks))
+    for mean in keys.MEAN_KEYS:  # a merged ``:mean`` is datum-weighted: never the token mean
+        merged.pop(mean, None)
+    return exact_measured_metrics(merged)
+
+
+_EXACT_KEYS = frozenset(m.key for m in measures.MEASURES if m.exact)
+
+
+def _merged_extremes(chunks: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The extremes over the chunks that carry them, when every chunk with an eligible token does."""
+    out: dict[str, float] = {}
+    for key in keys.EXTREME_KEYS:
+        present = [float(chunk[key]) for chunk in chunks if key in chunk]
+        counted = all(key in chunk or float(chunk.get(keys.LOSS_TOKENS, 1)) == 0 for chunk in chunks)
+        if present and counted:
+            out[key] = float(measures.combine(measures.by_key(key), present))
+    return out
 
 
 def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:
@@ -109,10 +135,11 @@ def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:
 
 
 def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
-    """Metrics of one or more ``adapters.losses.LossOutput`` (summed): ``loss:sum`` and the counts.
+    """Metrics of one or more ``adapters.losses.LossOutput`` (combined): ``loss:sum``, the counts,
+    the gauge and the means formed from them.
 
     Synchronises with the host once and raises ValueError for invalid loss inputs. A loss that
-    never clips yields only ``loss:sum`` and ``loss_tokens:sum``.
+    never clips yields no clip keys; a loss without sampling log-probs (cross entropy) no gauge.
     """
     from adapters.losses import pack, unpack
 

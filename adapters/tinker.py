@@ -6,9 +6,10 @@ Two pieces, for where users meet a ``ForwardBackwardOutput``:
   ``forward_backward`` / ``optim_step`` methods, sync or ``*_async``). Each ``forward_backward``
   call belongs to the optimizer step in progress; when the step's ``optim_step`` has been
   submitted and every one of its ``forward_backward`` futures has resolved, their outputs are
-  merged with :func:`adapters.output.merge_outputs` (token counts summed exactly,
-  ``clip_fraction:mean`` formed once from the sums, whatever the number of calls and their
-  order of resolution) and logged through :class:`tracking.Tracker` at that step. It observes
+  merged with :func:`adapters.output.merge_outputs` (token counts summed exactly, the on-policy
+  gauge's sums added and its extremes combined by max / min, ``clip_fraction:mean``,
+  ``kl_k3:mean`` and ``abs_log_ratio:mean`` formed once from the sums, whatever the number of
+  calls and their order of resolution) and logged through :class:`tracking.Tracker` at that step. It observes
   the futures through ``APIFuture.future()`` (a ``concurrent.futures.Future``) with a done
   callback, so it works however the caller resolves them (``.result()``, ``await``, or never)
   and hands back the very futures and outputs the client returned. Outputs carrying only the

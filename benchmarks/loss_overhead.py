@@ -93,6 +93,32 @@ def _ppo_differentiated(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor):
     return loss, tokens, n_clipped, n_low, nonfinite, mask_bad
 
 
+def _no_gauge(outputs: Tensor, *_: object) -> Tensor:
+    """Stands in for ``adapters.losses.gauge_of``: the gauge of no token, with no per-token work."""
+    return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
+
+
+def _without_gauge(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """``fn`` with the gauge's per-token work taken out (counting as it was before the gauge).
+
+    Fused: the ratio_outside bounds of the call must differ from the gauged call's, so that the
+    kernel compiled without the gauge is a graph of its own."""
+
+    def call(x: Tensor) -> Tensor:
+        saved = losses.gauge_of
+        losses.gauge_of = _no_gauge  # type: ignore[assignment]
+        try:
+            return fn(x)
+        finally:
+            losses.gauge_of = saved
+
+    return call
+
+
+NO_GAUGE_BOUNDS = {"ratio_outside_low": 0.25, "ratio_outside_high": 4.0}
+"""Bounds of the calls timed without the gauge (a graph of their own, see :func:`_without_gauge`)."""
+
+
 def _first_call_seconds(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -202,7 +228,7 @@ def _run(repeats: int) -> list[Row]:
         return differentiated(x.reshape(-1), *flat)[0]
 
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
-        kernel = fused.compiled("ppo", (0.8, 1.2, torch.int32))
+        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32))
         assert kernel is not None
         return fused._Fused.apply(kernel, x.reshape(-1), *flat)[0]
 
@@ -231,9 +257,15 @@ def _run(repeats: int) -> list[Row]:
 
     # -- PPO -------------------------------------------------------------------------------------
     ppo_eager = _with_path("0", lambda x: losses.ppo(x, slp, adv, mask).loss)
+    ppo_fused_no_gauge = _without_gauge(
+        _with_path("1", lambda x: losses.ppo(x, slp, adv, mask, **NO_GAUGE_BOUNDS).loss)
+    )
+    ppo_eager_no_gauge = _without_gauge(_with_path("0", lambda x: losses.ppo(x, slp, adv, mask).loss))
+    step(ppo_fused_no_gauge)
     m = medians(
         {
             "fused": ppo_fused,
+            "fused no gauge": ppo_fused_no_gauge,
             "plain compiled": lambda x: plain_ppo_compiled(x, slp, adv, mask),
             "miles": miles,
             "miles constants": miles_constants,
@@ -241,14 +273,29 @@ def _run(repeats: int) -> list[Row]:
             "fused kernel": fused_kernel,
         }
     )
-    e = medians({"fused": ppo_fused, "eager": ppo_eager, "plain": plain["ppo"]})
+    e = medians(
+        {"fused": ppo_fused, "eager": ppo_eager, "eager no gauge": ppo_eager_no_gauge, "plain": plain["ppo"]}
+    )
     rows += [
         Row(
-            f"ppo fused with counting, {tag}",
+            f"ppo fused with counting and the gauge, {tag}",
             m["fused"],
             "ppo objective compiled, no counting",
             m["fused"] / m["plain compiled"],
             "≤ 1.10",
+        ),
+        Row(
+            "ppo fused with counting, without the gauge",
+            m["fused no gauge"],
+            "ppo objective compiled, no counting",
+            m["fused no gauge"] / m["plain compiled"],
+        ),
+        Row(
+            "ppo eager with counting and the gauge",
+            e["eager"],
+            "ppo eager with counting, without the gauge",
+            e["eager"] / e["eager no gauge"],
+            "≤ 1.15",
         ),
         Row(
             "ppo fused with counting",
@@ -294,15 +341,46 @@ def _run(repeats: int) -> list[Row]:
 
     # -- CISPO -----------------------------------------------------------------------------------
     cispo_eager = _with_path("0", lambda x: losses.cispo(x, slp, adv, mask).loss)
-    m = medians({"fused": cispo_fused, "plain compiled": lambda x: plain_cispo_compiled(x, slp, adv, mask)})
-    e = medians({"fused": cispo_fused, "eager": cispo_eager, "plain": plain["cispo"]})
+    cispo_fused_no_gauge = _without_gauge(
+        _with_path("1", lambda x: losses.cispo(x, slp, adv, mask, **NO_GAUGE_BOUNDS).loss)
+    )
+    cispo_eager_no_gauge = _without_gauge(_with_path("0", lambda x: losses.cispo(x, slp, adv, mask).loss))
+    step(cispo_fused_no_gauge)
+    m = medians(
+        {
+            "fused": cispo_fused,
+            "fused no gauge": cispo_fused_no_gauge,
+            "plain compiled": lambda x: plain_cispo_compiled(x, slp, adv, mask),
+        }
+    )
+    e = medians(
+        {
+            "fused": cispo_fused,
+            "eager": cispo_eager,
+            "eager no gauge": cispo_eager_no_gauge,
+            "plain": plain["cispo"],
+        }
+    )
     rows += [
         Row(
-            f"cispo fused with counting, {tag}",
+            f"cispo fused with counting and the gauge, {tag}",
             m["fused"],
             "cispo objective compiled, no counting",
             m["fused"] / m["plain compiled"],
             "≤ 1.10",
+        ),
+        Row(
+            "cispo fused with counting, without the gauge",
+            m["fused no gauge"],
+            "cispo objective compiled, no counting",
+            m["fused no gauge"] / m["plain compiled"],
+        ),
+        Row(
+            "cispo eager with counting and the gauge",
+            e["eager"],
+            "cispo eager with counting, without the gauge",
+            e["eager"] / e["eager no gauge"],
+            "≤ 1.15",
         ),
         Row("cispo fused with counting", e["fused"], "cispo eager with counting", e["fused"] / e["eager"]),
         Row(

@@ -1,4 +1,4 @@
-"""Merging a step's clip sums across 4 gloo ranks: one collective for all keys vs one per key.
+"""Merging a step's clip sums and on-policy gauge across 4 gloo ranks: one collective vs one per key.
 
 Four processes on 127.0.0.1 (gloo), each holding the reports of 4 micro-batches from
 ``adapters.megatron.make_loss_func``. Per step, interleaved round-robin in one run, median seconds
@@ -6,10 +6,13 @@ of the slowest rank (blocks of steps start from a barrier):
 
 - anchor: sum each of the 5 keys (``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum``, low,
   high) over micro-batches and ``all_reduce`` each one (5 collectives);
-- ``adapters.megatron.merged_sums``: all keys packed in one float64 vector, one collective (on
-  gloo an ``all_to_all_single``, see ``adapters.megatron.merge_packed``; target: ratio <= 0.33,
-  i.e. at least 3x faster);
-- the same vector in one gloo ``all_reduce``, for the record of why gloo does not use it;
+- ``adapters.megatron.merged_sums``: all keys, the gauge's sums and extremes included, packed in one
+  float64 vector, one collective (on gloo an ``all_to_all_single``, see
+  ``adapters.megatron.merge_packed``; target with the gauge: ratio <= 0.5), and the same for
+  reports without the gauge (the clip counts alone, as before the gauge);
+- the gauge merged per key: 11 sums in one ``all_reduce`` each, max and min in one ``MAX`` each;
+- the vector in one gloo ``all_reduce`` (sums only: what gloo would do without the all-to-all) and
+  in one ``all_gather_into_tensor`` (the path of non-gloo backends), for the record;
 - ``adapters.megatron.reduce_losses``: the same plus the host read-back and the output built.
 
 Run: ``python benchmarks/merge.py``. ``run()`` returns the rows as dicts for ``run_all``.
@@ -79,6 +82,27 @@ def _worker(rank: int, port: int, repeats: int, block: int) -> None:
         print(json.dumps(medians))
 
 
+def _gauge_per_key(reports: list[dict], group: Any) -> Callable[[], None]:
+    """The gauge merged key by key: each float sum in its own all_reduce, max and min in a MAX each."""
+    import torch
+    import torch.distributed as dist
+
+    from tracking import keys
+
+    sums = [k for k in keys.GAUGE_MEASURED_KEYS if k not in keys.EXTREME_KEYS]
+    sums += [keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS]
+
+    def merge() -> None:
+        for key in sums:
+            total = torch.stack([report[key].double() for report in reports]).sum()
+            dist.all_reduce(total, group=group)
+        for key, sign in ((keys.LOG_RATIO_MAX, 1.0), (keys.LOG_RATIO_MIN, -1.0)):
+            extreme = torch.stack([sign * report[key] for report in reports]).amax()
+            dist.all_reduce(extreme, op=dist.ReduceOp.MAX, group=group)
+
+    return merge
+
+
 def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     """The timed ways to merge this rank's reports across ``group``, by name."""
     import torch
@@ -86,6 +110,8 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
 
     from adapters.megatron import merged_sums, reduce_losses, sum_reports
     from tracking import keys
+
+    clip_only = [{k: v for k, v in report.items() if k not in keys.GAUGE_MEASURED_KEYS} for report in reports]
 
     per_key = (
         keys.LOSS_SUM,
@@ -103,9 +129,17 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     def one_collective() -> None:
         merged_sums(reports, group=group)
 
+    def one_collective_clip_only() -> None:
+        merged_sums(clip_only, group=group)
+
     def one_all_reduce() -> None:
         packed = sum_reports(reports)
         dist.all_reduce(packed, group=group)
+
+    def one_all_gather() -> None:
+        packed = sum_reports(reports)
+        gathered = torch.empty(4 * packed.numel(), dtype=packed.dtype)
+        dist.all_gather_into_tensor(gathered, packed, group=group)
 
     def whole_reduction() -> None:
         reduce_losses(reports, group=group)
@@ -113,7 +147,10 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     return {
         "per_key": one_per_key,
         "packed": one_collective,
+        "packed_clip_only": one_collective_clip_only,
+        "gauge_per_key": _gauge_per_key(reports, group),
         "all_reduce": one_all_reduce,
+        "all_gather": one_all_gather,
         "reduce": whole_reduction,
     }
 
@@ -168,20 +205,38 @@ def run(repeats: int = 60, block: int = BLOCK) -> list[dict]:
     rows = [
         Row(anchor, medians["per_key"], anchor, 1.0),
         Row(
-            f"merged_sums: all keys in one collective (all_to_all on gloo), {WORLD} gloo ranks",
+            f"merged_sums with the gauge: every key in one collective (all_to_all on gloo), {WORLD} gloo ranks",
             medians["packed"],
             anchor,
             medians["packed"] / medians["per_key"],
-            "≤ 0.33 (≥ 3× faster)",
+            "≤ 0.5",
         ),
         Row(
-            "the same packed vector in one all_reduce (gloo ring; not used on gloo)",
+            "merged_sums, clip counts only (reports without the gauge)",
+            medians["packed_clip_only"],
+            anchor,
+            medians["packed_clip_only"] / medians["per_key"],
+        ),
+        Row(
+            "every key with the gauge merged per key (11 sum all_reduces + 2 MAX all_reduces)",
+            medians["gauge_per_key"],
+            anchor,
+            medians["gauge_per_key"] / medians["per_key"],
+        ),
+        Row(
+            "the same packed vector in one all_reduce (gloo ring, sums only; not used on gloo)",
             medians["all_reduce"],
             anchor,
             medians["all_reduce"] / medians["per_key"],
         ),
         Row(
-            "reduce_losses: one collective + host read-back + output",
+            "the same packed vector in one all_gather_into_tensor (the non-gloo path)",
+            medians["all_gather"],
+            anchor,
+            medians["all_gather"] / medians["per_key"],
+        ),
+        Row(
+            "reduce_losses with the gauge: one collective + host read-back + output",
             medians["reduce"],
             anchor,
             medians["reduce"] / medians["per_key"],

@@ -31,8 +31,9 @@ VOCAB = 11
 MICRO_SIZES = (1, 3, 2)
 """Samples per micro-batch on each DP rank (unequal on purpose)."""
 EPS_CLIP, EPS_CLIP_HIGH = 0.2, 0.28
-DELTAS = (-0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6)
-"""Per-token log-ratios log(new / old): ratios 0.55 .. 1.82 around the band [0.8, 1.28]."""
+DELTAS = (-0.9, -0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6, 0.9)
+"""Per-token log-ratios log(new / old): ratios 0.41 .. 2.46 around the band [0.8, 1.28] and, for
+the gauge's ``ratio_outside_tokens``, beyond [1/2, 2] (far from every edge)."""
 ALL_MASKED = (1, 7)
 """Samples (global index) whose loss mask is all zero."""
 CUSTOM_LOSS = "adapters.miles.custom_loss.policy_loss_with_clip_counts"
@@ -88,6 +89,19 @@ def reference_counts(dp: int) -> dict[str, int]:
         totals["clipped_tokens"] += int((low | high).sum())
         totals["miles_count"] += max(int(eligible.sum()), 1)
     return totals
+
+
+def reference_gauge(dp: int) -> dict[str, float]:
+    """The gauge's sums over the whole step from the log-ratios, in float64 (no Miles code)."""
+    ls = [float(d) for s in samples(dp) for d, m in zip(s["deltas"], s["mask"], strict=True) if m != 0]
+    return {
+        "log_ratio:sum": math.fsum(ls),
+        "abs_log_ratio:sum": math.fsum(abs(x) for x in ls),
+        "kl_k3:sum": math.fsum(math.expm1(x) - x for x in ls),
+        "ratio_outside_tokens:sum": sum(1 for x in ls if not 0.5 <= math.exp(x) <= 2.0),
+        "is_weight:sum": math.fsum(math.exp(x) for x in ls),
+        "is_weight_sq:sum": math.fsum(math.exp(2 * x) for x in ls),
+    }
 
 
 def miles_args(*, custom: bool, per_token: bool, dp: int) -> Namespace:

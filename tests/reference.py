@@ -116,3 +116,68 @@ def per_token_loss(
             raise ValueError(kind)
     out.loss = math.fsum(terms)
     return out
+
+
+@dataclass
+class Gauge:
+    """The on-policy gauge of docs/CONTRACT.md in float64, one token at a time (plain Python).
+
+    ``outside_ambiguous``: eligible tokens whose ratio lies within a few rounding steps of a
+    ``ratio_outside`` bound, where another element-wise ``exp`` may put them on the other side.
+    """
+
+    loss_tokens: int
+    metrics: dict[str, float]
+    outside_ambiguous: int
+
+
+def gauge(lp: Tensor, slp: Tensor, mask: Tensor | None, low: float = 0.5, high: float = 2.0) -> Gauge:
+    """Every gauge key over eligible tokens (``mask != 0``; all without a mask), from ``l`` as the loss
+    computes it (``lp - slp`` in the input dtype) taken exactly into float64: sums by ``math.fsum``
+    of float64 terms (``|l|``, ``expm1(l) - l``, ``exp(l)``, ``exp(2 l)``), the means formed once."""
+    log_ratio = (lp.detach() - slp.detach()).flatten()
+    ratio = torch.exp(log_ratio).double().tolist()
+    values = log_ratio.double().tolist()
+    eligible = [True] * len(values) if mask is None else [float(m) != 0 for m in mask.flatten().tolist()]
+    ls = [x for x, e in zip(values, eligible, strict=True) if e]
+    rs = [r for r, e in zip(ratio, eligible, strict=True) if e]
+    n = len(ls)
+    eps = 4 * float(torch.finfo(lp.dtype).eps)
+    outside = sum(1 for r in rs if r < low or r > high)
+    ambiguous = sum(1 for r in rs for b in (low, high) if abs(r - b) <= eps * max(b, 1e-30))
+    metrics = {
+        "loss_tokens:sum": float(n),
+        "log_ratio:sum": math.fsum(ls),
+        "abs_log_ratio:sum": math.fsum(abs(x) for x in ls),
+        "kl_k3:sum": math.fsum(math.expm1(x) - x for x in ls),
+        "ratio_outside_tokens:sum": float(outside),
+        "is_weight:sum": math.fsum(math.exp(x) for x in ls),
+        "is_weight_sq:sum": math.fsum(math.exp(2 * x) for x in ls),
+    }
+    if n:
+        metrics["log_ratio:max"] = max(ls)
+        metrics["log_ratio:min"] = min(ls)
+        metrics["abs_log_ratio:mean"] = metrics["abs_log_ratio:sum"] / n
+        metrics["kl_k3:mean"] = metrics["kl_k3:sum"] / n
+    return Gauge(n, metrics, ambiguous)
+
+
+def gauge_tolerance(key: str, lp: Tensor, slp: Tensor, mask: Tensor | None) -> float:
+    """Absolute tolerance of a gauge key computed with per-token terms in the input dtype (at least
+    float32) against :func:`gauge` (float64 terms): a few ulps of float32 (or of the dtype) per token
+    of each term's magnitude, summed; 0 for ``l`` itself (exact in float64) and its extremes."""
+    log_ratio = (lp.detach() - slp.detach()).double().flatten()
+    if mask is not None:
+        log_ratio = log_ratio[mask.flatten() != 0]
+    eps = 8 * max(float(torch.finfo(lp.dtype).eps), float(torch.finfo(torch.float32).eps))
+    weight = torch.exp(log_ratio)
+    scale = {
+        "log_ratio:sum": 0.0,
+        "abs_log_ratio:sum": 0.0,
+        "log_ratio:max": 0.0,
+        "log_ratio:min": 0.0,
+        "kl_k3:sum": float((log_ratio.abs() + (weight - 1).abs()).sum()),
+        "is_weight:sum": float(weight.sum()),
+        "is_weight_sq:sum": 2 * float((weight * weight).sum()),
+    }[key]
+    return eps * scale + 1e-12 * len(log_ratio)

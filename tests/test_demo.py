@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -241,6 +242,49 @@ def test_miles_run_is_more_off_policy_than_megatron_run(demo):
     )
     fraction = {b: sums[b, keys.CLIPPED_TOKENS] / sums[b, keys.LOSS_TOKENS] for b in ("megatron", "miles")}
     assert fraction["miles"] > fraction["megatron"] > 0
+
+
+def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(demo):
+    """The Miles run samples from a policy two steps stale: its mismatch KL (k3) and mean |log
+    ratio|, ratios of sums over the run as logged to MLflow, are well above the Megatron run's, and
+    the demo's own summary lines show the same numbers."""
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    out, stdout = demo
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cliptrack-demo")
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_TRAINING}'"
+    )
+
+    def total(run_id: str, key: str) -> float:
+        history = client.get_metric_history(run_id, key)
+        assert sorted(m.step for m in history) == list(range(STEPS)), key
+        return math.fsum(m.value for m in history)
+
+    gauge = {}
+    for run in runs:
+        run_id, tokens = run.info.run_id, total(run.info.run_id, keys.LOSS_TOKENS)
+        gauge[run.data.tags[keys.TAG_BACKEND]] = {
+            "kl": total(run_id, keys.KL_K3_SUM) / tokens,
+            "abs": total(run_id, keys.ABS_LOG_RATIO_SUM) / tokens,
+        }
+        for key in (keys.KL_K3_MEAN, keys.ABS_LOG_RATIO_MEAN, keys.LOG_RATIO_MAX, keys.LOG_RATIO_MIN):
+            assert len(client.get_metric_history(run_id, key)) == STEPS, key
+    assert gauge["miles"]["kl"] > 2 * gauge["megatron"]["kl"] > 0, gauge
+    assert gauge["miles"]["abs"] > 1.5 * gauge["megatron"]["abs"] > 0, gauge
+    for backend, staleness in (("megatron", 0), ("miles", 2)):
+        line = re.search(
+            rf"^{backend} run: clip fraction [0-9.]+, mismatch KL \(k3\) ([0-9.]+), mean \|log ratio\| "
+            rf"([0-9.]+) \(sampler {staleness} step\(s\) stale\)$",
+            stdout,
+            re.MULTILINE,
+        )
+        assert line is not None, stdout
+        assert float(line[1]) == pytest.approx(gauge[backend]["kl"], abs=1e-5)
+        assert float(line[2]) == pytest.approx(gauge[backend]["abs"], abs=1e-4)
 
 
 def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):

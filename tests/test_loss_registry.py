@@ -9,6 +9,7 @@ change, and both give the counts of a plain per-token reference.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from fractions import Fraction
 
@@ -18,6 +19,7 @@ import torch
 from adapters import losses
 from adapters import megatron as mg
 from adapters.miles import ClientAggregator, forward_backward_loss
+from adapters.output import loss_metrics
 from tracking import keys
 
 
@@ -187,14 +189,69 @@ def test_an_empty_request_carries_the_declared_keys(toy):
         keys.LOSS_TOKENS: 0.0,
         keys.CLIPPED_TOKENS: 0.0,
     }
+    # a gauge loss: the gauge's sums are 0 over no token; no extreme and no mean is invented
+    no_gauge = {key: 0.0 for key in keys.GAUGE_MEASURED_KEYS if key not in keys.EXTREME_KEYS}
     assert forward_backward_loss([], [], "ppo").output.metrics == {
         keys.LOSS_SUM: 0.0,
         keys.LOSS_TOKENS: 0.0,
         keys.CLIPPED_TOKENS: 0.0,
         keys.CLIPPED_LOW_TOKENS: 0.0,
         keys.CLIPPED_HIGH_TOKENS: 0.0,
+        **no_gauge,
     }
     assert forward_backward_loss([], [], "dro", {"beta": 0.1}).output.metrics == {
         keys.LOSS_SUM: 0.0,
         keys.LOSS_TOKENS: 0.0,
+        **no_gauge,
     }
+    assert forward_backward_loss([], [], "cross_entropy").output.metrics == {
+        keys.LOSS_SUM: 0.0,
+        keys.LOSS_TOKENS: 0.0,
+    }
+
+
+def checked_truncated_is(logprobs, sampling_logprobs, advantages, mask=None, *, cap=2.0):
+    """The toy written with the public input checks and the gauge: the built-in losses' checks,
+    error messages and on-policy gauge for a loss of one's own."""
+    batch = losses.check_inputs(logprobs, sampling_logprobs, advantages, mask)
+    log_ratio = logprobs - sampling_logprobs
+    ratio = torch.exp(log_ratio.detach())
+    loss = -(torch.clamp(ratio, max=cap) * advantages * logprobs * batch.weight).sum()
+    with torch.no_grad():
+        clipped = torch.count_nonzero((ratio > cap) & batch.eligible)
+        gauge = losses.gauge_of(log_ratio, ratio, batch.mask_eligible)
+    return batch.output(loss, log_ratio, clipped, gauge=gauge)
+
+
+def test_a_registered_loss_gets_the_input_checks_and_the_gauge():
+    spec = losses.register_loss(
+        dataclasses.replace(TOY, name="checked_is", fn=checked_truncated_is, gauge=True)
+    )
+    try:
+        gen = torch.Generator().manual_seed(5)
+        lp = -torch.rand(40, generator=gen) * 2
+        slp = lp + 0.5 * torch.randn(40, generator=gen)
+        adv = torch.randn(40, generator=gen)
+        mask = (torch.rand(40, generator=gen) > 0.25).float()
+        loss_func = mg.make_loss_func(spec.name, {"sampling_logprobs": slp, "advantages": adv, "mask": mask})
+        metrics = mg.reduce_losses([loss_func(lp)[2]], group=None).metrics
+        ppo_gauge = {
+            k: v for k, v in loss_metrics(losses.ppo(lp, slp, adv, mask)).items() if k in keys.GAUGE_KEYS
+        }
+        assert {k: metrics[k] for k in ppo_gauge} == ppo_gauge  # the same gauge as a built-in loss
+        assert metrics[keys.CLIPPED_TOKENS] == reference(lp, slp, adv, mask, 2.0)[1]
+        bad = slp.clone()
+        bad[3] = float("nan")
+        with pytest.raises(
+            ValueError, match=r"non-finite values \(NaN or inf\) in logprobs, sampling_logprobs"
+        ):
+            mg.reduce_losses(
+                [mg.make_loss_func(spec.name, {"sampling_logprobs": bad, "advantages": adv})(lp)[2]],
+                group=None,
+            )
+        with pytest.raises(ValueError, match="sampling_logprobs has 1 non-finite entries"):
+            loss_metrics(checked_truncated_is(lp, bad, adv))  # the output keeps its inputs: named precisely
+        with pytest.raises(ValueError, match="advantages has shape"):
+            checked_truncated_is(lp, slp, adv[:5])
+    finally:
+        losses.unregister_loss("checked_is")

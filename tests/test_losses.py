@@ -232,7 +232,7 @@ def test_the_one_packing_adds_on_device_and_reads_back_the_exact_counts(sizes, n
                     (torch.rand(n, generator=gen) > 0.2).float(),
                 )
             )
-        packed = torch.stack([losses.pack(o) for o in outs]).sum(dim=0)
+        packed = losses.combine_packed(torch.stack([losses.pack(o) for o in outs]))
     assert packed.dtype == losses.PACKED_DTYPE and packed.shape == (len(losses.PACKED_FIELDS),)
     sums = losses.unpack(packed.tolist())
     assert sums.calls == len(outs) and sums.invalid == [0, 0, 0]

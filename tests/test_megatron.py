@@ -18,6 +18,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adapters import losses
 from adapters import megatron as mg
 from adapters.losses import INPUT_CHECKS, ppo
 from tests import _harness as harness
@@ -45,6 +46,23 @@ def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:
 # ---- the real schedule, one rank ------------------------------------------------------------------
 
 
+def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> None:
+    """The gauge of a reduction against one pass over the whole batch: the same keys, counts exact,
+    sums and extremes to float32 rounding of the log-probs. The schedule's model computes them
+    micro-batch by micro-batch (and split over ranks), so where the sampler's log-probs are the
+    one-pass model's own (``l = 0`` exactly there) the gauge reads the layouts' float32 differences:
+    up to about 1e-7 per token, which is what it is for."""
+    assert set(got) & set(keys.GAUGE_KEYS) == set(expected) & set(keys.GAUGE_KEYS)
+    tokens = expected[keys.LOSS_TOKENS]
+    for key in set(expected) & set(keys.GAUGE_KEYS):
+        if key == keys.RATIO_OUTSIDE_TOKENS:
+            assert got[key] == expected[key]
+        elif key.endswith(":sum"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6 * tokens + 1e-6), key
+        else:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+
 @pytest.mark.parametrize("scenario", list(setup.SCENARIOS))
 def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scenario):
     batch, data = _one_rank_data(scenario)
@@ -56,9 +74,10 @@ def test_schedule_matches_one_pass_over_the_whole_batch(megatron_one_rank, scena
     assert len(calls) == 1
     expected = setup.expected_metrics(scenario, batch)
     assert set(fbo.metrics) == set(expected)
-    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION):
+    for key in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION, keys.RATIO_OUTSIDE_TOKENS):
         assert fbo.metrics.get(key) == expected.get(key), key
     assert fbo.metrics[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
+    assert_gauge_close(fbo.metrics, expected)
     if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # docs/CONTRACT.md's rule, token by token, agrees
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert (fbo.metrics[keys.LOSS_TOKENS], fbo.metrics[keys.CLIPPED_TOKENS]) == (n, clipped)
@@ -220,7 +239,14 @@ def test_loss_func_returns_megatrons_three_tuple():
     direct = ppo(logprobs, **inputs)
     assert torch.equal(loss, direct.loss) and loss.requires_grad
     assert num_tokens.dtype == torch.int64 and int(num_tokens) == int((inputs["mask"] != 0).sum())
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, mg.REPORT_INVALID}
+    assert set(report) == {
+        keys.LOSS_SUM,
+        keys.LOSS_TOKENS,
+        *keys.CLIP_COUNT_KEYS,
+        mg.REPORT_GAUGE,
+        mg.REPORT_INVALID,
+    }
+    assert report[mg.REPORT_GAUGE].dtype == torch.float64 and not report[mg.REPORT_GAUGE].requires_grad
     for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
         assert report[key].dim() == 0 and not report[key].requires_grad
     assert report[keys.CLIPPED_TOKENS].dtype == torch.int64
@@ -232,10 +258,15 @@ def test_loss_func_returns_megatrons_three_tuple():
 def test_never_clipping_loss_reports_no_clip_keys():
     logprobs, inputs = _micro()
     _, _, report = mg.make_loss_func("dro", inputs, {"beta": 0.1})(logprobs)
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, mg.REPORT_INVALID}
+    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, mg.REPORT_GAUGE, mg.REPORT_INVALID}
     fbo = mg.reduce_losses([report, report], group=None)
-    assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS}
+    assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_KEYS}
     assert fbo.metrics[keys.LOSS_TOKENS] == 2 * int((inputs["mask"] != 0).sum())
+    # the gauge of the same micro-batch twice: sums doubled, extremes unchanged
+    gauge = dict(zip(losses.GAUGE_FIELDS, report[mg.REPORT_GAUGE].tolist(), strict=True))
+    assert fbo.metrics[keys.KL_K3_SUM] == 2 * gauge[keys.KL_K3_SUM]
+    assert fbo.metrics[keys.LOG_RATIO_MAX] == gauge[keys.LOG_RATIO_MAX]
+    assert fbo.metrics[keys.LOG_RATIO_MIN] == -gauge["-" + keys.LOG_RATIO_MIN]
 
 
 @pytest.mark.parametrize(
@@ -400,7 +431,7 @@ def test_module_does_not_import_megatron():
 
 def test_merged_counts_at_2_to_the_53_are_refused():
     fields = dict.fromkeys(mg.PACKED_FIELDS, 0.0)
-    fields.update({keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: float(2**53), mg.PACKED_FIELDS[5]: 1.0})
+    fields.update({keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: float(2**53), "calls": 1.0})
     with pytest.raises(ValueError, match="reached 2\\*\\*53"):
         mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS])
     fields[keys.LOSS_TOKENS] = float(2**53 - 1)

@@ -17,6 +17,7 @@ from adapters.losses import ppo
 from adapters.output import loss_metrics
 from tests import _megatron_setup as setup
 from tests._harness import run_ranks
+from tests.test_megatron import assert_gauge_close
 from tracking import keys
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +51,7 @@ def _check_layout(results: list[dict], dp: int) -> None:
                         assert got[key] == expected[key], f"{scenario} rank {res['rank']} {key}"
                 assert got.get(keys.CLIP_FRACTION) == expected.get(keys.CLIP_FRACTION)
                 assert got[keys.LOSS_SUM] == pytest.approx(expected[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
+                assert_gauge_close(got, expected)
             # every rank, any pipeline stage, ends up with the last stage's output
             last = next(r for r in results if r["last_stage"])
             assert step["broadcast_metrics"] == last["steps"][scenario]["metrics"]
@@ -65,6 +67,8 @@ def _check_nontrivial(results: list[dict]) -> None:
     assert metrics["ppo_nothing_clips"]["metrics"][keys.CLIP_FRACTION] == 0.0
     assert keys.CLIP_FRACTION not in metrics["cross_entropy"]["metrics"]
     assert keys.CLIPPED_TOKENS not in metrics["cross_entropy"]["metrics"]
+    assert set(keys.GAUGE_KEYS) <= set(metrics["ppo"]["metrics"])  # the gauge crossed the ranks
+    assert set(keys.GAUGE_KEYS).isdisjoint(metrics["cross_entropy"]["metrics"])
 
 
 @pytest.fixture(scope="module")

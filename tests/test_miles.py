@@ -194,8 +194,8 @@ def test_a_loss_that_never_clips_yields_no_clip_keys():
         expected_tokens = sum(int(sum(d["mask"]["data"])) for d in datums)
         assert result.output.metrics[keys.LOSS_TOKENS] == expected_tokens
         assert not set(keys.CLIP_SERIES_KEYS) - {keys.LOSS_TOKENS} & set(result.output.metrics)
-        for out in result.output.loss_fn_outputs:
-            assert set(out) == {keys.DATUM_LOGPROBS, keys.DATUM_LOSS_TOKENS}
+        for out in result.output.loss_fn_outputs:  # no clip fields; the gauge (sampling log-probs)
+            assert set(out) == {keys.DATUM_LOGPROBS, keys.DATUM_LOSS_TOKENS, *keys.DATUM_GAUGE_FIELDS}
         metrics = aggregate_datums(json.loads(json.dumps(output_to_json(result.output))))
         assert metrics[keys.LOSS_TOKENS] == expected_tokens
         assert keys.CLIP_FRACTION not in metrics and keys.CLIPPED_TOKENS not in metrics
@@ -203,6 +203,9 @@ def test_a_loss_that_never_clips_yields_no_clip_keys():
     result = forward_backward_loss(ce, policy, "cross_entropy")
     assert result.output.metrics[keys.LOSS_TOKENS] == expected_tokens
     assert keys.CLIPPED_TOKENS not in result.output.metrics
+    assert not set(keys.GAUGE_KEYS) & set(result.output.metrics)  # no sampling log-probs: no gauge
+    for out in result.output.loss_fn_outputs:
+        assert set(out) == {keys.DATUM_LOGPROBS, keys.DATUM_LOSS_TOKENS}
 
 
 def test_runtime_accepts_tinker_datums():
@@ -455,7 +458,7 @@ def test_mixed_loss_kinds_unknown_clients_and_closed_steps_are_refused():
     for name in (keys.DATUM_CLIPPED_TOKENS, keys.DATUM_CLIPPED_LOW_TOKENS, keys.DATUM_CLIPPED_HIGH_TOKENS):
         mixed["loss_fn_outputs"][5].pop(name)
     mixed["metrics"] = {}
-    with pytest.raises(ValueError, match=r"\[5\] lacks clip counts but earlier datums do"):
+    with pytest.raises(ValueError, match=r"\[5\]: this output comes from a loss that never clips"):
         aggregate_datums(mixed)
     # across the outputs of one call: the offending output is named
     with pytest.raises(ValueError, match=r"^outputs\[2\]: this output comes from a loss that never clips"):

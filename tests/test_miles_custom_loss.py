@@ -56,6 +56,25 @@ def _expected(dp: int) -> dict[str, int]:
     return {k: ref[k] for k in COUNT_FIELDS}
 
 
+def _counts(counts: object) -> dict[str, int]:
+    """The count fields of a read-back (a MeasuredSums or its ``vars`` from a rank)."""
+    fields = counts if isinstance(counts, dict) else vars(counts)
+    return {k: fields[k] for k in COUNT_FIELDS}
+
+
+def _assert_gauge(counts: object, dp: int) -> None:
+    """The gauge read back from Miles' log: the reference sums (Miles' float32 log-probs against the
+    float64 log-ratios: to float32 rounding), the outside count exactly, and no extreme (Miles sums
+    its log values, which no max survives)."""
+    gauge = (counts if isinstance(counts, dict) else vars(counts))["gauge"]
+    ref = case.reference_gauge(dp)
+    assert ref["ratio_outside_tokens:sum"] > 0
+    assert set(gauge) == set(ref)
+    assert gauge["ratio_outside_tokens:sum"] == ref["ratio_outside_tokens:sum"]
+    for key, value in ref.items():
+        assert gauge[key] == pytest.approx(value, rel=1e-5, abs=1e-4), key
+
+
 @pytest.mark.parametrize("per_token", [False, True], ids=["per_sample_mean", "per_token"])
 def test_loss_gradient_and_counts_on_one_rank(one_rank, per_token):
     miles = one_rank
@@ -69,9 +88,12 @@ def test_loss_gradient_and_counts_on_one_rank(one_rank, per_token):
         assert log_ours["keys"][:n] == log_stock["keys"]
         assert torch.equal(log_ours["values"][: n + 1].float(), log_stock["values"].float())
     expected = _expected(1)
-    assert vars(read_train_log(ours["aggregated"])) == expected
-    assert vars(read_train_log(ours["logged"])) == expected  # the train/* dict Miles' tracker gets
-    assert vars(read_train_log(sum_train_logs(ours["logs"]))) == expected  # the summed dict, before division
+    for log in (ours["aggregated"], ours["logged"], sum_train_logs(ours["logs"])):
+        # the dict aggregate_train_losses returns, the train/* dict Miles' tracker gets, the
+        # summed dict before Miles' division: the counts exactly, the gauge's sums
+        counts = read_train_log(log)
+        assert _counts(counts) == expected
+        _assert_gauge(counts, 1)
     if not per_token:  # Miles' default mode: the aggregated entries are the token counts themselves
         assert {k: ours["aggregated"][k] for k in COUNT_FIELDS} == expected
 
@@ -115,6 +137,17 @@ def test_scaled_entries_that_do_not_divide_are_refused():
         read_train_log({**log, "count_scale": 0.0})
     with pytest.raises(ValueError, match="low \\+ high|clipped"):
         read_train_log({**log, "loss_tokens": 7.0, "clipped_tokens": 2.0})
+    gauge = {"log_ratio": 0.5, "abs_log_ratio": 1.5, "kl_k3": 0.25, "is_weight": 7.5, "is_weight_sq": 8.0}
+    with pytest.raises(ValueError, match=r"but not \['ratio_outside_tokens'\]: they come together"):
+        read_train_log({**log, "loss_tokens": 7.0, **gauge})
+    with pytest.raises(ValueError, match="'ratio_outside_tokens' / 'count_scale' = 0.5 is not a whole"):
+        read_train_log({**log, "loss_tokens": 7.0, **gauge, "ratio_outside_tokens": 0.5})
+    with pytest.raises(ValueError, match="ratio_outside_tokens:sum=9 exceeds loss_tokens=7"):
+        read_train_log({**log, "loss_tokens": 7.0, **gauge, "ratio_outside_tokens": 9.0})
+    with pytest.raises(ValueError, match="abs_log_ratio:sum.*must be >= 0"):
+        read_train_log(
+            {**log, "loss_tokens": 7.0, **gauge, "abs_log_ratio": -1.0, "ratio_outside_tokens": 1.0}
+        )
 
 
 def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
@@ -126,8 +159,10 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
         for mode in ("per_sample", "per_token"):
             got = res[mode]
             assert got["same_losses"] and got["same_grad"], (res["rank"], mode)
-            assert got["counts"] == expected, (res["rank"], mode)
-            assert got["counts_logged"] == expected, (res["rank"], mode)
+            assert _counts(got["counts"]) == expected, (res["rank"], mode)
+            assert _counts(got["counts_logged"]) == expected, (res["rank"], mode)
+            _assert_gauge(got["counts"], dp)
+            _assert_gauge(got["counts_logged"], dp)
             for key, value in got["stock_aggregated"].items():  # Miles' own metrics, as without our entries
                 assert got["aggregated"][key] == pytest.approx(value, rel=1e-6, abs=1e-7), (
                     res["rank"],

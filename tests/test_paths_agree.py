@@ -5,7 +5,8 @@ through Megatron-Core's real ``get_forward_backward_func`` schedule (one gloo ra
 the tests' CPU shim), once with a hand-rolled loop over micro-batches (no megatron-core needed).
 Miles path: every sequence of the batch is a datum in Tinker's JSON form, run through
 ``forward_backward_loss`` in chunks, sent as JSON, added to a ``ClientAggregator`` in shuffled
-order and emitted. Both are also checked against docs/CONTRACT.md's rule token by token.
+order and emitted. Both are also checked against docs/CONTRACT.md's rule token by token, and both
+carry the same on-policy gauge.
 """
 
 from __future__ import annotations
@@ -71,6 +72,24 @@ def clip_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: metrics[k] for k in CLIP_METRICS if k in metrics}
 
 
+def assert_same_gauge(miles: dict[str, float], megatron: dict[str, float], *, same_logprobs: bool) -> None:
+    """Both paths carry the same gauge: the same keys and the outside count exactly. Given the same
+    float32 log-probs, the extremes exactly too and the float64 sums and means to their summation
+    order (and the wire's float32 pairs, 2**-48 of each datum's value); given log-probs from two
+    computations of one model (Megatron's schedule and a plain forward), to float32 rounding."""
+    assert {k for k in keys.GAUGE_KEYS if k in miles} == {k for k in keys.GAUGE_KEYS if k in megatron}
+    tokens = megatron[keys.LOSS_TOKENS]
+    for key in keys.GAUGE_KEYS:
+        if key not in megatron:
+            continue
+        if key == keys.RATIO_OUTSIDE_TOKENS or (same_logprobs and key in keys.EXTREME_KEYS):
+            assert miles[key] == megatron[key], key
+        elif same_logprobs:
+            assert miles[key] == pytest.approx(megatron[key], rel=1e-12, abs=1e-12), key
+        else:
+            assert miles[key] == pytest.approx(megatron[key], rel=1e-5, abs=1e-6 * tokens), key
+
+
 @pytest.fixture(scope="module")
 def megatron_one_rank() -> Iterator[None]:
     """Megatron's parallel_state on a one-rank gloo group over 127.0.0.1, CUDA literals on CPU."""
@@ -89,10 +108,15 @@ def test_megatron_schedule_and_miles_runtime_emit_identical_clip_metrics(megatro
     assert megatron is not None
     miles = miles_path(scenario, batch, chunk_sizes=[1, 2, n_seq - 3], seed=0)
     assert clip_metrics(miles) == clip_metrics(megatron.metrics)
+    assert_same_gauge(miles, megatron.metrics, same_logprobs=False)
     assert miles[keys.LOSS_SUM] == pytest.approx(megatron.metrics[keys.LOSS_SUM], rel=1e-5, abs=1e-4)
     if setup.SCENARIOS[scenario]["loss_fn"] == "cross_entropy":
-        assert not {keys.CLIP_FRACTION, *keys.CLIP_COUNT_KEYS} & (set(miles) | set(megatron.metrics))
-    elif setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # and both follow docs/CONTRACT.md's rule
+        assert not {keys.CLIP_FRACTION, *keys.CLIP_COUNT_KEYS, *keys.GAUGE_KEYS} & (
+            set(miles) | set(megatron.metrics)
+        )
+    else:
+        assert keys.KL_K3_MEAN in miles and miles[keys.LOG_RATIO_MAX] >= miles[keys.LOG_RATIO_MIN]
+    if setup.SCENARIOS[scenario]["loss_fn"] == "ppo":  # and both follow docs/CONTRACT.md's rule
         n, clipped, low, high = setup.plain_ppo_counts(batch)
         assert [miles[k] for k in (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)] == [n, clipped, low, high]
 
@@ -124,3 +148,5 @@ def test_hand_rolled_megatron_loop_and_miles_runtime_agree_for_any_split(scenari
     miles = miles_path(scenario, batch, chunk_sizes, seed=len(micro_rows))
     assert clip_metrics(miles) == clip_metrics(megatron.metrics)
     assert keys.CLIPPED_TOKENS in miles
+    assert_same_gauge(miles, megatron.metrics, same_logprobs=True)
+    assert keys.KL_K3_SUM in miles

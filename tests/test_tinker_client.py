@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import json
 import math
 import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("tinker")
 from tinker import types
@@ -97,7 +101,7 @@ class InProcessService:
 def make_data(service: InProcessService, n: int, seed: int) -> tuple[list[types.Datum], dict[str, int]]:
     """``n`` datums of different lengths sampled "off-policy" by known log-ratios, and their counts."""
     gen = torch.Generator().manual_seed(seed)
-    data, totals = [], {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0}
+    data, totals = [], {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0, "deltas": []}
     for _ in range(n):
         length = int(torch.randint(2, 9, (), generator=gen))
         tokens = torch.randint(0, VOCAB, (length,), generator=gen).tolist()
@@ -125,11 +129,33 @@ def make_data(service: InProcessService, n: int, seed: int) -> tuple[list[types.
         totals["low"] += int(low.sum())
         totals["high"] += int(high.sum())
         totals["clipped"] += int((low | high).sum())
+        totals["deltas"] += [float(d) for d in delta[eligible]]
     return data, totals
 
 
-def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+def _add(a: dict, b: dict) -> dict:
     return {k: a[k] + b[k] for k in a}
+
+
+def check_gauge(metrics: dict[str, float], deltas: list[float]) -> None:
+    """The step's gauge against the log-ratios the data were sampled with (float64, plain Python;
+    the loss forms l from float32 log-probs, so to float32 rounding), its means formed from the
+    merged sums (bit for bit)."""
+    n = len(deltas)
+    expected = {
+        keys.LOG_RATIO_SUM: math.fsum(deltas),
+        keys.ABS_LOG_RATIO_SUM: math.fsum(abs(d) for d in deltas),
+        keys.KL_K3_SUM: math.fsum(math.expm1(d) - d for d in deltas),
+        keys.IS_WEIGHT_SUM: math.fsum(math.exp(d) for d in deltas),
+        keys.IS_WEIGHT_SQ_SUM: math.fsum(math.exp(2 * d) for d in deltas),
+        keys.LOG_RATIO_MAX: max(deltas),
+        keys.LOG_RATIO_MIN: min(deltas),
+    }
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-5 * n), key
+    assert metrics[keys.RATIO_OUTSIDE_TOKENS] == sum(1 for d in deltas if not 0.5 <= math.exp(d) <= 2.0)
+    assert metrics[keys.KL_K3_MEAN] == metrics[keys.KL_K3_SUM] / metrics[keys.LOSS_TOKENS]
+    assert metrics[keys.ABS_LOG_RATIO_MEAN] == metrics[keys.ABS_LOG_RATIO_SUM] / metrics[keys.LOSS_TOKENS]
 
 
 def logged_points(tracker: Tracker, spool) -> dict[int, dict[str, float]]:
@@ -163,7 +189,7 @@ def test_sync_steps_with_several_calls_resolved_out_of_order(tmp_path, seed_keys
     assert client.get_info() == "in-process"  # everything else is the client's own
     expected, returned = {}, []
     for step, sizes in enumerate([(3, 1, 5), (2, 4), (6,)]):
-        total = {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0}
+        total = {"loss_tokens": 0, "clipped": 0, "low": 0, "high": 0, "deltas": []}
         futures = []
         for i, n in enumerate(sizes):
             data, counts = make_data(service, n, seed=10 * step + i)
@@ -188,6 +214,10 @@ def test_sync_steps_with_several_calls_resolved_out_of_order(tmp_path, seed_keys
     for step, total in expected.items():
         assert total["clipped"] > 0
         check_step(points[step], total, split=not seed_keys_only)
+        if seed_keys_only:  # a service whose metrics carry no gauge: none is logged (never invented)
+            assert not set(keys.GAUGE_KEYS) & set(points[step])
+        else:
+            check_gauge(points[step], total["deltas"])
     for output, metrics in returned:  # what the caller got is tinker's type, untouched
         assert isinstance(output, types.ForwardBackwardOutput)
         assert output.metrics == metrics
@@ -234,6 +264,59 @@ def test_async_client(tmp_path):
     points = logged_points(tracker, tmp_path)
     for step, total in expected.items():
         check_step(points[step], total, split=True)
+
+
+@settings(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    calls=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    order=st.randoms(use_true_random=False),
+    loss_fn=st.sampled_from(["ppo", "cispo", "importance_sampling"]),
+    seed=st.integers(0, 1000),
+)
+def test_any_number_of_calls_resolved_in_any_order_log_the_merged_gauge_exactly(calls, order, loss_fn, seed):
+    """Whatever the calls of a step and their order of resolution, the logged point is the exact
+    merge of the outputs the caller got: counts summed, float sums by one fsum, extremes by max /
+    min, means formed once from the merged sums (read back from the run's journal)."""
+    import tempfile
+
+    service = InProcessService()
+    with tempfile.TemporaryDirectory() as spool:
+        tracker = Tracker("tinker-any", backends=["jsonl"], spool_dir=spool, handle_signals=False)
+        client = TrackedTrainingClient(service, tracker, first_step=seed)
+        futures = [
+            client.forward_backward(make_data(service, n, seed + i)[0], loss_fn) for i, n in enumerate(calls)
+        ]
+        client.optim_step(types.AdamParams(learning_rate=0.1))
+        resolution = list(range(len(calls)))
+        order.shuffle(resolution)
+        service.resolve(resolution)
+        outputs = [f.result().metrics for f in futures]
+        assert client.flush(timeout_s=60)
+        tracker.close()
+        run_dir = next(Path(spool).iterdir())
+        (point,) = [json.loads(line) for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
+    assert point["step"] == seed
+    logged = point["metrics"]
+    tokens = sum(int(o[keys.LOSS_TOKENS]) for o in outputs)
+    assert logged[keys.LOSS_TOKENS] == tokens
+    assert logged[keys.RATIO_OUTSIDE_TOKENS] == sum(int(o[keys.RATIO_OUTSIDE_TOKENS]) for o in outputs)
+    for key in (
+        keys.LOG_RATIO_SUM,
+        keys.ABS_LOG_RATIO_SUM,
+        keys.KL_K3_SUM,
+        keys.IS_WEIGHT_SUM,
+        keys.IS_WEIGHT_SQ_SUM,
+    ):
+        assert logged[key] == math.fsum(o[key] for o in outputs), key
+    assert logged[keys.LOG_RATIO_MAX] == max(
+        o[keys.LOG_RATIO_MAX] for o in outputs if keys.LOG_RATIO_MAX in o
+    )
+    assert logged[keys.LOG_RATIO_MIN] == min(
+        o[keys.LOG_RATIO_MIN] for o in outputs if keys.LOG_RATIO_MIN in o
+    )
+    assert logged[keys.KL_K3_MEAN] == logged[keys.KL_K3_SUM] / tokens
+    assert logged[keys.ABS_LOG_RATIO_MEAN] == logged[keys.ABS_LOG_RATIO_SUM] / tokens
+    assert (keys.CLIP_FRACTION in logged) == (loss_fn != "importance_sampling")
 
 
 def test_a_failed_call_leaves_its_step_unlogged_with_a_warning(tmp_path):

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
-    from adapters.demo.train import RunConfig, train
+    from adapters.demo.train import OnPolicy, RunConfig, train
     from tracking import Tracker
     from tracking.progress import Progress
 
@@ -103,6 +103,7 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     started = time.perf_counter()
     run_ids: dict[str, str] = {}
     schedules: dict[str, str] = {}
+    on_policy: dict[str, OnPolicy] = {}
     for path in paths:
         config = RunConfig(
             path=path,
@@ -135,6 +136,7 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
                     clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
                     reward=result.metrics[keys.REWARD],
                 )
+                on_policy[path] = on_policy.get(path, OnPolicy(config.staleness)).add(result)
             assert tracker.run_id is not None
             run_ids[path] = tracker.run_id
     training_s = time.perf_counter() - started
@@ -142,6 +144,7 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     print()
     summary_lines = [f"trained {len(paths)} run(s) in {training_s:.1f} s"]
     summary_lines += [f"{path} path ran through: {schedule}" for path, schedule in schedules.items()]
+    summary_lines += [f"{path} run: {summary.describe()}" for path, summary in on_policy.items()]
     if len(run_ids) >= 2:
         summary_lines += _compare(list(run_ids.values()), tracking_uri, out)
     print("\n".join(summary_lines))

@@ -5,8 +5,8 @@ cliptrack relies on (verified on the ``miles-rl`` release :data:`MINIMUM` .. :da
 
 - ``policy_loss_function(args, batch, logits, sum_of_sample_mean) -> (loss, log)``;
 - that function calling ``compute_policy_loss(ppo_kl, advantages, eps_clip, eps_clip_high, ...) ->
-  (pg_losses, clipfrac)``, looked up in its own module's globals, with ``clipfrac`` the per-token
-  clip decision of this rank's CP slice;
+  (pg_losses, clipfrac)``, looked up in its own module's globals, with ``ppo_kl`` the per-token
+  ``old_log_probs - log_probs`` and ``clipfrac`` the per-token clip decision of this rank's CP slice;
 - ``get_parallel_state().cp.rank`` and ``get_local_response_loss_masks(total_lengths,
   response_lengths, loss_masks, qkv_format, max_seq_lens)`` in that module's namespace.
 
@@ -78,18 +78,19 @@ def policy_loss() -> tuple[Callable[..., Any], dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def recording_clip_decisions(namespace: dict[str, Any]) -> Iterator[list[tuple[Any, Any]]]:
-    """Within the block, ``compute_policy_loss`` in ``namespace`` records ``(advantages, clipfrac)``.
+def recording_clip_decisions(namespace: dict[str, Any]) -> Iterator[list[tuple[Any, Any, Any]]]:
+    """Within the block, ``compute_policy_loss`` in ``namespace`` records ``(ppo_kl, advantages,
+    clipfrac)`` (detached; ``ppo_kl = old_log_probs - log_probs`` per token, Miles' masking applied).
 
     The wrapper calls Miles' function and returns its result unchanged (same tensors, same graph);
     the original is restored on exit. Calls from several threads are serialised.
     """
     original = namespace["compute_policy_loss"]
-    calls: list[tuple[Any, Any]] = []
+    calls: list[tuple[Any, Any, Any]] = []
 
     def recording(ppo_kl: Any, advantages: Any, *args: Any, **kwargs: Any) -> Any:
         pg_losses, clipfrac = original(ppo_kl, advantages, *args, **kwargs)
-        calls.append((advantages.detach(), clipfrac.detach()))
+        calls.append((ppo_kl.detach(), advantages.detach(), clipfrac.detach()))
         return pg_losses, clipfrac
 
     with _LOCK:

@@ -14,11 +14,17 @@ clipping bites. The gradient is that of the token mean over the step's batch in 
 * Miles-runtime path: the runtime's :func:`adapters.miles.forward_backward_loss` per chunk of
   datums (one datum per completion, trimmed to its own length), the per-datum outputs sent over
   JSON as a REST frontend would and summed per client by :class:`adapters.miles.ClientAggregator`.
+
+Every step's output carries the on-policy gauge beside the clip counts. The demo's Miles run
+samples from a policy two steps stale (``staleness=2``, ``cliptrack demo --miles-staleness``), so
+its ``kl_k3:mean`` and ``abs_log_ratio:mean`` sit well above the Megatron run's (about 6x the k3
+KL over 40 steps of the default task); :class:`OnPolicy` sums a run's steps into those numbers.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -106,6 +112,61 @@ class StepResult:
     schedule: str = ""
     """What ran the step's micro-batches (:data:`SCHEDULE_LOOP`, :data:`SCHEDULE_MILES` or the
     Megatron-Core schedule function's dotted name)."""
+
+
+@dataclass(frozen=True)
+class OnPolicy:
+    """How far off-policy a run's steps so far were: ratios of its sums over every step.
+
+    ``staleness``: steps the sampler lagged the trained policy. ``loss_tokens`` and
+    ``clipped_tokens``: summed tokens; ``kl_k3_sum`` and ``abs_log_ratio_sum``: the gauge's sums
+    (nats), ``ratio_outside_tokens``: tokens with a ratio outside [1/2, 2]. :meth:`add` a step's
+    result; the properties are the run's clip fraction, mean k3 KL(sampler || trainer) and mean
+    ``|l|`` per eligible token (``None`` before any token).
+    """
+
+    staleness: int = 0
+    loss_tokens: int = 0
+    clipped_tokens: int = 0
+    ratio_outside_tokens: int = 0
+    kl_k3_sum: float = 0.0
+    abs_log_ratio_sum: float = 0.0
+
+    def add(self, result: StepResult) -> OnPolicy:
+        """These sums plus one step's (its merged output's ``loss_tokens:sum``, ``clipped_tokens:sum``,
+        ``ratio_outside_tokens:sum``, ``kl_k3:sum``, ``abs_log_ratio:sum``)."""
+        m = result.output.metrics
+        return OnPolicy(
+            self.staleness,
+            self.loss_tokens + int(m[keys.LOSS_TOKENS]),
+            self.clipped_tokens + int(m[keys.CLIPPED_TOKENS]),
+            self.ratio_outside_tokens + int(m[keys.RATIO_OUTSIDE_TOKENS]),
+            math.fsum((self.kl_k3_sum, m[keys.KL_K3_SUM])),
+            math.fsum((self.abs_log_ratio_sum, m[keys.ABS_LOG_RATIO_SUM])),
+        )
+
+    @property
+    def clip_fraction(self) -> float | None:
+        return self.clipped_tokens / self.loss_tokens if self.loss_tokens else None
+
+    @property
+    def kl_k3(self) -> float | None:
+        """Mean k3 KL(sampler || trainer) per eligible token, in nats."""
+        return self.kl_k3_sum / self.loss_tokens if self.loss_tokens else None
+
+    @property
+    def abs_log_ratio(self) -> float | None:
+        """Mean ``|logprobs - sampling_logprobs|`` per eligible token, in nats."""
+        return self.abs_log_ratio_sum / self.loss_tokens if self.loss_tokens else None
+
+    def describe(self) -> str:
+        """One line: the run's clip fraction and gauge, and its sampler's staleness."""
+        if not self.loss_tokens:
+            return "no eligible token yet"
+        return (
+            f"clip fraction {self.clip_fraction:.4f}, mismatch KL (k3) {self.kl_k3:.5f}, "
+            f"mean |log ratio| {self.abs_log_ratio:.4f} (sampler {self.staleness} step(s) stale)"
+        )
 
 
 SCHEDULE_LOOP = "plain micro-batch loop (megatron-core not installed)"

@@ -1,12 +1,18 @@
-"""The Miles-runtime path: per-datum clip counts, summed exactly per training client.
+"""The Miles path: per-datum clip counts and on-policy gauge, summed exactly per training client.
 
-- Runtime side (:mod:`adapters.miles.runtime`): :func:`forward_backward_loss` computes each datum's
-  loss of one forward_backward request and returns the per-datum outputs in Tinker's wire form.
-- Client side (:mod:`adapters.miles.client`): :func:`aggregate_datums` turns per-datum outputs
-  into the step's metrics; :class:`ClientAggregator` keeps the sums per client and step.
-- Miles' own log dict (:mod:`adapters.miles.train_log`): :func:`read_train_log`; a ready Miles
-  loss adding exact count entries to it: :mod:`adapters.miles.custom_loss`.
-- Wire forms (:mod:`adapters.miles.wire`): TensorData, JSON dicts, tinker's protobuf.
+In the shape every stack integration has (docs/ARCHITECTURE.md, "Three stack integrations in one
+shape"):
+
+- Loss hook: the runtime's :func:`forward_backward_loss` (:mod:`adapters.miles.runtime`) computes
+  each datum's loss of one forward_backward request and returns the per-datum outputs in Tinker's
+  wire form; in Miles' own training loop, :mod:`adapters.miles.custom_loss` (``--loss-type
+  custom_loss``) adds exact count and gauge entries to Miles' log dict.
+- Reduction to an output: :func:`aggregate_datums` turns per-datum outputs into the step's
+  metrics; :class:`ClientAggregator` keeps the sums per client and step
+  (:mod:`adapters.miles.client`).
+- Read-back of the stack's own log: :func:`read_train_log` (:mod:`adapters.miles.train_log`).
+
+Wire forms (:mod:`adapters.miles.wire`): TensorData, JSON dicts, tinker's protobuf.
 """
 
 from adapters.miles.client import (

@@ -1,34 +1,41 @@
-"""The client side: per-datum counts summed exactly, per request and per training client.
+"""The client side: per-datum measures summed exactly, per request and per training client.
 
 Inputs are ForwardBackwardOutputs as a Miles runtime returns them (ours, tinker's own type, their
-JSON dicts, or tinker's chunk merge of several), or bare lists of per-datum outputs. Counts are
-read from the per-datum fields (``loss_tokens``, ``clipped_tokens``, ``clipped_low_tokens``,
-``clipped_high_tokens``), summed as Python ints, and the fraction is formed once from the sums, so
-chunks of any size arriving in any order give the same metrics as one unchunked request.
+JSON dicts, or tinker's chunk merge of several), or bare lists of per-datum outputs. Each datum is
+a sequence; its measured fields (:data:`tracking.keys.DATUM_MEASURE_FIELDS`: ``loss_tokens``, the
+clip counts, and the on-policy gauge's per-sequence sums and extremes) are read, summed (counts as
+Python ints, float sums with ``math.fsum``, extremes by max / min: :class:`tracking.counts.MeasuredSums`)
+and the fraction and means are formed once from the sums, so chunks of any size arriving in any
+order give the same metrics as one unchunked request.
 
 The low/high split is optional per datum (the seed runtimes return ``loss_tokens`` and
-``clipped_tokens`` alone); a sum carries it only when every datum does.
+``clipped_tokens`` alone); a sum carries it only when every datum does. So are the gauge's
+extremes (a sum keeps them only when every datum with tokens has them).
 
 Mixed losses: the counts of PPO and CISPO mean the same thing (eligible tokens whose update
 clipping changed), so outputs of either sum together. A loss that never clips carries no clip
-fields; mixing its outputs with a clipping loss's within one request or step leaves a clip
-fraction with no meaning (its tokens would count as eligible but could never clip), so it is
-refused with a ValueError.
+fields, a loss without sampling log-probs (cross entropy) no gauge; mixing such outputs with
+others within one request or step leaves a fraction or mean with no meaning, so it is refused
+with the one mixing error (:func:`tracking.measures.mixed_groups_error`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from adapters.miles.wire import read_count
+from adapters.miles.wire import read_count, read_float
 from adapters.output import ForwardBackwardOutput, merge_metrics
-from tracking import keys
-from tracking.counts import TokenCounts, mixed_kinds_error
+from tracking import keys, measures
+from tracking.counts import TokenCounts
 from tracking.outputs import is_output, read_output
 from tracking.validation import check_metrics, check_step
+
+_FROM_DATUMS = tuple(k for k in (*keys.MEASURED_KEYS, *keys.MEAN_KEYS) if k != keys.LOSS_SUM)
+"""Metric keys always formed from the per-datum sums (never from a chunk's own metrics)."""
 
 MAX_CHUNK_DATUMS = 1024
 """Most datums in one chunk of a Tinker forward_backward request."""
@@ -36,10 +43,12 @@ MAX_CHUNK_DATUMS = 1024
 
 @dataclass(frozen=True)
 class _Chunk:
-    """One validated output: its datums' summed counts (``None`` without datums), its number of
-    datums, its checked metrics, its per-datum outputs (kept on request) and output type."""
+    """One validated output: its datums' summed measures (``None`` without datums), each datum's
+    float sums (``terms``: key -> one value per datum, for the exact sum), its number of datums,
+    its checked metrics, its per-datum outputs (kept on request) and output type."""
 
     counts: TokenCounts | None
+    terms: dict[str, list[float]]
     datums: int
     metrics: dict[str, float]
     datum_outputs: list[Any]
@@ -47,10 +56,13 @@ class _Chunk:
 
 
 def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
-    """The token counts of one per-datum output, validated.
+    """The measured sums of one per-datum output (one sequence), validated.
 
     ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
-    (``clipped_low_tokens``, ``clipped_high_tokens``) is optional and comes as a pair.
+    (``clipped_low_tokens``, ``clipped_high_tokens``) is optional and comes as a pair. The gauge's
+    fields (:data:`tracking.keys.DATUM_GAUGE_FIELDS`) mark a loss with sampling log-probs: its sums
+    come together, its extremes are optional (and ignored for a datum with no eligible token, which
+    has none). Counts are int64, float measures float32 ``[hi, lo]`` pairs or single floats.
     """
     if not isinstance(datum, Mapping):
         raise TypeError(f"{where} must be a dict of field -> TensorData, got {type(datum).__name__}")
@@ -66,30 +78,84 @@ def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
     if (present and keys.DATUM_CLIPPED_TOKENS not in datum) or len(split) == 1:
         absent = [name for name in keys.DATUM_CLIP_FIELDS if name not in datum]
         raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
-    values = [
+    loss_tokens = read_count(datum[keys.DATUM_LOSS_TOKENS], f"{where}[{keys.DATUM_LOSS_TOKENS!r}]")
+    clipped, low, high = (
         read_count(datum[name], f"{where}[{name!r}]") if name in datum else None
-        for name in (keys.DATUM_LOSS_TOKENS, *keys.DATUM_CLIP_FIELDS)
-    ]
+        for name in keys.DATUM_CLIP_FIELDS
+    )
+    gauge = _datum_gauge(datum, where, loss_tokens)
     try:
-        return TokenCounts(*values)  # type: ignore[arg-type]
+        return TokenCounts(loss_tokens, clipped, low, high, gauge=gauge)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
 
+_GAUGE_SUMS = tuple(m for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM)
+
+
+def _datum_gauge(datum: Mapping[str, Any], where: str, loss_tokens: int) -> dict[str, float | int] | None:
+    """The gauge fields of one datum under their metric keys (``None`` without any)."""
+    fields = [m for m in measures.GAUGE_MEASURES if m.field in datum]
+    if not fields:
+        return None
+    missing = [m.field for m in _GAUGE_SUMS if m.field not in datum]
+    if missing:
+        raise ValueError(
+            f"{where} carries {[m.field for m in fields]} but not {missing}: the gauge's sums come together"
+        )
+    gauge: dict[str, float | int] = {}
+    for m in fields:
+        name = f"{where}[{m.field!r}]"
+        value = read_count(datum[m.field], name) if m.exact else read_float(datum[m.field], name)
+        if m.reduction != measures.SUM and loss_tokens == 0:
+            continue  # no eligible token, no extreme: the wire's placeholder is ignored
+        gauge[m.key] = value
+    return gauge
+
+
 def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> TokenCounts | None:
-    """Exact sums over per-datum outputs (``None`` when there are none); ValueError if clipping and
-    non-clipping datums mix."""
+    """Exact sums over per-datum outputs (``None`` when there are none); ValueError if datums of
+    losses that measure different things mix (a clipping loss and one that never clips, a loss with
+    the gauge and one without). Float sums are the correctly rounded sum of every datum's value."""
+    total, terms = _count_datums(datums, where)
+    return _exact(total, terms)
+
+
+_FLOAT_SUMS = tuple(m.key for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM and not m.exact)
+"""The gauge's float sums: summed once over every datum's value (``math.fsum`` of all of them), so
+no chunking or order of arrival changes a bit of the result."""
+
+
+def _count_datums(datums: Iterable[object], where: str) -> tuple[TokenCounts | None, dict[str, list[float]]]:
+    """``(total, terms)``: the datums' sum by addition, and each datum's float sums."""
+    return _total_and_terms([datum_counts(d, f"{where}[{i}]") for i, d in enumerate(datums)], where)
+
+
+def _total_and_terms(
+    per_datum: Sequence[TokenCounts], where: str
+) -> tuple[TokenCounts | None, dict[str, list[float]]]:
     total: TokenCounts | None = None
-    for i, datum in enumerate(datums):
-        counts = datum_counts(datum, f"{where}[{i}]")
-        if total is not None and total.clips != counts.clips:
-            raise ValueError(
-                f"{where}[{i}] {'carries' if counts.clips else 'lacks'} clip counts but earlier datums "
-                f"{'do not' if counts.clips else 'do'}: a loss that clips and one that never clips "
-                "cannot share one clip fraction"
-            )
-        total = counts if total is None else total + counts
-    return total
+    terms: dict[str, list[float]] = {key: [] for key in _FLOAT_SUMS}
+    for i, counts in enumerate(per_datum):
+        total = _added(total, counts, f"{where}[{i}]: ")
+        if counts.gauge is not None:
+            for key in _FLOAT_SUMS:
+                terms[key].append(float(counts.gauge[key]))
+    return total, terms
+
+
+def sum_datums(per_datum: Sequence[TokenCounts], where: str = "datums") -> TokenCounts | None:
+    """The exact sum of datums' measured sums (``None`` for none): counts as ints, extremes by
+    max / min, float sums by one ``math.fsum`` over every datum (independent of order)."""
+    return _exact(*_total_and_terms(per_datum, where))
+
+
+def _exact(total: TokenCounts | None, terms: Mapping[str, Sequence[float]]) -> TokenCounts | None:
+    """``total`` with its float sums replaced by ``math.fsum`` of every term at once (addition
+    rounds at each step, so its result depends on the grouping; one fsum does not)."""
+    if total is None or total.gauge is None:
+        return total
+    return replace(total, gauge={**total.gauge, **{key: math.fsum(terms[key]) for key in _FLOAT_SUMS}})
 
 
 def aggregate_datums(outputs: object) -> dict[str, float]:
@@ -133,21 +199,33 @@ def _as_outputs(outputs: object) -> list[object]:
 def _read_output(output: object, where: str) -> _Chunk:
     """Validate one output completely (nothing is summed anywhere until this returns)."""
     parts = read_output(output, where)
-    counts = count_datums(parts.loss_fn_outputs, f"{where}.loss_fn_outputs")
+    total, terms = _count_datums(parts.loss_fn_outputs, f"{where}.loss_fn_outputs")
+    counts = _exact(total, terms)
     try:
         checked = check_metrics(parts.metrics) if parts.metrics else {}
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
     _check_metrics_agree(checked, counts, where)
     return _Chunk(
-        counts, len(parts.loss_fn_outputs), checked, list(parts.loss_fn_outputs), parts.loss_fn_output_type
+        counts,
+        terms,
+        len(parts.loss_fn_outputs),
+        checked,
+        list(parts.loss_fn_outputs),
+        parts.loss_fn_output_type,
     )
 
 
+_EXACT_KEYS = tuple(m.key for m in measures.DATUM_MEASURES if m.exact)
+"""Exact counts an output's metrics may carry: they must equal its datums' sums."""
+
+
 def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | None, where: str) -> None:
-    """Count keys an output's metrics carry must equal the sums of its per-datum counts."""
+    """Measured keys an output's metrics carry must agree with its per-datum sums: every count
+    equal, and no clip or gauge key for datums without them (float sums and extremes are taken
+    from the datums; the output's own are not compared, the wire rounds them)."""
     expected = counts.to_metrics() if counts is not None else {}
-    for key in keys.TOKEN_COUNT_KEYS:
+    for key in _EXACT_KEYS:
         if key not in metrics:
             continue
         if counts is None:
@@ -158,25 +236,34 @@ def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | Non
                 )
             continue
         if key not in expected:
-            what = (
-                "carry no low/high split"
-                if counts.clips
-                else "carry no clip counts: a loss that never clips must emit no clip keys"
-            )
-            raise ValueError(f"{where}.metrics carry {key!r} but its datums {what}")
+            raise ValueError(f"{where}.metrics carry {key!r} but its datums {_lacking(key, counts)}")
         if metrics[key] != expected[key]:
             raise ValueError(
                 f"{where}.metrics[{key!r}] = {metrics[key]:.0f} but its datums sum to {expected[key]:.0f}"
             )
+    if counts is not None and not counts.has_gauge:
+        stray = [key for key in keys.GAUGE_KEYS if key in metrics]
+        if stray:
+            raise ValueError(f"{where}.metrics carry {stray} but its datums {_lacking(stray[0], counts)}")
+
+
+def _lacking(key: str, counts: TokenCounts) -> str:
+    """What the datums lack that ``key`` needs, in words."""
+    if key in keys.GAUGE_KEYS:
+        return "carry no gauge: a loss without sampling log-probs must emit no gauge keys"
+    if counts.clips:
+        return "carry no low/high split"
+    return "carry no clip counts: a loss that never clips must emit no clip keys"
 
 
 def _added(total: TokenCounts | None, counts: TokenCounts | None, where: str) -> TokenCounts | None:
-    """``total + counts`` (``None`` is no datums), a mixed-kind ValueError prefixed with ``where``."""
+    """``total + counts`` (``None`` is no datums); the one mixing error prefixed with ``where``."""
     if total is None or counts is None:
         return counts if total is None else total
-    if total.clips != counts.clips:
-        raise ValueError(f"{where}{mixed_kinds_error(total.clips, counts.clips)}")
-    return total + counts
+    try:
+        return total + counts
+    except ValueError as exc:
+        raise ValueError(f"{where}{exc}") from exc
 
 
 def _step_metrics(chunks: Sequence[_Chunk], total: TokenCounts | None) -> dict[str, float]:
@@ -185,9 +272,10 @@ def _step_metrics(chunks: Sequence[_Chunk], total: TokenCounts | None) -> dict[s
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
     with_metrics = [c for c in chunks if c.metrics or c.datums]
     merged = merge_metrics([c.metrics for c in with_metrics], [c.datums for c in with_metrics])
-    for key in (*keys.TOKEN_COUNT_KEYS, keys.CLIP_FRACTION):
+    for key in _FROM_DATUMS:
         merged.pop(key, None)
-    merged.update((total or TokenCounts(0)).to_metrics())
+    terms = {key: [v for c in chunks for v in c.terms.get(key, ())] for key in _FLOAT_SUMS}
+    merged.update((_exact(total, terms) or TokenCounts(0)).to_metrics())
     return merged
 
 
@@ -263,7 +351,7 @@ class ClientAggregator:
             state = steps.get(step) or _StepState()
             total = _added(state.total, chunk.counts, f"client {client_id!r} step {step}: ")
             if not self.keep_outputs:
-                chunk = _Chunk(chunk.counts, chunk.datums, chunk.metrics, [], chunk.output_type)
+                chunk = replace(chunk, datum_outputs=[])
             state.chunks.append(chunk)
             state.total = total
             steps[step] = state

@@ -41,6 +41,16 @@ run's float32 sums to float32 precision). :func:`adapters.miles.read_train_log` 
 ``clipped_low_tokens`` those with a negative advantage (ratio below ``1 - eps_clip``),
 ``clipped_high_tokens`` those with a positive one (ratio above ``1 + eps_clip_high``).
 
+The on-policy gauge (:data:`GAUGE_ENTRIES`: ``log_ratio``, ``abs_log_ratio``, ``kl_k3``,
+``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``) is scaled the same way, from
+``l = -ppo_kl = log_probs - old_log_probs`` per eligible token (Miles' PPO ratio's own log;
+``old_log_probs`` is the rollout's with ``--use-rollout-logprobs``, else the trainer's
+recomputation), with :func:`adapters.losses.gauge_of`, the formula of cliptrack's losses, bounds
+[1/2, 2] for ``ratio_outside_tokens``. ``entry / count_scale`` is the exact count or the float64
+sum (to a few roundings). Its extremes have no entry: Miles adds log values over micro-batches and
+ranks, which a max or min does not survive, so a step read back from Miles' log has no
+``log_ratio:max`` / ``log_ratio:min``.
+
 Miles' per-token tensors are only visible inside ``policy_loss_function``; this module observes
 its call of ``compute_policy_loss`` through the Miles seam (:mod:`adapters._compat.miles`: swapped
 for a recording wrapper in the module that defines ``policy_loss_function`` for the duration of
@@ -57,10 +67,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from adapters import losses
 from adapters._compat import miles as miles_seam
-from adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE
+from adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE, GAUGE_ENTRIES
 
-__all__ = ["COUNT_ENTRIES", "COUNT_SCALE", "clip_count_entries", "policy_loss_with_clip_counts"]
+__all__ = [
+    "COUNT_ENTRIES",
+    "COUNT_SCALE",
+    "GAUGE_ENTRIES",
+    "clip_count_entries",
+    "policy_loss_with_clip_counts",
+]
 
 
 def policy_loss_with_clip_counts(
@@ -72,7 +89,7 @@ def policy_loss_with_clip_counts(
     """Miles' ``policy_loss_function`` (unchanged loss and gradients) plus exact count entries.
 
     Arguments are Miles' custom-loss arguments, passed through as they are. Returns Miles'
-    ``(loss, log)`` with :data:`COUNT_ENTRIES` and ``count_scale`` added to ``log`` (0-dim float64
+    ``(loss, log)`` with :data:`COUNT_ENTRIES`, :data:`GAUGE_ENTRIES` and ``count_scale`` added to ``log`` (0-dim float64
     tensors on the logits' device, see the module docstring for their encoding).
     """
     policy_loss_function, namespace = miles_seam.policy_loss()
@@ -82,13 +99,13 @@ def policy_loss_with_clip_counts(
         raise RuntimeError(
             "Miles' policy_loss_function did not call compute_policy_loss: no clip decision to count"
         )
-    advantages, clipfrac = calls[-1]
-    clash = [k for k in (*COUNT_ENTRIES, COUNT_SCALE) if k in log]
+    ppo_kl, advantages, clipfrac = calls[-1]
+    clash = [k for k in (*COUNT_ENTRIES, *GAUGE_ENTRIES, COUNT_SCALE) if k in log]
     if clash:
         raise ValueError(
             f"Miles' log dict already has {clash}; cliptrack's count entries would overwrite them"
         )
-    log.update(clip_count_entries(args, batch, advantages, clipfrac, namespace))
+    log.update(clip_count_entries(args, batch, advantages, clipfrac, namespace, ppo_kl=ppo_kl))
     return loss, log
 
 
@@ -98,13 +115,16 @@ def clip_count_entries(
     advantages: Tensor,
     clipfrac: Tensor,
     miles_loss_namespace: Mapping[str, Any],
+    *,
+    ppo_kl: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """The count entries of one micro-batch from Miles' per-token clip decision on this rank.
+    """The count entries of one micro-batch from Miles' per-token clip decision on this rank, and
+    with ``ppo_kl`` the gauge's entries.
 
-    ``advantages`` and ``clipfrac``: the per-token tensors of this rank's CP slice, concatenated
-    over the micro-batch's samples, as ``compute_policy_loss`` received and returned them.
-    ``miles_loss_namespace``: the globals of Miles' loss module (its ``get_parallel_state`` and
-    ``get_local_response_loss_masks``).
+    ``advantages``, ``clipfrac`` and ``ppo_kl``: the per-token tensors of this rank's CP slice,
+    concatenated over the micro-batch's samples, as ``compute_policy_loss`` received and returned
+    them. ``miles_loss_namespace``: the globals of Miles' loss module (its ``get_parallel_state``
+    and ``get_local_response_loss_masks``).
     """
     state = miles_loss_namespace["get_parallel_state"]()
     local_masks = miles_loss_namespace["get_local_response_loss_masks"](
@@ -136,5 +156,11 @@ def clip_count_entries(
     samples = len(batch["response_lengths"]) if state.cp.rank == 0 else 0
     scaled = counts * step_samples
     entries = {name: scaled[i] for i, name in enumerate(COUNT_ENTRIES)}
+    if ppo_kl is not None:  # l = log_probs - old_log_probs = -ppo_kl, the gauge's one formula
+        log_ratio = -ppo_kl.detach()
+        gauge = (
+            losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible)[: len(GAUGE_ENTRIES)] * step_samples
+        )
+        entries.update({name: gauge[i] for i, name in enumerate(GAUGE_ENTRIES)})
     entries[COUNT_SCALE] = torch.tensor(float(samples), dtype=torch.float64, device=device)
     return entries

@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from adapters import losses
-from adapters.miles.wire import count_data, read_array, tensor_data
+from adapters.miles.client import sum_datums
+from adapters.miles.wire import count_data, float_data, read_array, tensor_data
 from adapters.output import ForwardBackwardOutput
-from tracking import keys
+from tracking import keys, measures
 from tracking.counts import TokenCounts
 
 OUTPUT_TYPE = "ArrayRecord"
@@ -109,10 +110,7 @@ def forward_backward_loss(
             raise type(exc)(f"datum {i}: {exc}") from exc
 
     if not outs:
-        empty = (
-            TokenCounts(0, 0, 0, 0) if spec.splits else TokenCounts(0, 0) if spec.clips else TokenCounts(0)
-        )
-        metrics = {keys.LOSS_SUM: 0.0, **empty.to_metrics()}
+        metrics = {keys.LOSS_SUM: 0.0, **_no_tokens(spec).to_metrics()}
         return RequestResult(
             loss=torch.zeros((), device=device),
             output=ForwardBackwardOutput(
@@ -135,12 +133,11 @@ def forward_backward_loss(
             keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape))
         }
         offset += size
-        datum_out.update(datum_fields(datum.counts))
+        datum_out.update(datum_fields(datum.counts, f"datum {len(loss_fn_outputs)}"))
         loss_fn_outputs.append(datum_out)
 
-    total = sums[0].counts
-    for datum in sums[1:]:
-        total = total + datum.counts
+    total = sum_datums([datum.counts for datum in sums])
+    assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
     loss = torch.stack([o.loss for o in outs]).sum()
     return RequestResult(
@@ -151,16 +148,34 @@ def forward_backward_loss(
     )
 
 
-def datum_fields(counts: TokenCounts) -> dict[str, Any]:
-    """A datum's count fields on the wire: ``loss_tokens`` and, for a loss that clips,
-    ``clipped_tokens`` and the low/high split when known (int64 TensorData of shape ``[1]``)."""
-    fields = {keys.DATUM_LOSS_TOKENS: count_data(counts.loss_tokens)}
-    if counts.clipped_tokens is not None:
-        fields[keys.DATUM_CLIPPED_TOKENS] = count_data(counts.clipped_tokens)
-    if counts.clipped_low_tokens is not None and counts.clipped_high_tokens is not None:
-        fields[keys.DATUM_CLIPPED_LOW_TOKENS] = count_data(counts.clipped_low_tokens)
-        fields[keys.DATUM_CLIPPED_HIGH_TOKENS] = count_data(counts.clipped_high_tokens)
+def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
+    """A datum's measured fields on the wire (:data:`tracking.keys.DATUM_MEASURE_FIELDS`, in that
+    order): ``loss_tokens``; for a loss that clips, ``clipped_tokens`` and the low/high split when
+    known; for a loss with sampling log-probs, the gauge of the datum's sequence. Counts are int64
+    TensorData of shape ``[1]``, float measures float32 ``[hi, lo]`` pairs
+    (:func:`adapters.miles.wire.float_data`). A datum with no eligible token has no extreme: its
+    ``log_ratio_max`` / ``log_ratio_min`` are 0 on the wire and ignored by the reader (JSON has no
+    infinity, and protobuf needs the same fields in every datum)."""
+    values = counts.to_metrics()
+    fields: dict[str, Any] = {}
+    for measure in measures.DATUM_MEASURES:
+        if measure.key in values:
+            value = values[measure.key]
+        elif measure.group == measures.GAUGE and counts.has_gauge and counts.loss_tokens == 0:
+            value = 0.0  # an extreme over no token: a placeholder the reader ignores
+        else:
+            continue
+        fields[measure.field] = (
+            count_data(int(value)) if measure.exact else float_data(value, f"{where} {measure.field}")
+        )
     return fields
+
+
+def _no_tokens(spec: losses.LossSpec) -> TokenCounts:
+    """The measured sums of no token for ``spec``'s loss: zero counts, zero gauge sums, no extreme."""
+    clip = (0, 0, 0) if spec.splits else (0, None, None) if spec.clips else (None, None, None)
+    gauge = {m.key: 0 for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM} if spec.gauge else None
+    return TokenCounts(0, *clip, gauge=gauge)
 
 
 def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:

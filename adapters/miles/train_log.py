@@ -1,4 +1,4 @@
-"""Exact clip counts from Miles' own train-step log dict, when it carries them.
+"""Exact clip counts and gauge sums from Miles' own train-step log dict, when it carries them.
 
 What Miles produces (``miles/backends/megatron_utils/loss.py``, ``model.py``): the loss function
 handed to Megatron returns, per micro-batch, ``{"keys": [k1, k2, ...], "values": tensor([count,
@@ -25,6 +25,13 @@ slice); with them the low/high split is known and ``loss_tokens`` does not depen
 :data:`COUNT_SCALE`, so they read back exactly from every form of the log, including the dict
 ``aggregate_train_losses`` returns and the ``train/*`` values Miles' tracker logs.
 
+The same loss adds the on-policy gauge's sums (:data:`GAUGE_ENTRIES`, scaled alike);
+:func:`read_train_log` returns them in the result's ``gauge`` (no extremes: Miles adds its log
+values over micro-batches and ranks, which a max or min does not survive). A stock log's own
+mismatch metrics (``train_rollout_logprob_abs_diff``, ``train_rollout_kl``) compare the trainer's
+pre-update log-probs with the rollout's and are per-sample means in the default mode: they are
+not read as the gauge (the comparison's aliases load them as approximate means).
+
 Without those entries (a stock Miles log) ``loss_tokens`` is ``count / cp_size``: every sample
 whose loss mask is all zero adds one token there (and lowers the fraction); :func:`read_train_log`
 warns, and subtracts them exactly when given the step's loss masks.
@@ -37,7 +44,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tracking import keys
+from tracking import keys, measures
 from tracking.counts import TokenCounts, as_count
 
 PER_TOKEN_FLAG = "--calculate-per-token-loss"
@@ -75,7 +82,11 @@ _COUNT_ENTRIES = (
     keys.DATUM_CLIPPED_TOKENS,
     keys.DATUM_CLIPPED_LOW_TOKENS,
     keys.DATUM_CLIPPED_HIGH_TOKENS,
+    *(m.miles_entry for m in measures.GAUGE_MEASURES if m.exact and m.miles_entry is not None),
 )
+GAUGE_ENTRIES = keys.MILES_GAUGE_ENTRIES
+"""The gauge's entries in a Miles log dict (its sums; Miles adds log values, so no extreme)."""
+_GAUGE_SUMS = tuple(m for m in measures.GAUGE_MEASURES if m.miles_entry is not None)
 
 
 def log_entries(out: Any) -> dict[str, Any]:
@@ -93,6 +104,9 @@ def log_entries(out: Any) -> dict[str, Any]:
     if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
         entries[keys.DATUM_CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.double()
         entries[keys.DATUM_CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.double()
+    if out.gauge is not None:  # its sums (laid out first in LossOutput.gauge)
+        for i, measure in enumerate(_GAUGE_SUMS):
+            entries[str(measure.miles_entry)] = out.gauge[i]
     return entries
 
 
@@ -155,7 +169,8 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
-    """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``adapters.miles.custom_loss``)."""
+    """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``adapters.miles.custom_loss``),
+    and the gauge's sums from :data:`GAUGE_ENTRIES` when the log has them."""
     missing = [name for name in COUNT_ENTRIES if name not in entries]
     if missing:
         raise ValueError(
@@ -164,27 +179,50 @@ def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
     scale = entries[COUNT_SCALE]
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"{where} value {COUNT_SCALE!r} = {scale!r} must be > 0 (the samples of the step)")
-    counts = []
-    for name in COUNT_ENTRIES:
-        value = entries[name]
-        if not math.isfinite(value) or abs(value) >= _EXACT_SCALED:
-            raise ValueError(
-                f"{where} value {name!r} = {value!r} is not an exact scaled count (beyond 2**53)"
-            )
-        # value = tokens * s and scale = s for one s (Miles' division by its count applies to both):
-        # the quotient is the token count up to a few float64 roundings, so it rounds exactly.
-        tokens = value / scale
-        nearest = round(tokens)
-        if abs(tokens - nearest) > 1e-6 * max(1.0, abs(tokens)):
-            raise ValueError(
-                f"{where} value {name!r} / {COUNT_SCALE!r} = {tokens!r} is not a whole number of tokens; "
-                "were the entries summed over every micro-batch and DP x CP rank of the step?"
-            )
-        counts.append(as_count(f"log value {name!r}", float(nearest)))
-    try:  # checks clipped <= loss_tokens and low + high == clipped
-        return TokenCounts(*counts)
+    counts = [_scaled_count(entries, name, scale, where) for name in COUNT_ENTRIES]
+    try:  # checks clipped <= loss_tokens, low + high == clipped and the gauge's rules
+        return TokenCounts(*counts, gauge=_scaled_gauge(entries, scale, where))
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
+
+
+def _scaled_count(entries: Mapping[str, float], name: str, scale: float, where: str) -> int:
+    """One scaled count entry over the scale, rounded to the token (ValueError unless whole)."""
+    value = entries[name]
+    if not math.isfinite(value) or abs(value) >= _EXACT_SCALED:
+        raise ValueError(f"{where} value {name!r} = {value!r} is not an exact scaled count (beyond 2**53)")
+    # value = tokens * s and scale = s for one s (Miles' division by its count applies to both):
+    # the quotient is the token count up to a few float64 roundings, so it rounds exactly.
+    tokens = value / scale
+    nearest = round(tokens)
+    if abs(tokens - nearest) > 1e-6 * max(1.0, abs(tokens)):
+        raise ValueError(
+            f"{where} value {name!r} / {COUNT_SCALE!r} = {tokens!r} is not a whole number of tokens; "
+            "were the entries summed over every micro-batch and DP x CP rank of the step?"
+        )
+    return as_count(f"log value {name!r}", float(nearest))
+
+
+def _scaled_gauge(entries: Mapping[str, float], scale: float, where: str) -> dict[str, float | int] | None:
+    """The gauge's sums from its scaled entries (``None`` without any): a count rounded to the
+    token, a float sum ``entry / count_scale`` (float64, to a few roundings). No extreme: Miles sums
+    its log values over micro-batches and ranks, which a max or min does not survive."""
+    present = [m.miles_entry for m in _GAUGE_SUMS if m.miles_entry in entries]
+    if not present:
+        return None
+    missing = [m.miles_entry for m in _GAUGE_SUMS if m.miles_entry not in entries]
+    if missing:
+        raise ValueError(f"{where} has the gauge entries {present} but not {missing}: they come together")
+    gauge: dict[str, float | int] = {}
+    for m in _GAUGE_SUMS:
+        name = str(m.miles_entry)
+        if m.exact:
+            gauge[m.key] = _scaled_count(entries, name, scale, where)
+        elif not math.isfinite(entries[name]):
+            raise ValueError(f"{where} value {name!r} = {entries[name]!r} must be finite")
+        else:
+            gauge[m.key] = entries[name] / scale
+    return gauge
 
 
 def _aggregated_entries(log: Mapping[str, Any]) -> dict[str, float]:
@@ -209,7 +247,8 @@ def read_train_log(
     loss_masks: Sequence[Any] | None = None,
 ) -> TokenCounts:
     """Exact token counts from a Miles log of one optimizer step, as a ``TokenCounts`` of a clipping
-    loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it).
+    loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it;
+    with :mod:`adapters.miles.custom_loss`'s entries also the gauge's sums, in ``gauge``).
 
     ``log`` is one of:
 
@@ -290,8 +329,9 @@ def _require_per_token_mode(calculate_per_token_loss: bool | None) -> None:
     if not calculate_per_token_loss:
         raise ValueError(
             "this Miles log was produced in per-sample-mean mode (calculate_per_token_loss=False): its "
-            "values are sums of per-sample means and its count is a number of samples, so exact token "
-            f"counts cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
+            "values (pg_clipfrac, and train_rollout_logprob_abs_diff / train_rollout_kl for the "
+            "mismatch) are sums of per-sample means and its count is a number of samples, so exact token "
+            f"counts and gauge sums cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
             "per datum (adapters.miles.forward_backward_loss / aggregate_datums)"
         )
 

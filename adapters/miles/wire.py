@@ -1,9 +1,12 @@
 """Tinker's wire form for per-datum outputs: TensorData values, JSON dicts and protobuf bytes.
 
 A per-datum output (``ForwardBackwardOutput.loss_fn_outputs[i]``) maps a field name to a
-TensorData: ``logprobs`` (float32, one entry per target token) and the counts ``loss_tokens``,
-``clipped_tokens``, ``clipped_low_tokens``, ``clipped_high_tokens`` (int64, shape ``[1]``, in
-tokens). With tinker installed these are ``tinker.types.TensorData``; without it, the
+TensorData: ``logprobs`` (float32, one entry per target token), the counts ``loss_tokens``,
+``clipped_tokens``, ``clipped_low_tokens``, ``clipped_high_tokens`` and ``ratio_outside_tokens``
+(int64, shape ``[1]``, in tokens) and the gauge's float measures of the datum's sequence
+(``log_ratio``, ``abs_log_ratio``, ``kl_k3``, ``is_weight``, ``is_weight_sq``, ``log_ratio_max``,
+``log_ratio_min``: float32 pairs ``[hi, lo]`` whose float64 sum is the value, :func:`float_data`;
+fields: :data:`tracking.keys.DATUM_MEASURE_FIELDS`). With tinker installed these are ``tinker.types.TensorData``; without it, the
 :class:`WireTensor` dataclass with the same ``data`` / ``dtype`` / ``shape`` fields.
 
 JSON form of one value (what a REST frontend returns, and what tinker's own pydantic
@@ -69,6 +72,42 @@ def tensor_data(array: np.ndarray) -> Any:
 def count_data(count: int) -> Any:
     """A token count as an int64 TensorData of shape ``[1]``."""
     return tensor_data(np.asarray([count], dtype=np.int64))
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""Largest finite float32: a measured float beyond it cannot travel on the wire."""
+
+
+def float_data(value: float, where: str = "value") -> Any:
+    """A measured float (float64 on the host) as a float32 TensorData pair ``[hi, lo]``, shape ``[2]``.
+
+    The wire carries only int64 and float32; ``hi`` is the float32 rounding of ``value`` and ``lo``
+    the float32 rounding of the rest, so ``hi + lo`` (added in float64, :func:`read_float`) is
+    ``value`` to within 2**-48 of its magnitude, and ``hi`` alone is its float32 value. ValueError,
+    naming ``where``, for a non-finite value or one beyond float32's range (a sequence whose
+    ``is_weight_sq`` exceeds 3.4e38 holds a token with a ratio above e**44: a bad input).
+    """
+    number = float(value)
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+        raise ValueError(f"{where} = {number!r} cannot travel as float32 (finite, |x| <= {FLOAT32_MAX:.3e})")
+    hi = np.float32(number)
+    lo = np.float32(number - float(hi))
+    return tensor_data(np.asarray([hi, lo], dtype=np.float32))
+
+
+def read_float(value: object, where: str) -> float:
+    """A measured float from a per-datum value: the sum (in float64) of its one or two elements
+    (:func:`float_data`'s ``[hi, lo]``, or a single float from another producer)."""
+    array, dtype = read_array(value, where)
+    if dtype is not None and dtype != "float32":
+        raise ValueError(f"{where} must be a float32 value, got dtype {dtype!r}")
+    if array.size not in (1, 2):
+        raise ValueError(f"{where} must hold one value or a [hi, lo] pair, got {array.size} values")
+    try:
+        parts = [float(v) for v in array.reshape(-1)]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where} must hold numbers: {exc}") from exc
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
 
 
 def read_array(value: object, where: str) -> tuple[np.ndarray, str | None]:

@@ -1,8 +1,9 @@
 """Other trackers' metric names read as ours, through the one table :data:`tracking.keys.ALIASES`.
 
 Runs logged by Miles' own tracker (``train/*`` against ``train/step``, ``:`` rewritten to ``_`` in
-its MLflow backend) and by verl (``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``) load into
-the same frame as runs logged by cliptrack. A value that is a mean of per-sample or per-micro-batch
+its MLflow backend; its mismatch metrics ``train_rollout_logprob_abs_diff`` and ``train_rollout_kl``)
+and by verl (``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower``, ``rollout_corr/k3_kl``,
+``rollout_corr/kl``) load into the same frame as runs logged by cliptrack. A value that is a mean of per-sample or per-micro-batch
 means (``approximate`` in the table) is kept under our key but flagged, per run, so that every
 rendering can say the run's fraction is approximate, never exact.
 """
@@ -13,14 +14,17 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tracking import keys
+from tracking import keys, measures
 from tracking.sinks.base import Point
 
 __all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step", "needs_aliases"]
 
 _SCALE = f"train/{keys.MILES_COUNT_SCALE}"
-_FOREIGN = frozenset(keys.ALIASES) | frozenset(keys.MILES_SCALED_COUNTS) | {_SCALE}
+_SCALED = {**keys.MILES_SCALED_COUNTS, **keys.MILES_SCALED_GAUGE}
+"""``adapters.miles.custom_loss``'s entries as Miles' tracker logs them -> our key."""
+_FOREIGN = frozenset(keys.ALIASES) | frozenset(_SCALED) | {_SCALE}
 _EXACT_FIRST = sorted(keys.ALIASES.items(), key=lambda item: item[1].approximate)
+_MEANS = {mean.key: mean for mean in measures.MEANS}
 
 
 @dataclass(frozen=True)
@@ -34,34 +38,47 @@ class Canonical:
 def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
     """Rename foreign keys to ours (see the module docstring); other keys are kept as they are.
 
-    Order of precedence for one of our keys: our own spelling; the exact count entries of
-    ``adapters.miles.custom_loss`` (``train/<count> / train/count_scale``, rounded to the token);
-    ``clip_fraction:mean`` formed from exact counts; an exact alias; an approximate alias.
+    Order of precedence for one of our keys: our own spelling; the exact entries of
+    ``adapters.miles.custom_loss`` (``train/<entry> / train/count_scale``: a count rounded to the
+    token, a gauge sum as it is); a mean (``clip_fraction:mean``, ``abs_log_ratio:mean``,
+    ``kl_k3:mean``) formed from those sums; an exact alias; an approximate alias.
     """
-    out = {
-        k: v
-        for k, v in metrics.items()
-        if k not in keys.ALIASES and k not in keys.MILES_SCALED_COUNTS and k != _SCALE
-    }
-    scale = metrics.get(_SCALE)
-    if scale is not None and math.isfinite(scale) and scale > 0:
-        for foreign, key in keys.MILES_SCALED_COUNTS.items():
-            if foreign in metrics and key not in out:
-                out[key] = float(round(metrics[foreign] / scale))
-    elif scale is None:
-        out.update({k: v for k, v in metrics.items() if k in keys.MILES_SCALED_COUNTS})
+    out = {k: v for k, v in metrics.items() if k not in keys.ALIASES and k not in _SCALED and k != _SCALE}
+    out.update(_scaled_entries(metrics, out))
     approximate = set()
     for foreign, alias in _EXACT_FIRST:
-        if foreign not in metrics or alias.key in out:
+        if foreign not in metrics or alias.key in out or _formed_from_sums(alias.key, out):
             continue
-        if alias.key == keys.CLIP_FRACTION and keys.CLIPPED_TOKENS in out and keys.LOSS_TOKENS in out:
-            continue  # formed from the counts below, exactly
         out[alias.key] = float(metrics[foreign])
         if alias.approximate:
             approximate.add(alias.key)
-    if keys.CLIP_FRACTION not in out and keys.CLIPPED_TOKENS in out and out.get(keys.LOSS_TOKENS, 0) > 0:
-        out[keys.CLIP_FRACTION] = out[keys.CLIPPED_TOKENS] / out[keys.LOSS_TOKENS]
+    for key, mean in _MEANS.items():
+        if key not in out and _formed_from_sums(key, out):
+            out[key] = out[mean.numerator] / out[mean.denominator]
     return Canonical(out, frozenset(approximate))
+
+
+def _scaled_entries(metrics: Mapping[str, float], ours: Mapping[str, float]) -> dict[str, float]:
+    """Our sums from ``adapters.miles.custom_loss``'s entries, each divided by ``train/count_scale``;
+    our own spelling wins. Without the scale the entries are not known to be ours (Miles divides
+    every logged value by its count) and are kept under their own names; with a bad scale, dropped."""
+    scale = metrics.get(_SCALE)
+    if scale is None:
+        return {k: float(v) for k, v in metrics.items() if k in _SCALED}
+    out: dict[str, float] = {}
+    if not (math.isfinite(scale) and scale > 0):
+        return out
+    for foreign, key in _SCALED.items():
+        if foreign in metrics and key not in ours:
+            value = metrics[foreign] / scale
+            out[key] = float(round(value)) if measures.by_key(key).exact else value
+    return out
+
+
+def _formed_from_sums(key: str, metrics: Mapping[str, float]) -> bool:
+    """Whether ``key`` is a mean whose numerator and (nonzero) denominator are both at hand."""
+    mean = _MEANS.get(key)
+    return mean is not None and mean.numerator in metrics and metrics.get(mean.denominator, 0) > 0
 
 
 def foreign_step(row: Mapping[str, object]) -> float | None:
