@@ -68,6 +68,7 @@ from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_r
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
+from tracking.stamps import StepClock
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from tracking.validation import check_step, metric_value
 from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
@@ -216,6 +217,7 @@ class Tracker:
             self.run_dir.unlock_sink("jsonl")
             raise
         self._known_keys: set[str] = set()
+        self._clock = StepClock()
         if (
             freeze_gc
         ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
@@ -294,7 +296,8 @@ class Tracker:
         step = self._check_step(step)
         values = self._check_metrics(step, metrics)
         try:
-            self._writer.submit((step, time.time(), values))  # a plain tuple: see records.RawPoint
+            # a plain tuple (see records.RawPoint); the stamp keeps equal points distinct rows
+            self._writer.submit((step, self._clock.stamp(step), values))
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1

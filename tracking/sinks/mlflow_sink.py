@@ -3,7 +3,9 @@
 The embedded default is a local sqlite store, ``sqlite:///mlflow.db`` in the working directory,
 unless ``MLFLOW_TRACKING_URI`` or an explicit URI says otherwise; any tracking URI works,
 including a remote ``mlflow server`` (``http://host:port``). Metric keys are sent exactly as
-given (``:`` and ``/`` survive). Each point's timestamp is its wall time in milliseconds.
+given (``:`` and ``/`` survive). Each point's timestamp is its wall time in milliseconds, which the
+tracker keeps distinct among the points of one step (``tracking.stamps``): repeated points with
+equal values at one step are distinct rows, each stored once.
 
 MLflow stores NaN as NaN and +/-inf as +/-1.7976931348623157e308 (its sqlite schema cannot hold
 infinities); the JSONL log keeps the exact value. Re-sending a batch is harmless: MLflow merges
@@ -33,6 +35,7 @@ from tracking import keys
 from tracking.records import Point, RunInfo, printable
 from tracking.sinks import _compat_mlflow as compat
 from tracking.sinks.base import Sink, SinkError, SinkRejected
+from tracking.stamps import millisecond
 
 LOG = logging.getLogger("cliptrack")
 
@@ -202,7 +205,7 @@ class MlflowSink(Sink):
         if self._client is None or self.mlflow_run_id is None:
             raise SinkError("MLflow run is not open")
         metrics = [
-            Metric(key, value, int(point.wall_time * 1000), point.step)
+            Metric(key, value, millisecond(point.wall_time), point.step)
             for point in points
             for key, value in point.metrics.items()
         ]
