@@ -355,9 +355,15 @@ class Journal:
         """Write ``points`` as one batch at the journal's end; return the bytes written. Raises
         OSError with the journal unchanged (as far as the disk lets it be cut back) when the batch
         cannot be written whole."""
+        data = b"".join(encode_points(points))
+        self.append_encoded(data, len(points))
+        return data
+
+    def append_encoded(self, data: bytes, lines: int) -> None:
+        """Write ``data`` (``lines`` whole encoded lines) as one batch at the journal's end, as
+        ``append`` does (the writer holds batches the disk refused in this encoded form)."""
         if self._fd is None:
             raise RuntimeError("Journal.append before open()")
-        data = b"".join(encode_points(points))
         start = self.offset
         try:
             written = 0
@@ -373,8 +379,7 @@ class Journal:
             self._cut_back(start)
             raise
         self.offset = start + len(data)
-        self.points += len(points)
-        return data
+        self.points += lines
 
     def _cut_back(self, end: int) -> None:
         try:

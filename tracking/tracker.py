@@ -62,7 +62,10 @@ from typing import Any
 
 from tracking import keys
 from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
+from tracking.held import MAX_HELD_BYTES, HeldTail
 from tracking.hooks import HOOKS, global_rank
+from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
+from tracking.limits import Limits
 from tracking.outputs import metrics_of
 from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
@@ -71,7 +74,7 @@ from tracking.spool import Ack, Journal, RunDir
 from tracking.stamps import StepClock
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from tracking.validation import check_step, metric_value
-from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
+from tracking.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
 
 DISK_DRAIN_S = 3.0
 """Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
@@ -103,8 +106,11 @@ class Tracker:
     Args:
         run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
         backends: names or URIs, see ``tracking.sinks`` ("mlflow", "wandb", "jsonl",
-            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", or Sink
-            objects). The JSONL run directory is always written: it is the spool.
+            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", any name in
+            ``tracking.sinks.SINKS``, or Sink objects). The JSONL run directory is always written:
+            it is the spool. Default ``("mlflow",)``.
+        sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
+            vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
         backend_label: the training stack ("megatron", "miles"), stored as ``keys.TAG_BACKEND``.
         config: run configuration (nested dicts allowed): MLflow params, W&B config, run.json.
         tracking_uri: MLflow tracking URI for the "mlflow" backend (default
@@ -115,7 +121,11 @@ class Tracker:
             plus 0.5 s under overload).
         max_batch_points: points per batch; the writer also wakes when this many are queued.
         max_queued_points: points ``log`` may queue ahead of the writer before it waits.
+        max_queued_values: metric values ``log`` may queue ahead of the writer before it waits.
         max_buffered_points: points a lagging sink may hold in memory before reading back from disk.
+        max_buffered_bytes: bytes of encoded points a lagging sink may hold in memory.
+        max_held_bytes: bytes of encoded points held in memory while the local disk refuses them
+            (remote sinks are fed from there; see ``tracking.writer`` and ``tracking.limits``).
         wandb_project, wandb_mode, wandb_dir: W&B project, mode (default: online with
             credentials, else offline) and directory (default ``WANDB_DIR``, else the working
             directory; recorded for replay).
@@ -143,8 +153,9 @@ class Tracker:
     def __init__(
         self,
         run_name: str | None = None,
-        backends: Iterable[Any] | str = ("mlflow",),
+        backends: Iterable[Any] | str | None = None,
         *,
+        sinks: Iterable[Any] | None = None,
         backend_label: str | None = None,
         config: Mapping[str, Any] | None = None,
         tracking_uri: str | None = None,
@@ -153,7 +164,10 @@ class Tracker:
         flush_interval_s: float = 1.0,
         max_batch_points: int = 2000,
         max_queued_points: int = 20_000,
+        max_queued_values: int = MAX_QUEUED_VALUES,
         max_buffered_points: int = 50_000,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        max_held_bytes: int = MAX_HELD_BYTES,
         wandb_project: str | None = None,
         wandb_mode: str | None = None,
         wandb_dir: str | os.PathLike[str] | None = None,
@@ -168,56 +182,29 @@ class Tracker:
         self.status: str | None = None
         self.points_logged = 0
         self._closed = False
-        if max_buffered_points < max_batch_points:
-            raise ValueError(
-                f"max_buffered_points={max_buffered_points} must be >= max_batch_points={max_batch_points}"
-            )
         self.close_timeout_s = close_timeout_s
-        root, self.sinks = _sinks(
-            backends,
-            spool_dir,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-            wandb_project=wandb_project,
-            wandb_mode=wandb_mode,
-            wandb_dir=wandb_dir,
+        limits = Limits(
+            flush_interval_s,
+            max_batch_points,
+            max_queued_points,
+            max_queued_values,
+            max_buffered_points,
+            max_buffered_bytes,
+            max_held_bytes,
         )
+        vendor = {
+            "tracking_uri": tracking_uri,
+            "experiment": experiment,
+            "wandb_project": wandb_project,
+            "wandb_mode": wandb_mode,
+            "wandb_dir": wandb_dir,
+        }
+        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, **vendor)
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
-        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
-            raise ValueError(f"run {self.run_id} in {printable(root)} is being logged by another process")
-        try:
-            self.run, states = self._open_run(run_name, backend_label, config, experiment)
-            self.run_name: str = self.run.run_name
-            _ensure_log_handler()
-            self.journal = Journal(self.run_dir)
-            self.journal.open()
-            journal_end = Ack(self.journal.points, self.journal.offset)
-            self._lanes = [
-                SinkLane(
-                    sink,
-                    self.run_dir,
-                    self.run,
-                    max_buffered_points=max_buffered_points,
-                    max_batch_points=max_batch_points,
-                    state=states.get(sink.name),
-                    journal_end=journal_end,
-                    freeze_gc=freeze_gc,
-                )
-                for sink in self.sinks
-            ]
-            self._writer = BackgroundWriter(
-                self.journal,
-                self._lanes,
-                flush_interval_s=flush_interval_s,
-                max_batch_points=max_batch_points,
-                max_queued_points=max_queued_points,
-            )
-        except BaseException:
-            self.run_dir.unlock_sink("jsonl")
-            raise
         self._known_keys: set[str] = set()
         self._clock = StepClock()
+        self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
         if (
             freeze_gc
         ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
@@ -228,6 +215,61 @@ class Tracker:
             lane.opened.wait(max(0.0, deadline - time.monotonic()))
         LOG.info("%s", self._start_line())
         HOOKS.register(self, handle_signals=handle_signals)
+
+    def _open(
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
+        limits: Limits,
+        freeze_gc: bool,
+    ) -> None:
+        """Take the run's lock, open (or resume) the run and its journal, build a lane per sink
+        and the writer; the lock is released again if any of it fails."""
+        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
+            raise ValueError(
+                f"run {self.run_id} in {printable(self.run_dir.root)} is being logged by another process"
+            )
+        try:
+            self.run, states = self._open_run(run_name, backend_label, config, experiment)
+            self.run_name: str = self.run.run_name
+            _ensure_log_handler()
+            self.journal = Journal(self.run_dir)
+            self.journal.open()
+            held = HeldTail(self.journal, self.run_dir, limits.max_held_bytes)
+            self._lanes = [
+                self._lane(sink, states.get(sink.name), held, limits, freeze_gc) for sink in self.sinks
+            ]
+            self._writer = BackgroundWriter(
+                self.journal,
+                self._lanes,
+                flush_interval_s=limits.flush_interval_s,
+                max_batch_points=limits.max_batch_points,
+                max_queued_points=limits.max_queued_points,
+                max_queued_values=limits.max_queued_values,
+                held=held,
+            )
+        except BaseException:
+            self.run_dir.unlock_sink("jsonl")
+            raise
+
+    def _lane(
+        self, sink: Sink, state: dict[str, Any] | None, held: HeldTail, limits: Limits, freeze_gc: bool
+    ) -> SinkLane:
+        return SinkLane(
+            sink,
+            self.run_dir,
+            self.run,
+            max_buffered_points=limits.max_buffered_points,
+            max_buffered_bytes=limits.max_buffered_bytes,
+            max_batch_points=limits.max_batch_points,
+            state=state,
+            journal_end=Ack(self.journal.points, self.journal.offset),
+            freeze_gc=freeze_gc,
+            read_lines=held.read,
+            durable=held.durable,
+        )
 
     def _open_run(
         self,
@@ -365,10 +407,10 @@ class Tracker:
                 printable(self.journal.location),
                 max(DISK_DRAIN_S, timeout),
             )
-        elif self._writer.unwritten:
+        elif self._writer.held or self._writer.not_journaled:
             LOG.warning(
-                "%d points could not be written to %s (%s)",
-                self._writer.unwritten,
+                "%d points could not be written to %s (%s); they go to the remote backends from memory",
+                self._writer.held.points + self._writer.not_journaled,
                 printable(self.journal.location),
                 printable(self._writer.journal_error),
             )
@@ -394,24 +436,37 @@ class Tracker:
         LOG.info("%s", self.summary())
 
     def summary(self) -> str:
-        """One line: status, points and values written, and per backend what is still pending."""
+        """One line: status, points and values written, what the local disk could not take and what
+        reached no backend either, and per backend what is still pending or was refused."""
+        writer = self._writer
         parts = [
-            f"run {self.run_id} {self.status or RUNNING}: {self._writer.points_journaled} points "
-            f"({self._writer.values_journaled} values) in {printable(self.run_dir.path)}"
+            f"run {self.run_id} {self.status or RUNNING}: {writer.points_journaled} points "
+            f"({writer.values_journaled} values) in {printable(self.run_dir.path)}"
         ]
+        off_disk = writer.held.points + writer.not_journaled + writer.unwritten
+        if off_disk:
+            parts.append(
+                f"{off_disk} points NOT in the journal (the disk refused them: "
+                f"{printable(writer.journal_error or 'stalled')}), {writer.lost_points()} of them "
+                "written nowhere (lost)"
+            )
         behind = False
         for lane in self._lanes:
-            pending = lane.pending_points()
-            if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED):
-                parts.append(f"{lane.name}: all written ({printable(lane.sink.location)})")
-            else:
-                behind = True
-                parts.append(
-                    f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})"
-                )
+            parts.append(self._lane_summary(lane))
+            behind = behind or lane.pending_points() > 0 or lane.state not in (LaneState.OK, LaneState.CLOSED)
         if behind:
             parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
         return "; ".join(parts)
+
+    @staticmethod
+    def _lane_summary(lane: SinkLane) -> str:
+        pending = lane.pending_points()
+        refused = lane.refusals.summary()
+        lost = f", {lane.lost_points} points in no journal missed" if lane.lost_points else ""
+        tail = (f", {refused}" if refused else "") + lost
+        if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED) and not lane.lost_points:
+            return f"{lane.name}: all written ({printable(lane.sink.location)}){tail}"
+        return f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'}){tail}"
 
     def pending(self) -> dict[str, int]:
         """Points each remote backend has not acknowledged yet."""
@@ -510,6 +565,15 @@ class NullTracker(Tracker):
 
     def summary(self) -> str:
         return f"rank {self.rank}: inactive (only global rank 0 logs)"
+
+
+def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -> Iterable[Any] | str:
+    """The sinks a tracker writes: ``sinks`` (Sink objects, names, URIs) or its older spelling
+    ``backends``; ``("mlflow",)`` when neither is given."""
+    if sinks is not None and backends is not None:
+        raise ValueError("give the sinks once: sinks=[...] or backends=[...], not both")
+    chosen = sinks if sinks is not None else backends
+    return ("mlflow",) if chosen is None else chosen
 
 
 def _sinks(

@@ -83,6 +83,11 @@ class MlflowSink(Sink):
         self._client: Any = None
 
     @classmethod
+    def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> MlflowSink:
+        """``"mlflow"`` (the ``tracking_uri`` option or the default), ``"mlflow:<URI>"`` or a bare URI."""
+        return cls(argument or options.get("tracking_uri"), options.get("experiment"))
+
+    @classmethod
     def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> MlflowSink:
         return cls(overrides.get("tracking_uri") or state.get("tracking_uri"), state.get("experiment"))
 
