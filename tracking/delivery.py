@@ -103,6 +103,8 @@ class Refusals:
         self.refused: dict[str, Refusal] = {}
         self.points_skipped = 0
         """Whole points the sink refused (isolated by the lane), each skipped for this sink only."""
+        self.new = False
+        """True when a key was refused since the flag was last cleared (the lane records it)."""
 
     @property
     def values_refused(self) -> int:
@@ -135,6 +137,7 @@ class Refusals:
             self._check_key(key)
         except ValueError as exc:
             self.refused[key] = Refusal(key, str(exc), step)
+            self.new = True
             LOG.warning(
                 "%s refuses the key %r of run %s (first at step %d): %s; its values are left out for "
                 "%s only, every other value is delivered",

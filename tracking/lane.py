@@ -402,6 +402,9 @@ class SinkLane:
         them; a refusal of the data isolates the refused points; on failure record it, acknowledge
         what a partial write took, and resend the rest from the journal. True if written."""
         sent = self.refusals.filter(points)
+        if self.refusals.new:
+            self.refusals.new = False
+            self._save_meta(sinks={self.name: {"refused": self.refusals.record()}})
         try:
             self._apply_configs()
             self.sink.write(sent)

@@ -291,7 +291,7 @@ class Tracker:
             run.backend_label = backend_label if backend_label is not None else run.backend_label
             run.status, run.ended = RUNNING, None
             states = {
-                name: {k: v for k, v in state.items() if k not in ("closed", "status")}
+                name: {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
                 for name, state in self.run_dir.sink_states().items()
             }
         else:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tracking import keys
@@ -80,6 +80,8 @@ class MlflowSink(Sink):
         self.experiment = experiment
         self.mlflow_run_id: str | None = None
         self.params_refused: dict[str, str] = {}
+        self.holds_nothing = False
+        """True once ``open`` created the MLflow run: the store holds none of its points yet."""
         self._client: Any = None
 
     @classmethod
@@ -115,7 +117,7 @@ class MlflowSink(Sink):
         try:
             with compat.bounded_requests():
                 client = MlflowClient(tracking_uri=self.tracking_uri)
-                run_id = state.get("mlflow_run_id") or self._find_run(client, run)
+                run_id = self._recorded_run(client, state.get("mlflow_run_id")) or self._find_run(client, run)
                 if run_id is None:
                     experiment_id = self._experiment_id(client)
                     tags = {
@@ -131,13 +133,36 @@ class MlflowSink(Sink):
                     params = self._params(run.config)
                     if params:
                         client.log_batch(run_id, params=params)
-                else:
-                    client.get_run(run_id)  # reattaching: the run must exist
+                    self.holds_nothing = True
         except Exception as exc:
             raise _classify(exc, f"could not open the MLflow run at {self.tracking_uri}") from exc
         self._client = client
         self.mlflow_run_id = run_id
         return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "mlflow_run_id": run_id}
+
+    def _recorded_run(self, client: Any, run_id: str | None) -> str | None:
+        """The recorded MLflow run, when the store still has it; None when it does not (a store
+        emptied or replaced: the run is then found by its cliptrack tag, or created anew)."""
+        if not run_id:
+            return None
+        try:
+            client.get_run(run_id)
+        except Exception as exc:
+            if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            LOG.warning(
+                "MLflow run %s is not in %s (an emptied or new store): the run is created there "
+                "again and every point is sent",
+                run_id,
+                printable(self.tracking_uri),
+            )
+            return None
+        return run_id
+
+    def delivered(self, run: RunInfo, journal: Iterable[tuple[Point, int]]) -> int | None:
+        """0 when ``open`` had to create the MLflow run (the store holds none of its points);
+        otherwise ``None``: the acknowledgements are trusted (a re-sent row is merged by the store)."""
+        return 0 if self.holds_nothing else None
 
     def _params(self, config: Mapping[str, Any]) -> list[Any]:
         """Config as MLflow params: flattened and stringified. What MLflow would refuse (a bad name)
