@@ -69,4 +69,4 @@ def test_stamps_never_repeat_a_step_in_a_millisecond_and_follow_the_clock(calls)
         given_ms.append((step, now[0]))
         got.append(millisecond(clock.stamp(step)))
     assert got == _reference(given_ms)
-    assert len(set(zip([s for s, _ in calls], got))) == len(calls)  # (step, ms) unique
+    assert len(set(zip([s for s, _ in calls], got, strict=True))) == len(calls)  # (step, ms) unique

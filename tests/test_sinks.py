@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -269,3 +270,23 @@ def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
     )
     for uri in ("http://127.0.0.1:5000", "postgresql://u@h/db", "file:///data/mlruns", "databricks"):
         assert artifacts_beside(uri, "mlartifacts") is None, uri
+
+
+def test_wandb_items_have_one_decoder_nested_keys_joined_with_a_dot():
+    """History rows and config updates are decoded by the seam alone (the sink's read-back, the
+    comparison's loader, the tests): a nested key reads ``a.b``, W&B's own flat spelling."""
+    from wandb.proto import wandb_internal_pb2
+
+    from tracking.compare import load
+    from tracking.sinks import _compat_wandb
+
+    record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+    flat = record.history.item.add()
+    flat.key, flat.value_json = "trainer/step", "3"
+    nested = record.history.item.add()
+    nested.nested_key.extend(["optim", "lr:mean"])
+    nested.value_json = "NaN"
+    row = _compat_wandb.items(record.history.item)
+    assert list(row) == ["trainer/step", "optim.lr:mean"] and row["trainer/step"] == 3
+    assert math.isnan(row["optim.lr:mean"])
+    assert load.compat_wandb.items is _compat_wandb.items and not hasattr(load, "_item_key")

@@ -282,10 +282,6 @@ def _points_of(columns: Columns) -> list[Point]:
 # ------------------------------------------------------------------------------ W&B offline files
 
 
-def _item_key(item: Any) -> str:
-    return item.key if item.key else ".".join(item.nested_key)
-
-
 def _numeric(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -301,13 +297,11 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id, name, group = record.run.run_id, record.run.display_name, record.run.run_group
-            for item in record.run.config.update:
-                config[_item_key(item)] = json.loads(item.value_json)
+            config.update(compat_wandb.items(record.run.config.update))
         elif kind == "config":
-            for item in record.config.update:
-                config[_item_key(item)] = json.loads(item.value_json)
+            config.update(compat_wandb.items(record.config.update))
         elif kind == "history":
-            row = {_item_key(item): json.loads(item.value_json) for item in record.history.item}
+            row = compat_wandb.items(record.history.item)
             point = _history_point(row)
             if point is not None:
                 points.append(point)

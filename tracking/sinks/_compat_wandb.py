@@ -165,11 +165,24 @@ def _damage(crc: int, kind: int, payload: bytes) -> str:
     return ""
 
 
-def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Each history row of a ``.wandb`` file, values decoded from JSON (``NaN`` included)."""
-    for record in records(path):
+NESTED_KEY_SEPARATOR = "."
+"""How a nested key (``item.nested_key``) is spelled flat: W&B's own spelling ("." means nesting
+in a metric name; its readers nest ``nested_key`` parts as dicts, which flattened is ``a.b``)."""
+
+
+def item_key(item: Any) -> str:
+    """The flat key of one history or config item of a record (the one decoder of W&B item keys)."""
+    return item.key if item.key else NESTED_KEY_SEPARATOR.join(item.nested_key)
+
+
+def items(entries: Any) -> dict[str, Any]:
+    """The ``{flat key: value}`` of a record's items (history row items, config updates), values
+    decoded from JSON (``NaN`` and ``Infinity`` included)."""
+    return {item_key(item): json.loads(item.value_json) for item in entries}
+
+
+def history_rows(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[dict[str, Any]]:
+    """Each history row of a ``.wandb`` file (see ``items``)."""
+    for record in records(path, strict=strict):
         if record.WhichOneof("record_type") == "history":
-            yield {
-                item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in record.history.item
-            }
+            yield items(record.history.item)
