@@ -83,6 +83,7 @@ def replay_run(
             )
         ]
     try:
+        run_dir.check_journal()  # reported; each sink's acknowledgement is checked by read_ack
         run = run_dir.read_run()
         if run.status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
             run.status = FAILED

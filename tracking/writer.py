@@ -38,9 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracking import journal
 from tracking.records import FINISHED, Point, RawPoint, RunInfo, printable
 from tracking.sinks.base import PartialWrite, Sink, SinkError, SinkRejected
-from tracking.spool import Ack, Journal, RunDir, parse_line
+from tracking.spool import Ack, Journal, RunDir
 
 LOG = logging.getLogger("cliptrack")
 
@@ -99,18 +100,7 @@ class Batch:
     def decode(self, run_dir: RunDir) -> tuple[list[Point], list[int]]:
         """The batch's points and the journal offset just past each; damaged lines are reported
         (``run_dir.report_damaged``) and skipped."""
-        points: list[Point] = []
-        ends: list[int] = []
-        position = self.start
-        for line in self.data.splitlines(keepends=True):
-            position += len(line)
-            try:
-                points.append(parse_line(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                run_dir.report_damaged(position - len(line), exc)
-                continue
-            ends.append(position)
-        return points, ends
+        return journal.decode(self.data, self.start, run_dir.report_damaged)
 
 
 @dataclass
