@@ -113,7 +113,7 @@ def fork_run(spool: str, backend: str, scenario: str) -> None:
             _pool_ends(tracker, fork, scenario)
         elif scenario == "workers":
             _workers_until_interrupted(tracker, fork)
-        _log_range(tracker, 200, 400)
+        _log_range(tracker, 400, 600)
     print(f"closed {tracker.status}", flush=True)
 
 
@@ -125,13 +125,18 @@ def _log_range(tracker: Tracker, first: int, end: int) -> None:
 
 
 def _child_exits(tracker: Tracker) -> None:
-    """A forked helper that logs once (warned, not logged) and ends with sys.exit(0), running
-    atexit and the interpreter's finalisation; then the parent waits for the test's go-ahead."""
+    """A forked helper that logs twice (warned once, not logged) and ends with sys.exit(0), running
+    atexit and the interpreter's finalisation, while the parent logs 200 more points; then the
+    parent waits for the test's go-ahead."""
+    go, ready = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.read(go, 1)  # the parent has logged past the fork-time end of the journal
         tracker.log(10**6, _metrics(1))
         tracker.log(10**6 + 1, _metrics(2))
         sys.exit(0)
+    _log_range(tracker, 200, 400)
+    os.write(ready, b"x")
     _, status = os.waitpid(pid, 0)
     print(f"child {os.waitstatus_to_exitcode(status)}", flush=True)
     sys.stdin.readline()  # the test checks the run while the parent is alive
@@ -142,13 +147,13 @@ def _pool_ends(tracker: Tracker, fork: Any, scenario: str) -> None:
     if scenario == "pool_terminate":
         pool = fork.Pool(2)
         results = [pool.apply_async(_hang, (i,)) for i in range(2)]
-        time.sleep(0.5)
+        _log_range(tracker, 200, 400)  # past the journal's end when the workers were forked
         pool.terminate()
         pool.join()
     else:
         with fork.Pool(2) as pool:
             results = [pool.apply_async(_hang, (i,)) for i in range(2)]
-            time.sleep(0.5)
+            _log_range(tracker, 200, 400)
     print(f"pool {sum(r.ready() for r in results)}", flush=True)
 
 
@@ -159,7 +164,7 @@ def _workers_until_interrupted(tracker: Tracker, fork: Any) -> None:
     for worker in workers:
         worker.start()
     step = 200
-    while True:
+    while True:  # never reaches 400 points before the test's Ctrl-C
         queue.get()
         tracker.log(step, _metrics(step))
         step += 1

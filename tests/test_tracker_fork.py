@@ -79,7 +79,7 @@ def test_a_child_ending_with_sys_exit_leaves_the_parents_run_whole_open_and_lock
         run_id, code = _read_until(proc, "child")
         assert code == 0
         assert _status(spool, run_id) == "RUNNING"
-        assert journal_steps(spool / run_id) == list(range(200))
+        assert journal_steps(spool / run_id) == list(range(400))
         with pytest.raises(ValueError, match="being logged by another process"):
             Tracker(backends=("jsonl",), spool_dir=spool, run_id=run_id, handle_signals=False)
         proc.stdin.write("go\n")  # type: ignore[union-attr]
@@ -91,9 +91,9 @@ def test_a_child_ending_with_sys_exit_leaves_the_parents_run_whole_open_and_lock
     stderr = proc.stderr.read()  # type: ignore[union-attr]
     assert stderr.count("not logged (a forked child never writes its parent's run") == 1, stderr[-3000:]
     assert b"\0" not in (spool / run_id / keys.POINTS_FILE).read_bytes()
-    assert journal_steps(spool / run_id) == list(range(400))
+    assert journal_steps(spool / run_id) == list(range(600))
     assert _status(spool, run_id) == "FINISHED"
-    assert _mlflow_steps(db, run_id) == list(range(400))
+    assert _mlflow_steps(db, run_id) == list(range(600))
 
 
 @pytest.mark.parametrize("scenario", ["pool_terminate", "pool_with"])
@@ -109,9 +109,9 @@ def test_hung_pool_workers_ended_by_terminate_lose_no_point(tmp_path, scenario):
     finally:
         proc.kill()
     assert ready == 0  # the workers were hung, not done
-    assert journal_steps(spool / run_id) == list(range(400))
+    assert journal_steps(spool / run_id) == list(range(600))
     assert _status(spool, run_id) == "FINISHED"
-    assert _mlflow_steps(db, run_id) == list(range(400))
+    assert _mlflow_steps(db, run_id) == list(range(600))
 
 
 def test_ctrl_c_with_fork_workers_loses_nothing(tmp_path):
