@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracking import journal
 from tracking.records import Point, printable
-from tracking.spool import parse_line
 
 LOG = logging.getLogger("cliptrack")
 
@@ -64,20 +64,9 @@ class Batch:
         )
 
     def decode(self, report_damaged: Callable[[int, BaseException], None]) -> tuple[list[Point], list[int]]:
-        """The batch's points and the journal offset just past each; damaged lines are reported
-        (``report_damaged(byte offset, error)``) and skipped."""
-        points: list[Point] = []
-        ends: list[int] = []
-        position = self.start
-        for line in self.data.splitlines(keepends=True):
-            position += len(line)
-            try:
-                points.append(parse_line(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                report_damaged(position - len(line), exc)
-                continue
-            ends.append(position)
-        return points, ends
+        """The batch's points and the journal offset just past each (``tracking.journal.decode``);
+        damaged lines are reported (``report_damaged(byte offset, error)``) and skipped."""
+        return journal.decode(self.data, self.start, report_damaged)
 
 
 @dataclass

@@ -17,8 +17,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from tracking import journal as journal_file
 from tracking.delivery import Batch
-from tracking.spool import Ack, Journal, RunDir
+from tracking.journal import Journal
+from tracking.spool import Ack
 
 MAX_HELD_BYTES = 128 * 2**20
 """Default bytes of encoded points held while the local disk refuses them."""
@@ -27,11 +29,10 @@ MAX_HELD_BYTES = 128 * 2**20
 class HeldTail:
     """The batches the disk refused, for the one ``journal``; safe across threads."""
 
-    def __init__(self, journal: Journal, run_dir: RunDir, max_bytes: int = MAX_HELD_BYTES) -> None:
+    def __init__(self, journal: Journal, max_bytes: int = MAX_HELD_BYTES) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_held_bytes must be >= 0 bytes, got {max_bytes!r}")
         self.journal = journal
-        self.run_dir = run_dir
         self.max_bytes = max_bytes
         self._batches: deque[tuple[Batch, int]] = deque()  # (batch, values in it)
         self._lock = threading.Lock()
@@ -92,7 +93,7 @@ class HeldTail:
             else:
                 held = next((b for b, _ in self._batches if b.start <= offset < b.end), None)
         if held is None:
-            return self.run_dir.read_lines(offset, min(end, durable), limit)
+            return journal_file.read_lines(self.journal.path, offset, min(end, durable), limit)
         data = held.data[offset - held.start : max(0, end - held.start)]
         cut = 0
         for _ in range(limit):

@@ -88,6 +88,7 @@ def replay_run(
     if tracking_uri:
         targets.setdefault("mlflow", {})["tracking_uri"] = tracking_uri
     try:
+        run_dir.check_journal()  # reported; each sink's acknowledgement is checked by read_ack
         run = run_dir.read_run()
         if run.status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
             run.status = FAILED

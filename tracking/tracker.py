@@ -21,13 +21,17 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
 - A failing backend is isolated: one warning within seconds (MLflow requests from cliptrack are
   bounded: 2 retries, 5 s each), retries with exponential backoff (1 s .. 30 s); what it has not
   acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later, without
-  duplicates. SIGTERM/SIGINT close the run KILLED within ``hooks.SIGNAL_CLOSE_S`` seconds and
-  ``close()`` within ``timeout_s``: everything reaches disk, remote sinks get what they take in
-  that time, the rest is left for replay.
+  duplicates. ``close()`` returns within ``timeout_s``: everything reaches disk, remote sinks
+  get what they take in that time, the rest is left for replay. A signal that ends the process
+  closes the run KILLED at exit within ``process.SIGNAL_CLOSE_S`` seconds; the application's own
+  SIGTERM/SIGINT handlers are chained, never replaced (``tracking.process``).
 - Resuming: a ``run_id`` whose directory exists continues that run (new points are appended;
   each backend goes on from its acknowledged journal offset, or from what it holds).
-- Under torch.distributed only global rank 0 writes; other ranks get a ``NullTracker`` whose
-  methods return at once (``run_id`` is None there); see ``tracking.hooks.global_rank``.
+- One run per job: only global rank 0 writes (torch.distributed, torchrun, srun, MPI: see
+  ``tracking.process.global_rank``; ``rank=`` or ``CLIPTRACK_RANK`` force it); other ranks get a
+  ``NullTracker`` whose methods return at once (``run_id`` is None there).
+- A run belongs to the process that opened it: a forked child never writes, closes or unlocks
+  it, and warns once if it calls ``log()`` (``tracking.process``).
 - Run status: FINISHED on a clean exit, FAILED on an exception or a non-zero ``sys.exit``,
   KILLED on SIGTERM/SIGINT (MLflow RunStatus names; W&B exit code 0 / 1 / 143).
 
@@ -63,11 +67,11 @@ from typing import Any
 from tracking import keys
 from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
 from tracking.held import MAX_HELD_BYTES, HeldTail
-from tracking.hooks import HOOKS, global_rank
 from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
 from tracking.limits import Limits
 from tracking.outputs import metrics_of
-from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
+from tracking.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
+from tracking.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
@@ -132,20 +136,25 @@ class Tracker:
         open_timeout_s: how long the constructor waits for backends to open (they keep trying
             in the background after that).
         close_timeout_s: how long ``close`` waits for remote backends to drain.
-        handle_signals: close the run KILLED on SIGTERM/SIGINT (main thread only; previous
-            handlers are chained), see ``tracking.hooks``.
+        handle_signals: on SIGTERM/SIGINT (main thread only), chain to the application's handler,
+            or end the process and close the run KILLED at exit (``tracking.process``); False
+            leaves the signal handlers alone.
         run_id: cliptrack run id (default: 32 fresh hex digits); letters, digits, ``_``, ``-``.
             An existing run's id resumes it.
-        freeze_gc: call ``gc.freeze()`` once the backends are imported: every object alive then
-            (modules, clients, usually the model) is left out of later garbage collections, so a
-            full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
-            imported). Cyclic garbage among those objects is then never freed; pass False to keep
-            the collector's default behaviour.
+        freeze_gc: opt in to ``gc.freeze()`` once the backends are imported: every object alive
+            then (modules, clients, usually the model) is left out of later garbage collections,
+            so a full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
+            imported). Process-wide: cyclic garbage among those objects is then never freed.
+            Default False (the collector's default behaviour).
+        patch_sys_exit: opt in to wrapping ``sys.exit`` process-wide, so that a run left open (no
+            ``with`` block, no ``close()``) learns a non-zero exit code and is marked FAILED.
+        rank: force this process's global rank (0 logs the job's run); default: detected, see
+            ``tracking.process.global_rank``.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
         if cls is Tracker:
-            rank = global_rank()
+            rank = _rank(kwargs.get("rank"))
             if rank != 0:
                 return object.__new__(NullTracker)
         return object.__new__(cls)
@@ -175,8 +184,12 @@ class Tracker:
         close_timeout_s: float = 30.0,
         handle_signals: bool = True,
         run_id: str | None = None,
-        freeze_gc: bool = True,
+        freeze_gc: bool = False,
+        patch_sys_exit: bool = False,
+        rank: int | None = None,
     ) -> None:
+        self.owner = Owner()
+        self._foreign_warned: int | None = None
         self.rank = 0
         self.active = True
         self.status: str | None = None
@@ -214,7 +227,7 @@ class Tracker:
         for lane in self._lanes:
             lane.opened.wait(max(0.0, deadline - time.monotonic()))
         LOG.info("%s", self._start_line())
-        HOOKS.register(self, handle_signals=handle_signals)
+        HOOKS.register(self, handle_signals=handle_signals, patch_sys_exit=patch_sys_exit)
 
     def _open(
         self,
@@ -237,7 +250,8 @@ class Tracker:
             _ensure_log_handler()
             self.journal = Journal(self.run_dir)
             self.journal.open()
-            held = HeldTail(self.journal, self.run_dir, limits.max_held_bytes)
+            self.run_dir.check_journal()  # reported; each sink's acknowledgement is checked too
+            held = HeldTail(self.journal, limits.max_held_bytes)
             self._lanes = [
                 self._lane(sink, states.get(sink.name), held, limits, freeze_gc) for sink in self.sinks
             ]
@@ -335,6 +349,9 @@ class Tracker:
         """
         if self._closed:
             raise self._closed_error(step)
+        if not self.owner.is_current():
+            self._warn_foreign("log")
+            return
         step = self._check_step(step)
         values = self._check_metrics(step, metrics)
         try:
@@ -343,6 +360,21 @@ class Tracker:
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1
+
+    def _warn_foreign(self, what: str) -> None:
+        """Once per forked child: its ``log()`` calls are not logged (the run is the parent's)."""
+        pid = os.getpid()
+        if self._foreign_warned == pid:
+            return
+        self._foreign_warned = pid
+        LOG.warning(
+            "%s() in process %d, forked from process %d that owns run %s: not logged (a forked child "
+            "never writes its parent's run; log from the parent, or open a tracker in the child)",
+            what,
+            pid,
+            self.owner.pid,
+            self.run_id,
+        )
 
     def _closed_error(self, step: object) -> TrackerClosed:
         return TrackerClosed(
@@ -367,6 +399,9 @@ class Tracker:
         """Add to the run's config: run.json, MLflow params (flattened), W&B config."""
         if self._closed:
             raise TrackerClosed(f"tracker for run {self.run_id} is closed ({self.status})")
+        if not self.owner.is_current():
+            self._warn_foreign("log_config")
+            return
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a mapping, got {type(config).__name__}")
         config = dict(config)
@@ -385,6 +420,8 @@ class Tracker:
         the local disk itself refuses the points (they are held in memory and retried)."""
         if self._closed:
             return True
+        if not self.owner.is_current():
+            return False
         return self._writer.flush(self.close_timeout_s if timeout_s is None else timeout_s)
 
     # ---- closing -------------------------------------------------------------------------------
@@ -392,14 +429,31 @@ class Tracker:
         """End the run with ``status`` (FINISHED by default): drain to disk, give remote backends
         until ``timeout_s`` seconds (default ``close_timeout_s``) have passed, mark the run, print a
         summary. Idempotent; never raises for a backend or disk failure (warned); anything a
-        backend could not take stays spooled for ``cliptrack replay``."""
-        if self._closed:
+        backend could not take stays spooled for ``cliptrack replay``. In a forked child it does
+        nothing (the run is the parent's). Interrupted (a second Ctrl-C, a SIGTERM), it saves the
+        status KILLED before the interrupt goes on."""
+        if self._closed or not self.owner.is_current():
             return
         self._closed = True
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        # the local disk gets its drain even past a short timeout (at least DISK_DRAIN_S)
+        try:
+            writing = self._drain(time.monotonic() + timeout, timeout)
+            if not writing:
+                self.journal.close()
+            self._mark(self.status)
+        except (KeyboardInterrupt, Terminated):
+            self.status = KILLED
+            self._mark(KILLED)
+            raise
+        finally:
+            self.run_dir.unlock_sink("jsonl")
+            HOOKS.unregister(self)
+        LOG.info("%s", self.summary())
+
+    def _drain(self, deadline: float, timeout: float) -> bool:
+        """Drain the writer to disk (at least ``DISK_DRAIN_S`` seconds) and the lanes until
+        ``deadline``; True when the journal is still being written."""
         writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
         if writing:
             LOG.warning(
@@ -415,25 +469,26 @@ class Tracker:
                 printable(self._writer.journal_error),
             )
         for lane in self._lanes:
-            lane.stop(self.status, deadline)
+            lane.stop(self.status or FINISHED, deadline)
         for lane in self._lanes:
             lane.join(max(0.0, deadline - time.monotonic()))
+        return writing
+
+    def _mark(self, status: str) -> None:
+        """Save the run's final ``status`` in run.json (warned, never raised, when the disk refuses)."""
         try:
-            if not writing:
-                self.journal.close()
-            self.run.status, self.run.ended = self.status, time.time()
-            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended)
+            self.run.status, self.run.ended = status, time.time()
+            end = self.journal.position()
+            recorded = {"points": end.points, "offset": end.offset, "fingerprint": end.fingerprint}
+            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended, journal=recorded)
         except OSError as exc:
             LOG.warning(
                 "cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED",
                 self.run_id,
-                self.status,
+                status,
                 printable(self.run_dir.meta_path),
                 printable(exc),
             )
-        self.run_dir.unlock_sink("jsonl")
-        HOOKS.unregister(self)
-        LOG.info("%s", self.summary())
 
     def summary(self) -> str:
         """One line: status, points and values written, what the local disk could not take and what
@@ -478,14 +533,8 @@ class Tracker:
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if kind is None:
-            self.close(FINISHED)
-        elif issubclass(kind, KeyboardInterrupt):
-            self.close(KILLED)
-        elif isinstance(value, SystemExit) and value.code in (None, 0):
-            self.close(FINISHED)
-        else:
-            self.close(FAILED)
+        status = HOOKS.status_for(value)
+        self.close(status, timeout_s=min(SIGNAL_CLOSE_S, self.close_timeout_s) if status == KILLED else None)
 
     # ---- validation (training thread; cheap: new keys are checked once) -------------------------
     @staticmethod
@@ -534,7 +583,7 @@ class NullTracker(Tracker):
     (``run_id`` is None, ``active`` False). One run per job is written by rank 0."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.rank = global_rank()
+        self.rank = _rank(kwargs.get("rank"))
         self.active = False
         self.run_id = None  # type: ignore[assignment]
         self.run_name = None  # type: ignore[assignment]
@@ -574,6 +623,15 @@ def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -
         raise ValueError("give the sinks once: sinks=[...] or backends=[...], not both")
     chosen = sinks if sinks is not None else backends
     return ("mlflow",) if chosen is None else chosen
+
+
+def _rank(forced: object) -> int:
+    """The rank a ``rank=`` argument forces (a non-negative int), else the detected global rank."""
+    if forced is None:
+        return global_rank()
+    if isinstance(forced, bool) or not isinstance(forced, int) or forced < 0:
+        raise ValueError(f"rank={forced!r} is not a global rank (an integer >= 0)")
+    return forced
 
 
 def _sinks(

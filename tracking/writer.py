@@ -116,7 +116,7 @@ class BackgroundWriter:
             raise ValueError(f"max_queued_values must be >= 1, got {max_queued_values!r}")
         self.journal = journal
         self.lanes = list(lanes)
-        self.held = held if held is not None else HeldTail(journal, journal.run_dir)
+        self.held = held if held is not None else HeldTail(journal)
         self.flush_interval_s = flush_interval_s
         self.max_batch_points = max_batch_points
         self.max_queued_points = max_queued_points

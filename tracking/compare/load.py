@@ -10,7 +10,6 @@ ids; a reference that matches nothing is an error that lists what is there.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tracking import keys
+from tracking import journal, keys
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
 from tracking.compare.frame import Columns, LoadedRun, Point, RunSet
@@ -65,21 +64,17 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
 
 
 def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
-    """A run's points.jsonl parsed in one ``json.loads`` of all its lines, as ``Columns``.
+    """A run's points.jsonl as ``Columns``, from ``journal.load_records`` (one ``json.loads`` of
+    all its lines).
 
-    A file that does not parse as well-formed points that way (a torn last line, a bad line) is
+    A file that does not read as well-formed points that way (a torn last line, a bad line) is
     read by ``RunDir.load_points`` instead, which skips a torn last line with a warning and names
     any other bad line.
     """
+    records = journal.load_records(run_dir.points_path)
+    if records is None:
+        return run_dir.load_points()
     try:
-        text = run_dir.points_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    lines = [line for line in text.splitlines() if line.strip()]
-    try:
-        records = json.loads("[" + ",".join(lines) + "]")
-        if len(records) != len(lines):
-            raise ValueError("a line holds more than one value")
         steps: list[int] = []
         walls: list[float] = []
         names: list[str] = []
