@@ -131,21 +131,22 @@ def _replay_sink(
     status, name, state = run.status, target.name, target.state
     ack = run_dir.read_ack(name)
     left = max(0, end.points - ack.points)
-    if (
-        not target.options
-        and ack.offset >= end.offset
-        and state.get("closed")
-        and state.get("status") == status
-    ):
+    current = ack.offset >= end.offset and state.get("closed") and state.get("status") == status
+    if current and not target.options:
         return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
-    if dry_run:
+    if dry_run and not target.options:
         return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
     try:
         sink = target.sink()
     except Exception as exc:  # noqa: BLE001
         return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
     resume = {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
-    if Target.moved(resume, sink):
+    moved = Target.moved(resume, sink)
+    if current and not moved:  # the options name the recorded target
+        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+    if dry_run:
+        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+    if moved:
         resume = _retarget(run_dir, name, state, sink)
     lane = SinkLane(
         sink,
