@@ -12,6 +12,7 @@ import json
 import logging
 import time
 
+import pytest
 from mlflow import MlflowClient
 
 from tests._journal import journal_steps
@@ -156,3 +157,22 @@ def test_memory_stays_within_the_byte_bounds_with_200_metrics_per_point(tmpfs): 
     on_disk = len(journal_steps(tmpfs / "spool" / tracker.run_id))
     assert on_disk + writer.held.points + writer.not_journaled == 3000  # every point accounted for
     assert writer.lost_points() == writer.held.points + writer.not_journaled  # the server took none
+
+
+def test_the_default_bounds_add_up_to_the_documented_memory_bound():
+    from tracking import writer
+    from tracking.limits import Limits
+
+    limits = Limits()
+    total = writer.memory_bound(
+        limits.max_queued_points,
+        limits.max_queued_values,
+        1,
+        limits.max_buffered_bytes,
+        limits.max_held_bytes,
+    )
+    assert total <= writer.MEMORY_BOUND_BYTES == 256 * 2**20
+    with pytest.raises(ValueError, match="max_held_bytes must be >= 0 bytes, got -1"):
+        Limits(max_held_bytes=-1)
+    with pytest.raises(ValueError, match="max_queued_values must be a number, got '1'"):
+        Limits(max_queued_values="1")  # type: ignore[arg-type]

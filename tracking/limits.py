@@ -1,8 +1,9 @@
 """The tracker's bounds in one dataclass, checked once: time, points, values and bytes.
 
 Together they make the memory bound of ``tracking.writer.MEMORY_BOUND_BYTES`` (256 MB at the
-defaults, one remote sink): the inbox (``max_queued_values`` values as Python objects, about 70
-bytes each), each lane's buffer (``max_buffered_bytes`` of encoded points) and, while the local
+defaults, one remote sink; ``tracking.writer.memory_bound``): the inbox (``max_queued_points``
+points and ``max_queued_values`` values as Python objects, about 340 and 60 bytes each), each
+lane's buffer (``max_buffered_bytes`` of encoded points) and, while the local
 disk refuses writes, the held tail (``max_held_bytes`` of encoded points). The point bounds stay
 for the crash window and the batch size; the byte and value bounds hold whatever the number of
 metrics per point.

@@ -43,8 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tracking.delivery import NO_OFFSET, Batch
-from tracking.held import MAX_HELD_BYTES, HeldTail
-from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
+from tracking.held import HeldTail
+from tracking.lane import LaneState, SinkLane
 from tracking.records import RawPoint, printable
 from tracking.spool import Journal, encode_points
 
@@ -53,19 +53,32 @@ LOG = logging.getLogger("cliptrack")
 LAG_GRACE_S = 0.25
 """Seconds beyond ``flush_interval_s`` the oldest queued point may wait before ``log`` waits."""
 MAX_QUEUED_VALUES = 1_000_000
-"""Default metric values ``log`` may queue ahead of the writer (about 70 bytes each as Python objects)."""
-VALUE_OBJECT_BYTES = 70
-"""Bytes one queued metric value costs as Python objects (a float and its dict slot), measured."""
+"""Default metric values ``log`` may queue ahead of the writer."""
+VALUE_OBJECT_BYTES = 60
+"""Bytes one queued metric value costs as Python objects (a float and its dict slot; 58 measured
+with tracemalloc on CPython 3.11, 200 metrics per point)."""
+POINT_OBJECT_BYTES = 340
+"""Bytes one queued point costs besides its values (its tuple, dict and wall time; 337 measured
+with one metric per point, value included)."""
 MEMORY_BOUND_BYTES = 256 * 2**20
 """The documented bound (bytes) of what the tracker holds for points with one remote sink at the
-defaults: the inbox (``MAX_QUEUED_VALUES`` x ``VALUE_OBJECT_BYTES``), one lane's buffer
-(``MAX_BUFFERED_BYTES``) and the held tail (``MAX_HELD_BYTES``); each further sink adds one lane."""
+defaults: the inbox (``max_queued_points`` x ``POINT_OBJECT_BYTES`` + ``MAX_QUEUED_VALUES`` x
+``VALUE_OBJECT_BYTES``, ~65 MB), one lane's buffer (``MAX_BUFFERED_BYTES``) and the held tail
+(``MAX_HELD_BYTES``); each further sink adds one lane."""
 
-assert MAX_QUEUED_VALUES * VALUE_OBJECT_BYTES + MAX_BUFFERED_BYTES + MAX_HELD_BYTES <= MEMORY_BOUND_BYTES
+
+def memory_bound(
+    max_queued_points: int, max_queued_values: int, lanes: int, max_buffered_bytes: int, max_held_bytes: int
+) -> int:
+    """Bytes the tracker may hold for points with these bounds (see ``MEMORY_BOUND_BYTES``)."""
+    inbox = max_queued_points * POINT_OBJECT_BYTES + max_queued_values * VALUE_OBJECT_BYTES
+    return inbox + lanes * max_buffered_bytes + max_held_bytes
+
 
 __all__ = [
     "LAG_GRACE_S",
     "MEMORY_BOUND_BYTES",
+    "memory_bound",
     "BackgroundWriter",
     "Batch",
     "HeldTail",
