@@ -99,8 +99,9 @@ def _launch(tmp_path: Path, db: Path, env_per_rank: list[dict[str, str]], *run_i
     ]
     lines = []
     for proc in procs:
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=600)  # MLflow's first sqlite store: minutes on a loaded machine
         assert proc.returncode == 0, err[-3000:]
+        assert out.strip(), err[-3000:]
         lines.append(out.strip().splitlines()[-1])
     return lines
 
