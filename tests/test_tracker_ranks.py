@@ -75,6 +75,14 @@ def test_the_rank_argument_forces_the_rank(clean_env, tmp_path):
         Tracker(backends=("jsonl",), spool_dir=tmp_path, rank=-1)
 
 
+def test_a_null_tracker_lets_an_interrupt_through_its_with_block(clean_env, tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with Tracker(backends=("jsonl",), spool_dir=tmp_path, rank=1) as tracker:
+            tracker.log(0, {"a:mean": 1.0})
+            raise KeyboardInterrupt
+    assert not tracker.active and not any(tmp_path.iterdir())
+
+
 def _launch(tmp_path: Path, db: Path, env_per_rank: list[dict[str, str]], *run_id: str) -> list[str]:
     """Start one worker per rank at once (as a launcher does); their report lines."""
     base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k != "WANDB_SERVICE"}

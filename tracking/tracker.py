@@ -590,6 +590,12 @@ class NullTracker(Tracker):
         self.status = None
         self.points_logged = 0
         self.sinks = []
+        self.close_timeout_s = 0.0
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         return None
