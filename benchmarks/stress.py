@@ -384,10 +384,10 @@ def _wide_worker(spool: str) -> None:
     from tracking.tracker import Tracker
 
     where = Path(spool)
-    filler = _fill(where.parent) if os.path.ismount(where.parent) else None
     before = _rss_now()
     dead = f"http://127.0.0.1:{_closed_port()}"
     tracker = Tracker("wide", sinks=[dead], spool_dir=where, open_timeout_s=0, handle_signals=False)
+    filler = _fill(where.parent) if os.path.ismount(where.parent) else None  # run.json is written by now
     for step in range(WIDE_POINTS):
         tracker.log(step, {f"m{i}:mean": step + i / 1000 for i in range(200)})
     tracker.close(timeout_s=1)
