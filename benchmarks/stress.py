@@ -329,14 +329,16 @@ def delivery_rows(work: Path) -> list[Row]:
 def _fill(where: Path) -> Path:
     """Fill the file system of ``where``; delete the returned file to free it."""
     filler = where / "filler"
-    with open(filler, "wb") as fh:
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
         for size in (65536, 1):
             try:
                 while True:
-                    fh.write(b"\0" * size)
-                    fh.flush()
+                    os.write(fd, b"\0" * size)
             except OSError:
                 pass
+    finally:
+        os.close(fd)
     return filler
 
 
@@ -354,10 +356,7 @@ def _full_disk_worker(disk: str) -> None:
     for step in range(1000):
         tracker.log(step, {"loss:sum": step * 0.5})
     tracker.flush(timeout_s=60)
-    try:
-        filler = _fill(Path(disk))
-    except OSError:
-        filler = Path(disk) / "filler"
+    filler = _fill(Path(disk))
     for step in range(1000, FULL_DISK_POINTS):
         tracker.log(step, {"loss:sum": step * 0.5})
     lane = tracker._lanes[0]

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracking.acks import AckBook
-from tracking.delivery import Batch, Refusals
+from tracking.delivery import Batch, Refusals, Sender, rejected
 from tracking.records import FINISHED, Point, RunInfo, printable
-from tracking.sinks.base import PartialWrite, Sink, SinkError, SinkRejected
+from tracking.sinks.base import Sink, SinkError
 from tracking.spool import Ack, RunDir
 
 LOG = logging.getLogger("cliptrack")
@@ -46,12 +46,6 @@ class LaneState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def _rejected(exc: BaseException) -> bool:
-    return isinstance(exc, SinkRejected) or (
-        isinstance(exc, PartialWrite) and isinstance(exc.cause, SinkRejected)
-    )
 
 
 class SinkLane:
@@ -105,6 +99,7 @@ class SinkLane:
         self.opened = threading.Event()
         self.closed_cleanly = False
         self.refusals = Refusals(self.name, run.run_id, sink.check_key)
+        self.sender = Sender(sink, self.refusals)
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
         self._buffered = 0
@@ -398,61 +393,22 @@ class SinkLane:
             return not self._stopping
 
     def _write(self, batch: Batch, ends: list[int], points: list[Point]) -> bool:
-        """Send pending configs and ``points`` (refused keys left out) to the sink and acknowledge
-        them; a refusal of the data isolates the refused points; on failure record it, acknowledge
-        what a partial write took, and resend the rest from the journal. True if written."""
-        sent = self.refusals.filter(points)
+        """Send pending configs, then ``points`` (``tracking.delivery.Sender``: refused keys left
+        out, refused points isolated), and acknowledge what the sink took; on failure record it and
+        resend the rest from the journal. True if the whole batch is done."""
+        self._apply_configs()
+        outcome = self.sender.send(points)
         if self.refusals.new:
             self.refusals.new = False
             self._save_meta(sinks={self.name: {"refused": self.refusals.record()}})
-        try:
-            self._apply_configs()
-            self.sink.write(sent)
-        except Exception as exc:  # noqa: BLE001 - a sink's failure is recorded and retried, never raised into training
-            written = exc.written if isinstance(exc, PartialWrite) else 0
-            isolated = self._isolate(batch, ends, sent, written) if _rejected(exc) else None
-            if isolated:
-                return True
-            if isolated is None and written:
-                self._acknowledge(batch, ends, written)
-            self._fail(exc)
-            with self._cond:
-                self._drop_queue_locked()
-            return False
-        self._acknowledge(batch, ends, len(points))
-        return True
-
-    def _isolate(self, batch: Batch, ends: list[int], points: Sequence[Point], start: int) -> bool | None:
-        """The sink refused the data of a batch whose first ``start`` points it took: send the rest
-        one at a time and skip (report) each point it refuses, provided it takes at least one (a
-        sink that refuses every point refuses the run, not a point: ``None``, nothing acknowledged
-        here). True: the batch is done; False: a transient failure stopped it (acknowledged so far)."""
-        if len(points) - start < 2:
-            return None
-        taken = 0
-        skipped: list[tuple[Point, BaseException]] = []
-        for index in range(start, len(points)):
-            try:
-                self.sink.write([points[index]])
-            except Exception as one:  # noqa: BLE001 - classified below
-                if not _rejected(one):
-                    if not taken:
-                        return None
-                    self._skip(skipped)
-                    self._acknowledge(batch, ends, index)
-                    return False
-                skipped.append((points[index], one))
-            else:
-                taken += 1
-        if not taken:
-            return None
-        self._skip(skipped)
-        self._acknowledge(batch, ends, len(points))
-        return True
-
-    def _skip(self, skipped: list[tuple[Point, BaseException]]) -> None:
-        for point, why in skipped:
-            self.refusals.skip_point(point, str(why))
+        if outcome.taken:
+            self._acknowledge(batch, ends, outcome.taken)
+        if outcome.error is None:
+            return True
+        self._fail(outcome.error)
+        with self._cond:
+            self._drop_queue_locked()
+        return False
 
     def _note_recovery(self) -> None:
         """After a successful write: a failing lane is OK again (and says so)."""
@@ -498,10 +454,10 @@ class SinkLane:
     def _fail(self, exc: BaseException) -> None:
         self.failures += 1
         self.error = printable(exc)
-        rejected = _rejected(exc)
-        self._set_state(LaneState.REJECTED if rejected else LaneState.FAILING)
+        refused = rejected(exc)
+        self._set_state(LaneState.REJECTED if refused else LaneState.FAILING)
         where = printable(self.run_dir.points_path)
-        if rejected:
+        if refused:
             LOG.warning(
                 "%s refused the data: %s. Training continues; its points stay in %s; fix the cause "
                 "and run `cliptrack replay %s`",
