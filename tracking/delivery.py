@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -231,3 +232,54 @@ class Sender:
         for point, why in skipped:
             self.refusals.skip_point(point, str(why))
         return outcome
+
+
+class Backlog:
+    """The batches a lane holds in memory for its sink, in order, bounded in points and bytes; not
+    thread-safe (the lane holds its lock). ``lost`` counts points of batches in no journal that
+    were dropped (the lane fell behind): nowhere to read them back from."""
+
+    def __init__(self, max_points: int, max_bytes: int) -> None:
+        self.max_points = max_points
+        self.max_bytes = max_bytes
+        self._batches: deque[Batch] = deque()
+        self.points = 0
+        self.bytes = 0
+        self.lost = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._batches)
+
+    def fits(self, batch: Batch) -> bool:
+        return self.points + batch.lines <= self.max_points and self.bytes + len(batch.data) <= self.max_bytes
+
+    def push(self, batch: Batch) -> None:
+        self._batches.append(batch)
+        self.points += batch.lines
+        self.bytes += len(batch.data)
+
+    def first(self) -> Batch:
+        return self._batches[0]
+
+    def pop(self, batch: Batch | None = None) -> None:
+        """Drop the first batch (only if it is ``batch``, when given)."""
+        if not self._batches or (batch is not None and self._batches[0] is not batch):
+            return
+        first = self._batches.popleft()
+        self.points -= first.lines
+        self.bytes -= len(first.data)
+
+    def drop_acknowledged(self, offset: int) -> None:
+        """Drop the leading journaled batches wholly before journal byte ``offset``."""
+        while self._batches and self._batches[0].journaled and self._batches[0].end <= offset:
+            self.pop()
+
+    def clear(self) -> None:
+        """Drop every batch (the lane reads back from the journal); those in no journal are lost."""
+        self.lost += sum(b.lines for b in self._batches if not b.journaled)
+        self._batches.clear()
+        self.points = self.bytes = 0
+
+    def memory_only(self) -> bool:
+        """True while a batch in no journal waits here."""
+        return any(not b.journaled for b in self._batches)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracking.acks import AckBook
-from tracking.delivery import Batch, Refusals, Sender, rejected
+from tracking.delivery import Backlog, Batch, Refusals, Sender, rejected
 from tracking.records import FINISHED, Point, RunInfo, printable
 from tracking.sinks.base import Sink, SinkError
 from tracking.spool import Ack, RunDir
@@ -92,8 +92,6 @@ class SinkLane:
         self.failures = 0
         self.sent_points = 0
         """Points this lane has handed to its sink successfully."""
-        self.lost_points = 0
-        """Points in no journal (past the writer's held bound) this lane dropped before sending."""
         self.sent_in_memory_only = 0
         """Points in no journal (past the writer's held bound) this lane sent."""
         self.opened = threading.Event()
@@ -101,9 +99,7 @@ class SinkLane:
         self.refusals = Refusals(self.name, run.run_id, sink.check_key)
         self.sender = Sender(sink, self.refusals)
         self._cond = threading.Condition()
-        self._queue: deque[Batch] = deque()
-        self._buffered = 0
-        self._buffered_bytes = 0
+        self._queue = Backlog(max_buffered_points, max_buffered_bytes)
         self.acks = AckBook(self.name, run_dir, durable)
         self.resumed_from = self.acks.current
         """Where this lane started in the journal (after reading back what the backend holds)."""
@@ -130,11 +126,8 @@ class SinkLane:
                 self._journal_end = Ack(batch.first + batch.lines, batch.end)
             if self._from_journal:
                 if not batch.journaled:
-                    self.lost_points += batch.lines  # behind, and the batch is nowhere to read back
-            elif (
-                self._buffered + batch.lines > self.max_buffered_points
-                or self._buffered_bytes + len(batch.data) > self.max_buffered_bytes
-            ):
+                    self._queue.lost += batch.lines  # behind, and the batch is nowhere to read back
+            elif not self._queue.fits(batch):
                 self._drop_queue_locked()
                 LOG.info(
                     "%s is more than %d points or %d MB behind; it will read them back from %s",
@@ -144,19 +137,15 @@ class SinkLane:
                     printable(self.run_dir.points_path),
                 )
                 if not batch.journaled:
-                    self.lost_points += batch.lines
+                    self._queue.lost += batch.lines
             else:
-                self._queue.append(batch)
-                self._buffered += batch.lines
-                self._buffered_bytes += len(batch.data)
+                self._queue.push(batch)
             self._cond.notify()
 
     def _drop_queue_locked(self) -> None:
         """Read back from the journal from now on; batches in no journal are lost to this lane."""
         self._from_journal = True
-        self.lost_points += sum(b.lines for b in self._queue if not b.journaled)
         self._queue.clear()
-        self._buffered = self._buffered_bytes = 0
 
     def journal_advanced(self) -> None:
         """The journal's on-disk end moved (the disk took held batches): save the acknowledgement."""
@@ -193,12 +182,17 @@ class SinkLane:
     @property
     def buffered_points(self) -> int:
         """Points this lane holds in memory now."""
-        return self._buffered
+        return self._queue.points
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes of encoded points this lane holds in memory now."""
-        return self._buffered_bytes
+        return self._queue.bytes
+
+    @property
+    def lost_points(self) -> int:
+        """Points in no journal (past the writer's held bound) this lane dropped before sending."""
+        return self._queue.lost
 
     def pending_points(self) -> int:
         with self._cond:
@@ -327,8 +321,7 @@ class SinkLane:
 
     def _caught_up(self) -> bool:
         with self._cond:
-            in_memory_only = any(not b.journaled for b in self._queue)
-            return self.acks.current.offset >= self._journal_end.offset and not in_memory_only
+            return self.acks.current.offset >= self._journal_end.offset and not self._queue.memory_only()
 
     def _pump(self) -> None:
         """Write batches to the sink until stopped: each acknowledged once written; a failed write
@@ -365,19 +358,13 @@ class SinkLane:
         while True:
             if self._from_journal and self.acks.current.offset >= self._journal_end.offset:
                 self._from_journal = False  # caught up from the journal: back to memory batches
-            while self._queue and self._queue[0].journaled and self._queue[0].end <= self.acks.current.offset:
-                self._pop_locked()
+            self._queue.drop_acknowledged(self.acks.current.offset)
             if self._queue or self._from_journal or self._configs:
                 break
             if self._stopping:
                 return False
             self._cond.wait()
         return not (self._stopping and time.monotonic() >= self._deadline)
-
-    def _pop_locked(self) -> None:
-        batch = self._queue.popleft()
-        self._buffered -= batch.lines
-        self._buffered_bytes -= len(batch.data)
 
     def _step_over_unreadable(self, batch: Batch, ends: list[int]) -> bool:
         """A batch with no readable point: acknowledge its damaged lines, or, when nothing lies past
@@ -386,8 +373,8 @@ class SinkLane:
             self._acknowledge(batch, ends, 0)
             return True
         with self._cond:
-            if not batch.journaled and self._queue and self._queue[0] is batch:
-                self._pop_locked()
+            if not batch.journaled:
+                self._queue.pop(batch)
                 return True
             self._from_journal = False
             return not self._stopping
@@ -429,7 +416,7 @@ class SinkLane:
             start = self.acks.current.offset
             data = self._read_lines(start, self._journal_end.offset, self.max_batch_points)
             return Batch(data, start, self.acks.current.points, data.count(b"\n"))
-        return self._queue[0].tail(self.acks.current.offset)
+        return self._queue.first().tail(self.acks.current.offset)
 
     def _acknowledge(self, batch: Batch, ends: Sequence[int], written: int) -> None:
         """Record that the first ``written`` of the batch's readable points reached the sink (all
@@ -440,8 +427,8 @@ class SinkLane:
         with self._cond:
             if not batch.journaled:
                 self.sent_in_memory_only += written
-                if written >= len(ends) and self._queue and self._queue[0] is batch:
-                    self._pop_locked()
+                if written >= len(ends):
+                    self._queue.pop(batch)
                 self._cond.notify_all()
                 return
             if written >= len(ends):
