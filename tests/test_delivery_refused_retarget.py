@@ -146,7 +146,7 @@ def test_replay_delivers_every_point_to_a_server_restarted_on_an_empty_store(tmp
         tracker.close()
         assert tracker.pending()["mlflow"] == 1000
         (tmp_path / "server.db").unlink()  # the store is gone: restarted empty
-        server.start()
+        server.start(timeout_s=300)  # a new store creates its tables first (slow on a loaded machine)
         replay = _replay(str(spool))
         assert replay.returncode == 0, replay.stdout + replay.stderr
         assert f"run {tracker.run_id} mlflow: replayed, 2000 points pushed" in replay.stdout, replay.stdout

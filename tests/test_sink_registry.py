@@ -106,6 +106,9 @@ def test_ready_sink_objects_with_vendor_options_beside_mlflow(tmp_path, csv_regi
     (run,) = client.search_runs([client.get_experiment_by_name("objects").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "kl:mean")) == list(range(300))
     assert tracker.run.run_name == "objects"
+    from tracking import sinks
+
+    assert sinks.MlflowSink is MlflowSink  # also reachable from the package, imported on use
 
 
 def test_replay_rebuilds_a_registered_sink_by_name_and_delivers_what_it_missed(

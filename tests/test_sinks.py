@@ -216,24 +216,30 @@ def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
     assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
 
 
-def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name():
+def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(monkeypatch):
+    """The sink seams follow the adapters' seam convention: MINIMUM, SUPPORTED_BELOW, USES,
+    installed_version(), check_supported()."""
     from importlib import metadata
 
     from tracking.sinks import _compat_mlflow, _compat_wandb
-    from tracking.versions import UnsupportedVersionError
+    from tracking.versions import UnsupportedVersionError, parse_version
 
-    assert _compat_mlflow.check() == metadata.version("mlflow")
-    assert _compat_wandb.check() == metadata.version("wandb")
+    for seam, package in ((_compat_mlflow, "mlflow"), (_compat_wandb, "wandb")):
+        assert seam.installed_version() == metadata.version(package)
+        assert seam.MINIMUM <= parse_version(seam.installed_version()) < seam.SUPPORTED_BELOW
+        seam.check_supported()
+    monkeypatch.setattr(_compat_mlflow, "installed_version", lambda: "4.0.0")
     with pytest.raises(
         UnsupportedVersionError,
         match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name",
     ):
-        _compat_mlflow.check("4.0.0")
+        _compat_mlflow.check_supported()
+    monkeypatch.setattr(_compat_wandb, "installed_version", lambda: "0.18.7")
     with pytest.raises(
         UnsupportedVersionError,
         match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log",
     ):
-        _compat_wandb.check("0.18.7")
+        _compat_wandb.check_supported()
 
 
 @pytest.mark.parametrize("relative", [False, True])

@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tracking import journal
 from tracking.records import Point, printable
+from tracking.sinks.base import PartialWrite, Sink, SinkRejected
 
 LOG = logging.getLogger("cliptrack")
 
@@ -171,3 +173,113 @@ class Refusals:
     def record(self) -> dict[str, Any]:
         """What run.json keeps of the refusals (``sinks.<name>.refused``): key -> why, first step."""
         return {r.key: {"why": r.why, "step": r.step} for r in self.refused.values()}
+
+
+def rejected(exc: BaseException) -> bool:
+    """True when ``exc`` says the backend refused the data itself (retrying cannot help)."""
+    return isinstance(exc, SinkRejected) or (
+        isinstance(exc, PartialWrite) and isinstance(exc.cause, SinkRejected)
+    )
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one ``Sender.send`` did: the batch's first ``taken`` points are done (in the sink, or
+    skipped as refused); ``error`` is why it stopped short (None: the whole batch is done)."""
+
+    taken: int
+    error: BaseException | None = None
+
+
+class Sender:
+    """Sends batches of points to one sink: refused keys left out (``Refusals.filter``); a batch the
+    backend refuses is sent again one point at a time and each point it still refuses is skipped
+    and reported, provided it takes at least one of them (a backend that refuses every point
+    refuses the run, not a point)."""
+
+    def __init__(self, sink: Sink, refusals: Refusals) -> None:
+        self.sink = sink
+        self.refusals = refusals
+
+    def send(self, points: Sequence[Point]) -> Sent:
+        sent = self.refusals.filter(points)
+        try:
+            self.sink.write(sent)
+        except Exception as exc:  # noqa: BLE001 - a sink's failure is the caller's to record and retry
+            written = exc.written if isinstance(exc, PartialWrite) else 0
+            isolated = self._isolate(sent, written) if rejected(exc) else None
+            return isolated if isolated is not None else Sent(written, exc)
+        return Sent(len(points))
+
+    def _isolate(self, points: Sequence[Point], start: int) -> Sent | None:
+        """Points ``start..`` one at a time; None when the backend took none of them."""
+        if len(points) - start < 2:
+            return None
+        taken = 0
+        skipped: list[tuple[Point, BaseException]] = []
+        for index in range(start, len(points)):
+            try:
+                self.sink.write([points[index]])
+            except Exception as one:  # noqa: BLE001 - classified below
+                if not rejected(one):  # a transient failure: what came before is done
+                    return self._skipped(skipped, Sent(index, one)) if taken else None
+                skipped.append((points[index], one))
+            else:
+                taken += 1
+        return self._skipped(skipped, Sent(len(points))) if taken else None
+
+    def _skipped(self, skipped: list[tuple[Point, BaseException]], outcome: Sent) -> Sent:
+        for point, why in skipped:
+            self.refusals.skip_point(point, str(why))
+        return outcome
+
+
+class Backlog:
+    """The batches a lane holds in memory for its sink, in order, bounded in points and bytes; not
+    thread-safe (the lane holds its lock). ``lost`` counts points of batches in no journal that
+    were dropped (the lane fell behind): nowhere to read them back from."""
+
+    def __init__(self, max_points: int, max_bytes: int) -> None:
+        self.max_points = max_points
+        self.max_bytes = max_bytes
+        self._batches: deque[Batch] = deque()
+        self.points = 0
+        self.bytes = 0
+        self.lost = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._batches)
+
+    def fits(self, batch: Batch) -> bool:
+        return self.points + batch.lines <= self.max_points and self.bytes + len(batch.data) <= self.max_bytes
+
+    def push(self, batch: Batch) -> None:
+        self._batches.append(batch)
+        self.points += batch.lines
+        self.bytes += len(batch.data)
+
+    def first(self) -> Batch:
+        return self._batches[0]
+
+    def pop(self, batch: Batch | None = None) -> None:
+        """Drop the first batch (only if it is ``batch``, when given)."""
+        if not self._batches or (batch is not None and self._batches[0] is not batch):
+            return
+        first = self._batches.popleft()
+        self.points -= first.lines
+        self.bytes -= len(first.data)
+
+    def drop_acknowledged(self, offset: int) -> None:
+        """Drop the leading journaled batches wholly before journal byte ``offset``."""
+        while self._batches and self._batches[0].journaled and self._batches[0].end <= offset:
+            self.pop()
+
+    def clear(self) -> None:
+        """Drop every batch (the lane reads back from the journal); those in no journal are lost."""
+        self.lost += sum(b.lines for b in self._batches if not b.journaled)
+        self._batches.clear()
+        self.points = self.bytes = 0
+
+    def memory_only(self) -> bool:
+        """True while a batch in no journal waits here."""
+        return any(not b.journaled for b in self._batches)

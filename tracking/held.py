@@ -22,7 +22,7 @@ from tracking.delivery import Batch
 from tracking.journal import Journal
 from tracking.spool import Ack
 
-MAX_HELD_BYTES = 128 * 2**20
+MAX_HELD_BYTES = 64 * 2**20
 """Default bytes of encoded points held while the local disk refuses them."""
 
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracking.acks import AckBook
-from tracking.delivery import Batch, Refusals
+from tracking.delivery import Backlog, Batch, Refusals, Sender, rejected
 from tracking.records import FINISHED, Point, RunInfo, printable
-from tracking.sinks.base import PartialWrite, Sink, SinkError, SinkRejected
+from tracking.sinks.base import Sink, SinkError
 from tracking.spool import Ack, RunDir
 
 LOG = logging.getLogger("cliptrack")
@@ -46,12 +46,6 @@ class LaneState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def _rejected(exc: BaseException) -> bool:
-    return isinstance(exc, SinkRejected) or (
-        isinstance(exc, PartialWrite) and isinstance(exc.cause, SinkRejected)
-    )
 
 
 class SinkLane:
@@ -98,17 +92,14 @@ class SinkLane:
         self.failures = 0
         self.sent_points = 0
         """Points this lane has handed to its sink successfully."""
-        self.lost_points = 0
-        """Points in no journal (past the writer's held bound) this lane dropped before sending."""
         self.sent_in_memory_only = 0
         """Points in no journal (past the writer's held bound) this lane sent."""
         self.opened = threading.Event()
         self.closed_cleanly = False
         self.refusals = Refusals(self.name, run.run_id, sink.check_key)
+        self.sender = Sender(sink, self.refusals)
         self._cond = threading.Condition()
-        self._queue: deque[Batch] = deque()
-        self._buffered = 0
-        self._buffered_bytes = 0
+        self._queue = Backlog(max_buffered_points, max_buffered_bytes)
         self.acks = AckBook(self.name, run_dir, durable)
         self.resumed_from = self.acks.current
         """Where this lane started in the journal (after reading back what the backend holds)."""
@@ -135,11 +126,8 @@ class SinkLane:
                 self._journal_end = Ack(batch.first + batch.lines, batch.end)
             if self._from_journal:
                 if not batch.journaled:
-                    self.lost_points += batch.lines  # behind, and the batch is nowhere to read back
-            elif (
-                self._buffered + batch.lines > self.max_buffered_points
-                or self._buffered_bytes + len(batch.data) > self.max_buffered_bytes
-            ):
+                    self._queue.lost += batch.lines  # behind, and the batch is nowhere to read back
+            elif not self._queue.fits(batch):
                 self._drop_queue_locked()
                 LOG.info(
                     "%s is more than %d points or %d MB behind; it will read them back from %s",
@@ -149,19 +137,15 @@ class SinkLane:
                     printable(self.run_dir.points_path),
                 )
                 if not batch.journaled:
-                    self.lost_points += batch.lines
+                    self._queue.lost += batch.lines
             else:
-                self._queue.append(batch)
-                self._buffered += batch.lines
-                self._buffered_bytes += len(batch.data)
+                self._queue.push(batch)
             self._cond.notify()
 
     def _drop_queue_locked(self) -> None:
         """Read back from the journal from now on; batches in no journal are lost to this lane."""
         self._from_journal = True
-        self.lost_points += sum(b.lines for b in self._queue if not b.journaled)
         self._queue.clear()
-        self._buffered = self._buffered_bytes = 0
 
     def journal_advanced(self) -> None:
         """The journal's on-disk end moved (the disk took held batches): save the acknowledgement."""
@@ -198,12 +182,17 @@ class SinkLane:
     @property
     def buffered_points(self) -> int:
         """Points this lane holds in memory now."""
-        return self._buffered
+        return self._queue.points
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes of encoded points this lane holds in memory now."""
-        return self._buffered_bytes
+        return self._queue.bytes
+
+    @property
+    def lost_points(self) -> int:
+        """Points in no journal (past the writer's held bound) this lane dropped before sending."""
+        return self._queue.lost
 
     def pending_points(self) -> int:
         with self._cond:
@@ -332,8 +321,7 @@ class SinkLane:
 
     def _caught_up(self) -> bool:
         with self._cond:
-            in_memory_only = any(not b.journaled for b in self._queue)
-            return self.acks.current.offset >= self._journal_end.offset and not in_memory_only
+            return self.acks.current.offset >= self._journal_end.offset and not self._queue.memory_only()
 
     def _pump(self) -> None:
         """Write batches to the sink until stopped: each acknowledged once written; a failed write
@@ -370,19 +358,13 @@ class SinkLane:
         while True:
             if self._from_journal and self.acks.current.offset >= self._journal_end.offset:
                 self._from_journal = False  # caught up from the journal: back to memory batches
-            while self._queue and self._queue[0].journaled and self._queue[0].end <= self.acks.current.offset:
-                self._pop_locked()
+            self._queue.drop_acknowledged(self.acks.current.offset)
             if self._queue or self._from_journal or self._configs:
                 break
             if self._stopping:
                 return False
             self._cond.wait()
         return not (self._stopping and time.monotonic() >= self._deadline)
-
-    def _pop_locked(self) -> None:
-        batch = self._queue.popleft()
-        self._buffered -= batch.lines
-        self._buffered_bytes -= len(batch.data)
 
     def _step_over_unreadable(self, batch: Batch, ends: list[int]) -> bool:
         """A batch with no readable point: acknowledge its damaged lines, or, when nothing lies past
@@ -391,68 +373,29 @@ class SinkLane:
             self._acknowledge(batch, ends, 0)
             return True
         with self._cond:
-            if not batch.journaled and self._queue and self._queue[0] is batch:
-                self._pop_locked()
+            if not batch.journaled:
+                self._queue.pop(batch)
                 return True
             self._from_journal = False
             return not self._stopping
 
     def _write(self, batch: Batch, ends: list[int], points: list[Point]) -> bool:
-        """Send pending configs and ``points`` (refused keys left out) to the sink and acknowledge
-        them; a refusal of the data isolates the refused points; on failure record it, acknowledge
-        what a partial write took, and resend the rest from the journal. True if written."""
-        sent = self.refusals.filter(points)
+        """Send pending configs, then ``points`` (``tracking.delivery.Sender``: refused keys left
+        out, refused points isolated), and acknowledge what the sink took; on failure record it and
+        resend the rest from the journal. True if the whole batch is done."""
+        self._apply_configs()
+        outcome = self.sender.send(points)
         if self.refusals.new:
             self.refusals.new = False
             self._save_meta(sinks={self.name: {"refused": self.refusals.record()}})
-        try:
-            self._apply_configs()
-            self.sink.write(sent)
-        except Exception as exc:  # noqa: BLE001 - a sink's failure is recorded and retried, never raised into training
-            written = exc.written if isinstance(exc, PartialWrite) else 0
-            isolated = self._isolate(batch, ends, sent, written) if _rejected(exc) else None
-            if isolated:
-                return True
-            if isolated is None and written:
-                self._acknowledge(batch, ends, written)
-            self._fail(exc)
-            with self._cond:
-                self._drop_queue_locked()
-            return False
-        self._acknowledge(batch, ends, len(points))
-        return True
-
-    def _isolate(self, batch: Batch, ends: list[int], points: Sequence[Point], start: int) -> bool | None:
-        """The sink refused the data of a batch whose first ``start`` points it took: send the rest
-        one at a time and skip (report) each point it refuses, provided it takes at least one (a
-        sink that refuses every point refuses the run, not a point: ``None``, nothing acknowledged
-        here). True: the batch is done; False: a transient failure stopped it (acknowledged so far)."""
-        if len(points) - start < 2:
-            return None
-        taken = 0
-        skipped: list[tuple[Point, BaseException]] = []
-        for index in range(start, len(points)):
-            try:
-                self.sink.write([points[index]])
-            except Exception as one:  # noqa: BLE001 - classified below
-                if not _rejected(one):
-                    if not taken:
-                        return None
-                    self._skip(skipped)
-                    self._acknowledge(batch, ends, index)
-                    return False
-                skipped.append((points[index], one))
-            else:
-                taken += 1
-        if not taken:
-            return None
-        self._skip(skipped)
-        self._acknowledge(batch, ends, len(points))
-        return True
-
-    def _skip(self, skipped: list[tuple[Point, BaseException]]) -> None:
-        for point, why in skipped:
-            self.refusals.skip_point(point, str(why))
+        if outcome.taken:
+            self._acknowledge(batch, ends, outcome.taken)
+        if outcome.error is None:
+            return True
+        self._fail(outcome.error)
+        with self._cond:
+            self._drop_queue_locked()
+        return False
 
     def _note_recovery(self) -> None:
         """After a successful write: a failing lane is OK again (and says so)."""
@@ -473,7 +416,7 @@ class SinkLane:
             start = self.acks.current.offset
             data = self._read_lines(start, self._journal_end.offset, self.max_batch_points)
             return Batch(data, start, self.acks.current.points, data.count(b"\n"))
-        return self._queue[0].tail(self.acks.current.offset)
+        return self._queue.first().tail(self.acks.current.offset)
 
     def _acknowledge(self, batch: Batch, ends: Sequence[int], written: int) -> None:
         """Record that the first ``written`` of the batch's readable points reached the sink (all
@@ -484,8 +427,8 @@ class SinkLane:
         with self._cond:
             if not batch.journaled:
                 self.sent_in_memory_only += written
-                if written >= len(ends) and self._queue and self._queue[0] is batch:
-                    self._pop_locked()
+                if written >= len(ends):
+                    self._queue.pop(batch)
                 self._cond.notify_all()
                 return
             if written >= len(ends):
@@ -498,10 +441,10 @@ class SinkLane:
     def _fail(self, exc: BaseException) -> None:
         self.failures += 1
         self.error = printable(exc)
-        rejected = _rejected(exc)
-        self._set_state(LaneState.REJECTED if rejected else LaneState.FAILING)
+        refused = rejected(exc)
+        self._set_state(LaneState.REJECTED if refused else LaneState.FAILING)
         where = printable(self.run_dir.points_path)
-        if rejected:
+        if refused:
             LOG.warning(
                 "%s refused the data: %s. Training continues; its points stay in %s; fix the cause "
                 "and run `cliptrack replay %s`",

@@ -15,9 +15,16 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
   ``max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
   sink from its own thread, in batches (``tracking.writer``).
 - Backpressure: ``log`` waits only while the writer is behind by more than the bound (more than
-  ``max_queued_points`` queued, or the oldest queued point older than ``flush_interval_s`` +
-  0.25 s) and warns once; so a crash (SIGKILL, power loss) loses at most the points of the last
-  ``flush_interval_s`` + 0.5 s, at any load.
+  ``max_queued_points`` points or ``max_queued_values`` values queued, or the oldest queued point
+  older than ``flush_interval_s`` + 0.25 s) and warns once; so a crash (SIGKILL, power loss) loses
+  at most the points of the last ``flush_interval_s`` + 0.5 s, at any load. Memory for points is
+  bounded in bytes (``tracking.limits``; 256 MB at the defaults with one remote sink).
+- A full or read-only spool disk: remote sinks keep receiving every point from memory (held at
+  its journal offset, up to ``max_held_bytes``), the journal catches up when space returns, and
+  ``close`` counts what reached neither the disk nor any backend (``tracking.held``).
+- A key or value one sink refuses is reported once and left out for that sink only
+  (``tracking.delivery``). Each point is one row per sink: points of one step never share a
+  millisecond stamp (``tracking.stamps``).
 - A failing backend is isolated: one warning within seconds (MLflow requests from cliptrack are
   bounded: 2 retries, 5 s each), retries with exponential backoff (1 s .. 30 s); what it has not
   acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later, without

@@ -159,3 +159,13 @@ def sink_from_state(name: str, state: Mapping[str, Any], **overrides: Any) -> Si
     """The sink ``name`` rebuilt from the replay state recorded in run.json (``overrides``, such
     as ``tracking_uri``, replace recorded options)."""
     return sink_class(name).from_state(state, **overrides)
+
+
+_CLASSES = {"MlflowSink": "mlflow", "WandbSink": "wandb"}
+
+
+def __getattr__(attribute: str) -> type[Sink]:
+    """``from tracking.sinks import MlflowSink, WandbSink``: the registered classes, imported on use."""
+    if attribute in _CLASSES:
+        return sink_class(_CLASSES[attribute])
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -159,6 +159,8 @@ class WandbSink(Sink):
         if self.run is None:
             raise SinkError("W&B run is not open")
         for index, point in enumerate(points):
+            if not point.metrics:  # every key refused for W&B (tracking.delivery): no row
+                continue
             row = {keys.WANDB_STEP_METRIC: point.step, keys.WANDB_WALL_TIME: point.wall_time}
             row.update(point.metrics)
             try:
