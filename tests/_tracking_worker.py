@@ -1,7 +1,9 @@
 """Subprocess training loops for the tracking tests (signals, crashes, torch.distributed).
 
 usage:
-  python -m tests._tracking_worker signal   SPOOL BACKEND {chain|default} COUNT_FILE
+  python -m tests._tracking_worker signal   SPOOL BACKEND {chain|default|ignore|tight} COUNT_FILE
+  python -m tests._tracking_worker fork     SPOOL BACKEND {child_exit|pool_terminate|pool_with|workers}
+  python -m tests._tracking_worker rank     SPOOL DB_URI [RUN_ID]
   python -m tests._tracking_worker crash    SPOOL
   python -m tests._tracking_worker dist     SPOOL DB_URI RANK WORLD PORT
   python -m tests._tracking_worker resume   SPOOL DB_URI WANDB_DIR RUN_ID FIRST COUNT
@@ -15,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from tracking import keys
 from tracking.tracker import Tracker
@@ -25,28 +28,158 @@ def _metrics(step: int) -> dict[str, float]:
 
 
 def signal_loop(spool: str, backend: str, mode: str, count_file: str) -> None:
-    """Log forever; announce flushes; on SIGTERM the tracker drains, then the previous handler runs."""
-    logged = 0
+    """Log until a signal; announce flushes (``flushed N``) or, in the tight mode, counts.
+
+    - default: the application installs nothing (SIGTERM ends the process, Ctrl-C raises).
+    - chain: the application's "finish the step, checkpoint, exit": its SIGTERM handler (installed
+      before the tracker) and a caught ``KeyboardInterrupt`` set a flag; the loop then logs one
+      more point (the checkpoint), writes how many points it logged to COUNT_FILE, exits 7.
+    - ignore: SIGTERM and SIGINT are ignored (``SIG_IGN``); the loop ends cleanly once
+      COUNT_FILE.stop exists, writing the count.
+    - tight: Ctrl-C in a tight logging loop (no sleep, no flush), announcing ``logged N``.
+    """
+    stop = {"flag": False}
     if mode == "chain":
-
-        def previous(signum: int, frame: object) -> None:  # the application's own handler
-            with open(count_file, "w") as fh:
-                fh.write(str(logged))
-            os._exit(7)
-
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.update(flag=True))
+    elif mode == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     backends = ("jsonl",) if backend == "jsonl" else (backend, "jsonl")
-    tracker = Tracker("sig", backends=backends, spool_dir=spool, flush_interval_s=0.2, backend_label="miles")
-    print(f"run {tracker.run_id}", flush=True)
+    with Tracker("sig", backends=backends, spool_dir=spool, flush_interval_s=0.2, backend_label="miles") as t:
+        print(f"run {t.run_id}", flush=True)
+        if mode == "tight":
+            _tight(t)
+        logged = _until_stopped(t, mode, stop, count_file)
+        with open(count_file, "w") as fh:
+            fh.write(str(logged))
+        if mode == "chain":
+            sys.exit(7)
+
+
+def _tight(tracker: Tracker) -> None:
     step = 0
     while True:
         tracker.log(step, _metrics(step))
-        logged += 1
         step += 1
-        if step % 50 == 0:
+        if step % 1000 == 0:
+            print(f"logged {step}", flush=True)
+
+
+def _until_stopped(tracker: Tracker, mode: str, stop: dict[str, bool], count_file: str) -> int:
+    """The loop of the signal worker; the number of points logged when it stopped."""
+    step = 0
+    while not stop["flag"]:
+        try:
+            tracker.log(step, _metrics(step))
+            step += 1
+            if step % 50 == 0:
+                tracker.flush()
+                print(f"flushed {step}", flush=True)
+                if mode == "ignore" and os.path.exists(count_file + ".stop"):
+                    break
+            time.sleep(0.001)
+        except KeyboardInterrupt:  # the application's own Ctrl-C handling: finish, then checkpoint
+            if mode != "chain":
+                raise
+            stop["flag"] = True
+    if mode == "chain":  # the checkpoint step: logging after a caught signal still works
+        tracker.log(step, {keys.LOSS_SUM: -1.0})
+        step += 1
+        tracker.flush()
+    return step
+
+
+def _hang(_: int) -> None:  # a reward-model call that never returns
+    time.sleep(3600)
+
+
+def _produce(queue: Any, worker: int) -> None:  # a DataLoader-like fork worker
+    for item in range(10**9):
+        queue.put((worker, item))
+
+
+def fork_run(spool: str, backend: str, scenario: str) -> None:
+    """A parent logging while fork children come and go; see tests/test_tracker_fork.py."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    backends = ("jsonl",) if backend == "jsonl" else (backend, "jsonl")
+    with Tracker("fork", backends=backends, spool_dir=spool, flush_interval_s=0.1) as tracker:
+        print(f"run {tracker.run_id}", flush=True)
+        _log_range(tracker, 0, 200)
+        if scenario == "child_exit":
+            _child_exits(tracker)
+        elif scenario in ("pool_terminate", "pool_with"):
+            _pool_ends(tracker, fork, scenario)
+        elif scenario == "workers":
+            _workers_until_interrupted(tracker, fork)
+        _log_range(tracker, 400, 600)
+    print(f"closed {tracker.status}", flush=True)
+
+
+def _log_range(tracker: Tracker, first: int, end: int) -> None:
+    for step in range(first, end):
+        tracker.log(step, _metrics(step))
+    tracker.flush()
+    print(f"flushed {end}", flush=True)
+
+
+def _child_exits(tracker: Tracker) -> None:
+    """A forked helper that logs twice (warned once, not logged) and ends with sys.exit(0), running
+    atexit and the interpreter's finalisation, while the parent logs 200 more points; then the
+    parent waits for the test's go-ahead."""
+    go, ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.read(go, 1)  # the parent has logged past the fork-time end of the journal
+        tracker.log(10**6, _metrics(1))
+        tracker.log(10**6 + 1, _metrics(2))
+        sys.exit(0)
+    _log_range(tracker, 200, 400)
+    os.write(ready, b"x")
+    _, status = os.waitpid(pid, 0)
+    print(f"child {os.waitstatus_to_exitcode(status)}", flush=True)
+    sys.stdin.readline()  # the test checks the run while the parent is alive
+
+
+def _pool_ends(tracker: Tracker, fork: Any, scenario: str) -> None:
+    """Hung fork workers, ended by Pool.terminate() (their SIGTERM) or by leaving a with block."""
+    if scenario == "pool_terminate":
+        pool = fork.Pool(2)
+        results = [pool.apply_async(_hang, (i,)) for i in range(2)]
+        _log_range(tracker, 200, 400)  # past the journal's end when the workers were forked
+        pool.terminate()
+        pool.join()
+    else:
+        with fork.Pool(2) as pool:
+            results = [pool.apply_async(_hang, (i,)) for i in range(2)]
+            _log_range(tracker, 200, 400)
+    print(f"pool {sum(r.ready() for r in results)}", flush=True)
+
+
+def _workers_until_interrupted(tracker: Tracker, fork: Any) -> None:
+    """Two fork workers feed the loop until Ctrl-C (SIGINT to the whole process group)."""
+    queue = fork.Queue(maxsize=64)
+    workers = [fork.Process(target=_produce, args=(queue, i), daemon=True) for i in range(2)]
+    for worker in workers:
+        worker.start()
+    step = 200
+    while True:  # never reaches 400 points before the test's Ctrl-C
+        queue.get()
+        tracker.log(step, _metrics(step))
+        step += 1
+        if step % 100 == 0:
             tracker.flush()
-            print(f"flushed {logged}", flush=True)
+            print(f"flushed {step}", flush=True)
         time.sleep(0.001)
+
+
+def rank_run(spool: str, db_uri: str, run_id: str | None = None) -> None:
+    """One launcher-started process: log 5 steps under a fixed or fresh run id; report the rank."""
+    with Tracker("ranks", backends=(db_uri, "jsonl"), spool_dir=spool, run_id=run_id) as tracker:
+        for step in range(5):
+            tracker.log(step, {keys.LOSS_SUM: float(step)})
+        print(f"rank {tracker.rank} active={tracker.active} run_id={tracker.run_id}", flush=True)
 
 
 def crash_loop(spool: str) -> None:
@@ -146,6 +279,10 @@ if __name__ == "__main__":
     command, *rest = sys.argv[1:]
     if command == "signal":
         signal_loop(*rest)
+    elif command == "fork":
+        fork_run(*rest)
+    elif command == "rank":
+        rank_run(*rest)
     elif command == "crash":
         crash_loop(*rest)
     elif command == "dist":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -215,24 +216,30 @@ def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
     assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
 
 
-def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name():
+def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(monkeypatch):
+    """The sink seams follow the adapters' seam convention: MINIMUM, SUPPORTED_BELOW, USES,
+    installed_version(), check_supported()."""
     from importlib import metadata
 
     from tracking.sinks import _compat_mlflow, _compat_wandb
-    from tracking.versions import UnsupportedVersionError
+    from tracking.versions import UnsupportedVersionError, parse_version
 
-    assert _compat_mlflow.check() == metadata.version("mlflow")
-    assert _compat_wandb.check() == metadata.version("wandb")
+    for seam, package in ((_compat_mlflow, "mlflow"), (_compat_wandb, "wandb")):
+        assert seam.installed_version() == metadata.version(package)
+        assert seam.MINIMUM <= parse_version(seam.installed_version()) < seam.SUPPORTED_BELOW
+        seam.check_supported()
+    monkeypatch.setattr(_compat_mlflow, "installed_version", lambda: "4.0.0")
     with pytest.raises(
         UnsupportedVersionError,
         match=r"mlflow 4\.0\.0 is not supported .*mlflow>=3\.0,<4\.0.*_validate_metric_name",
     ):
-        _compat_mlflow.check("4.0.0")
+        _compat_mlflow.check_supported()
+    monkeypatch.setattr(_compat_wandb, "installed_version", lambda: "0.18.7")
     with pytest.raises(
         UnsupportedVersionError,
         match=r"wandb 0\.18\.7 is not supported .*wandb>=0\.19,<1\.0.*\.wandb transaction log",
     ):
-        _compat_wandb.check("0.18.7")
+        _compat_wandb.check_supported()
 
 
 @pytest.mark.parametrize("relative", [False, True])
@@ -269,3 +276,23 @@ def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
     )
     for uri in ("http://127.0.0.1:5000", "postgresql://u@h/db", "file:///data/mlruns", "databricks"):
         assert artifacts_beside(uri, "mlartifacts") is None, uri
+
+
+def test_wandb_items_have_one_decoder_nested_keys_joined_with_a_dot():
+    """History rows and config updates are decoded by the seam alone (the sink's read-back, the
+    comparison's loader, the tests): a nested key reads ``a.b``, W&B's own flat spelling."""
+    from wandb.proto import wandb_internal_pb2
+
+    from tracking.compare import load
+    from tracking.sinks import _compat_wandb
+
+    record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+    flat = record.history.item.add()
+    flat.key, flat.value_json = "trainer/step", "3"
+    nested = record.history.item.add()
+    nested.nested_key.extend(["optim", "lr:mean"])
+    nested.value_json = "NaN"
+    row = _compat_wandb.items(record.history.item)
+    assert list(row) == ["trainer/step", "optim.lr:mean"] and row["trainer/step"] == 3
+    assert math.isnan(row["optim.lr:mean"])
+    assert load.compat_wandb.items is _compat_wandb.items and not hasattr(load, "_item_key")

@@ -383,7 +383,7 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     peak = 0
     for step in range(3000):
         tracker.log(step, {"a:mean": float(step), "b:sum": float(step % 13)})
-        peak = max(peak, lane._buffered)
+        peak = max(peak, lane.buffered_points)
         if step % 500 == 0:
             time.sleep(0.05)  # let the writer run: the lane sees batches while the sink is down
     assert tracker.flush(timeout_s=5) is False  # the failing sink is not waited for

@@ -29,7 +29,7 @@ from mlflow import MlflowClient
 
 from tests._journal import journal_steps
 from tests._tracking_wandb_log import history
-from tracking import keys, spool
+from tracking import journal, keys
 from tracking.records import Point, RunInfo
 from tracking.sinks.base import Sink
 from tracking.spool import RunDir
@@ -185,7 +185,7 @@ def test_a_run_resumed_in_a_new_process_reaches_mlflow_and_wandb_exactly_once(tm
 def test_a_write_that_fails_midway_is_cut_back_and_written_whole_later(tmp_path, monkeypatch, caplog):
     """The disk takes half a batch, then says ENOSPC: the half line must not stay in the journal (a
     later batch would be glued to it); the batch is written again, whole, when the disk takes it."""
-    real_pwrite = spool._pwrite
+    real_pwrite = journal._pwrite
     failing = {"on": False}
 
     def half_then_enospc(fd: int, data: memoryview, offset: int) -> int:
@@ -194,7 +194,7 @@ def test_a_write_that_fails_midway_is_cut_back_and_written_whole_later(tmp_path,
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(spool, "_pwrite", half_then_enospc)
+    monkeypatch.setattr(journal, "_pwrite", half_then_enospc)
     recorder = RecordingSink()
     tracker = Tracker(backends=(recorder,), spool_dir=tmp_path, flush_interval_s=60, handle_signals=False)
     for step in range(100):
@@ -592,8 +592,18 @@ def test_a_point_accepted_while_close_runs_is_never_lost(tmp_path):
 
 # ---- 8. statuses and bad input -------------------------------------------------------------------
 EXIT_SCRIPTS = {
-    "sys_exit_3": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(3)\n",
+    "sys_exit_3": (
+        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL, patch_sys_exit=True)\nt.log(0, {'a:mean': 1.0})\n"
+        "sys.exit(3)\n"
+    ),
+    "sys_exit_3_in_with": (
+        "with Tracker(backends=('jsonl',), spool_dir=SPOOL) as t:\n    t.log(0, {'a:mean': 1.0})\n"
+        "    sys.exit(3 if sys.exit.__module__ == 'sys' else 4)\n"
+    ),
     "sys_exit_0": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(0)\n",
+    "keyboard_interrupt": (
+        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nraise KeyboardInterrupt\n"
+    ),
     "excepthook_replaced": (
         "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n"
         "sys.excepthook = lambda *a: print('app hook', file=sys.stderr)\n"
@@ -607,14 +617,20 @@ EXIT_SCRIPTS = {
     ("script", "status"),
     [
         ("sys_exit_3", "FAILED"),
+        ("sys_exit_3_in_with", "FAILED"),
         ("sys_exit_0", "FINISHED"),
+        ("keyboard_interrupt", "KILLED"),
         ("excepthook_replaced", "FAILED"),
         ("clean_end", "FINISHED"),
     ],
 )
 def test_a_run_left_open_gets_the_status_of_how_the_process_ended(tmp_path, script, status):
     code = f"import sys\nfrom tracking import Tracker\nSPOOL = {str(tmp_path)!r}\n" + EXIT_SCRIPTS[script]
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=120, env=_env(), capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, timeout=120, env=_env(), capture_output=True
+    )
+    if script.startswith("sys_exit_3"):
+        assert done.returncode == 3, done.stderr  # 4: sys.exit was replaced without being asked
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert json.loads((run_dir / keys.RUN_META_FILE).read_text())["status"] == status
     assert journal_steps(run_dir) == [0]
@@ -652,16 +668,16 @@ def test_run_names_are_escaped_in_terminal_lines(tmp_path, caplog):
     )  # kept as given
 
 
-def test_the_heap_alive_at_start_is_frozen_out_of_collections_unless_asked_not_to(tmp_path):
+def test_the_heap_is_frozen_out_of_collections_only_when_asked(tmp_path):
     """A full collection walks every tracked object: after importing MLflow that is a 150 ms pause
-    inside whichever log() call triggers it. The tracker freezes what exists once its backends are
-    imported; ``freeze_gc=False`` keeps the collector's default."""
+    inside whichever log() call triggers it. ``freeze_gc=True`` freezes what exists once the
+    backends are imported; by default (a process-wide side effect) the collector is left alone."""
     gc.unfreeze()
-    alive = len(gc.get_objects())
     tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
+    tracker.close()
+    assert gc.get_freeze_count() == 0
+    alive = len(gc.get_objects())
+    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=True)
     tracker.close()
     assert gc.get_freeze_count() >= alive
     gc.unfreeze()
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=False)
-    tracker.close()
-    assert gc.get_freeze_count() == 0

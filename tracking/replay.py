@@ -22,10 +22,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from tracking.lane import LOG, SinkLane
 from tracking.records import FAILED, RUNNING, RunInfo, printable
-from tracking.sinks import sink_from_state
+from tracking.sinks import Sink, sink_from_state
 from tracking.spool import Ack, DamagedLine, RunDir, run_dirs
-from tracking.writer import SinkLane
 
 LOCK_WAIT_S = 30.0
 """Seconds replay waits for a sink's lock held by a tracker that was closed while a (bounded)
@@ -68,8 +68,10 @@ def replay_run(
     tracking_uri: str | None = None,
     timeout_s: float = 120.0,
     dry_run: bool = False,
+    targets: dict[str, dict[str, Any]] | None = None,
 ) -> list[ReplayResult]:
-    """Replay one run directory; see the module docstring."""
+    """Replay one run directory; see the module docstring. ``targets``: per sink name, options
+    that re-target it (``{"wandb": {"project": ...}}``); ``tracking_uri`` is MLflow's."""
     meta = run_dir.read_meta()
     if not run_dir.lock_sink("jsonl"):
         return [
@@ -82,7 +84,11 @@ def replay_run(
                 "skipped: the run is still being logged by a live process",
             )
         ]
+    targets = {name: dict(options) for name, options in (targets or {}).items()}
+    if tracking_uri:
+        targets.setdefault("mlflow", {})["tracking_uri"] = tracking_uri
     try:
+        run_dir.check_journal()  # reported; each sink's acknowledgement is checked by read_ack
         run = run_dir.read_run()
         if run.status == RUNNING:  # the process died without closing: neither finished nor killed cleanly
             run.status = FAILED
@@ -93,36 +99,55 @@ def replay_run(
         for name, state in run_dir.sink_states().items():
             if sinks is not None and name not in sinks:
                 continue
-            results.append(_replay_sink(run_dir, run, name, state, end, tracking_uri, timeout_s, dry_run))
+            target = Target(name, state, targets.get(name) or {})
+            results.append(_replay_sink(run_dir, run, target, end, timeout_s, dry_run))
         return results
     finally:
         run_dir.unlock_sink("jsonl")
 
 
+@dataclass
+class Target:
+    """Where replay sends one sink's points: its recorded replay ``state`` and the ``options`` given
+    on the command line (``tracking_uri``; W&B ``project``, ``entity``, ``mode``, ``dir``)."""
+
+    name: str
+    state: dict[str, Any]
+    options: dict[str, Any]
+
+    def sink(self) -> Sink:
+        return sink_from_state(self.name, self.state, **self.options)
+
+    @staticmethod
+    def moved(recorded: dict[str, Any], sink: Sink) -> bool:
+        """True when ``sink`` is set to another store than the recorded one (re-targeted)."""
+        settings = sink.settings()
+        return any(key in recorded and recorded[key] != value for key, value in settings.items())
+
+
 def _replay_sink(
-    run_dir: RunDir,
-    run: RunInfo,
-    name: str,
-    state: dict[str, Any],
-    end: Ack,
-    tracking_uri: str | None,
-    timeout_s: float,
-    dry_run: bool,
+    run_dir: RunDir, run: RunInfo, target: Target, end: Ack, timeout_s: float, dry_run: bool
 ) -> ReplayResult:
-    status = run.status
+    status, name, state = run.status, target.name, target.state
     ack = run_dir.read_ack(name)
     left = max(0, end.points - ack.points)
-    if ack.offset >= end.offset and state.get("closed") and state.get("status") == status:
+    current = ack.offset >= end.offset and state.get("closed") and state.get("status") == status
+    if current and not target.options:
+        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+    if dry_run and not target.options:
+        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+    try:
+        sink = target.sink()
+    except Exception as exc:  # noqa: BLE001
+        return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
+    resume = {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
+    moved = Target.moved(resume, sink)
+    if current and not moved:  # the options name the recorded target
         return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
     if dry_run:
         return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
-    overrides = {"tracking_uri": tracking_uri} if tracking_uri else {}
-    try:
-        sink = sink_from_state(name, state, **overrides)
-    except Exception as exc:  # noqa: BLE001
-        return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
-    resume = {k: v for k, v in state.items() if k not in ("closed", "status")}
-    resume.update(overrides)
+    if moved:
+        resume = _retarget(run_dir, name, state, sink)
     lane = SinkLane(
         sink,
         run_dir,
@@ -142,9 +167,23 @@ def _replay_sink(
     done = lane.acked
     pushed = lane.sent_points
     remaining = max(0, end.points - done.points)
+    refused = lane.refusals.summary()
     if lane.closed_cleanly and done.offset >= end.offset:
-        return ReplayResult(run.run_id, name, pushed, 0, status, "replayed")
+        return ReplayResult(run.run_id, name, pushed, 0, status, "replayed", refused or None)
     return ReplayResult(run.run_id, name, pushed, remaining, status, "failed", lane.error or "timed out")
+
+
+def _retarget(run_dir: RunDir, name: str, state: dict[str, Any], sink: Sink) -> dict[str, Any]:
+    """Point sink ``name`` of the run at a new store: the old target is kept in run.json under
+    ``sinks.<name>.previous`` (the mapping), its acknowledgement starts over (the new store holds
+    nothing of the run; a point it does hold is merged, not stored twice)."""
+    old = {k: v for k, v in state.items() if k not in ("previous", "refused")}
+    previous = [*state.get("previous", []), old]
+    settings = sink.settings()
+    run_dir.update_meta(sinks={name: {**settings, "previous": previous, "closed": False}})
+    run_dir.write_ack(name, Ack())
+    LOG.info("replay sends %s of run %s to a new target: %s", name, run_dir.run_id, printable(sink.location))
+    return settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +203,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="only this sink: mlflow or wandb (repeatable)",
     )
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI to use instead of the recorded one")
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI to deliver to instead of the recorded one (a new or emptied store: "
+        "the run is created there and the mapping recorded in run.json)",
+    )
+    parser.add_argument("--wandb-project", help="W&B project to deliver to instead of the recorded one")
+    parser.add_argument("--wandb-entity", help="W&B entity to deliver to instead of the recorded one")
+    parser.add_argument("--wandb-dir", help="W&B directory to deliver to instead of the recorded one")
+    parser.add_argument("--wandb-mode", help="W&B mode (online, offline) instead of the recorded one")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")
     parser.add_argument("--dry-run", action="store_true", help="only say what is pending")
 
@@ -190,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
                     tracking_uri=args.tracking_uri,
                     timeout_s=args.timeout,
                     dry_run=args.dry_run,
+                    targets=_wandb_target(args),
                 )
             except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
                 results = [
@@ -201,3 +249,15 @@ def run(args: argparse.Namespace) -> int:
             print(printable(result.line()))
             ok = ok and result.ok
     return 0 if ok else 1
+
+
+def _wandb_target(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The W&B options given on the command line (none: the recorded target)."""
+    options = {
+        "project": args.wandb_project,
+        "entity": args.wandb_entity,
+        "dir": os.path.abspath(os.path.expanduser(args.wandb_dir)) if args.wandb_dir else None,
+        "mode": args.wandb_mode,
+    }
+    chosen = {k: v for k, v in options.items() if v is not None}
+    return {"wandb": chosen} if chosen else {}

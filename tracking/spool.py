@@ -4,56 +4,62 @@ Layout (``root`` is the tracker's ``spool_dir``, or the directory named by a ``j
 
     <root>/<run_id>/run.json           run metadata (``RunInfo.to_meta``) + sinks.<name> replay state
     <root>/<run_id>/points.jsonl       the journal: every point, append-only, in logging order
-    <root>/<run_id>/acked-<sink>.json  {"points": n, "offset": bytes}: the journal up to byte
-                                       ``offset`` (its first n lines) is acknowledged by <sink>
+    <root>/<run_id>/acked-<sink>.json  {"points": n, "offset": bytes, "fingerprint": hash}: the
+                                       journal up to byte ``offset`` (its first n lines) is
+                                       acknowledged by <sink>
     <root>/<run_id>/<sink>.lock        flock held while a process writes <sink> for this run
 
-The journal is the only copy of a point that is not yet in a backend: what a sink has not
-acknowledged is the tail of points.jsonl past its ``acked`` offset. Acknowledgements are byte
-offsets into the journal, so they stay true across processes (a resumed run appends to the same
-file). A line is ``{"step": int, "wall_time": float, "metrics": {...}}``; non-finite values are
-written as the JSON extensions ``NaN``, ``Infinity``, ``-Infinity`` (what Python's ``json`` reads).
+The journal (``tracking.journal``, its only reader and writer) is the only copy of a point that is
+not yet in a backend: what a sink has not acknowledged is the tail of points.jsonl past its
+``acked`` offset. Acknowledgements are byte offsets into the journal, so they stay true across
+processes (a resumed run appends to the same file).
 
-Writes are atomic per batch: a batch is written at the journal's known end with ``pwrite`` and
-fsynced; if any part fails (a full disk), the file is cut back to the end it had, and the batch is
-written again, whole, at that same offset later. A torn tail (a crash mid-write) is cut off when the
-run is opened again, so a new line is never glued to a torn one. Readers skip and report a damaged
-line (``path:N``) and go on.
+Integrity is checked, not assumed: an acknowledgement records the fingerprint of the journal
+bytes before its offset, and run.json records where the journal ended when the run was closed
+(``journal``). An acknowledgement past the journal's end, one whose bytes changed (a shortened,
+replaced or rewritten journal) or whose line count disagrees is reported (a ``JournalMismatch``
+warning and a log line) and not trusted: the sink starts over from what it really holds (its
+read-back) or from the journal's start.
+
+Locks belong to the process that took them: ``flock`` is shared by a forked child (one open file
+description), so a child never unlocks (``LOCK_UN`` would release the parent's lock); its copy of
+the descriptor is only closed.
 """
 
 from __future__ import annotations
 
-import errno
 import json
+import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tracking import keys
-from tracking.records import Point, RawPoint, RunInfo, check_run_id
+from tracking import journal, keys
+from tracking.journal import DamagedLine as DamagedLine
+from tracking.journal import Journal as Journal  # the append side, for the tracker
+from tracking.journal import Position
+from tracking.journal import encode_points as encode_points
+from tracking.journal import parse_line as parse_line
+from tracking.records import Point, RunInfo, check_run_id
 
 try:  # POSIX advisory locks; where absent, replay cannot tell a live run and trusts the caller
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-_READ_CHUNK = 1 << 20
+LOG = logging.getLogger("cliptrack")
+
+Ack = Position
+"""How far a sink has got: ``points`` lines, ending ``offset`` bytes into points.jsonl (a journal
+``Position``; its ``fingerprint`` is filled in when it is saved)."""
 
 
-@dataclass(frozen=True)
-class Ack:
-    """How far a sink has got: ``points`` lines, ending ``offset`` bytes into points.jsonl."""
-
-    points: int = 0
-    offset: int = 0
-
-
-class DamagedLine(UserWarning):
-    """A journal line that is not a point (a torn or overwritten write); it is skipped."""
+class JournalMismatch(DamagedLine):
+    """A recorded position (an acknowledgement, run.json's journal end) that the journal on disk
+    does not match: it was shortened, replaced or rewritten. Reported; the position is not trusted."""
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -73,20 +79,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
         raise
 
 
-def encode_points(points: Sequence[RawPoint] | Sequence[Point]) -> list[bytes]:
-    """Each point as one JSONL line (bytes, newline-terminated)."""
-    dumps = json.dumps
-    return [
-        (f'{{"step": {p[0]}, "wall_time": {dumps(p[1])}, "metrics": {dumps(p[2])}}}\n').encode()
-        for p in points
-    ]
-
-
-def parse_line(line: bytes) -> Point:
-    """The point of one journal line; ValueError / KeyError / TypeError when it is not one."""
-    return Point.from_json(json.loads(line))
-
-
 class RunDir:
     """One run's directory under ``root``; safe to share between the threads of one process."""
 
@@ -97,7 +89,7 @@ class RunDir:
         self.meta_path = self.path / keys.RUN_META_FILE
         self.points_path = self.path / keys.POINTS_FILE
         self._lock = threading.RLock()  # reentrant: a signal handler may update run.json mid-update
-        self._locks: dict[str, BinaryIO] = {}
+        self._locks: dict[str, tuple[BinaryIO, int]] = {}  # sink -> (lock file, owner pid)
         self._reported: set[int] = set()
 
     # ---- run.json ------------------------------------------------------------------------------
@@ -137,10 +129,13 @@ class RunDir:
         return self.path / f"acked-{sink}.json"
 
     def read_ack(self, sink: str) -> Ack:
+        """How far ``sink`` got, checked against the journal on disk: an acknowledgement the
+        journal does not match (see the module docstring) is reported and replaced by ``Ack()``
+        (the sink starts over from what it really holds)."""
         try:
             with open(self.ack_path(sink), encoding="utf-8") as fh:
                 obj = json.load(fh)
-            return Ack(int(obj["points"]), int(obj["offset"]))
+            ack = Ack(int(obj["points"]), int(obj["offset"]), str(obj.get("fingerprint") or ""))
         except FileNotFoundError:
             return Ack()
         except (ValueError, KeyError, TypeError):
@@ -150,9 +145,45 @@ class RunDir:
                 stacklevel=2,
             )
             return Ack()
+        problem = journal.mismatch(self.points_path, ack)
+        if problem is None:
+            return ack
+        self.report_mismatch(f"{sink}'s acknowledgement ({self.ack_path(sink).name})", problem)
+        return Ack()
 
     def write_ack(self, sink: str, ack: Ack) -> None:
-        write_json_atomic(self.ack_path(sink), {"points": ack.points, "offset": ack.offset})
+        fingerprint = ack.fingerprint or journal.fingerprint(self.points_path, ack.offset)
+        write_json_atomic(
+            self.ack_path(sink), {"points": ack.points, "offset": ack.offset, "fingerprint": fingerprint}
+        )
+
+    def report_mismatch(self, what: str, problem: str) -> None:
+        """Report (log line and ``JournalMismatch`` warning) a recorded position the journal does
+        not match."""
+        text = f"run {self.run_id}: {what} does not match {self.points_path}: {problem}; not trusted"
+        LOG.warning("%s", text)
+        warnings.warn(text, JournalMismatch, stacklevel=3)
+
+    def check_journal(self) -> str | None:
+        """Why the journal end run.json recorded at the last close (``journal``) or its run id do not
+        match the run directory on disk (reported); None when they do."""
+        meta = self.read_meta()
+        problem = None
+        if meta.get("run_id") not in (None, self.run_id):
+            problem = f"run.json names run {meta.get('run_id')!r}, its directory is {self.run_id!r}"
+        recorded = meta.get("journal")
+        if problem is None and isinstance(recorded, dict):
+            try:
+                position = Ack(
+                    int(recorded["points"]), int(recorded["offset"]), str(recorded.get("fingerprint", ""))
+                )
+            except (KeyError, TypeError, ValueError):
+                problem = f"run.json's journal record {recorded!r} is damaged"
+            else:
+                problem = journal.mismatch(self.points_path, position)
+        if problem is not None:
+            self.report_mismatch("run.json", problem)
+        return problem
 
     def journal_size(self) -> int:
         """Bytes in points.jsonl (0 when absent)."""
@@ -164,69 +195,20 @@ class RunDir:
     def journal_end(self) -> Ack:
         """Complete lines of points.jsonl and the byte offset just past the last one (a torn
         tail left by a crash is not part of the journal)."""
-        try:
-            fd = os.open(self.points_path, os.O_RDONLY)
-        except FileNotFoundError:
-            return Ack()
-        try:
-            end = _last_newline_end(fd, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-        return Ack(self.count_points(0, end), end)
+        return journal.end(self.points_path)
 
-    # ---- reading points back -------------------------------------------------------------------
-    def _lines(self, offset: int = 0) -> Iterator[tuple[int, bytes, int]]:
-        """Yield ``(line number, line, end offset)`` from byte ``offset`` (line numbers count from
-        there); the last line may lack its newline (a torn tail, or a line being written)."""
-        try:
-            fh = open(self.points_path, "rb")
-        except FileNotFoundError:
-            return
-        with fh:
-            fh.seek(offset)
-            position = offset
-            for number, line in enumerate(fh, start=1):
-                position += len(line)
-                yield number, line, position
-
+    # ---- reading points back (tracking.journal) ------------------------------------------------
     def read_points(self, offset: int = 0, end: int | None = None) -> Iterator[tuple[Point, int]]:
         """Yield ``(point, end_offset)`` for each complete line from byte ``offset`` up to ``end``.
 
         Stops at a line without its newline (being written, or torn by a crash); a damaged
         complete line is skipped with one ``DamagedLine`` warning naming its byte offset.
         """
-        for _number, line, position in self._lines(offset):
-            if not line.endswith(b"\n"):
-                return
-            if end is not None and position > end:
-                return
-            try:
-                point = parse_line(line)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self.report_damaged(position - len(line), exc)
-                continue
-            yield point, position
+        return journal.read_points(self.points_path, offset, end, self.report_damaged)
 
     def read_lines(self, offset: int, end: int, limit: int) -> bytes:
         """The journal's bytes from ``offset`` up to ``end``: at most ``limit`` whole lines."""
-        try:
-            fh = open(self.points_path, "rb")
-        except FileNotFoundError:
-            return b""
-        out: list[bytes] = []
-        count = 0
-        with fh:
-            fh.seek(offset)
-            left = max(0, end - offset)
-            for line in fh:
-                if len(line) > left or not line.endswith(b"\n"):
-                    break
-                out.append(line)
-                left -= len(line)
-                count += 1
-                if count >= limit:
-                    break
-        return b"".join(out)
+        return journal.read_lines(self.points_path, offset, end, limit)
 
     def report_damaged(self, start: int, exc: BaseException) -> None:
         """Warn once (``DamagedLine``) about the damaged line at byte ``start``."""
@@ -239,51 +221,11 @@ class RunDir:
 
     def count_points(self, offset: int = 0, end: int | None = None) -> int:
         """Complete lines of points.jsonl between byte ``offset`` and ``end`` (fast: no parsing)."""
-        try:
-            fh = open(self.points_path, "rb")
-        except FileNotFoundError:
-            return 0
-        count = 0
-        with fh:
-            fh.seek(offset)
-            left = None if end is None else max(0, end - offset)
-            while left is None or left > 0:
-                chunk = fh.read(_READ_CHUNK if left is None else min(_READ_CHUNK, left))
-                if not chunk:
-                    break
-                count += chunk.count(b"\n")
-                if left is not None:
-                    left -= len(chunk)
-        return count
+        return journal.count_points(self.points_path, offset, end)
 
-    def load_points(self) -> list[Point]:
-        """Every point of points.jsonl, each line checked, for reading a run back whole.
-
-        A line that is not JSON (torn by a crash or a full disk) is skipped with a warning naming
-        ``<points.jsonl>:<line number>``; a JSON line that is not a cliptrack point raises ValueError
-        naming it (the file is not a cliptrack journal). Blank lines are skipped. Metric values are
-        kept as read (not converted to float), so that the caller can name one that is not a number.
-        """
-        points: list[Point] = []
-        for number, raw, _end in self._lines():
-            line = raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r")
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                what = "incomplete last line" if not raw.endswith(b"\n") else "damaged line"
-                warnings.warn(f"{self.points_path}:{number}: {what} skipped ({exc})", stacklevel=2)
-                continue
-            try:
-                point = Point(int(record["step"]), float(record["wall_time"]), dict(record["metrics"]))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{self.points_path}:{number}: not a cliptrack point "
-                    '({"step": int, "wall_time": float, "metrics": {...}}): ' + f"{exc}"
-                ) from exc
-            points.append(point)
-        return points
+    def load_points(self, *, strict: bool = False) -> list[Point]:
+        """Every point of points.jsonl, each line checked (``tracking.journal.load_points``)."""
+        return journal.load_points(self.points_path, strict=strict)
 
     # ---- live-writer locks ---------------------------------------------------------------------
     def lock_sink(self, sink: str) -> bool:
@@ -297,119 +239,19 @@ class RunDir:
         except OSError:
             fh.close()
             return False
-        self._locks[sink] = fh
+        self._locks[sink] = (fh, os.getpid())
         return True
 
     def unlock_sink(self, sink: str) -> None:
-        fh = self._locks.pop(sink, None)
-        if fh is not None:
-            if fcntl is not None:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-            fh.close()
-
-
-class Journal:
-    """The append side of points.jsonl, for the one process that holds the run's ``jsonl`` lock.
-
-    ``append`` writes a whole batch at the journal's end or nothing: on failure the file is cut
-    back, and the next ``append`` writes at the same offset. ``fsync=True`` (default) makes every
-    batch durable before ``append`` returns (a power loss keeps it too).
-    """
-
-    def __init__(self, run_dir: RunDir, *, fsync: bool = True) -> None:
-        self.run_dir = run_dir
-        self.fsync = fsync
-        self.points = 0
-        """Points in the journal (all processes' lines, counted at open)."""
-        self.offset = 0
-        """Bytes of whole lines in the journal: where the next batch goes."""
-        self._fd: int | None = None
-
-    @property
-    def location(self) -> str:
-        return str(self.run_dir.points_path)
-
-    def open(self) -> None:
-        """Open (creating) points.jsonl; cut off a torn last line left by a crash."""
-        self.run_dir.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.run_dir.points_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            good = _last_newline_end(fd, size)
-            if good != size:
-                os.ftruncate(fd, good)
-                os.fsync(fd)
-                warnings.warn(
-                    f"{self.run_dir.points_path}: a torn last line ({size - good} bytes) was cut off",
-                    DamagedLine,
-                    stacklevel=2,
-                )
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self.offset = good
-        self.points = self.run_dir.count_points(0, good)
-
-    def append(self, points: Sequence[RawPoint] | Sequence[Point]) -> bytes:
-        """Write ``points`` as one batch at the journal's end; return the bytes written. Raises
-        OSError with the journal unchanged (as far as the disk lets it be cut back) when the batch
-        cannot be written whole."""
-        if self._fd is None:
-            raise RuntimeError("Journal.append before open()")
-        data = b"".join(encode_points(points))
-        start = self.offset
-        try:
-            written = 0
-            view = memoryview(data)
-            while written < len(data):
-                count = _pwrite(self._fd, view[written:], start + written)
-                if count <= 0:
-                    raise OSError(errno.EIO, "short write")
-                written += count
-            if self.fsync:
-                os.fsync(self._fd)
-        except BaseException:
-            self._cut_back(start)
-            raise
-        self.offset = start + len(data)
-        self.points += len(points)
-        return data
-
-    def _cut_back(self, end: int) -> None:
-        try:
-            assert self._fd is not None
-            os.ftruncate(self._fd, end)
-        except OSError:
-            pass  # the next append overwrites from ``end`` anyway, then truncates past itself
-
-    def close(self) -> None:
-        if self._fd is not None:
-            try:
-                if os.fstat(self._fd).st_size > self.offset:  # garbage left by a failed cut-back
-                    os.ftruncate(self._fd, self.offset)
-            except OSError:
-                pass
-            os.close(self._fd)
-            self._fd = None
-
-
-def _pwrite(fd: int, data: memoryview, offset: int) -> int:
-    """``os.pwrite``, one call (a seam for fault-injection tests)."""
-    return os.pwrite(fd, data, offset)
-
-
-def _last_newline_end(fd: int, size: int) -> int:
-    """Bytes of ``fd`` up to and including its last newline (0 when there is none)."""
-    position = size
-    while position > 0:
-        start = max(0, position - 65536)
-        chunk = os.pread(fd, position - start, start)
-        index = chunk.rfind(b"\n")
-        if index >= 0:
-            return start + index + 1
-        position = start
-    return 0
+        """Release the lock this process took; in a forked child only close the child's copy of
+        the descriptor (the lock is the parent's: ``LOCK_UN`` would release it for the parent)."""
+        held = self._locks.pop(sink, None)
+        if held is None:
+            return
+        fh, pid = held
+        if fcntl is not None and pid == os.getpid():
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        fh.close()
 
 
 def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:

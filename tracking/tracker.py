@@ -15,19 +15,30 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
   ``max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
   sink from its own thread, in batches (``tracking.writer``).
 - Backpressure: ``log`` waits only while the writer is behind by more than the bound (more than
-  ``max_queued_points`` queued, or the oldest queued point older than ``flush_interval_s`` +
-  0.25 s) and warns once; so a crash (SIGKILL, power loss) loses at most the points of the last
-  ``flush_interval_s`` + 0.5 s, at any load.
+  ``max_queued_points`` points or ``max_queued_values`` values queued, or the oldest queued point
+  older than ``flush_interval_s`` + 0.25 s) and warns once; so a crash (SIGKILL, power loss) loses
+  at most the points of the last ``flush_interval_s`` + 0.5 s, at any load. Memory for points is
+  bounded in bytes (``tracking.limits``; 256 MB at the defaults with one remote sink).
+- A full or read-only spool disk: remote sinks keep receiving every point from memory (held at
+  its journal offset, up to ``max_held_bytes``), the journal catches up when space returns, and
+  ``close`` counts what reached neither the disk nor any backend (``tracking.held``).
+- A key or value one sink refuses is reported once and left out for that sink only
+  (``tracking.delivery``). Each point is one row per sink: points of one step never share a
+  millisecond stamp (``tracking.stamps``).
 - A failing backend is isolated: one warning within seconds (MLflow requests from cliptrack are
   bounded: 2 retries, 5 s each), retries with exponential backoff (1 s .. 30 s); what it has not
   acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later, without
-  duplicates. SIGTERM/SIGINT close the run KILLED within ``hooks.SIGNAL_CLOSE_S`` seconds and
-  ``close()`` within ``timeout_s``: everything reaches disk, remote sinks get what they take in
-  that time, the rest is left for replay.
+  duplicates. ``close()`` returns within ``timeout_s``: everything reaches disk, remote sinks
+  get what they take in that time, the rest is left for replay. A signal that ends the process
+  closes the run KILLED at exit within ``process.SIGNAL_CLOSE_S`` seconds; the application's own
+  SIGTERM/SIGINT handlers are chained, never replaced (``tracking.process``).
 - Resuming: a ``run_id`` whose directory exists continues that run (new points are appended;
   each backend goes on from its acknowledged journal offset, or from what it holds).
-- Under torch.distributed only global rank 0 writes; other ranks get a ``NullTracker`` whose
-  methods return at once (``run_id`` is None there); see ``tracking.hooks.global_rank``.
+- One run per job: only global rank 0 writes (torch.distributed, torchrun, srun, MPI: see
+  ``tracking.process.global_rank``; ``rank=`` or ``CLIPTRACK_RANK`` force it); other ranks get a
+  ``NullTracker`` whose methods return at once (``run_id`` is None there).
+- A run belongs to the process that opened it: a forked child never writes, closes or unlocks
+  it, and warns once if it calls ``log()`` (``tracking.process``).
 - Run status: FINISHED on a clean exit, FAILED on an exception or a non-zero ``sys.exit``,
   KILLED on SIGTERM/SIGINT (MLflow RunStatus names; W&B exit code 0 / 1 / 143).
 
@@ -62,16 +73,20 @@ from typing import Any
 
 from tracking import keys
 from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
-from tracking.hooks import HOOKS, global_rank
+from tracking.held import MAX_HELD_BYTES, HeldTail
+from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
+from tracking.limits import Limits
 from tracking.outputs import metrics_of
-from tracking.records import FAILED, FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
+from tracking.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
+from tracking.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
+from tracking.stamps import StepClock
 from tracking.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from tracking.validation import check_step, metric_value
-from tracking.writer import LOG, BackgroundWriter, LaneState, SinkLane, WriterClosed
+from tracking.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
 
 DISK_DRAIN_S = 3.0
 """Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
@@ -103,8 +118,11 @@ class Tracker:
     Args:
         run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
         backends: names or URIs, see ``tracking.sinks`` ("mlflow", "wandb", "jsonl",
-            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", or Sink
-            objects). The JSONL run directory is always written: it is the spool.
+            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", any name in
+            ``tracking.sinks.SINKS``, or Sink objects). The JSONL run directory is always written:
+            it is the spool. Default ``("mlflow",)``.
+        sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
+            vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
         backend_label: the training stack ("megatron", "miles"), stored as ``keys.TAG_BACKEND``.
         config: run configuration (nested dicts allowed): MLflow params, W&B config, run.json.
         tracking_uri: MLflow tracking URI for the "mlflow" backend (default
@@ -115,27 +133,36 @@ class Tracker:
             plus 0.5 s under overload).
         max_batch_points: points per batch; the writer also wakes when this many are queued.
         max_queued_points: points ``log`` may queue ahead of the writer before it waits.
+        max_queued_values: metric values ``log`` may queue ahead of the writer before it waits.
         max_buffered_points: points a lagging sink may hold in memory before reading back from disk.
+        max_buffered_bytes: bytes of encoded points a lagging sink may hold in memory.
+        max_held_bytes: bytes of encoded points held in memory while the local disk refuses them
+            (remote sinks are fed from there; see ``tracking.writer`` and ``tracking.limits``).
         wandb_project, wandb_mode, wandb_dir: W&B project, mode (default: online with
             credentials, else offline) and directory (default ``WANDB_DIR``, else the working
             directory; recorded for replay).
         open_timeout_s: how long the constructor waits for backends to open (they keep trying
             in the background after that).
         close_timeout_s: how long ``close`` waits for remote backends to drain.
-        handle_signals: close the run KILLED on SIGTERM/SIGINT (main thread only; previous
-            handlers are chained), see ``tracking.hooks``.
+        handle_signals: on SIGTERM/SIGINT (main thread only), chain to the application's handler,
+            or end the process and close the run KILLED at exit (``tracking.process``); False
+            leaves the signal handlers alone.
         run_id: cliptrack run id (default: 32 fresh hex digits); letters, digits, ``_``, ``-``.
             An existing run's id resumes it.
-        freeze_gc: call ``gc.freeze()`` once the backends are imported: every object alive then
-            (modules, clients, usually the model) is left out of later garbage collections, so a
-            full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
-            imported). Cyclic garbage among those objects is then never freed; pass False to keep
-            the collector's default behaviour.
+        freeze_gc: opt in to ``gc.freeze()`` once the backends are imported: every object alive
+            then (modules, clients, usually the model) is left out of later garbage collections,
+            so a full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
+            imported). Process-wide: cyclic garbage among those objects is then never freed.
+            Default False (the collector's default behaviour).
+        patch_sys_exit: opt in to wrapping ``sys.exit`` process-wide, so that a run left open (no
+            ``with`` block, no ``close()``) learns a non-zero exit code and is marked FAILED.
+        rank: force this process's global rank (0 logs the job's run); default: detected, see
+            ``tracking.process.global_rank``.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
         if cls is Tracker:
-            rank = global_rank()
+            rank = _rank(kwargs.get("rank"))
             if rank != 0:
                 return object.__new__(NullTracker)
         return object.__new__(cls)
@@ -143,8 +170,9 @@ class Tracker:
     def __init__(
         self,
         run_name: str | None = None,
-        backends: Iterable[Any] | str = ("mlflow",),
+        backends: Iterable[Any] | str | None = None,
         *,
+        sinks: Iterable[Any] | None = None,
         backend_label: str | None = None,
         config: Mapping[str, Any] | None = None,
         tracking_uri: str | None = None,
@@ -153,7 +181,10 @@ class Tracker:
         flush_interval_s: float = 1.0,
         max_batch_points: int = 2000,
         max_queued_points: int = 20_000,
+        max_queued_values: int = MAX_QUEUED_VALUES,
         max_buffered_points: int = 50_000,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        max_held_bytes: int = MAX_HELD_BYTES,
         wandb_project: str | None = None,
         wandb_mode: str | None = None,
         wandb_dir: str | os.PathLike[str] | None = None,
@@ -161,62 +192,40 @@ class Tracker:
         close_timeout_s: float = 30.0,
         handle_signals: bool = True,
         run_id: str | None = None,
-        freeze_gc: bool = True,
+        freeze_gc: bool = False,
+        patch_sys_exit: bool = False,
+        rank: int | None = None,
     ) -> None:
+        self.owner = Owner()
+        self._foreign_warned: int | None = None
         self.rank = 0
         self.active = True
         self.status: str | None = None
         self.points_logged = 0
         self._closed = False
-        if max_buffered_points < max_batch_points:
-            raise ValueError(
-                f"max_buffered_points={max_buffered_points} must be >= max_batch_points={max_batch_points}"
-            )
         self.close_timeout_s = close_timeout_s
-        root, self.sinks = _sinks(
-            backends,
-            spool_dir,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-            wandb_project=wandb_project,
-            wandb_mode=wandb_mode,
-            wandb_dir=wandb_dir,
+        limits = Limits(
+            flush_interval_s,
+            max_batch_points,
+            max_queued_points,
+            max_queued_values,
+            max_buffered_points,
+            max_buffered_bytes,
+            max_held_bytes,
         )
+        vendor = {
+            "tracking_uri": tracking_uri,
+            "experiment": experiment,
+            "wandb_project": wandb_project,
+            "wandb_mode": wandb_mode,
+            "wandb_dir": wandb_dir,
+        }
+        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, **vendor)
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
-        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
-            raise ValueError(f"run {self.run_id} in {printable(root)} is being logged by another process")
-        try:
-            self.run, states = self._open_run(run_name, backend_label, config, experiment)
-            self.run_name: str = self.run.run_name
-            _ensure_log_handler()
-            self.journal = Journal(self.run_dir)
-            self.journal.open()
-            journal_end = Ack(self.journal.points, self.journal.offset)
-            self._lanes = [
-                SinkLane(
-                    sink,
-                    self.run_dir,
-                    self.run,
-                    max_buffered_points=max_buffered_points,
-                    max_batch_points=max_batch_points,
-                    state=states.get(sink.name),
-                    journal_end=journal_end,
-                    freeze_gc=freeze_gc,
-                )
-                for sink in self.sinks
-            ]
-            self._writer = BackgroundWriter(
-                self.journal,
-                self._lanes,
-                flush_interval_s=flush_interval_s,
-                max_batch_points=max_batch_points,
-                max_queued_points=max_queued_points,
-            )
-        except BaseException:
-            self.run_dir.unlock_sink("jsonl")
-            raise
         self._known_keys: set[str] = set()
+        self._clock = StepClock()
+        self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
         if (
             freeze_gc
         ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
@@ -226,7 +235,63 @@ class Tracker:
         for lane in self._lanes:
             lane.opened.wait(max(0.0, deadline - time.monotonic()))
         LOG.info("%s", self._start_line())
-        HOOKS.register(self, handle_signals=handle_signals)
+        HOOKS.register(self, handle_signals=handle_signals, patch_sys_exit=patch_sys_exit)
+
+    def _open(
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
+        limits: Limits,
+        freeze_gc: bool,
+    ) -> None:
+        """Take the run's lock, open (or resume) the run and its journal, build a lane per sink
+        and the writer; the lock is released again if any of it fails."""
+        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
+            raise ValueError(
+                f"run {self.run_id} in {printable(self.run_dir.root)} is being logged by another process"
+            )
+        try:
+            self.run, states = self._open_run(run_name, backend_label, config, experiment)
+            self.run_name: str = self.run.run_name
+            _ensure_log_handler()
+            self.journal = Journal(self.run_dir)
+            self.journal.open()
+            self.run_dir.check_journal()  # reported; each sink's acknowledgement is checked too
+            held = HeldTail(self.journal, limits.max_held_bytes)
+            self._lanes = [
+                self._lane(sink, states.get(sink.name), held, limits, freeze_gc) for sink in self.sinks
+            ]
+            self._writer = BackgroundWriter(
+                self.journal,
+                self._lanes,
+                flush_interval_s=limits.flush_interval_s,
+                max_batch_points=limits.max_batch_points,
+                max_queued_points=limits.max_queued_points,
+                max_queued_values=limits.max_queued_values,
+                held=held,
+            )
+        except BaseException:
+            self.run_dir.unlock_sink("jsonl")
+            raise
+
+    def _lane(
+        self, sink: Sink, state: dict[str, Any] | None, held: HeldTail, limits: Limits, freeze_gc: bool
+    ) -> SinkLane:
+        return SinkLane(
+            sink,
+            self.run_dir,
+            self.run,
+            max_buffered_points=limits.max_buffered_points,
+            max_buffered_bytes=limits.max_buffered_bytes,
+            max_batch_points=limits.max_batch_points,
+            state=state,
+            journal_end=Ack(self.journal.points, self.journal.offset),
+            freeze_gc=freeze_gc,
+            read_lines=held.read,
+            durable=held.durable,
+        )
 
     def _open_run(
         self,
@@ -248,7 +313,7 @@ class Tracker:
             run.backend_label = backend_label if backend_label is not None else run.backend_label
             run.status, run.ended = RUNNING, None
             states = {
-                name: {k: v for k, v in state.items() if k not in ("closed", "status")}
+                name: {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
                 for name, state in self.run_dir.sink_states().items()
             }
         else:
@@ -292,13 +357,32 @@ class Tracker:
         """
         if self._closed:
             raise self._closed_error(step)
+        if not self.owner.is_current():
+            self._warn_foreign("log")
+            return
         step = self._check_step(step)
         values = self._check_metrics(step, metrics)
         try:
-            self._writer.submit((step, time.time(), values))  # a plain tuple: see records.RawPoint
+            # a plain tuple (see records.RawPoint); the stamp keeps equal points distinct rows
+            self._writer.submit((step, self._clock.stamp(step), values))
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1
+
+    def _warn_foreign(self, what: str) -> None:
+        """Once per forked child: its ``log()`` calls are not logged (the run is the parent's)."""
+        pid = os.getpid()
+        if self._foreign_warned == pid:
+            return
+        self._foreign_warned = pid
+        LOG.warning(
+            "%s() in process %d, forked from process %d that owns run %s: not logged (a forked child "
+            "never writes its parent's run; log from the parent, or open a tracker in the child)",
+            what,
+            pid,
+            self.owner.pid,
+            self.run_id,
+        )
 
     def _closed_error(self, step: object) -> TrackerClosed:
         return TrackerClosed(
@@ -323,6 +407,9 @@ class Tracker:
         """Add to the run's config: run.json, MLflow params (flattened), W&B config."""
         if self._closed:
             raise TrackerClosed(f"tracker for run {self.run_id} is closed ({self.status})")
+        if not self.owner.is_current():
+            self._warn_foreign("log_config")
+            return
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a mapping, got {type(config).__name__}")
         config = dict(config)
@@ -341,6 +428,8 @@ class Tracker:
         the local disk itself refuses the points (they are held in memory and retried)."""
         if self._closed:
             return True
+        if not self.owner.is_current():
+            return False
         return self._writer.flush(self.close_timeout_s if timeout_s is None else timeout_s)
 
     # ---- closing -------------------------------------------------------------------------------
@@ -348,14 +437,31 @@ class Tracker:
         """End the run with ``status`` (FINISHED by default): drain to disk, give remote backends
         until ``timeout_s`` seconds (default ``close_timeout_s``) have passed, mark the run, print a
         summary. Idempotent; never raises for a backend or disk failure (warned); anything a
-        backend could not take stays spooled for ``cliptrack replay``."""
-        if self._closed:
+        backend could not take stays spooled for ``cliptrack replay``. In a forked child it does
+        nothing (the run is the parent's). Interrupted (a second Ctrl-C, a SIGTERM), it saves the
+        status KILLED before the interrupt goes on."""
+        if self._closed or not self.owner.is_current():
             return
         self._closed = True
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        # the local disk gets its drain even past a short timeout (at least DISK_DRAIN_S)
+        try:
+            writing = self._drain(time.monotonic() + timeout, timeout)
+            if not writing:
+                self.journal.close()
+            self._mark(self.status)
+        except (KeyboardInterrupt, Terminated):
+            self.status = KILLED
+            self._mark(KILLED)
+            raise
+        finally:
+            self.run_dir.unlock_sink("jsonl")
+            HOOKS.unregister(self)
+        LOG.info("%s", self.summary())
+
+    def _drain(self, deadline: float, timeout: float) -> bool:
+        """Drain the writer to disk (at least ``DISK_DRAIN_S`` seconds) and the lanes until
+        ``deadline``; True when the journal is still being written."""
         writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
         if writing:
             LOG.warning(
@@ -363,53 +469,67 @@ class Tracker:
                 printable(self.journal.location),
                 max(DISK_DRAIN_S, timeout),
             )
-        elif self._writer.unwritten:
+        elif self._writer.held or self._writer.not_journaled:
             LOG.warning(
-                "%d points could not be written to %s (%s)",
-                self._writer.unwritten,
+                "%d points could not be written to %s (%s); they go to the remote backends from memory",
+                self._writer.held.points + self._writer.not_journaled,
                 printable(self.journal.location),
                 printable(self._writer.journal_error),
             )
         for lane in self._lanes:
-            lane.stop(self.status, deadline)
+            lane.stop(self.status or FINISHED, deadline)
         for lane in self._lanes:
             lane.join(max(0.0, deadline - time.monotonic()))
+        return writing
+
+    def _mark(self, status: str) -> None:
+        """Save the run's final ``status`` in run.json (warned, never raised, when the disk refuses)."""
         try:
-            if not writing:
-                self.journal.close()
-            self.run.status, self.run.ended = self.status, time.time()
-            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended)
+            self.run.status, self.run.ended = status, time.time()
+            end = self.journal.position()
+            recorded = {"points": end.points, "offset": end.offset, "fingerprint": end.fingerprint}
+            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended, journal=recorded)
         except OSError as exc:
             LOG.warning(
                 "cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED",
                 self.run_id,
-                self.status,
+                status,
                 printable(self.run_dir.meta_path),
                 printable(exc),
             )
-        self.run_dir.unlock_sink("jsonl")
-        HOOKS.unregister(self)
-        LOG.info("%s", self.summary())
 
     def summary(self) -> str:
-        """One line: status, points and values written, and per backend what is still pending."""
+        """One line: status, points and values written, what the local disk could not take and what
+        reached no backend either, and per backend what is still pending or was refused."""
+        writer = self._writer
         parts = [
-            f"run {self.run_id} {self.status or RUNNING}: {self._writer.points_journaled} points "
-            f"({self._writer.values_journaled} values) in {printable(self.run_dir.path)}"
+            f"run {self.run_id} {self.status or RUNNING}: {writer.points_journaled} points "
+            f"({writer.values_journaled} values) in {printable(self.run_dir.path)}"
         ]
+        off_disk = writer.held.points + writer.not_journaled + writer.unwritten
+        if off_disk:
+            parts.append(
+                f"{off_disk} points NOT in the journal (the disk refused them: "
+                f"{printable(writer.journal_error or 'stalled')}), {writer.lost_points()} of them "
+                "written nowhere (lost)"
+            )
         behind = False
         for lane in self._lanes:
-            pending = lane.pending_points()
-            if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED):
-                parts.append(f"{lane.name}: all written ({printable(lane.sink.location)})")
-            else:
-                behind = True
-                parts.append(
-                    f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'})"
-                )
+            parts.append(self._lane_summary(lane))
+            behind = behind or lane.pending_points() > 0 or lane.state not in (LaneState.OK, LaneState.CLOSED)
         if behind:
             parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
         return "; ".join(parts)
+
+    @staticmethod
+    def _lane_summary(lane: SinkLane) -> str:
+        pending = lane.pending_points()
+        refused = lane.refusals.summary()
+        lost = f", {lane.lost_points} points in no journal missed" if lane.lost_points else ""
+        tail = (f", {refused}" if refused else "") + lost
+        if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED) and not lane.lost_points:
+            return f"{lane.name}: all written ({printable(lane.sink.location)}){tail}"
+        return f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'}){tail}"
 
     def pending(self) -> dict[str, int]:
         """Points each remote backend has not acknowledged yet."""
@@ -421,14 +541,8 @@ class Tracker:
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if kind is None:
-            self.close(FINISHED)
-        elif issubclass(kind, KeyboardInterrupt):
-            self.close(KILLED)
-        elif isinstance(value, SystemExit) and value.code in (None, 0):
-            self.close(FINISHED)
-        else:
-            self.close(FAILED)
+        status = HOOKS.status_for(value)
+        self.close(status, timeout_s=min(SIGNAL_CLOSE_S, self.close_timeout_s) if status == KILLED else None)
 
     # ---- validation (training thread; cheap: new keys are checked once) -------------------------
     @staticmethod
@@ -500,13 +614,19 @@ class NullTracker(Tracker):
     (``run_id`` is None, ``active`` False). One run per job is written by rank 0."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.rank = global_rank()
+        self.rank = _rank(kwargs.get("rank"))
         self.active = False
         self.run_id = None  # type: ignore[assignment]
         self.run_name = None  # type: ignore[assignment]
         self.status = None
         self.points_logged = 0
         self.sinks = []
+        self.close_timeout_s = 0.0
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         return None
@@ -531,6 +651,24 @@ class NullTracker(Tracker):
 
     def summary(self) -> str:
         return f"rank {self.rank}: inactive (only global rank 0 logs)"
+
+
+def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -> Iterable[Any] | str:
+    """The sinks a tracker writes: ``sinks`` (Sink objects, names, URIs) or its older spelling
+    ``backends``; ``("mlflow",)`` when neither is given."""
+    if sinks is not None and backends is not None:
+        raise ValueError("give the sinks once: sinks=[...] or backends=[...], not both")
+    chosen = sinks if sinks is not None else backends
+    return ("mlflow",) if chosen is None else chosen
+
+
+def _rank(forced: object) -> int:
+    """The rank a ``rank=`` argument forces (a non-negative int), else the detected global rank."""
+    if forced is None:
+        return global_rank()
+    if isinstance(forced, bool) or not isinstance(forced, int) or forced < 0:
+        raise ValueError(f"rank={forced!r} is not a global rank (an integer >= 0)")
+    return forced
 
 
 def _sinks(

@@ -12,7 +12,6 @@ what is there. Reading never writes: the MLflow store is checked first (``prefli
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tracking import keys
+from tracking import journal, keys
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
 from tracking.compare.catalog import RunNotFoundError, choose_by_name, mlflow_entry, spool_entry
@@ -78,21 +77,17 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
 
 
 def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
-    """A run's points.jsonl parsed in one ``json.loads`` of all its lines, as ``Columns``.
+    """A run's points.jsonl as ``Columns``, from ``journal.load_records`` (one ``json.loads`` of
+    all its lines).
 
-    A file that does not parse as well-formed points that way (a torn last line, a bad line) is
+    A file that does not read as well-formed points that way (a torn last line, a bad line) is
     read by ``RunDir.load_points`` instead, which skips a torn last line with a warning and names
     any other bad line.
     """
+    records = journal.load_records(run_dir.points_path)
+    if records is None:
+        return run_dir.load_points()
     try:
-        text = run_dir.points_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    lines = [line for line in text.splitlines() if line.strip()]
-    try:
-        records = json.loads("[" + ",".join(lines) + "]")
-        if len(records) != len(lines):
-            raise ValueError("a line holds more than one value")
         steps: list[int] = []
         walls: list[float] = []
         names: list[str] = []
@@ -318,10 +313,6 @@ def _points_of(columns: Columns) -> list[Point]:
 # ------------------------------------------------------------------------------ W&B offline files
 
 
-def _item_key(item: Any) -> str:
-    return item.key if item.key else ".".join(item.nested_key)
-
-
 def _numeric(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -337,13 +328,11 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id, name, group = record.run.run_id, record.run.display_name, record.run.run_group
-            for item in record.run.config.update:
-                config[_item_key(item)] = json.loads(item.value_json)
+            config.update(compat_wandb.items(record.run.config.update))
         elif kind == "config":
-            for item in record.config.update:
-                config[_item_key(item)] = json.loads(item.value_json)
+            config.update(compat_wandb.items(record.config.update))
         elif kind == "history":
-            row = {_item_key(item): json.loads(item.value_json) for item in record.history.item}
+            row = compat_wandb.items(record.history.item)
             point = _history_point(row)
             if point is not None:
                 points.append(point)

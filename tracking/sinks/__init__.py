@@ -3,26 +3,28 @@
 ==============================================  =================================================
 spec                                            sink
 ==============================================  =================================================
-``"mlflow"``                                    MLflow at ``tracking_uri`` / ``MLFLOW_TRACKING_URI``
+``"mlflow"``, ``"mlflow:<tracking URI>"``       MLflow at ``tracking_uri`` / ``MLFLOW_TRACKING_URI``
                                                 / ``sqlite:///mlflow.db``
-``"sqlite:///x.db"``, ``"http://host:5000"``,   MLflow at that tracking URI
+``"sqlite:///x.db"``, ``"http://host:5000"``,   MLflow at that tracking URI (``SCHEMES``)
 ``"https://…"``, ``"postgresql://…"``,
 ``"mysql://…"``, ``"databricks"``
 ``"wandb"``, ``"wandb:project"``,               W&B (online with credentials, else offline)
 ``"wandb:entity/project"``
+``"<name>"``, ``"<name>:<argument>"``           the sink registered as ``<name>`` in ``SINKS``
 ``"jsonl"``, ``"jsonl:/some/dir"``,             not a sink: names the spool directory (the JSONL
 ``"file:///some/dir"``                          run directory is always written)
 a ``Sink`` instance                             itself
 ==============================================  =================================================
 
 The registry (``SINKS``: name -> "module:Class") is the one place a sink name is resolved, by the
-tracker (``make_sink``, from a spec) and by replay (``sink_from_state``, from run.json).
+tracker (``make_sink``, from a spec: ``Class.from_spec(argument, options)``) and by replay
+(``sink_from_state``, from run.json: ``Class.from_state``). Adding a sink is one module and one
+entry here (or ``register_sink`` from the application); see docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -41,13 +43,18 @@ from tracking.sinks.base import (
     SinkRejected,
 )
 
-MLFLOW_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
-
 SINKS: dict[str, str] = {
     "mlflow": "tracking.sinks.mlflow_sink:MlflowSink",
     "wandb": "tracking.sinks.wandb_sink:WandbSink",
 }
 """Sink name -> ``module:Class`` (a ``Sink`` subclass), imported on first use."""
+
+SCHEMES: dict[str, str] = {
+    scheme: "mlflow" for scheme in ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+}
+"""URI scheme -> the registered sink a bare URI of that scheme names (the whole URI its argument)."""
+
+MLFLOW_SCHEMES = tuple(scheme for scheme, name in SCHEMES.items() if name == "mlflow")
 
 _EXTRAS = {"mlflow": "mlflow", "wandb": "wandb"}
 
@@ -57,6 +64,7 @@ __all__ = [
     "FINISHED",
     "KILLED",
     "RUNNING",
+    "SCHEMES",
     "SINKS",
     "PartialWrite",
     "Point",
@@ -67,6 +75,7 @@ __all__ = [
     "is_jsonl",
     "jsonl_root",
     "make_sink",
+    "register_sink",
     "sink_class",
     "sink_from_state",
 ]
@@ -108,37 +117,41 @@ def is_jsonl(spec: Any) -> bool:
     return isinstance(spec, str) and (spec == "jsonl" or spec.startswith(("jsonl:", "file:")))
 
 
-def make_sink(
-    spec: Any,
-    *,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    wandb_project: str | None = None,
-    wandb_mode: str | None = None,
-    wandb_dir: str | os.PathLike[str] | None = None,
-) -> Sink:
+def register_sink(name: str, target: str | type[Sink]) -> None:
+    """Register a sink under ``name``: ``"module:Class"`` (imported on first use) or the class
+    itself (which must then be importable as ``module:Class`` for replay to rebuild it)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"sink name {name!r} must be a non-empty string without ':'")
+    if isinstance(target, type):
+        if not issubclass(target, Sink):
+            raise ValueError(f"sink {name!r}: {target.__name__} does not derive from tracking.sinks.Sink")
+        target = f"{target.__module__}:{target.__qualname__}"
+    if target.count(":") != 1:
+        raise ValueError(f"sink {name!r}: {target!r} is not 'module:Class'")
+    SINKS[name] = target
+
+
+def make_sink(spec: Any, **options: Any) -> Sink:
     """The sink a spec names (see the table above); JSONL specs name the spool and are refused here.
 
-    ``tracking_uri``, ``experiment``: MLflow; ``wandb_project``, ``wandb_mode``, ``wandb_dir``: W&B.
+    ``options`` are the tracker's vendor options, handed to the sink class's ``from_spec``:
+    ``tracking_uri``, ``experiment`` (MLflow); ``wandb_project``, ``wandb_mode``, ``wandb_dir`` (W&B).
     """
+    if isinstance(spec, Sink):
+        return spec
     if not isinstance(spec, str):
-        if isinstance(spec, Sink):
-            return spec
         raise ValueError(f"backend {spec!r} is neither a name, a URI nor a Sink")
-    if spec == "mlflow":
-        return sink_class("mlflow")(tracking_uri, experiment)  # type: ignore[call-arg]
-    if spec == "wandb" or spec.startswith("wandb:"):
-        project, entity = wandb_project, None
-        rest = spec[len("wandb:") :].strip("/") if spec != "wandb" else ""
-        if rest:
-            entity, _, project = rest.rpartition("/")
-        return sink_class("wandb")(project, entity=entity or None, mode=wandb_mode, dir=wandb_dir)  # type: ignore[call-arg]
+    name, colon, argument = spec.partition(":")
+    if name in SINKS:
+        return sink_class(name).from_spec(argument if colon else None, options)
     scheme = urlparse(spec).scheme.split("+")[0]
-    if scheme in MLFLOW_SCHEMES or spec == "databricks":
-        return sink_class("mlflow")(spec, experiment)  # type: ignore[call-arg]
+    target = SCHEMES.get(scheme) or SCHEMES.get(spec)
+    if target is not None:
+        return sink_class(target).from_spec(spec, options)
     raise ValueError(
-        f"unknown tracking backend {spec!r}: use 'mlflow', 'wandb', 'jsonl', an MLflow tracking URI "
-        f"({', '.join(s + '://' for s in MLFLOW_SCHEMES)}) or 'jsonl:/dir'"
+        f"unknown tracking backend {spec!r}: use a registered sink {sorted(SINKS)} (optionally "
+        f"'name:argument'), 'jsonl', an MLflow tracking URI ({', '.join(s + '://' for s in MLFLOW_SCHEMES)}) "
+        "or 'jsonl:/dir'"
     )
 
 
@@ -146,3 +159,13 @@ def sink_from_state(name: str, state: Mapping[str, Any], **overrides: Any) -> Si
     """The sink ``name`` rebuilt from the replay state recorded in run.json (``overrides``, such
     as ``tracking_uri``, replace recorded options)."""
     return sink_class(name).from_state(state, **overrides)
+
+
+_CLASSES = {"MlflowSink": "mlflow", "WandbSink": "wandb"}
+
+
+def __getattr__(attribute: str) -> type[Sink]:
+    """``from tracking.sinks import MlflowSink, WandbSink``: the registered classes, imported on use."""
+    if attribute in _CLASSES:
+        return sink_class(_CLASSES[attribute])
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

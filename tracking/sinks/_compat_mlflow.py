@@ -25,8 +25,10 @@ from typing import Any
 
 from tracking.versions import check_version
 
-SUPPORTED = ((3, 0), (4, 0))
-"""MLflow releases this seam was verified on (3.17.2); others are refused by ``check``."""
+MINIMUM = (3, 0)
+"""Oldest MLflow release the seam was verified on (verified: 3.17.2)."""
+SUPPORTED_BELOW = (4, 0)
+"""First MLflow release not verified (exclusive bound); others are refused by ``check_supported``."""
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
     "MAX_PARAM_VAL_LENGTH), the HTTP settings of mlflow.environment_variables read per request, and the "
@@ -111,21 +113,22 @@ def bounded_requests() -> Iterator[None]:
         _local.bounded = previous
 
 
-def check(found: str | None = None) -> str:
-    """The installed MLflow version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
-    return check_version(
-        "mlflow",
-        found or metadata.version("mlflow"),
-        *SUPPORTED,
-        USES,
-        seam="tracking/sinks/_compat_mlflow.py",
+def installed_version() -> str:
+    """The installed MLflow's version string."""
+    return metadata.version("mlflow")
+
+
+def check_supported() -> None:
+    """Raise ``UnsupportedVersionError`` unless the installed MLflow is in the verified range."""
+    check_version(
+        "mlflow", installed_version(), MINIMUM, SUPPORTED_BELOW, USES, seam="tracking/sinks/_compat_mlflow.py"
     )
 
 
 def validation() -> Any:
     """MLflow's private validation module (metric and param name rules, length limits)."""
     if not _checked:
-        check()
+        check_supported()
         _checked.append(True)
     from mlflow.utils import validation as module
 

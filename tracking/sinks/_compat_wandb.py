@@ -30,8 +30,10 @@ from typing import Any
 
 from tracking.versions import check_version
 
-SUPPORTED = ((0, 19), (1, 0))
-"""W&B releases this seam was verified on (0.31.0); others are refused by ``check``."""
+MINIMUM = (0, 19)
+"""Oldest W&B release the seam was verified on (verified: 0.31.0)."""
+SUPPORTED_BELOW = (1, 0)
+"""First W&B release not verified (exclusive bound); others are refused by ``check_supported``."""
 USES = (
     "the .wandb transaction log format (leveldb-log framing of wandb.proto.wandb_internal_pb2.Record) and "
     "the run directory layout wandb/{offline-run,run}-<time>-<id>/run-<id>.wandb, and the "
@@ -46,10 +48,15 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def check(found: str | None = None) -> str:
-    """The installed W&B version (or ``found``); UnsupportedVersionError outside ``SUPPORTED``."""
-    return check_version(
-        "wandb", found or metadata.version("wandb"), *SUPPORTED, USES, seam="tracking/sinks/_compat_wandb.py"
+def installed_version() -> str:
+    """The installed W&B's version string."""
+    return metadata.version("wandb")
+
+
+def check_supported() -> None:
+    """Raise ``UnsupportedVersionError`` unless the installed W&B is in the verified range."""
+    check_version(
+        "wandb", installed_version(), MINIMUM, SUPPORTED_BELOW, USES, seam="tracking/sinks/_compat_wandb.py"
     )
 
 
@@ -110,7 +117,7 @@ def records(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[A
     ``strict``; else it is warned about and reading stops there (what follows cannot be trusted).
     A file that is not a W&B log at all raises ValueError.
     """
-    check()
+    check_supported()
     from wandb.proto import wandb_internal_pb2
 
     pending = b""
@@ -165,11 +172,24 @@ def _damage(crc: int, kind: int, payload: bytes) -> str:
     return ""
 
 
-def history_rows(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Each history row of a ``.wandb`` file, values decoded from JSON (``NaN`` included)."""
-    for record in records(path):
+NESTED_KEY_SEPARATOR = "."
+"""How a nested key (``item.nested_key``) is spelled flat: W&B's own spelling ("." means nesting
+in a metric name; its readers nest ``nested_key`` parts as dicts, which flattened is ``a.b``)."""
+
+
+def item_key(item: Any) -> str:
+    """The flat key of one history or config item of a record (the one decoder of W&B item keys)."""
+    return item.key if item.key else NESTED_KEY_SEPARATOR.join(item.nested_key)
+
+
+def items(entries: Any) -> dict[str, Any]:
+    """The ``{flat key: value}`` of a record's items (history row items, config updates), values
+    decoded from JSON (``NaN`` and ``Infinity`` included)."""
+    return {item_key(item): json.loads(item.value_json) for item in entries}
+
+
+def history_rows(path: str | os.PathLike[str], *, strict: bool = False) -> Iterator[dict[str, Any]]:
+    """Each history row of a ``.wandb`` file (see ``items``)."""
+    for record in records(path, strict=strict):
         if record.WhichOneof("record_type") == "history":
-            yield {
-                item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in record.history.item
-            }
+            yield items(record.history.item)

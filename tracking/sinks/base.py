@@ -66,7 +66,9 @@ class Sink(ABC):
     tracker and must either take the whole batch, raise ``PartialWrite`` saying how many of its
     leading points were taken, or raise.
 
-    Required: ``name``, ``location``, ``open``, ``write``, ``close``. Optional (no-ops here):
+    Required: ``name``, ``location``, ``open``, ``write``, ``close``; ``from_state`` for replay.
+    Vendor options are the class's constructor arguments (``MlflowSink(tracking_uri=...)``); a
+    ready object can be handed to ``Tracker(sinks=[...])``. Optional (no-ops here):
     ``check_key`` (refuse a key at ``log`` time), ``settings`` (what replay needs to reach the
     backend before the run was ever opened), ``log_config`` (config added mid-run),
     ``delivered`` (what the backend really holds, read back after a crash).
@@ -111,6 +113,14 @@ class Sink(ABC):
         back from the backend itself; ``None`` when it cannot tell (the acknowledgements are then
         trusted). ``journal`` yields ``(point, end offset)`` in logging order."""
         return None
+
+    @classmethod
+    def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> Sink:
+        """The sink a backend spec names: ``"<name>"`` (``argument`` None) or ``"<name>:<argument>"``
+        (for a URI scheme in ``SCHEMES``, the whole URI). ``options`` are the tracker's vendor
+        options (``tracking_uri``, ``experiment``, ``wandb_project``, ...): a sink reads its own and
+        ignores the rest. Default: ``cls()``, or ``cls(argument)``."""
+        return cls() if argument is None else cls(argument)  # type: ignore[call-arg]
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> Sink:

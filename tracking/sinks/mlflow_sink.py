@@ -3,7 +3,9 @@
 The embedded default is a local sqlite store, ``sqlite:///mlflow.db`` in the working directory,
 unless ``MLFLOW_TRACKING_URI`` or an explicit URI says otherwise; any tracking URI works,
 including a remote ``mlflow server`` (``http://host:port``). Metric keys are sent exactly as
-given (``:`` and ``/`` survive). Each point's timestamp is its wall time in milliseconds.
+given (``:`` and ``/`` survive). Each point's timestamp is its wall time in milliseconds, which the
+tracker keeps distinct among the points of one step (``tracking.stamps``): repeated points with
+equal values at one step are distinct rows, each stored once.
 
 MLflow stores NaN as NaN and +/-inf as +/-1.7976931348623157e308 (its sqlite schema cannot hold
 infinities); the JSONL log keeps the exact value. Re-sending a batch is harmless: MLflow merges
@@ -26,13 +28,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tracking import keys
 from tracking.records import Point, RunInfo, printable
 from tracking.sinks import _compat_mlflow as compat
 from tracking.sinks.base import Sink, SinkError, SinkRejected
+from tracking.stamps import millisecond
 
 LOG = logging.getLogger("cliptrack")
 
@@ -77,7 +80,14 @@ class MlflowSink(Sink):
         self.experiment = experiment
         self.mlflow_run_id: str | None = None
         self.params_refused: dict[str, str] = {}
+        self.holds_nothing = False
+        """True once ``open`` created the MLflow run: the store holds none of its points yet."""
         self._client: Any = None
+
+    @classmethod
+    def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> MlflowSink:
+        """``"mlflow"`` (the ``tracking_uri`` option or the default), ``"mlflow:<URI>"`` or a bare URI."""
+        return cls(argument or options.get("tracking_uri"), options.get("experiment"))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> MlflowSink:
@@ -107,7 +117,7 @@ class MlflowSink(Sink):
         try:
             with compat.bounded_requests():
                 client = MlflowClient(tracking_uri=self.tracking_uri)
-                run_id = state.get("mlflow_run_id") or self._find_run(client, run)
+                run_id = self._recorded_run(client, state.get("mlflow_run_id")) or self._find_run(client, run)
                 if run_id is None:
                     experiment_id = self._experiment_id(client)
                     tags = {
@@ -123,13 +133,36 @@ class MlflowSink(Sink):
                     params = self._params(run.config)
                     if params:
                         client.log_batch(run_id, params=params)
-                else:
-                    client.get_run(run_id)  # reattaching: the run must exist
+                    self.holds_nothing = True
         except Exception as exc:
             raise _classify(exc, f"could not open the MLflow run at {self.tracking_uri}") from exc
         self._client = client
         self.mlflow_run_id = run_id
         return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "mlflow_run_id": run_id}
+
+    def _recorded_run(self, client: Any, run_id: str | None) -> str | None:
+        """The recorded MLflow run, when the store still has it; None when it does not (a store
+        emptied or replaced: the run is then found by its cliptrack tag, or created anew)."""
+        if not run_id:
+            return None
+        try:
+            client.get_run(run_id)
+        except Exception as exc:
+            if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            LOG.warning(
+                "MLflow run %s is not in %s (an emptied or new store): the run is created there "
+                "again and every point is sent",
+                run_id,
+                printable(self.tracking_uri),
+            )
+            return None
+        return run_id
+
+    def delivered(self, run: RunInfo, journal: Iterable[tuple[Point, int]]) -> int | None:
+        """0 when ``open`` had to create the MLflow run (the store holds none of its points);
+        otherwise ``None``: the acknowledgements are trusted (a re-sent row is merged by the store)."""
+        return 0 if self.holds_nothing else None
 
     def _params(self, config: Mapping[str, Any]) -> list[Any]:
         """Config as MLflow params: flattened and stringified. What MLflow would refuse (a bad name)
@@ -202,7 +235,7 @@ class MlflowSink(Sink):
         if self._client is None or self.mlflow_run_id is None:
             raise SinkError("MLflow run is not open")
         metrics = [
-            Metric(key, value, int(point.wall_time * 1000), point.step)
+            Metric(key, value, millisecond(point.wall_time), point.step)
             for point in points
             for key, value in point.metrics.items()
         ]

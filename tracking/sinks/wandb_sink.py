@@ -75,9 +75,22 @@ class WandbSink(Sink):
         self._run_id: str | None = None
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> WandbSink:
+    def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> WandbSink:
+        """``"wandb"`` (the ``wandb_project`` option), ``"wandb:project"`` or ``"wandb:entity/project"``."""
+        project, entity = options.get("wandb_project"), None
+        rest = (argument or "").strip("/")
+        if rest:
+            entity, _, project = rest.rpartition("/")
         return cls(
-            state.get("project"), entity=state.get("entity"), mode=state.get("mode"), dir=state.get("dir")
+            project, entity=entity or None, mode=options.get("wandb_mode"), dir=options.get("wandb_dir")
+        )
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> WandbSink:
+        """Rebuilt for replay; ``overrides`` (``project``, ``entity``, ``mode``, ``dir``) re-target it."""
+        merged = {**state, **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(
+            merged.get("project"), entity=merged.get("entity"), mode=merged.get("mode"), dir=merged.get("dir")
         )
 
     @property
@@ -146,6 +159,8 @@ class WandbSink(Sink):
         if self.run is None:
             raise SinkError("W&B run is not open")
         for index, point in enumerate(points):
+            if not point.metrics:  # every key refused for W&B (tracking.delivery): no row
+                continue
             row = {keys.WANDB_STEP_METRIC: point.step, keys.WANDB_WALL_TIME: point.wall_time}
             row.update(point.metrics)
             try:

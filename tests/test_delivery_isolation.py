@@ -1,0 +1,68 @@
+"""A point a backend refuses for a reason its ``check_key`` did not predict is isolated: the batch
+is sent again point by point, the refused point reported (run, step, keys, why) and skipped for
+that sink only; a backend that refuses every point refuses the run (nothing skipped, nothing
+acknowledged). A real in-process sink; points counted in the journal and in the sink."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tests._journal import journal_steps
+from tracking.records import Point, RunInfo
+from tracking.sinks import Sink, SinkRejected
+from tracking.tracker import Tracker
+
+
+class PickySink(Sink):
+    """Refuses, whole, any batch holding a point with a negative value (or every batch)."""
+
+    name = "picky"
+
+    def __init__(self, refuse_all: bool = False) -> None:
+        self.points: list[Point] = []
+        self.refuse_all = refuse_all
+
+    @property
+    def location(self) -> str:
+        return "picky"
+
+    def open(self, run: RunInfo, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return {}
+
+    def write(self, points: Sequence[Point]) -> None:
+        if self.refuse_all or any(v < 0 for p in points for v in p.metrics.values()):
+            raise SinkRejected("INVALID_PARAMETER_VALUE: negative values are not taken here")
+        self.points.extend(points)
+
+    def close(self, status: str) -> None:
+        pass
+
+
+def test_a_refused_point_is_skipped_and_every_other_point_delivered(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="cliptrack")
+    sink = PickySink()
+    poisoned = {17, 250, 251, 999}
+    with Tracker(sinks=[sink], spool_dir=tmp_path, max_batch_points=100, handle_signals=False) as tracker:
+        for step in range(1000):
+            tracker.log(step, {"a:mean": -1.0 if step in poisoned else float(step)})
+    assert journal_steps(tmp_path / tracker.run_id) == list(range(1000))  # the journal keeps all
+    assert [p.step for p in sink.points] == [s for s in range(1000) if s not in poisoned]
+    reports = [r.getMessage() for r in caplog.records if "refuses the point" in r.getMessage()]
+    assert len(reports) == len(poisoned) and all(tracker.run_id in m for m in reports)
+    assert sorted(int(m.split("at step ")[1].split(" ")[0]) for m in reports) == sorted(poisoned)
+    assert "picky: all written" in caplog.records[-1].getMessage()
+    assert "4 points refused whole" in caplog.records[-1].getMessage()
+
+
+def test_a_sink_that_refuses_every_point_refuses_the_run_and_skips_nothing(tmp_path, caplog):
+    sink = PickySink(refuse_all=True)
+    tracker = Tracker(sinks=[sink], spool_dir=tmp_path, close_timeout_s=2, handle_signals=False)
+    for step in range(300):
+        tracker.log(step, {"a:mean": float(step)})
+    tracker.close()
+    lane = tracker._lanes[0]
+    assert lane.state == "rejected" and lane.acked_points == 0 and lane.refusals.points_skipped == 0
+    assert tracker.pending() == {"picky": 300} and not sink.points
+    assert journal_steps(tmp_path / tracker.run_id) == list(range(300))
