@@ -7,18 +7,24 @@ replaced is the report runset's project-id lookup (a W&B cloud API call), via ``
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests._compare_fixtures import megatron_vs_miles, write_mlflow
+from tests._compare_fixtures import megatron_vs_miles, synthetic_run, write_mlflow
 from tracking import keys
 from tracking.cli import main
-from tracking.compare import compare, load_mlflow
+from tracking.compare import LoadedRun, RunSet, compare, load_mlflow
 from tracking.compare.panels import PANELS
 from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
+from tracking.compare.plots import PALETTE
+from tracking.records import RunInfo
 
 EXPECTED = {
     "clipping": [
@@ -190,3 +196,190 @@ def test_wandb_workspaces_version_is_checked():
             compat.UnsupportedVersionError, match=f"wandb-workspaces {unsupported} is not supported"
         ):
             compat.check_version(unsupported)
+
+
+# --- the panel model: downsampling, difference panels, seed groups, shared x axis -------------------
+
+
+def _reference_line(x, y, max_points):
+    """Plain loops: bucket b holds points floor(b n / k) .. floor((b + 1) n / k) - 1, k = max_points // 2;
+    each keeps its first lowest and first highest finite point in step order (two NaN when none)."""
+    n = len(x)
+    if n <= max_points:
+        return list(x), list(y)
+    k = max_points // 2
+    out_x, out_y = [], []
+    for b in range(k):
+        lo_i = hi_i = None
+        for i in range((b * n) // k, ((b + 1) * n) // k):
+            if math.isfinite(y[i]):
+                if lo_i is None or y[i] < y[lo_i]:
+                    lo_i = i
+                if hi_i is None or y[i] > y[hi_i]:
+                    hi_i = i
+        if lo_i is None:
+            start = (b * n) // k
+            out_x += [x[start], x[start]]
+            out_y += [math.nan, math.nan]
+            continue
+        for i in sorted((lo_i, hi_i)):
+            out_x.append(x[i])
+            out_y.append(y[i])
+    return out_x, out_y
+
+
+values = st.one_of(st.floats(-1e6, 1e6), st.just(math.nan), st.just(math.inf))
+
+
+sized = st.integers(0, 300).flatmap(lambda n: st.lists(values, min_size=n, max_size=n))
+
+
+@settings(max_examples=40)
+@given(sized, st.integers(2, 40))
+def test_downsampled_line_keeps_each_buckets_extremes(ys, max_points):
+    from tracking.compare import downsample
+
+    x = [float(i * 3) for i in range(len(ys))]
+    ys = [v if v != math.inf else math.nan for v in ys]  # non-finite values are gaps
+    got_x, got_y = downsample.line(np.array(x), np.array(ys), max_points)
+    want_x, want_y = _reference_line(x, ys, max_points)
+    assert len(got_x) <= max(max_points, len(x))
+    assert got_x.tolist() == want_x
+    np.testing.assert_array_equal(got_y, np.array(want_y, dtype=float))
+
+
+@settings(max_examples=40)
+@given(
+    st.integers(1, 300).flatmap(lambda n: st.lists(st.tuples(values, values), min_size=n, max_size=n)),
+    st.integers(2, 40),
+)
+def test_downsampled_band_covers_the_full_band(edges, max_points):
+    from tracking.compare import downsample
+
+    low = np.array([a for a, _ in edges], dtype=float)
+    high = np.array([b for _, b in edges], dtype=float)
+    x = np.arange(len(edges), dtype=float)
+    bx, blo, bhi = downsample.band(x, low, high, max_points)
+    assert len(bx) <= max_points
+    if len(edges) <= max_points:
+        np.testing.assert_array_equal(blo, low)
+        return
+    k, n = max_points // 2, len(edges)
+    for b in range(k):
+        rows = range((b * n) // k, ((b + 1) * n) // k)
+        assert bx[b] == x[rows[0]]
+        finite_lo = [low[i] for i in rows if math.isfinite(low[i])]
+        finite_hi = [high[i] for i in rows if math.isfinite(high[i])]
+        assert (blo[b] == min(finite_lo)) if finite_lo else math.isnan(blo[b])
+        assert (bhi[b] == max(finite_hi)) if finite_hi else math.isnan(bhi[b])
+
+
+def test_downsampling_refuses_mismatched_input():
+    from tracking.compare import downsample
+
+    with pytest.raises(ValueError, match="x and y differ in length: 3 x values, 2 y values"):
+        downsample.line(np.zeros(3), np.zeros(2))
+    with pytest.raises(ValueError, match="max_points must be at least 2, got 1"):
+        downsample.band(np.zeros(3), np.zeros(3), np.zeros(3), 1)
+
+
+@given(st.floats(-1e7, 1e7), st.floats(1e-3, 1e7))
+def test_nice_ticks(lo, width):
+    from tracking.compare.plots import nice_ticks
+
+    hi = lo + width
+    first, step = nice_ticks(lo, hi)
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(math.isclose(mantissa, m) for m in (1, 2, 5, 10))
+    assert first >= lo - 1e-9 * abs(lo) and first - step < lo
+    assert 3 <= (hi - first) / step + 1 <= 17  # about 8 ticks over the range
+
+
+def _runset(*runs):
+    return RunSet.from_points(
+        [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+    )
+
+
+def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_entry():
+    from tracking.compare.metrics import DEFAULT_SPECS
+    from tracking.compare.panels import DIFFERENCE, Shown, difference_panels
+
+    compared = [s.name for s in DEFAULT_SPECS if s.verdict]
+    assert [p.quantity for p in PANELS if p.kind == DIFFERENCE] == compared
+    (kl,) = difference_panels([Shown("kl_k3", "Mismatch KL", False)])
+    assert kl.kind == DIFFERENCE and kl.id == "kl_k3_difference" and kl.section == "differences"
+    assert kl.wandb_keys == [
+        "difference/kl_k3",
+        "difference/kl_k3:low",
+        "difference/kl_k3:high",
+        "difference/kl_k3:margin_low",
+        "difference/kl_k3:margin_high",
+    ]
+
+
+def test_difference_panel_draws_the_result():
+    from tracking.compare.plots import BAND, HLINE, LINE, SPAN, panel_figures
+    from tracking.compare.stats import DIFFERENT
+
+    megatron, miles = megatron_vs_miles(miles_clip_p=0.15)
+    runset = _runset(megatron, miles)
+    result = compare(runset)
+    figs = {f.panel.id: f for f in panel_figures(runset, result)}
+    assert len({f.x_range for f in figs.values()}) == 1  # one x range for every panel
+    fig = figs["clip_fraction_difference"]
+    d = result.difference("clip_fraction")
+    assert d.verdict == DIFFERENT
+    band = next(t for t in fig.traces if t.kind == BAND)
+    assert set(band.y) == {d.estimate.high} and set(band.y2) == {d.estimate.low}
+    assert band.x.min() == min(megatron.steps) and band.x.max() == max(megatron.steps)
+    spans = [t for t in fig.traces if t.kind == SPAN]
+    assert [tuple(t.x) for t in spans] == [(band.x.min(), band.x.max())]  # the differing steps shaded
+    margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
+    assert margins == [-d.tolerance, d.tolerance]
+    lines = [t for t in fig.traces if t.kind == LINE]
+    assert {float(v) for t in lines for v in t.y} == {d.estimate.value}
+    assert fig.y_title == "run − reference (percentage points)" and fig.percent
+    assert figs["throughput_difference"].y_title == "log(run / reference)"
+
+
+def test_seed_groups_draw_each_seed_and_the_groups_range():
+    from tracking.compare.plots import BAND, LINE, panel_figures
+
+    seeds = {
+        "megatron": [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i) for i in range(3)],
+        "miles": [synthetic_run(f"l{i}", f"l{i}", "miles", seed=10 + i, clip_p=0.12) for i in range(3)],
+    }
+    runset = _runset(*[r for group in seeds.values() for r in group])
+    result = compare(runset, ["m0", "l0"])
+    result.groups = {name: [r.run_name for r in runs] for name, runs in seeds.items()}  # type: ignore[attr-defined]
+    fig = next(f for f in panel_figures(runset, result) if f.panel.id == "reward")
+    for color_index, (name, runs) in enumerate(seeds.items()):
+        group = f"{name} (3 seeds)"
+        mine = [t for t in fig.traces if t.group == group]
+        thin = [t for t in mine if t.kind == LINE]
+        assert len(thin) == 3 and all(t.width == 1 for t in thin)
+        assert [bool(t.name) for t in thin] == [True, False, False]  # one legend entry per group
+        (band,) = [t for t in mine if t.kind == BAND]
+        per_step = np.array([[p.metrics["reward:mean"] for p in r.points] for r in runs])
+        np.testing.assert_array_equal(band.y2, per_step.min(axis=0))
+        np.testing.assert_array_equal(band.y, per_step.max(axis=0))
+        assert {t.color for t in mine} == {PALETTE[color_index]}
+
+
+def test_long_runs_are_downsampled_for_drawing_only():
+    from tracking.compare import downsample
+    from tracking.compare.plots import MARKERS, panel_figures
+
+    n = 3 * downsample.MAX_POINTS
+    a = synthetic_run("a", "a", "megatron", seed=1, n_steps=n)
+    b = synthetic_run("b", "b", "miles", seed=2, n_steps=n, clip_p=0.2)
+    runset = _runset(a, b)
+    result = compare(runset)
+    figs = panel_figures(runset, result)
+    assert all(len(t.x) <= downsample.MAX_POINTS for f in figs for t in f.traces)
+    clip = next(f for f in figs if f.panel.id == "clip")
+    markers = [t for t in clip.traces if t.kind == MARKERS]
+    highest = max(p.metrics["clipped_tokens:sum"] / p.metrics["loss_tokens:sum"] for p in b.points)
+    assert max(float(np.nanmax(t.y)) for t in markers) == highest  # the most clipped step is drawn
+    assert result.difference("clip_fraction").estimate.n_units == n  # the numbers use every step

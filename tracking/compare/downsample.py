@@ -18,9 +18,10 @@ MAX_POINTS = 4000
 
 
 def _buckets(n: int, max_points: int) -> np.ndarray:
-    """Start index of each bucket (equal counts of consecutive points)."""
+    """Start index of each of the ``k = max_points // 2`` buckets: bucket ``b`` holds the points
+    ``floor(b n / k) .. floor((b + 1) n / k) - 1`` (called with ``n > max_points``: none is empty)."""
     count = max(1, max_points // 2)
-    return np.unique(np.linspace(0, n, count + 1).astype(np.int64)[:-1])
+    return (np.arange(count, dtype=np.int64) * n) // count
 
 
 def _check(x: np.ndarray, ys: tuple[np.ndarray, ...], max_points: int) -> None:
