@@ -17,7 +17,7 @@ from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 from tracking import keys
 from tracking.compare import RunSet, Window, compare, parse_window, unit_table
 from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.metrics import CLIP, REWARD
+from tracking.compare.quantities import quantity
 from tracking.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
@@ -30,13 +30,14 @@ from tracking.compare.stats import (
     Estimate,
     autocovariances,
     equivalence_verdict,
-    fixed_b_critical_value,
-    lag1_ess,
+    long_run_variance,
     paired_difference,
     ratio_estimate,
     wilson_interval,
 )
 from tracking.records import RunInfo
+
+CLIP, REWARD = quantity("clip_fraction"), quantity("reward")
 
 
 def runset_of(*runs) -> RunSet:
@@ -160,7 +161,7 @@ def test_throughput_from_step_time_is_tokens_over_seconds():
     result = compare(runset_of(a, b))
     est = result.run_estimate("throughput", "a")
     assert est.estimate.value == pytest.approx(a.total(keys.LOSS_TOKENS) / a.total(keys.STEP_TIME))
-    assert result.spec("throughput").denominator == keys.STEP_TIME
+    assert result.quantity("throughput").denominator == keys.STEP_TIME
 
 
 def test_throughput_margin_is_symmetric():
@@ -266,7 +267,7 @@ def test_nan_mid_run_is_left_out_and_flagged():
     assert reward.reference_paired.value == pytest.approx(ref)
     est = result.run_estimate("reward", "miles-run")
     assert est.nonfinite == 70 and est.first_nonfinite == 130 and est.units == 130
-    [note] = [n for n in result.notes if n.metric == "reward" and n.warning]
+    [note] = [n for n in result.notes if n.metric == "reward" and n.warning and "NaN" in n.text]
     assert note.run == "miles-run"
     assert "NaN or infinite at 70 of 200 steps (first at step 130 from there to the end)" in note.text
     assert f"Warning: {note.text}" in result.summary()
@@ -403,38 +404,58 @@ def test_ratio_estimate_matches_plain_ratio_of_sums(pairs):
 
 
 @given(st.lists(st.floats(-100, 100), min_size=2, max_size=60))
-def test_autocovariances_and_lag1_match_plain_loops(values):
+def test_autocovariances_match_a_plain_loop(values):
     z = np.array(values)
     n = z.size
     d = z - z.mean()
     reference = [sum(d[t] * d[t + k] for t in range(n - k)) / n for k in range(n)]
     assert autocovariances(z) == pytest.approx(reference, abs=1e-7 * (1 + float(np.abs(d).max()) ** 2))
-    rho, ess = lag1_ess(autocovariances(z), n)
-    if reference[0] > 1e-9:
-        rho1 = reference[1] / reference[0]
-        r = min(max(rho1 + (1 + 3 * rho1) / n, -0.99), 0.99)
-        assert ess[0] == pytest.approx(min(n, n * (1 - r) / (1 + r)), rel=1e-6)
 
 
-def test_fixed_b_critical_values():
-    assert fixed_b_critical_value(0.0, 0.90) == pytest.approx(1.6449, abs=1e-4)
-    assert fixed_b_critical_value(1.0, 0.90) == pytest.approx(1.6449 + 2.1859 + 0.3142 - 0.3427, abs=1e-4)
-    assert fixed_b_critical_value(1.0, 0.95) == pytest.approx(1.96 + 2.9694 + 0.4160 - 0.5324, abs=1e-3)
+def _reference_lrv(z: np.ndarray, degree: int, k: int) -> tuple[float, float]:
+    """Plain EWC: least-squares residual on powers of t, explicit cosine matrix, explicit traces."""
+    n = z.size
+    t = np.arange(n)
+    x = (2 * t + 1) / n - 1
+    design = np.column_stack([x**p for p in range(degree + 1)])
+    resid_maker = np.eye(n) - design @ np.linalg.pinv(design)
+    e = resid_maker @ z
+    phi = np.array([np.sqrt(2 / n) * np.cos(np.pi * j * (t + 0.5) / n) for j in range(1, k + 1)])
+    c = phi @ resid_maker @ phi.T
+    lrv = float(np.sum((phi @ e) ** 2) / np.trace(c))
+    return lrv, float(np.trace(c) ** 2 / np.sum(c * c))
 
 
-def test_interval_of_independent_steps_matches_its_formula():
-    """With b = 1 the long-run variance is sum_k (1 - |k|/n) gamma_k: check against a plain loop."""
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(8, 400), phi=st.sampled_from([0.0, 0.5, 0.95]))
+def test_long_run_variance_matches_a_plain_reference(seed, n, phi):
+    rng = np.random.default_rng(seed)
+    z = np.zeros(n)
+    for i in range(n):
+        z[i] = (phi * z[i - 1] if i else 0.0) + rng.normal()
+    v = long_run_variance(z)
+    lrv, df = _reference_lrv(z, v.trend_terms, int(v.terms[0]))
+    assert v.trend_terms == (2 if n >= 50 else 0)
+    if not v.long_memory[0]:
+        assert v.lrv[0] == pytest.approx(lrv, rel=1e-8)
+    else:
+        assert v.lrv[0] >= lrv * (1 - 1e-8)
+    assert v.df[0] == pytest.approx(df, rel=1e-8)
+    assert v.ess[0] <= n
+
+
+def test_interval_is_t_with_the_lrv_degrees_of_freedom():
+    from scipy.stats import t as student_t
+
     rng = np.random.default_rng(5)
     num, den = rng.integers(0, 100, 150).astype(float), np.full(150, 100.0)
     est = ratio_estimate(num, den)
     r = num.sum() / den.sum()
     z = (num - r * den) / den.mean()
-    n = z.size
-    d = z - z.mean()
-    gam = [np.dot(d[: n - k], d[k:]) / n for k in range(n)]
-    lrv = gam[0] + 2 * sum((1 - k / n) * gam[k] for k in range(1, n))
-    half = fixed_b_critical_value(1.0) * math.sqrt(lrv / n)
+    lrv, df = _reference_lrv(z, 2, int(round(150 / est.bandwidth)))
+    half = student_t.ppf(0.95, df) * math.sqrt(lrv / 150)
     assert est.low == pytest.approx(r - half) and est.high == pytest.approx(r + half)
+    assert est.df == pytest.approx(df) and est.lrv == pytest.approx(lrv) and est.trend_terms == 2
 
 
 def test_paired_difference_cancels_shared_step_effects():

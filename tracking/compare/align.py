@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
+    import pandas as pd
 
-from tracking.compare.frame import RunSet
-from tracking.compare.metrics import MetricSpec
+    from tracking.compare.frame import RunSet
+    from tracking.compare.quantities import Quantity
 
 ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
 """Alignment name -> frame column used as the x axis."""
@@ -35,6 +36,8 @@ class Window:
     end: float | None = None
 
     def mask(self, x: pd.Series) -> pd.Series:
+        import pandas as pd
+
         keep = pd.Series(True, index=x.index)
         if self.start is not None:
             keep &= x >= self.start
@@ -66,7 +69,10 @@ def parse_window(text: str | None) -> Window:
     return Window(start, end)
 
 
-def _per_step(runset: RunSet, label: str, specs: Sequence[MetricSpec], axis: str) -> pd.DataFrame:
+def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
     wide = runset.wide(label)
     nonfinite = runset.nonfinite(label)
     out = pd.DataFrame(index=wide.index)
@@ -96,7 +102,7 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[MetricSpec], axis: str
 def unit_table(
     runset: RunSet,
     labels: Sequence[str],
-    specs: Sequence[MetricSpec],
+    specs: Sequence[Quantity],
     by: str = "step",
     window: Window | None = None,
 ) -> dict[str, pd.DataFrame]:
@@ -108,6 +114,8 @@ def unit_table(
     values (a loss that does not clip logs no clip counts; nothing is invented). Index: the step (``by="step"``) or
     the bin number (``"tokens"``, ``"time"``); ``x`` is the step or the bin centre.
     """
+    import numpy as np
+
     if by not in ALIGNMENTS:
         raise ValueError(f"alignment {by!r} is not one of {sorted(ALIGNMENTS)}")
     window = window or Window()

@@ -1,19 +1,24 @@
-"""``compare``: per-run estimates, paired differences against a reference run, and verdicts.
+"""``compare``: per-run estimates, paired differences against a reference run (or group differences
+between stacks over seeds), verdicts that hold throughout the window, and the notes that go with
+them. A pure function of the loaded runs: it builds its result once and never rewrites it.
 
 The first run named is the reference; every other run is compared with it, and comparing A with B
-mirrors comparing B with A (same verdict, negated difference). For each quantity
-(``metrics.MetricSpec``):
+mirrors comparing B with A (same verdict, negated difference). For each quantity of the registry
+(``quantities.QUANTITIES``):
 
 - per run, the ratio-of-sums estimate over every unit of the window it logged validly, with its
-  interval (``stats.ratio_estimate``) and, for token fractions, the Wilson interval on token counts
-  for reference;
+  interval kept within the quantity's bounds (``stats.ratio_estimate``), the step-weighted
+  estimate beside it and, for token fractions, the Wilson interval on token counts for reference;
 - per pair, the units both runs logged validly; each run's estimate over exactly those units and
-  the paired difference with its interval (``stats.paired_difference``) and verdict
-  (``stats.equivalence_verdict``): ``equivalent``, ``different``, ``inconclusive``, or
-  ``insufficient data`` below ``stats.MIN_UNITS`` paired units or ``stats.MIN_ESS`` effective units;
-- notes for whatever was left out: units with non-finite values (dropped from that quantity, for
-  both runs of a pair), units without the quantity's keys, a reward compared on the absolute scale
-  because it is near zero, a quantity no run logged.
+  the paired difference with its interval (``stats.paired_difference``); the window split into
+  segments (``stats.segment_differences``) and a verdict that is ``equivalent`` only when every
+  segment is (``stats.throughout_verdict``); single steps that decide the verdict
+  (``stats.influential_units``); a lag between two curves (``stats.lead_lag``);
+- per pair of groups (stacks, several seeds each), the difference of the groups with an interval
+  that includes the between-seed variation (``stats.group_difference``) and the seeds a margin needs;
+- notes for whatever was left out or refused: units with non-finite values or bad counts, units
+  without the quantity's keys, a step logged twice, a reward compared on the absolute scale, a
+  quantity no run logged, seed variation not covered by a single pair.
 
 Intervals are 90 % by default (``DEFAULT_CONFIDENCE``), which makes "equivalent" a two one-sided
 test at the 5 % level. There is no resampling: a comparison repeats exactly.
@@ -22,91 +27,121 @@ test at the 5 % level. There is no resampling: a comparison repeats exactly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from tracking import keys
-from tracking.compare import metrics as m
+from tracking.compare import quantities as qs
+from tracking.compare import stats as st
 from tracking.compare.align import ALIGNMENTS, Window, unit_table
+from tracking.compare.estimate import interval_verdict
 from tracking.compare.frame import RunSet
-from tracking.compare.result import ComparisonResult, Difference, Note, RunEstimate
+from tracking.compare.quantities import Quantity
+from tracking.compare.result import (
+    ComparisonResult,
+    Difference,
+    DifferenceSegment,
+    GroupDifference,
+    Lead,
+    Note,
+    RunEstimate,
+)
 from tracking.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
     EQUIVALENT,
-    FIXED_B,
     INSUFFICIENT,
     LOG_RATIO,
     Estimate,
+    GroupEstimate,
     equivalence_verdict,
     paired_difference,
-    ratio_estimate,
     wilson_interval,
 )
 
 DEFAULT_CONFIDENCE = 0.90
 """Two-sided confidence of every interval (TOST at 5 %)."""
-DEFAULT_TOLERANCES = {spec.name: spec.tolerance for spec in m.DEFAULT_SPECS}
+DEFAULT_TOLERANCES = dict(qs.DEFAULT_MARGINS)
 """Equivalence margins by quantity: clip fractions 0.02 absolute, reward and throughput ±5 %."""
-METHOD = (
-    f"fixed-b HAC interval (Bartlett kernel, bandwidth {FIXED_B:g} x units, Kiefer-Vogelsang "
-    "critical values) on the linearised ratio of sums"
-)
+METHOD = st.METHOD
 """The interval method, as stated in every rendering."""
 
 
-def _choose_specs(
+# ------------------------------------------------------------------------------- settings
+
+
+def _labels(
+    runset: RunSet, runs: Sequence[str] | None, groups: Mapping[str, Sequence[str]] | None
+) -> tuple[list[str], dict[str, list[str]]]:
+    if groups is None:
+        labels = [runset.info(r).display for r in (runs or runset.labels)]
+        if len(labels) < 2:
+            raise ValueError(f"compare needs at least two runs, got {labels}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"a run is named twice in {labels}")
+        return labels, {}
+    if runs:
+        raise ValueError("name runs either as runs or as groups, not both")
+    if len(groups) < 2:
+        raise ValueError(f"compare needs at least two groups, got {list(groups)}")
+    named = {name: [runset.info(r).display for r in members] for name, members in groups.items()}
+    for name, members in named.items():
+        if len(members) < 2:
+            raise ValueError(
+                f"group {name!r} has {len(members)} run(s): a group needs 2 or more seeds "
+                "(compare single runs without groups)"
+            )
+    labels = [label for members in named.values() for label in members]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"a run is named twice in the groups {named}")
+    return labels, named
+
+
+def _choose_quantities(
     runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float], reward_abs_tolerance: float | None
-) -> list[m.MetricSpec]:
-    throughput = m.THROUGHPUT
-    if all(
-        keys.STEP_TIME in runset.wide(label) and keys.LOSS_TOKENS in runset.wide(label) for label in labels
-    ):
-        throughput = m.THROUGHPUT_FROM_TIME
-    specs = [m.CLIP, m.CLIP_LOW, m.CLIP_HIGH, m.REWARD, throughput]
-    unknown = set(tolerances) - {s.name for s in specs}
-    if unknown:
-        raise ValueError(
-            f"tolerance given for unknown quantities {sorted(unknown)}; known: {[s.name for s in specs]}"
+) -> list[Quantity]:
+    """The registry with the margins given and, per quantity, the first estimand every run logs."""
+    chosen = []
+    for q in qs.QUANTITIES:
+        estimand = next(
+            (e for e in q.estimands if all(set(e.keys) <= set(runset.wide(label)) for label in labels)),
+            q.estimands[-1],
         )
-    out = []
-    for spec in specs:
-        if spec.name in tolerances:
-            spec = spec.with_tolerance(tolerances[spec.name])
-        elif spec in (m.CLIP_LOW, m.CLIP_HIGH) and m.CLIP.name in tolerances:
-            spec = spec.with_tolerance(tolerances[m.CLIP.name])
-        if spec.scale == m.AUTO and reward_abs_tolerance is not None:
-            spec = spec.with_abs_tolerance(reward_abs_tolerance)
-        out.append(spec)
-    return out
+        chosen.append(q.using(estimand))
+    abs_margins = {
+        q.name: reward_abs_tolerance
+        for q in chosen
+        if q.scale == qs.AUTO and reward_abs_tolerance is not None
+    }
+    return qs.with_margins(chosen, tolerances, abs_margins)
+
+
+# ------------------------------------------------------------------------------- per run
 
 
 def _where(x: float | None) -> str:
     return "?" if x is None else f"{x:g}"
 
 
-def _run_notes(spec: m.MetricSpec, label: str, table: pd.DataFrame, align: str) -> list[Note]:
-    notes = []
+def _run_notes(q: Quantity, label: str, table: pd.DataFrame, align: str) -> list[Note]:
     unit = "step" if align == "step" else "unit"
-    bad = table[f"{spec.name}.bad"].to_numpy() > 0
-    logged = table[f"{spec.name}.logged"].to_numpy() > 0
+    bad = table[f"{q.name}.bad"].to_numpy() > 0
+    logged = table[f"{q.name}.logged"].to_numpy() > 0
     n = len(table)
-    keys_ = spec.numerator + ("" if spec.denominator is None else f" / {spec.denominator}")
     if n and not logged.any():
-        notes.append(Note(spec.name, label, f"{label} logs no {keys_} in the window", warning=spec.verdict))
-        return notes
+        warn = q.verdict and not q.optional
+        return [Note(q.name, label, f"{label} logs no {q.estimand} in the window", warning=warn)]
+    notes = []
     if bad.any():
         xs = table["x"].to_numpy()[bad]
-        k = int(bad.sum())
         tail = " from there to the end" if bad[np.argmax(bad) :].all() else ""
         notes.append(
             Note(
-                spec.name,
+                q.name,
                 label,
-                f"{label}: {keys_} is NaN or infinite at {k} of {n} {unit}s (first at {unit} "
-                f"{_where(float(xs[0]))}{tail}); those {unit}s are left out of {spec.name} for this "
+                f"{label}: {q.estimand} is NaN or infinite at {int(bad.sum())} of {n} {unit}s (first at "
+                f"{unit} {_where(float(xs[0]))}{tail}); those {unit}s are left out of {q.name} for this "
                 f"run and of its paired difference",
                 warning=True,
             )
@@ -115,257 +150,594 @@ def _run_notes(spec: m.MetricSpec, label: str, table: pd.DataFrame, align: str) 
     if missing and logged.any():
         notes.append(
             Note(
-                spec.name,
+                q.name,
                 label,
-                f"{label}: {keys_} not logged at {missing} of {n} {unit}s "
-                f"(left out, nothing is counted as 0)",
+                f"{label}: {q.estimand} not logged at {missing} of {n} {unit}s (left out, nothing is counted as 0)",
             )
         )
     return notes
 
 
+def _valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd.Index]:
+    num, den = table[f"{q.name}.num"], table[f"{q.name}.den"]
+    ok = (num.notna() & den.notna()).to_numpy()
+    return num.to_numpy()[ok], den.to_numpy()[ok], table.index[ok]
+
+
+def _step_weighted(q: Quantity, num: np.ndarray, den: np.ndarray, confidence: float) -> Estimate | None:
+    if q.denominator is None:
+        return None  # one per step: token- and step-weighted are the same number
+    return st.step_weighted_estimate(num, den, confidence=confidence, bounds=q.bounds)
+
+
 def _estimate_run(
-    spec: m.MetricSpec, label: str, backend: str, table: pd.DataFrame, confidence: float
+    q: Quantity, label: str, backend: str, table: pd.DataFrame, confidence: float, group: str
 ) -> RunEstimate:
-    num, den = table[f"{spec.name}.num"], table[f"{spec.name}.den"]
-    valid = num.notna() & den.notna()
-    nv, dv = num[valid].to_numpy(), den[valid].to_numpy()
-    est = ratio_estimate(nv, dv, confidence=confidence)
+    nv, dv, _ = _valid(table, q)
+    est = st.ratio_estimate(nv, dv, confidence=confidence, bounds=q.bounds)
     w_low, w_high = float("nan"), float("nan")
-    if spec.is_fraction:
+    if q.estimand.counts:
         w_low, w_high = wilson_interval(float(nv.sum()), float(dv.sum()), confidence)
-    bad = table[f"{spec.name}.bad"].to_numpy() > 0
-    logged = table[f"{spec.name}.logged"].to_numpy() > 0
+    bad = table[f"{q.name}.bad"].to_numpy() > 0
+    logged = table[f"{q.name}.logged"].to_numpy() > 0
     first = float(table["x"].to_numpy()[bad][0]) if bad.any() else None
+    invalid = int((table[f"{q.name}.invalid"].to_numpy() > 0).sum()) if f"{q.name}.invalid" in table else 0
     return RunEstimate(
-        spec.name,
-        label,
-        backend,
-        est,
-        float(nv.sum()),
-        float(dv.sum()),
-        int(valid.sum()),
-        int(bad.sum()),
-        int((~logged).sum()) if logged.any() else 0,
-        first,
-        w_low,
-        w_high,
+        metric=q.name,
+        run=label,
+        backend=backend,
+        estimate=est,
+        total_numerator=float(nv.sum()),
+        total_denominator=float(dv.sum()),
+        units=int(nv.size),
+        nonfinite=int(bad.sum()),
+        missing=int((~logged).sum()) if logged.any() else 0,
+        first_nonfinite=first,
+        wilson_low=w_low,
+        wilson_high=w_high,
+        step_weighted=_step_weighted(q, nv, dv, confidence),
+        invalid=invalid,
+        group=group,
     )
 
 
+def _weighting_note(
+    q: Quantity, label: str, token: Estimate, step: Estimate | None, tolerance: float
+) -> list[Note]:
+    """A note when the token-weighted and step-weighted estimates disagree by more than the margin."""
+    if step is None or not (np.isfinite(token.value) and np.isfinite(step.value)):
+        return []
+    gap = abs(token.value - step.value)
+    if q.scale != ABSOLUTE:
+        if token.value <= 0 or step.value <= 0:
+            return []
+        gap = abs(np.log(token.value / step.value))
+    if gap <= tolerance:
+        return []
+    return [
+        Note(
+            q.name,
+            label,
+            f"{label}: {q.name} token-weighted {token.value:.4g} and step-weighted {step.value:.4g} differ by "
+            f"more than the margin: steps with more tokens behave differently from the others; the verdict "
+            f"is on the token-weighted ratio of sums",
+            warning=True,
+        )
+    ]
+
+
+# ------------------------------------------------------------------------------- per pair
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """The units two runs both logged validly for one quantity, as arrays."""
+
+    num_a: np.ndarray
+    den_a: np.ndarray
+    num_b: np.ndarray
+    den_b: np.ndarray
+    x: np.ndarray
+    only: int
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.num_a, self.den_a, self.num_b, self.den_b
+
+
+def _pair(q: Quantity, a: pd.DataFrame, b: pd.DataFrame) -> _Pair:
+    _, _, va = _valid(a, q)
+    _, _, vb = _valid(b, q)
+    common = va.intersection(vb)
+    num, den = f"{q.name}.num", f"{q.name}.den"
+    return _Pair(
+        a.loc[common, num].to_numpy(dtype=float),
+        a.loc[common, den].to_numpy(dtype=float),
+        b.loc[common, num].to_numpy(dtype=float),
+        b.loc[common, den].to_numpy(dtype=float),
+        a.loc[common, "x"].to_numpy(dtype=float),
+        len(va.union(vb)) - len(common),
+    )
+
+
+def _scale(
+    q: Quantity, ref: Estimate, run: Estimate, reference: str, label: str
+) -> tuple[str, float, list[Note]]:
+    """(scale, margin, notes): an ``auto`` quantity is relative only when clearly away from zero."""
+    if q.scale != qs.AUTO:
+        return q.scale, q.margin, []
+    floor = q.relative_floor()
+    clear = (
+        ref.has_interval
+        and run.has_interval
+        and ((ref.low > 0 and run.low > 0) or (ref.high < 0 and run.high < 0))
+        and min(abs(ref.value), abs(run.value)) >= floor
+    )
+    if clear:
+        return LOG_RATIO, q.margin, []
+    text = (
+        f"{label} vs {reference}: {q.name} compared on the absolute scale (±{q.abs_margin:g}) instead of "
+        f"±{q.margin * 100:g}%: relative margins apply only when both runs' {q.name} is clearly away from zero "
+        f"(both intervals on one side of 0 and |{q.name}| >= {floor:g}); here {ref.value:.4g} and {run.value:.4g}"
+    )
+    return ABSOLUTE, q.abs_margin, [Note(q.name, label, text, warning=True)]
+
+
 def _no_result_reason(
-    spec: m.MetricSpec,
-    reference: str,
-    label: str,
-    a: pd.DataFrame,
-    b: pd.DataFrame,
-    common: pd.Index,
-    est: Estimate,
+    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, pair: _Pair, est: Estimate
 ) -> str:
     """Why a pair has no verdict: the real reason, most basic first."""
-    name = spec.name
     for run, table in ((reference, a), (label, b)):
-        if not (table[f"{name}.logged"] > 0).any():
-            return f"{run} logs no {spec.numerator} in the window"
-    if len(common) == 0:
+        if not (table[f"{q.name}.logged"] > 0).any():
+            return f"{run} logs no {q.numerator} in the window"
+    if pair.x.size == 0:
         return "no unit where both runs logged finite values"
-    if spec.denominator is not None:
-        for run, table in ((reference, a), (label, b)):
-            if float(table.loc[common, f"{name}.den"].sum()) == 0:
-                return (
-                    f"{run} logged 0 {spec.denominator} at all {len(common)} paired units: "
-                    f"{name} is undefined"
-                )
+    if q.denominator is not None:
+        for run, den in ((reference, pair.den_a), (label, pair.den_b)):
+            if float(den.sum()) == 0:
+                return f"{run} logged 0 {q.denominator} at all {den.size} paired units: {q.name} is undefined"
     if not np.isfinite(est.value):
-        return f"{name} is not positive in both runs, so it has no log-ratio"
+        return f"{q.name} is not positive in both runs, so it has no log-ratio"
     return est.insufficiency() or "no interval"
 
 
-def _verdict_reason(d_est: Estimate, tolerance: float, verdict: str) -> str:
+def _verdict_reason(est: Estimate, verdict: str) -> str:
     if verdict == EQUIVALENT:
-        return "the whole interval lies within the margin"
+        return "the whole interval lies within the margin, in every segment of the window"
     if verdict == DIFFERENT:
         return "the whole interval lies outside the margin"
-    if d_est.low > 0 or d_est.high < 0:
+    if est.low > 0 or est.high < 0:
         return "a difference is detected (the interval excludes 0) but it may be within the margin"
-    return "the interval is wider than the margin; more steps would settle it"
+    return "the interval is wider than the margin"
+
+
+def _span(segment: DifferenceSegment, align: str) -> str:
+    what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[align]
+    return f"{what} {segment.start:g}-{segment.end:g}"
+
+
+def _segments(pair: _Pair, found: Sequence[st.Segment]) -> list[DifferenceSegment]:
+    """The stats' segments (unit ranges of the paired units) with their x ranges."""
+    return [
+        DifferenceSegment(
+            float(pair.x[s.start]),
+            float(pair.x[s.stop - 1]),
+            int(s.start),
+            int(s.stop),
+            s.estimate,
+            s.verdict,
+            bool(s.episode),
+        )
+        for s in found
+        if s.stop > s.start
+    ]
+
+
+def _per_unit(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return num / den
+
+
+def _lead(q: Quantity, pair: _Pair) -> Lead | None:
+    if not q.lead_lag or pair.x.size < 2:
+        return None
+    a, b = _per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return None
+    found = st.lead_lag(a, b)
+    if found is None:
+        return None
+    spacing = float(np.median(np.diff(pair.x))) if pair.x.size > 1 else 1.0
+    return Lead(int(found.lag), float(found.lag) * spacing, float(found.gain), bool(found.explained))
+
+
+@dataclass(frozen=True)
+class _Judged:
+    verdict: str
+    reason: str
+    average: str
+    segments: tuple[DifferenceSegment, ...]
+    differing: tuple[DifferenceSegment, ...]
+    influential: tuple[float, ...]
+
+
+def _judge(
+    pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str
+) -> _Judged:
+    """The verdict throughout the window, its reason, the segments and the deciding steps."""
+    average = equivalence_verdict(est, tolerance)
+    if average == INSUFFICIENT:
+        return _Judged(INSUFFICIENT, "", average, (), (), ())
+    found = st.segment_differences(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
+    segments = _segments(pair, found)
+    throughout = st.throughout_verdict(est, found, tolerance)
+    ranges = set(throughout.differing)
+    differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
+    reason = _verdict_reason(est, throughout.verdict)
+    if differing:
+        spans = ", ".join(f"{_span(s, align)} ({s.verdict})" for s in differing)
+        if average == EQUIVALENT:
+            reason = f"the whole window lies within the margin, but not throughout: {spans}"
+        else:
+            reason = f"{reason}; segments not within the margin: {spans}"
+    units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
+    influential = tuple(float(pair.x[i]) for i in units)
+    return _Judged(throughout.verdict, reason, average, tuple(segments), differing, influential)
+
+
+def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: str) -> list[Note]:
+    notes = []
+    if d.influential:
+        where = ", ".join(f"{x:g}" for x in d.influential)
+        unit = "step" if align == "step" else "the unit at x ="
+        notes.append(
+            Note(
+                q.name,
+                label,
+                f"{label} vs {reference}: the whole-window {q.name} verdict ({d.average_verdict}) rests on single "
+                f"units: leaving out {unit} {where} (any one of them, or the outliers among them together) "
+                f"changes it; look at those steps",
+                warning=True,
+            )
+        )
+    if d.lead is not None and d.lead.explained:
+        behind, ahead = (label, reference) if d.lead.lag > 0 else (reference, label)
+        what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[align]
+        notes.append(
+            Note(
+                q.name,
+                label,
+                f"{label} vs {reference}: {behind}'s {q.name} curve lags {ahead}'s by {abs(d.lead.shift):g} {what} "
+                f"({abs(d.lead.lag)} units; shifting it removes {d.lead.gain * 100:.0f}% of the squared difference "
+                f"of the smoothed curves): the difference is mostly a shift in time, not a level",
+                warning=True,
+            )
+        )
+    return notes
+
+
+def _difference(
+    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, confidence: float, align: str
+) -> tuple[Difference, _Pair, list[Note]]:
+    pair = _pair(q, a, b)
+    ref_paired = st.ratio_estimate(pair.num_a, pair.den_a, confidence=confidence, bounds=q.bounds)
+    run_paired = st.ratio_estimate(pair.num_b, pair.den_b, confidence=confidence, bounds=q.bounds)
+    scale, margin, notes = _scale(q, ref_paired, run_paired, reference, label)
+    tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
+    est = paired_difference(*pair.arrays, scale=scale, confidence=confidence)
+    judged = _judge(pair, est, scale, tolerance, confidence, align)
+    reason = judged.reason or _no_result_reason(q, reference, label, a, b, pair, est)
+    step_weighted = None
+    if q.denominator is not None and pair.x.size:
+        ra, rb = _per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b)
+        ones = np.ones(pair.x.size)
+        step_weighted = paired_difference(ra, ones, rb, ones, scale=scale, confidence=confidence)
+    d = Difference(
+        metric=q.name,
+        reference=reference,
+        run=label,
+        estimate=est,
+        reference_paired=ref_paired,
+        run_paired=run_paired,
+        tolerance=tolerance,
+        margin=margin,
+        scale=scale,
+        verdict=judged.verdict,
+        reason=reason,
+        counts_for_verdict=q.verdict,
+        average_verdict=judged.average,
+        segments=judged.segments,
+        differing=judged.differing,
+        step_weighted=step_weighted,
+        influential=judged.influential,
+        lead=_lead(q, pair),
+    )
+    notes += _pair_notes(q, reference, label, d, align)
+    notes += _weighting_note(q, f"{label} - {reference}", est, step_weighted, tolerance)
+    return d, pair, notes
+
+
+def _pairing_notes(reference: str, only: dict[str, dict[int, list[str]]]) -> list[Note]:
+    """One note per compared run and count of units logged validly by only one run of the pair."""
+    notes = []
+    for label, counts in only.items():
+        for count, names in counts.items():
+            notes.append(
+                Note(
+                    names[0],
+                    label,
+                    f"{label} vs {reference}: {count} units with a valid {', '.join(names)} in only one run are "
+                    f"left out of the paired comparison; per-run values are shown over the paired units, the "
+                    f"full-window value beside them",
+                )
+            )
+    return notes
+
+
+# ------------------------------------------------------------------------------- groups
+
+
+def _group_scale(q: Quantity, estimates: list[Estimate]) -> tuple[str, float]:
+    if q.scale != qs.AUTO:
+        return q.scale, q.margin
+    values = np.array([e.value for e in estimates])
+    lows = np.array([e.low for e in estimates])
+    highs = np.array([e.high for e in estimates])
+    clear = (
+        bool(np.all(lows > 0) or np.all(highs < 0)) and float(np.min(np.abs(values))) >= q.relative_floor()
+    )
+    return (LOG_RATIO, q.margin) if clear else (ABSOLUTE, q.abs_margin)
+
+
+def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, str]:
+    if not estimate.has_interval:
+        return INSUFFICIENT, estimate.reason or "no interval"
+    verdict = interval_verdict(estimate.low, estimate.high, tolerance)
+    reason = _verdict_reason(Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict)
+    return verdict, reason.replace(", in every segment of the window", " (over seeds)")
+
+
+def _seeds(
+    q: Quantity, members: Sequence[str], units: dict[str, pd.DataFrame]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [_valid(units[label], q)[:2] for label in members]
+
+
+def _group_estimate(
+    seeds_a: list[tuple[np.ndarray, np.ndarray]],
+    seeds_b: list[tuple[np.ndarray, np.ndarray]],
+    scale: str,
+    confidence: float,
+) -> GroupEstimate:
+    try:
+        return st.group_difference(seeds_a, seeds_b, scale=scale, confidence=confidence)
+    except ValueError as exc:  # a seed without a defined ratio (e.g. a quantity it does not log)
+        nan = float("nan")
+        return GroupEstimate(nan, nan, nan, confidence, len(seeds_a), len(seeds_b), nan, nan, nan, str(exc))
+
+
+def _seeds_needed(
+    est: GroupEstimate, within: Sequence[Estimate], scale: str, tolerance: float, confidence: float
+) -> int | None:
+    """Seeds per group for this margin at the measured spread (None when it cannot be said)."""
+    ses = [
+        float(np.sqrt(e.lrv / e.n_units)) / (abs(e.value) if scale == LOG_RATIO else 1.0)
+        for e in within
+        if np.isfinite(e.lrv) and e.n_units > 0 and e.value != 0
+    ]
+    sds = [x for x in (est.between_sd_a, est.between_sd_b) if np.isfinite(x)]
+    if not ses or not sds:
+        return None
+    between = float(np.sqrt(np.mean(np.square(sds))))
+    if scale == LOG_RATIO:
+        means = [abs(e.value) for e in within if np.isfinite(e.value) and e.value != 0]
+        between /= float(np.mean(means)) if means else 1.0
+    try:
+        return int(st.seeds_needed(between, float(np.mean(ses)), tolerance, confidence=confidence))
+    except ValueError:
+        return None
+
+
+def _group_differences(
+    quantities: list[Quantity],
+    groups: dict[str, list[str]],
+    units: dict[str, pd.DataFrame],
+    estimates: list[RunEstimate],
+    confidence: float,
+) -> list[GroupDifference]:
+    by = {(e.metric, e.run): e for e in estimates}
+    names = list(groups)
+    out = []
+    for q in quantities:
+        scale, margin = _group_scale(q, [by[q.name, r].estimate for g in names for r in groups[g]])
+        tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
+        for g in names[1:]:
+            members = groups[names[0]] + groups[g]
+            est = _group_estimate(
+                _seeds(q, groups[names[0]], units), _seeds(q, groups[g], units), scale, confidence
+            )
+            verdict, reason = _group_verdict(est, tolerance)
+            within = [by[q.name, r].estimate for r in members]
+            out.append(
+                GroupDifference(
+                    metric=q.name,
+                    reference=names[0],
+                    group=g,
+                    estimate=est,
+                    tolerance=tolerance,
+                    margin=margin,
+                    scale=scale,
+                    verdict=verdict,
+                    reason=reason,
+                    counts_for_verdict=q.verdict,
+                    seeds_needed=_seeds_needed(est, within, scale, tolerance, confidence),
+                    approximate=any(by[q.name, r].approximate for r in members),
+                )
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------- approximate runs
+
+
+def _approximate_quantities(
+    runset: RunSet,
+    labels: Sequence[str],
+    quantities: Sequence[Quantity],
+    units: dict[str, pd.DataFrame],
+    align: str,
+    window: Window,
+) -> tuple[dict[str, pd.DataFrame], dict[tuple[str, str], str]]:
+    """Unit tables with, for runs whose tracker logged a quantity only as a mean of per-sample or
+    per-micro-batch means (``LoadedRun.approximate``, ``keys.ALIASES``), that logged value in place
+    of the missing counts (a mean over steps); and (quantity, run) -> why it is approximate."""
+    found: dict[tuple[str, str], str] = {}
+    tables = dict(units)
+    for q in quantities:
+        if q.approximate_key is None:
+            continue
+        for label in labels:
+            table = tables[label]
+            if (
+                q.approximate_key not in runset.info(label).approximate
+                or (table[f"{q.name}.logged"] > 0).any()
+            ):
+                continue  # exact counts were logged: the ratio of sums is used
+            fallback = q.using(qs.Estimand(q.approximate_key))
+            alt = unit_table(runset, [label], [fallback], by=align, window=window)[label]
+            table = table.copy()
+            for column in (f"{q.name}.num", f"{q.name}.den", f"{q.name}.bad", f"{q.name}.logged"):
+                table[column] = alt[column].reindex(table.index)
+            tables[label] = table
+            found[q.name, label] = (
+                f"{label}: {q.name} is approximate: its tracker logged {q.approximate_key} only as a mean "
+                "of per-sample or per-micro-batch means (no token counts), so this is the mean of that value "
+                "over steps, not a ratio of token sums"
+            )
+    return tables, found
+
+
+# ------------------------------------------------------------------------------- compare
+
+
+def _differences(
+    quantities: Sequence[Quantity],
+    labels: Sequence[str],
+    units: dict[str, pd.DataFrame],
+    approximate: Mapping[tuple[str, str], str],
+    confidence: float,
+    align: str,
+) -> tuple[list[Difference], list[Note]]:
+    """Every run against the reference, quantity by quantity, with the notes of each pair."""
+    reference = labels[0]
+    differences, notes = [], []
+    only: dict[str, dict[int, list[str]]] = {}
+    for q in quantities:
+        for label in labels[1:]:
+            d, pair, pair_notes = _difference(
+                q, reference, label, units[reference], units[label], confidence, align
+            )
+            approx = (q.name, reference) in approximate or (q.name, label) in approximate
+            differences.append(replace(d, approximate=approx))
+            notes += pair_notes
+            if pair.only and pair.x.size:
+                only.setdefault(label, {}).setdefault(pair.only, []).append(q.name)
+    return differences, notes + _pairing_notes(reference, only)
+
+
+def _check_settings(align: str, confidence: float) -> None:
+    if align not in ALIGNMENTS:
+        raise ValueError(f"alignment {align!r} is not one of {sorted(ALIGNMENTS)}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+
+
+def _on_policy(quantities: Sequence[Quantity], estimates: Sequence[RunEstimate]) -> list[str]:
+    """The on-policy quantities to judge: required ones always, optional ones when every run logs them."""
+    logged = {(e.metric, e.run) for e in estimates if e.units > 0}
+    runs = {e.run for e in estimates}
+    return [
+        q.name
+        for q in quantities
+        if q.on_policy and (not q.optional or all((q.name, r) in logged for r in runs))
+    ]
+
+
+def _seed_note(groups: dict[str, list[str]]) -> Note:
+    if groups:
+        sizes = ", ".join(f"{g}: {len(m)} seeds" for g, m in groups.items())
+        return Note(
+            "", "", f"stacks compared over seeds ({sizes}): intervals include the between-seed variation"
+        )
+    return Note(
+        "",
+        "",
+        "one run per stack: seed-to-seed variation is not covered, so a difference may be the seeds', not the "
+        "stacks' (compare groups of 2+ seeds per stack with --group)",
+    )
 
 
 def compare(
     runset: RunSet,
     runs: Sequence[str] | None = None,
     *,
+    groups: Mapping[str, Sequence[str]] | None = None,
     align: str = "step",
     window: Window | None = None,
     tolerances: Mapping[str, float] | None = None,
     reward_abs_tolerance: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> ComparisonResult:
-    """Compare two or more runs of ``runset`` (default: all, in load order; the first is the reference).
+    """Compare two or more runs of ``runset`` (default: all, in load order; the first is the
+    reference), or two or more ``groups`` of runs (name -> runs, 2+ seeds each; the first group is
+    the reference stack).
 
-    ``tolerances`` maps quantity names (``clip_fraction``, ``reward``, ``throughput``) to margins:
-    absolute for clip fractions, relative (0.05 = ±5 %, on the log-ratio scale) for reward and
-    throughput. ``reward_abs_tolerance`` (reward units, default 0.02) is the reward margin used when
-    the rewards are near zero (see ``metrics``).
+    ``tolerances`` maps quantity names (``quantities.QUANTITIES``: ``clip_fraction``, ``reward``,
+    ``throughput``, ...) to margins: absolute for clip fractions, relative (0.05 = ±5 %, on the
+    log-ratio scale) for reward and throughput. ``reward_abs_tolerance`` (reward units, default
+    0.02) is the reward margin used when the rewards are near zero.
     """
-    labels = [runset.info(r).display for r in (runs or runset.labels)]
-    if len(labels) < 2:
-        raise ValueError(f"compare needs at least two runs, got {labels}")
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"a run is named twice in {labels}")
-    if align not in ALIGNMENTS:
-        raise ValueError(f"alignment {align!r} is not one of {sorted(ALIGNMENTS)}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    labels, named = _labels(runset, runs, groups)
+    _check_settings(align, confidence)
     window = window or Window()
-    specs = _choose_specs(runset, labels, tolerances or {}, reward_abs_tolerance)
-    units = unit_table(runset, labels, specs, by=align, window=window)
+    quantities = _choose_quantities(runset, labels, tolerances or {}, reward_abs_tolerance)
+    units = unit_table(runset, labels, quantities, by=align, window=window)
+    units, approximate = _approximate_quantities(runset, labels, quantities, units, align, window)
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
-    result = ComparisonResult(
+    group_of = {label: g for g, members in named.items() for label in members}
+    notes = [Note(q, label, text, warning=True) for (q, label), text in approximate.items()]
+    estimates = []
+    for q in quantities:
+        for label in labels:
+            e = _estimate_run(q, label, backends[label], units[label], confidence, group_of.get(label, ""))
+            estimates.append(replace(e, approximate=(q.name, label) in approximate))
+            notes += _run_notes(q, label, units[label], align)
+            notes += _weighting_note(
+                q,
+                label,
+                e.estimate,
+                e.step_weighted,
+                q.margin if q.scale == ABSOLUTE else qs.log_margin(q.margin),
+            )
+    differences: list[Difference] = []
+    if not named:
+        differences, pair_notes = _differences(quantities, labels, units, approximate, confidence, align)
+        notes += pair_notes
+    notes.append(_seed_note(named))
+    return ComparisonResult(
         runs=labels,
         backends=backends,
         align=align,
         window=window,
         confidence=confidence,
         method=METHOD,
-        specs=specs,
-    )
-    approximate = _approximate_quantities(runset, labels, specs, units, align, window)
-    reference = labels[0]
-    for spec in specs:
-        for label in labels:
-            estimate = _estimate_run(spec, label, backends[label], units[label], confidence)
-            if (spec.name, label) in approximate:
-                estimate = replace(estimate, approximate=True)
-                result.notes.append(Note(spec.name, label, approximate[spec.name, label], warning=True))
-            result.estimates.append(estimate)
-            result.notes.extend(_run_notes(spec, label, units[label], align))
-        for label in labels[1:]:
-            difference = _difference(
-                spec, reference, label, units[reference], units[label], confidence, result
-            )
-            if (spec.name, reference) in approximate or (spec.name, label) in approximate:
-                difference = replace(difference, approximate=True)
-            result.differences.append(difference)
-    return result
-
-
-def _approximate_quantities(
-    runset: RunSet,
-    labels: Sequence[str],
-    specs: Sequence[m.MetricSpec],
-    units: dict[str, pd.DataFrame],
-    align: str,
-    window: Window,
-) -> dict[tuple[str, str], str]:
-    """(quantity, run) -> why it is approximate, for runs whose tracker logged the clip fraction only
-    as a mean of per-sample or per-micro-batch means (``LoadedRun.approximate``, ``keys.ALIASES``).
-
-    Such a run has no token counts, so its clip fraction is estimated from that logged fraction
-    instead (a mean over steps, ``denominator=None``): its columns in ``units`` are replaced.
-    """
-    found: dict[tuple[str, str], str] = {}
-    for spec in specs:
-        if spec.numerator != keys.CLIPPED_TOKENS:
-            continue
-        for label in labels:
-            info = runset.info(label)
-            if keys.CLIP_FRACTION not in info.approximate:
-                continue
-            table = units[label]
-            if (table[f"{spec.name}.logged"] > 0).any():
-                continue  # exact counts were logged: the ratio of sums is used
-            fallback = replace(spec, numerator=keys.CLIP_FRACTION, denominator=None)
-            alt = unit_table(runset, [label], [fallback], by=align, window=window)[label]
-            for column in (f"{spec.name}.num", f"{spec.name}.den", f"{spec.name}.bad", f"{spec.name}.logged"):
-                table[column] = alt[column].reindex(table.index)
-            found[spec.name, label] = (
-                f"{label}: {spec.name} is approximate: its tracker logged {keys.CLIP_FRACTION} only as a mean "
-                "of per-sample or per-micro-batch means (no token counts), so this is the mean of that value "
-                "over steps, not a ratio of token sums"
-            )
-    return found
-
-
-def _difference(
-    spec: m.MetricSpec,
-    reference: str,
-    label: str,
-    a: pd.DataFrame,
-    b: pd.DataFrame,
-    confidence: float,
-    result: ComparisonResult,
-) -> Difference:
-    name = spec.name
-    num, den = f"{name}.num", f"{name}.den"
-    va = a.index[(a[num].notna() & a[den].notna()).to_numpy()]
-    vb = b.index[(b[num].notna() & b[den].notna()).to_numpy()]
-    common = va.intersection(vb)
-    arrays = [
-        a.loc[common, num].to_numpy(),
-        a.loc[common, den].to_numpy(),
-        b.loc[common, num].to_numpy(),
-        b.loc[common, den].to_numpy(),
-    ]
-    ref_paired = ratio_estimate(arrays[0], arrays[1], confidence=confidence)
-    run_paired = ratio_estimate(arrays[2], arrays[3], confidence=confidence)
-    scale, tolerance, margin = spec.scale, spec.tolerance, spec.tolerance
-    if scale == m.AUTO:
-        floor = spec.relative_floor()
-        clear = (
-            ref_paired.has_interval
-            and run_paired.has_interval
-            and ((ref_paired.low > 0 and run_paired.low > 0) or (ref_paired.high < 0 and run_paired.high < 0))
-            and min(abs(ref_paired.value), abs(run_paired.value)) >= floor
-        )
-        if clear:
-            scale = LOG_RATIO
-        else:
-            scale, margin = ABSOLUTE, spec.abs_tolerance
-            result.notes.append(
-                Note(
-                    name,
-                    label,
-                    (
-                        f"{label} vs {reference}: {name} compared on the absolute scale (±{margin:g}) instead of "
-                        f"±{spec.tolerance * 100:g}%: relative margins apply only when both runs' {name} is clearly away "
-                        f"from zero (both intervals on one side of 0 and |{name}| >= {floor:g}); here "
-                        f"{ref_paired.value:.4g} and {run_paired.value:.4g}"
-                    ),
-                    warning=True,
-                )
-            )
-    tolerance = m.log_margin(margin) if scale == LOG_RATIO else margin
-    est = paired_difference(*arrays, scale=scale, confidence=confidence)
-    only = len(va.union(vb)) - len(common)
-    said = [n.text for n in result.notes if n.run == label and "in only one run" in n.text]
-    if only and len(common) and not any(f": {only} units" in t for t in said):
-        result.notes.append(
-            Note(
-                name,
-                label,
-                f"{label} vs {reference}: {only} units with a valid {name} in only "
-                f"one run are left out of the paired comparison ({len(common)} "
-                f"paired); per-run values are shown over the paired units, the "
-                f"full-window value beside them",
-            )
-        )
-    verdict = equivalence_verdict(est, tolerance)
-    if verdict == INSUFFICIENT:
-        reason = _no_result_reason(spec, reference, label, a, b, common, est)
-    else:
-        reason = _verdict_reason(est, tolerance, verdict)
-    return Difference(
-        name,
-        reference,
-        label,
-        est,
-        ref_paired,
-        run_paired,
-        tolerance,
-        margin,
-        scale,
-        verdict,
-        reason,
-        spec.verdict,
+        quantities=quantities,
+        estimates=estimates,
+        differences=differences,
+        notes=notes,
+        on_policy=_on_policy(quantities, estimates),
+        groups=named,
+        group_differences=_group_differences(quantities, named, units, estimates, confidence)
+        if named
+        else [],
     )

@@ -114,10 +114,10 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
         "min_units": MIN_UNITS,
         "min_ess": MIN_ESS,
     }
-    for s in result.specs:
-        params[f"tolerance.{s.name}"] = f"{s.tolerance:g} {s.scale}"
-        if s.abs_tolerance == s.abs_tolerance:
-            params[f"abs_tolerance.{s.name}"] = f"{s.abs_tolerance:g}"
+    for q in result.quantities:
+        params[f"tolerance.{q.name}"] = f"{q.margin:g} {q.scale}"
+        if q.abs_margin == q.abs_margin:
+            params[f"abs_tolerance.{q.name}"] = f"{q.abs_margin:g}"
     for i, label in enumerate(result.runs):
         info = runset.info(label)
         params[f"run.{i}"] = (

@@ -38,7 +38,48 @@ from statistics import NormalDist
 
 import numpy as np
 
-from tracking.compare.stats import MIN_ESS, MIN_UNITS, autocovariances, lag1_ess, mean_intervals
+from tracking.compare.stats import MIN_ESS, MIN_UNITS, autocovariances
+
+
+def fixed_b_critical_value(b: float, confidence: float = 0.90) -> float:
+    """Two-sided critical value of the Bartlett fixed-b t statistic at bandwidth ``b * n``
+    (Kiefer & Vogelsang 2005 cubic fits at 90 % and 95 %, interpolated in the normal quantile)."""
+    b = min(max(float(b), 0.0), 1.0)
+    fits = {0.90: (2.1859, 0.3142, -0.3427), 0.95: (2.9694, 0.4160, -0.5324)}
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    z90, z95 = NormalDist().inv_cdf(0.95), NormalDist().inv_cdf(0.975)
+    w = (z - z90) / (z95 - z90)
+    c = [lo + w * (hi - lo) for lo, hi in zip(fits[0.90], fits[0.95], strict=True)]
+    return z + c[0] * b + c[1] * b * b + c[2] * b**3
+
+
+def lag1_ess(gammas: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The previous ESS: ``n (1 - r) / (1 + r)`` from the lag-1 autocorrelation with Kendall's bias
+    correction ``r = rho + (1 + 3 rho) / n`` (within ±0.99), capped at ``n``."""
+    g = np.atleast_2d(gammas)
+    if n < 2:
+        return np.full(g.shape[0], np.nan), np.full(g.shape[0], float(n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = np.where(g[:, 0] > 0, g[:, 1] / g[:, 0], np.nan)
+        r = np.clip(rho + (1.0 + 3.0 * rho) / n, -0.99, 0.99)
+        ess = np.where(np.isfinite(rho), np.minimum(n, n * (1.0 - r) / (1.0 + r)), float(n))
+    return rho, ess
+
+
+def mean_intervals(
+    z: np.ndarray, values: np.ndarray, confidence: float = 0.90
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The previous method: fixed-b Bartlett HAC (b = 1) interval and lag-1 ESS, per row."""
+    z = np.atleast_2d(np.asarray(z, dtype=float))
+    values = np.asarray(values, dtype=float).reshape(-1)
+    n = z.shape[1]
+    g = autocovariances(z)
+    rho, ess = lag1_ess(g, n)
+    weights = np.clip(1.0 - np.arange(1, n) / n, 0.0, None)
+    lrv = np.maximum(g[:, 0] + 2.0 * (g[:, 1:] @ weights), 0.0)
+    half = fixed_b_critical_value(1.0, confidence) * np.sqrt(lrv / n)
+    return values - half, values + half, rho, ess
+
 
 TOKENS = (5_000, 50_000)
 """Loss tokens per step, uniform integers in this closed range."""

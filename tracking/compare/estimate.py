@@ -1,0 +1,123 @@
+"""The estimate with its interval and diagnostics, the verdict names and the equivalence rule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_UNITS = 100
+"""Fewest paired units (steps, or bins) for which a verdict is given."""
+MIN_ESS = 10.0
+"""Smallest effective sample size (units) for which a verdict is given."""
+MIN_SEGMENT_UNITS = 250
+"""Fewest units per segment of the throughout-the-window test (``segments.segment_bounds``)."""
+
+EQUIVALENT = "equivalent"
+DIFFERENT = "different"
+INCONCLUSIVE = "inconclusive"
+INSUFFICIENT = "insufficient data"
+VERDICTS = (EQUIVALENT, DIFFERENT, INCONCLUSIVE, INSUFFICIENT)
+
+ABSOLUTE = "absolute"
+LOG_RATIO = "log-ratio"
+SCALES = (ABSOLUTE, LOG_RATIO)
+"""How a difference is measured: ``R_b - R_a``, or ``log(R_b / R_a)`` (signed so that a positive
+value means run b is larger when both ratios are negative too)."""
+
+METHOD = (
+    "equal-weighted cosine (EWC) long-run variance of the linearised ratio of sums around each run's "
+    "smooth trend, t critical values with its degrees of freedom, widened under long memory"
+)
+"""The interval method in one sentence, shown in every rendering."""
+
+_NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its interval and the dependence diagnostics behind it.
+
+    ``value``/``low``/``high``: in the quantity's units (log-ratio units for a log-ratio difference);
+    bounds are NaN when there is no interval. ``n_units``: units used; ``lag1``: lag-1
+    autocorrelation of the linearised series after its trend is removed; ``ess``: effective sample
+    size in units, ``n * gamma0 / lrv`` from the same long-run variance as the interval, capped at
+    ``n``; ``bandwidth``: units per cosine term of the EWC estimate (``n / K``); ``confidence``:
+    two-sided level of the interval. ``lrv``: long-run variance of the linearised series (its units
+    squared, per unit); ``df``: degrees of freedom of the t critical value; ``trend_terms``: smooth
+    trend terms removed before the variance (beyond the mean); ``long_memory``: the variance-ratio
+    check found persistence at the scale of the window (the interval was widened); ``reason``: why
+    there is no trustworthy interval ("" when fine).
+    """
+
+    value: float
+    low: float
+    high: float
+    n_units: int
+    lag1: float
+    ess: float
+    bandwidth: float
+    confidence: float
+    lrv: float = _NAN
+    df: float = math.inf
+    trend_terms: int = 0
+    long_memory: bool = False
+    reason: str = ""
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    @property
+    def enough_data(self) -> bool:
+        """At least ``MIN_UNITS`` units, ``MIN_ESS`` effective units, and no stated reason against."""
+        return self.n_units >= MIN_UNITS and bool(self.ess >= MIN_ESS) and not self.reason
+
+    def insufficiency(self) -> str:
+        """Why there is too little data for a verdict ("" when there is enough)."""
+        if self.reason:
+            return self.reason
+        if self.n_units < MIN_UNITS:
+            return f"only {self.n_units} paired unit{'s' if self.n_units != 1 else ''} (minimum {MIN_UNITS})"
+        if not self.ess >= MIN_ESS:
+            return ess_reason(self.ess, self.lag1, self.n_units, self.trend_terms, self.long_memory)
+        return ""
+
+
+def ess_reason(ess: float, lag1: float, n: int, trend_terms: int, long_memory: bool) -> str:
+    """The text of the effective-sample-size gate (true of the data it describes)."""
+    trend = f" after removing a smooth trend of {trend_terms} terms" if trend_terms else ""
+    memory = (
+        "; the variance of batch means keeps growing with the batch size (persistence at the scale of "
+        "the window)"
+        if long_memory
+        else ""
+    )
+    return (
+        f"effective sample size {ess:.1f} < {MIN_ESS:g}: the steps are too persistent for the interval "
+        f"to be trusted (lag-1 autocorrelation {lag1:.2f}{trend} over {n} units{memory})"
+    )
+
+
+def equivalence_verdict(difference: Estimate, tolerance: float) -> str:
+    """TOST-style verdict on a difference interval against ``±tolerance``.
+
+    ``insufficient data``: fewer than ``MIN_UNITS`` units, an effective sample size below
+    ``MIN_ESS``, a stated reason, or no interval at all; ``equivalent``: the whole interval lies
+    inside ``(-tolerance, tolerance)``; ``different``: the whole interval lies outside
+    ``[-tolerance, tolerance]``; otherwise ``inconclusive``. Symmetric: negating the interval
+    (swapping the runs) gives the same verdict.
+    """
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    if not difference.has_interval or not difference.enough_data:
+        return INSUFFICIENT
+    return interval_verdict(difference.low, difference.high, tolerance)
+
+
+def interval_verdict(low: float, high: float, tolerance: float) -> str:
+    """The verdict of an interval against ``±tolerance``, given that it may be trusted."""
+    if -tolerance < low and high < tolerance:
+        return EQUIVALENT
+    if low > tolerance or high < -tolerance:
+        return DIFFERENT
+    return INCONCLUSIVE
