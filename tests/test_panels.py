@@ -302,10 +302,10 @@ def _runset(*runs):
 
 
 def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_entry():
-    from tracking.compare.metrics import DEFAULT_SPECS
     from tracking.compare.panels import DIFFERENCE, Shown, difference_panels
+    from tracking.compare.quantities import QUANTITIES
 
-    compared = [s.name for s in DEFAULT_SPECS if s.verdict]
+    compared = [q.name for q in QUANTITIES if q.verdict]
     assert [p.quantity for p in PANELS if p.kind == DIFFERENCE] == compared
     (kl,) = difference_panels([Shown("kl_k3", "Mismatch KL", False)])
     assert kl.kind == DIFFERENCE and kl.id == "kl_k3_difference" and kl.section == "differences"
@@ -319,26 +319,40 @@ def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_ent
 
 
 def test_difference_panel_draws_the_result():
+    """Run b clips +10 pp more during steps 600-659 of 1200: the panel draws every segment of the
+    result with its interval, shades the differing ones, and draws the margin and the average."""
     from tracking.compare.plots import BAND, HLINE, LINE, SPAN, panel_figures
     from tracking.compare.stats import DIFFERENT
 
-    megatron, miles = megatron_vs_miles(miles_clip_p=0.15)
-    runset = _runset(megatron, miles)
+    a = synthetic_run("a", "a", "megatron", seed=1, n_steps=1200, clip_sd=0.003)
+    b = synthetic_run("b", "b", "miles", seed=2, n_steps=1200, clip_sd=0.003)
+    for p in b.points:
+        if 600 <= p.step < 660:
+            tokens = p.metrics[keys.LOSS_TOKENS]
+            p.metrics[keys.CLIPPED_TOKENS] = min(tokens, p.metrics[keys.CLIPPED_TOKENS] + round(0.1 * tokens))
+            p.metrics[keys.CLIP_FRACTION] = p.metrics[keys.CLIPPED_TOKENS] / tokens
+    runset = _runset(a, b)
     result = compare(runset)
     figs = {f.panel.id: f for f in panel_figures(runset, result)}
     assert len({f.x_range for f in figs.values()}) == 1  # one x range for every panel
+    assert figs["clip"].x_range == (0.0, 1199.0)
     fig = figs["clip_fraction_difference"]
     d = result.difference("clip_fraction")
-    assert d.verdict == DIFFERENT
+    assert d.verdict == DIFFERENT and len(d.segments) >= 2
+    segments = sorted(d.segments, key=lambda s: s.start)
     band = next(t for t in fig.traces if t.kind == BAND)
-    assert set(band.y) == {d.estimate.high} and set(band.y2) == {d.estimate.low}
-    assert band.x.min() == min(megatron.steps) and band.x.max() == max(megatron.steps)
-    spans = [t for t in fig.traces if t.kind == SPAN]
-    assert [tuple(t.x) for t in spans] == [(band.x.min(), band.x.max())]  # the differing steps shaded
+    assert band.x.tolist() == [x for s in segments for x in (s.start, s.end)]
+    np.testing.assert_array_equal(band.y, [s.estimate.high for s in segments for _ in (0, 1)])
+    np.testing.assert_array_equal(band.y2, [s.estimate.low for s in segments for _ in (0, 1)])
+    step_line, whole = (t for t in fig.traces if t.kind == LINE)
+    np.testing.assert_array_equal(step_line.y, [s.estimate.value for s in segments for _ in (0, 1)])
+    assert set(whole.y) == {d.estimate.value} and tuple(whole.x) == fig.x_range
+    spans = [tuple(t.x) for t in fig.traces if t.kind == SPAN]
+    assert spans == [(s.start, s.end) for s in segments if s.verdict == DIFFERENT]
+    assert any(lo < 660 and hi >= 600 for lo, hi in spans)  # the differing steps are shaded
+    assert all(not (hi < 600 or lo >= 660) for lo, hi in spans)  # and nothing else
     margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
     assert margins == [-d.tolerance, d.tolerance]
-    lines = [t for t in fig.traces if t.kind == LINE]
-    assert {float(v) for t in lines for v in t.y} == {d.estimate.value}
     assert fig.y_title == "run − reference (percentage points)" and fig.percent
     assert figs["throughput_difference"].y_title == "log(run / reference)"
 
@@ -351,8 +365,7 @@ def test_seed_groups_draw_each_seed_and_the_groups_range():
         "miles": [synthetic_run(f"l{i}", f"l{i}", "miles", seed=10 + i, clip_p=0.12) for i in range(3)],
     }
     runset = _runset(*[r for group in seeds.values() for r in group])
-    result = compare(runset, ["m0", "l0"])
-    result.groups = {name: [r.run_name for r in runs] for name, runs in seeds.items()}  # type: ignore[attr-defined]
+    result = compare(runset, groups={name: [r.run_name for r in runs] for name, runs in seeds.items()})
     fig = next(f for f in panel_figures(runset, result) if f.panel.id == "reward")
     for color_index, (name, runs) in enumerate(seeds.items()):
         group = f"{name} (3 seeds)"
@@ -365,6 +378,11 @@ def test_seed_groups_draw_each_seed_and_the_groups_range():
         np.testing.assert_array_equal(band.y2, per_step.min(axis=0))
         np.testing.assert_array_equal(band.y, per_step.max(axis=0))
         assert {t.color for t in mine} == {PALETTE[color_index]}
+    diff = next(f for f in panel_figures(runset, result) if f.panel.id == "clip_fraction_difference")
+    g = result.group_difference("clip_fraction").estimate
+    (band,) = [t for t in diff.traces if t.kind == BAND]  # the stacks' difference over seeds
+    assert set(band.y) == {g.high} and set(band.y2) == {g.low}
+    assert {float(v) for t in diff.traces if t.kind == LINE for v in t.y} == {g.value}
 
 
 def test_long_runs_are_downsampled_for_drawing_only():

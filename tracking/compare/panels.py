@@ -14,7 +14,8 @@ Two kinds of panel:
   the keys of :func:`difference_keys`, which the comparison logs.
 
 Every compared quantity that counts for a verdict gets its difference panel from its entry in the
-comparison's quantities (``difference_panels``): a new quantity needs no new panel code.
+registry of compared quantities (``quantities.QUANTITIES``, read by ``compared_quantities``): a new
+quantity is one registry entry and needs no panel code.
 """
 
 from __future__ import annotations
@@ -149,14 +150,10 @@ def difference_panel(quantity: Shown) -> Panel:
 
 
 def compared_quantities() -> list[Shown]:
-    """The compared quantities that count for a verdict, from the comparison's definitions."""
-    from tracking.compare.metrics import DEFAULT_SPECS
+    """The compared quantities that count for a verdict, from the registry (``quantities.QUANTITIES``)."""
+    from tracking.compare.quantities import QUANTITIES
 
-    return [
-        Shown(spec.name, spec.name.replace("_", " ").capitalize(), spec.is_fraction)
-        for spec in DEFAULT_SPECS
-        if spec.verdict
-    ]
+    return [Shown(q.name, q.label[:1].upper() + q.label[1:], q.percent) for q in QUANTITIES if q.verdict]
 
 
 def difference_panels(quantities: Iterable[Shown]) -> tuple[Panel, ...]:

@@ -33,7 +33,7 @@ import pandas as pd
 from tracking.compare import downsample
 from tracking.compare.frame import RunSet
 from tracking.compare.panels import PANELS, Panel
-from tracking.compare.result import ComparisonResult, Difference
+from tracking.compare.result import ComparisonResult, Difference, GroupDifference
 from tracking.compare.series import AXIS_TITLES, run_series
 from tracking.compare.stats import DIFFERENT, LOG_RATIO
 
@@ -82,9 +82,8 @@ def _arr(values: Any) -> np.ndarray:
 def stacks(result: ComparisonResult) -> dict[str, list[str]]:
     """The drawn stacks: each seed group with its runs when the result has groups (``groups``:
     group name to run labels), else each run as its own stack."""
-    groups: dict[str, list[str]] = dict(getattr(result, "groups", None) or {})
-    if groups:
-        return {name: list(members) for name, members in groups.items()}
+    if result.groups:
+        return {name: list(members) for name, members in result.groups.items()}
     return {label: [label] for label in result.runs}
 
 
@@ -188,28 +187,17 @@ class SegmentView:
     verdict: str
 
 
-def _x_of(segment: Any, names: tuple[str, ...]) -> float:
-    for name in names:
-        value = getattr(segment, name, None)
-        if value is not None:
-            return float(value)
-    return math.nan
-
-
 def segment_views(d: Difference, x_range: tuple[float, float]) -> list[SegmentView]:
-    """The difference's segments (x ranges on the alignment axis); without segments, the whole
-    window as one segment spanning ``x_range``."""
-    segments = list(getattr(d, "segments", None) or [])
-    if not segments:
+    """The difference's segments in x order (each from ``start`` to ``end`` on the alignment axis;
+    episodes found by the scan are segments of their own); without segments, the whole window as
+    one segment spanning ``x_range``."""
+    if not d.segments:
         e = d.estimate
         return [SegmentView(x_range[0], x_range[1], e.value, e.low, e.high, d.verdict)]
-    out = []
-    for seg in segments:
-        e = seg.estimate
-        start = _x_of(seg, ("x_start", "start_x", "start"))
-        stop = _x_of(seg, ("x_stop", "stop_x", "x_end", "stop"))
-        out.append(SegmentView(start, stop, e.value, e.low, e.high, seg.verdict))
-    return out
+    return [
+        SegmentView(seg.start, seg.end, seg.estimate.value, seg.estimate.low, seg.estimate.high, seg.verdict)
+        for seg in sorted(d.segments, key=lambda seg: (seg.start, seg.end))
+    ]
 
 
 def _steps(views: list[SegmentView], attr: str) -> tuple[np.ndarray, np.ndarray]:
@@ -219,30 +207,53 @@ def _steps(views: list[SegmentView], attr: str) -> tuple[np.ndarray, np.ndarray]
     return x, y
 
 
+def _pair_traces(d: Difference, color: str, x_range: tuple[float, float]) -> list[Trace]:
+    """One pair's difference: differing segments and episodes shaded, the per-segment step line
+    with its band, the whole window's difference dotted."""
+    name = f"{d.run} − {d.reference}"
+    views = segment_views(d, x_range)
+    shaded = [v for v in views if v.verdict == DIFFERENT]
+    out = [Trace(SPAN, _arr([v.start, v.stop]), _arr([0.0]), color, group=name, opacity=0.12) for v in shaded]
+    x, low = _steps(views, "low")
+    _, high = _steps(views, "high")
+    out.append(Trace(BAND, x, high, color, group=name, y2=low, opacity=0.2))
+    x, value = _steps(views, "value")
+    out.append(Trace(LINE, x, value, color, name=f"{name} per segment", group=name, width=2))
+    whole = _arr([d.estimate.value, d.estimate.value])
+    edges = _arr(x_range)
+    out.append(Trace(LINE, edges, whole, color, name=f"{name} whole window", group=name, dash="dot"))
+    return out
+
+
+def _group_traces(d: GroupDifference, color: str, x_range: tuple[float, float]) -> list[Trace]:
+    """One group's difference over seeds (the whole window; its interval includes the between-seed
+    variation): a band over the window and its value, dashed."""
+    name = f"{d.group} − {d.reference} (over seeds)"
+    edges = _arr(x_range)
+    e = d.estimate
+    return [
+        Trace(BAND, edges, _arr([e.high, e.high]), color, group=name, y2=_arr([e.low, e.low]), opacity=0.12),
+        Trace(LINE, edges, _arr([e.value, e.value]), color, name=name, group=name, dash="dash", width=2),
+    ]
+
+
 def _difference_traces(
     panel: Panel, result: ComparisonResult, colors: dict[str, str], x_range: tuple[float, float]
 ) -> list[Trace]:
     out: list[Trace] = []
-    diffs = [d for d in result.differences if d.metric == panel.quantity]
-    edges = np.array(x_range, dtype=float)
-    for d in diffs:
-        color = colors.get(d.run, PALETTE[1])
-        name = f"{d.run} − {d.reference}"
-        views = segment_views(d, x_range)
-        for seg in views:
-            if seg.verdict == DIFFERENT:
-                out.append(
-                    Trace(SPAN, _arr([seg.start, seg.stop]), _arr([0.0]), color, group=name, opacity=0.12)
-                )
-        x, low = _steps(views, "low")
-        _, high = _steps(views, "high")
-        out.append(Trace(BAND, x, high, color, group=name, y2=low, opacity=0.2))
-        x, value = _steps(views, "value")
-        out.append(Trace(LINE, x, value, color, name=f"{name} per segment", group=name, width=2))
-        whole = _arr([d.estimate.value, d.estimate.value])
-        out.append(Trace(LINE, edges, whole, color, name=f"{name} whole window", group=name, dash="dot"))
-    tolerances = sorted({d.tolerance for d in diffs if math.isfinite(d.tolerance)})
-    for tol in tolerances:
+    tolerances: set[float] = set()
+    if result.groups:
+        for g in result.group_differences:
+            if g.metric == panel.quantity:
+                out += _group_traces(g, colors.get(g.group, PALETTE[1]), x_range)
+                tolerances.add(g.tolerance)
+    else:
+        for d in result.differences:
+            if d.metric == panel.quantity:
+                out += _pair_traces(d, colors.get(d.run, PALETTE[1]), x_range)
+                tolerances.add(d.tolerance)
+    edges = _arr(x_range)
+    for tol in sorted(t for t in tolerances if math.isfinite(t)):
         for sign in (-1.0, 1.0):
             label = f"± margin {tol:.3g}" if sign > 0 else ""
             out.append(Trace(HLINE, edges, _arr([sign * tol]), "#555555", name=label, dash="dash", width=1))
@@ -251,7 +262,8 @@ def _difference_traces(
 
 
 def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
-    scales = {d.scale for d in result.differences if d.metric == panel.quantity}
+    rows: list[Any] = result.group_differences if result.groups else result.differences
+    scales = {d.scale for d in rows if d.metric == panel.quantity}
     if scales == {LOG_RATIO}:
         return "log(run / reference)"
     return "run − reference (percentage points)" if panel.percent else "run − reference"
