@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -26,14 +27,21 @@ from tracking.compare.panels_wandb import build_report, build_workspace, report_
 from tracking.compare.plots import PALETTE
 from tracking.records import RunInfo
 
+
+def _difference(quantity):
+    base = f"difference/{quantity}"
+    return [base, f"{base}:low", f"{base}:high", f"{base}:margin_low", f"{base}:margin_high"]
+
+
 EXPECTED = {
     "clipping": [
         [keys.CLIP_FRACTION],
+        _difference("clip_fraction"),
         [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS],
         [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS],
     ],
-    "reward": [[keys.REWARD]],
-    "throughput": [[keys.THROUGHPUT], [keys.STEP_TIME]],
+    "reward": [[keys.REWARD], _difference("reward")],
+    "throughput": [[keys.THROUGHPUT], _difference("throughput"), [keys.STEP_TIME]],
 }
 
 
@@ -75,7 +83,10 @@ def test_report_model_builds_with_only_the_project_lookup_patched():
     assert metrics == [m for section in EXPECTED.values() for m in section]
     runset = grids[0]["metadata"]["runSets"][0]
     assert runset["project"] == {"name": "proj", "entityName": "ent", "id": "UHJvamVjdDox"}
-    assert runset["filters"]["filters"][0]["value"] == ["megatron0001", "miles0000002"]
+    chosen = runset["filters"]["filters"]  # the compared runs or the comparison's run
+    assert chosen[0]["value"] == ["megatron0001", "miles0000002"]
+    assert chosen[1]["key"]["name"] == "group" and chosen[1]["value"] == "comparison"
+    assert chosen[1]["connector"] == "OR"
     assert runset["grouping"] == [{"section": "run", "name": "group"}]
     texts = json.dumps(spec["spec"]["blocks"])
     assert "Equally on-policy: test." in texts
@@ -95,6 +106,59 @@ def test_panels_wandb_command_writes_specs_offline(tmp_path, monkeypatch, capsys
     assert set(specs) >= {"workspace", "report"}
     names = [s["name"] for s in specs["workspace"]["spec"]["section"]["panelBankConfig"]["sections"]]
     assert names == list(EXPECTED)
+
+
+LOG_TO_WANDB = """
+import sys
+from tests._compare_fixtures import megatron_vs_miles
+from tests.test_panels import _runset
+from tracking.compare import compare
+from tracking.compare.panels_wandb import log_comparison
+
+runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+print(log_comparison(runset, compare(runset), project="cliptrack-tests", directory=sys.argv[1]))
+"""
+
+
+def test_comparison_logged_to_wandb_offline_holds_the_difference_panels_data(tmp_path):
+    """The comparison's W&B run (real wandb, offline) holds, at each segment's first and last step,
+    the difference, its interval and the margin the difference panels plot. Logged in a process of
+    its own: W&B writes the file completely by the time that process exits (``finish`` alone
+    returns before a shared wandb-core has written it)."""
+    import subprocess
+    import sys
+
+    from tracking.sinks._compat_wandb import history_rows
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(root)}
+    env.pop("WANDB_SERVICE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOG_TO_WANDB, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    (wandb_file,) = run_dir.glob("run-*.wandb")
+    rows = [r for r in history_rows(wandb_file) if "difference/clip_fraction" in r]
+    runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+    d = compare(runset).difference("clip_fraction")
+    segments = sorted(d.segments, key=lambda s: s.start)
+    assert segments
+    assert [r[keys.WANDB_STEP_METRIC] for r in rows] == [x for s in segments for x in (s.start, s.end)]
+    for row, s in zip(rows, [s for s in segments for _ in (0, 1)], strict=True):
+        assert row["difference/clip_fraction"] == s.estimate.value
+        assert row["difference/clip_fraction:low"] == s.estimate.low
+        assert row["difference/clip_fraction:high"] == s.estimate.high
+        assert (
+            row["difference/clip_fraction:margin_high"]
+            == d.tolerance
+            == -row["difference/clip_fraction:margin_low"]
+        )
 
 
 @pytest.fixture(scope="module")

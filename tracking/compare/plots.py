@@ -269,7 +269,8 @@ def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
     return "run − reference (percentage points)" if panel.percent else "run − reference"
 
 
-def _x_range(series: dict[str, pd.DataFrame]) -> tuple[float, float]:
+def x_range_of(series: dict[str, pd.DataFrame]) -> tuple[float, float]:
+    """The x range every panel shares: from the lowest to the highest finite x of any drawn run."""
     lows, highs = [], []
     for s in series.values():
         x = _arr(s["x"])
@@ -295,7 +296,7 @@ def panel_figures(
     """What every panel draws, in ``panels`` order (see the module docstring)."""
     series = plot_series(runset, result)
     colors = _colors(list(stacks(result)))
-    x_range = _x_range(series)
+    x_range = x_range_of(series)
     x_title = AXIS_TITLES[result.align]
     out = []
     for panel in panels:
