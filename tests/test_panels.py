@@ -404,15 +404,18 @@ def test_difference_panel_draws_the_result():
     d = result.difference("clip_fraction")
     assert d.verdict == DIFFERENT and len(d.segments) >= 2
     segments = sorted(d.segments, key=lambda s: s.start)
+    # each segment held from its first step until the next segment's first step (the last: its end)
+    edges = [(s.start, t.start) for s, t in zip(segments, segments[1:], strict=False)]
+    edges.append((segments[-1].start, segments[-1].end))
     band = next(t for t in fig.traces if t.kind == BAND)
-    assert band.x.tolist() == [x for s in segments for x in (s.start, s.end)]
+    assert band.x.tolist() == [x for edge in edges for x in edge]
     np.testing.assert_array_equal(band.y, [s.estimate.high for s in segments for _ in (0, 1)])
     np.testing.assert_array_equal(band.y2, [s.estimate.low for s in segments for _ in (0, 1)])
     step_line, whole = (t for t in fig.traces if t.kind == LINE)
     np.testing.assert_array_equal(step_line.y, [s.estimate.value for s in segments for _ in (0, 1)])
     assert set(whole.y) == {d.estimate.value} and tuple(whole.x) == fig.x_range
     spans = [tuple(t.x) for t in fig.traces if t.kind == SPAN]
-    assert spans == [(s.start, s.end) for s in segments if s.verdict == DIFFERENT]
+    assert spans == [edge for edge, s in zip(edges, segments, strict=True) if s.verdict == DIFFERENT]
     assert any(lo < 660 and hi >= 600 for lo, hi in spans)  # the differing steps are shaded
     assert all(not (hi < 600 or lo >= 660) for lo, hi in spans)  # and nothing else
     margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
@@ -465,3 +468,30 @@ def test_long_runs_are_downsampled_for_drawing_only():
     highest = max(p.metrics["clipped_tokens:sum"] / p.metrics["loss_tokens:sum"] for p in b.points)
     assert max(float(np.nanmax(t.y)) for t in markers) == highest  # the most clipped step is drawn
     assert result.difference("clip_fraction").estimate.n_units == n  # the numbers use every step
+
+
+def test_matplotlib_draws_what_the_dashboard_draws():
+    """The MLflow figures' and the notebook's drawer: every panel, the shared x range and ticks,
+    one shaded span per differing segment, the margin in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tracking.compare.plots import SPAN, panel_figures
+    from tracking.compare.plots_matplotlib import draw_all
+
+    runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+    result = compare(runset)
+    figs = draw_all(runset, result)
+    assert list(figs) == [p.id for p in PANELS]
+    axes = {k: f.axes[0] for k, f in figs.items()}
+    assert {ax.get_xlim() for ax in axes.values()} == {(0.0, 199.0)}
+    assert len({tuple(ax.get_xticks()) for ax in axes.values()}) == 1
+    model = {f.panel.id: f for f in panel_figures(runset, result)}
+    spans = [t for t in model["clip_fraction_difference"].traces if t.kind == SPAN]
+    assert spans and len(axes["clip_fraction_difference"].patches) == len(spans)
+    labels = [t.get_text() for t in axes["clip_fraction_difference"].get_legend().get_texts()]
+    assert "± margin 0.02" in labels and "miles-run − megatron-run per segment" in labels
+    import matplotlib.pyplot as plt
+
+    for f in figs.values():
+        plt.close(f)

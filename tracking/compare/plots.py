@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -200,6 +200,16 @@ def segment_views(d: Difference, x_range: tuple[float, float]) -> list[SegmentVi
     ]
 
 
+def _tiled(views: list[SegmentView]) -> list[SegmentView]:
+    """Segments drawn edge to edge: each held until the next one starts (a segment's last step
+    lasts until the next step), so no gap shows between consecutive segments."""
+    out = []
+    for view, following in zip(views, views[1:] + [None], strict=True):
+        stop = following.start if following is not None and following.start > view.stop else view.stop
+        out.append(replace(view, stop=stop))
+    return out
+
+
 def _steps(views: list[SegmentView], attr: str) -> tuple[np.ndarray, np.ndarray]:
     """A step line through the segments: each segment's value held over its x range."""
     x = np.array([v for seg in views for v in (seg.start, seg.stop)], dtype=float)
@@ -211,7 +221,7 @@ def _pair_traces(d: Difference, color: str, x_range: tuple[float, float]) -> lis
     """One pair's difference: differing segments and episodes shaded, the per-segment step line
     with its band, the whole window's difference dotted."""
     name = f"{d.run} − {d.reference}"
-    views = segment_views(d, x_range)
+    views = _tiled(segment_views(d, x_range))
     shaded = [v for v in views if v.verdict == DIFFERENT]
     out = [Trace(SPAN, _arr([v.start, v.stop]), _arr([0.0]), color, group=name, opacity=0.12) for v in shaded]
     x, low = _steps(views, "low")
