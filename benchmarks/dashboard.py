@@ -25,18 +25,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
 
+if TYPE_CHECKING:
+    from tracking.compare import RunSet
+
 SIZES = (150, 1_000_000)
 """Steps per run: the demo's length and a long run."""
 RUNS = ("bench-a", "bench-b")
 
 
-def _runset(steps: int):  # type: ignore[no-untyped-def]
+def _runset(steps: int) -> RunSet:
     import numpy as np
 
     from benchmarks.compare import KEYS, _series
@@ -87,7 +91,9 @@ def _measure(what: str, steps: int) -> dict[str, float]:
     )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child {what} {steps} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{what} {steps}: {out}", file=sys.stderr, flush=True)
+    return out
 
 
 def _mb(n: float) -> str:
@@ -97,9 +103,9 @@ def _mb(n: float) -> str:
 def run(sizes: tuple[int, ...] = SIZES) -> list[Row]:
     rows = []
     for steps in sizes:
-        floor = _measure("compare", steps)
         new = _measure("render", steps)
         old = _measure("render-previous", steps)
+        floor = _measure("compare", steps)
         size = f"2 runs x {steps:,} steps"
         target = "<= 1.5 MB" if steps <= 1000 else "<= 15 MB, peak <= 2 GiB"
         memory = (

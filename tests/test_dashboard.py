@@ -258,3 +258,26 @@ def test_layout_at_1400px(dashboard, tmp_path):
     )
     assert proc.returncode == 0 and shot.stat().st_size > 50_000
     print(f"\ndashboard screenshot at 1400 px: {shot}")
+
+
+def test_seed_groups_are_drawn_per_stack(tmp_path):
+    """A comparison of seed groups: every seed is in the runs table, each group is one legend entry
+    per line with its band, and the difference panels show the groups' difference over seeds."""
+    from tests._compare_fixtures import synthetic_run
+
+    runs = [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i, n_steps=120) for i in range(2)]
+    runs += [synthetic_run(f"l{i}", f"l{i}", "miles", seed=5 + i, n_steps=120, clip_p=0.14) for i in range(2)]
+    rs = RunSet.from_points(
+        [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+    )
+    result = compare(rs, groups={"megatron": ["m0", "m1"], "miles": ["l0", "l1"]})
+    text = render_dashboard(rs, result)
+    table = text[text.index('<table class="runs">') :]
+    assert all(f"<td>{r.run_name}</td>" in table for r in runs)
+    figures = json.loads(
+        re.search(r'id="cliptrack-figures">(.*?)</script>', text, re.S).group(1).replace("\\u0026", "&")
+    )
+    legend = [t["name"] for t in figures["clip"]["data"] if t["showlegend"]]
+    assert legend == ["megatron (2 seeds)", "miles (2 seeds)"]
+    diff_legend = [t["name"] for t in figures["clip_fraction_difference"]["data"] if t["showlegend"]]
+    assert diff_legend[0] == "miles − megatron (over seeds)"
