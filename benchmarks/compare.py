@@ -12,8 +12,14 @@ current method three times (median), the anchor once:
 - load JSONL: ``load_jsonl`` vs the previous path (``RunDir.load_points`` line by line, then the
   per-point frame builder) (target <= 3 s);
 - load MLflow: ``load_mlflow`` (bulk SQL read) vs ``get_metric_history`` per key (target <= 10 s);
-- compare: ``compare`` (5 quantities, fixed-b HAC, O(n)) vs the previous block bootstrap with
-  2000 x n index arrays on the same 5 quantities (target <= 2 s);
+- compare: ``compare`` (5 quantities: EWC intervals, segments, the throughout verdict, influence
+  screen, lead-lag, step-weighted estimates, bad-data checks) vs the previous block bootstrap with
+  2000 x n index arrays on the same 5 quantities, and vs the comparison as it was before the
+  verdicts issue ("today": the tree at ``TODAY``, extracted with ``git archive``) (target <= 2 s);
+- 2 runs x 1,000,000 steps x 5 series, built in memory (``RunSet.from_points`` from ``Columns``)
+  and compared, vs today's code on the same data (target <= 10 s, peak <= 2 GiB);
+- 2 groups x 5 runs x 100,000 steps (``compare(..., groups=...)``), vs today's code comparing the
+  same 10 runs pairwise with the first (it had no groups) (target <= 5 s);
 - peak memory of load + compare (target <= 1 GiB), shown in the row names.
 
 Run: ``python benchmarks/compare.py``. ``run()`` returns the rows for ``run_all``.
@@ -34,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if os.environ.get("CLIPTRACK_BENCH_TREE"):  # a child measuring the code of another commit
+    sys.path.insert(0, os.environ["CLIPTRACK_BENCH_TREE"])
 
 from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
 
@@ -46,6 +54,10 @@ KEYS = (
     "tokens_per_second:mean",
 )
 RUNS = ("bench-a", "bench-b")
+TODAY = "ff4088a"
+"""The commit whose comparison the new figures stand beside (before the verdicts issue)."""
+BIG = 1_000_000
+GROUP_RUNS = 5
 
 
 def _data_dir(steps: int) -> Path:
@@ -147,8 +159,50 @@ def prepare(steps: int = STEPS) -> Path:
     return root
 
 
+def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
+    """``runs`` runs of ``steps`` steps x 5 series as ``Columns`` (the bulk loaders' form)."""
+    import numpy as np
+
+    from tracking.compare.frame import Columns, LoadedRun
+    from tracking.records import RunInfo
+
+    items = []
+    for seed in range(runs):
+        data = _series(seed, steps)
+        step = np.repeat(np.arange(steps), len(KEYS))
+        value = np.stack([np.asarray(data[k], dtype=float) for k in KEYS], axis=1).reshape(-1)
+        metric = np.tile(np.array(KEYS, dtype=object), steps)
+        walls = np.repeat(np.asarray(data["wall_time"], dtype=float), len(KEYS))
+        info = LoadedRun(RunInfo(f"run-{seed}", f"run-{seed}", "a" if seed < runs // 2 else "b"), "memory")
+        items.append((info, Columns(step, walls, metric, value)))
+    return items
+
+
+def _child_memory(what: str) -> float:
+    """The in-memory measurements: build + compare; seconds."""
+    from tracking.compare import RunSet, compare
+
+    runs, steps = (2, BIG) if what.startswith("big") else (2 * GROUP_RUNS, STEPS)
+    items = _in_memory(runs, steps)
+    started = time.perf_counter()
+    runset = RunSet.from_points(items)
+    labels = runset.labels
+    if what == "groups" and not os.environ.get("CLIPTRACK_BENCH_TREE"):
+        result = compare(runset, groups={"a": labels[:GROUP_RUNS], "b": labels[GROUP_RUNS:]})
+        assert result.group_differences
+    elif what == "groups":  # today's code had no groups: every run against the first
+        assert len(compare(runset).differences) == 5 * (2 * GROUP_RUNS - 1)
+    else:
+        result = compare(runset)
+        assert result.difference("clip_fraction").estimate.n_units == steps
+    return time.perf_counter() - started
+
+
 def _child(what: str, root: Path) -> dict[str, float]:
     """One measurement in this process: seconds of the timed part and the process's peak RSS (MiB)."""
+    if what.startswith(("big", "groups")):
+        seconds = _child_memory(what.replace("-today", ""))
+        return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     from benchmarks import _compare_previous as previous
     from tracking.compare import compare, load_jsonl, load_mlflow
     from tracking.compare import frame as frame_module
@@ -170,7 +224,7 @@ def _child(what: str, root: Path) -> dict[str, float]:
     else:
         runset = load_jsonl(list(RUNS), root / "spool")
         started = time.perf_counter()
-        if what == "compare":
+        if what in ("compare", "compare-today"):
             result = compare(runset)
             assert result.difference("clip_fraction").estimate.n_units == len(runset.wide(RUNS[0]))
         else:
@@ -189,9 +243,23 @@ def _child(what: str, root: Path) -> dict[str, float]:
     return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _today_tree() -> Path:
+    """The ``tracking`` package as of ``TODAY``, extracted once into the temp directory."""
+    tree = Path(tempfile.gettempdir()) / f"cliptrack-bench-today-{TODAY}"
+    if not (tree / "tracking").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", TODAY, "tracking"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def _measure(what: str, root: Path, repeats: int) -> tuple[float, float]:
     seconds, peaks = [], []
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if what.endswith("-today"):
+        env["CLIPTRACK_BENCH_TREE"] = str(_today_tree())
     for _ in range(repeats):
         proc = subprocess.run(
             [sys.executable, __file__, "--child", what, str(root)],
@@ -222,7 +290,7 @@ def run(steps: int = STEPS) -> list[Row]:
         ),
         (
             "compare",
-            f"compare, 5 quantities (fixed-b HAC), {size}",
+            f"compare, 5 quantities (EWC, segments, influence, groups-ready), {size}",
             "previous block bootstrap, 2000 x n index arrays",
             "<= 2 s",
         ),
@@ -232,6 +300,28 @@ def run(steps: int = STEPS) -> list[Row]:
         memory = f" [peak {new_mib / 1024:.2f} GiB, previous {old_mib / 1024:.2f} GiB]"
         rows.append(Row(name + memory, new_s, anchor_name, new_s / old_s, target + ", peak <= 1 GiB"))
         rows.append(Row(anchor_name, old_s, anchor_name, 1.0))
+    rows += _rows_against_today(root, size)
+    return rows
+
+
+def _rows_against_today(root: Path, size: str) -> list[Row]:
+    """The new comparison beside the comparison as it was at ``TODAY``, one run each side."""
+    rows = []
+    for what, name, target in (
+        ("compare", f"compare, {size}", "<= 2 s, peak <= 1 GiB"),
+        ("big", f"build + compare, 2 runs x {BIG:,} steps x {len(KEYS)} series", "<= 10 s, peak <= 2 GiB"),
+        (
+            "groups",
+            f"build + compare, 2 groups x {GROUP_RUNS} runs x {STEPS:,} steps (today: 10 runs pairwise)",
+            "<= 5 s",
+        ),
+    ):
+        new_s, new_mib = _measure(what, root, 1)
+        old_s, old_mib = _measure(f"{what}-today", root, 1)
+        anchor = f"today ({TODAY}): {name}"
+        memory = f" [peak {new_mib / 1024:.2f} GiB, today {old_mib / 1024:.2f} GiB]"
+        rows.append(Row(name + memory, new_s, anchor, new_s / old_s, target))
+        rows.append(Row(anchor, old_s, anchor, 1.0))
     return rows
 
 

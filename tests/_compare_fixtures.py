@@ -228,3 +228,33 @@ def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, w
         run_id = tracker.run_id
     assert run_id is not None
     return run_id
+
+
+def run_from_curves(
+    run_id: str,
+    backend: str,
+    *,
+    seed: int,
+    clip_p: np.ndarray,
+    loss_tokens: np.ndarray | None = None,
+    reward: np.ndarray | None = None,
+    steps: np.ndarray | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+) -> SyntheticRun:
+    """A run whose per-step clip probability (and optionally token counts, reward, logged steps and
+    extra keys) is given: clipped ~ Binomial(loss_tokens, clip_p[step]) as integers, so the totals
+    are plain sums of the points."""
+    rng = np.random.default_rng(seed)
+    n = len(clip_p)
+    tokens = rng.integers(2000, 4000, n) if loss_tokens is None else np.asarray(loss_tokens)
+    clipped = rng.binomial(tokens.astype(np.int64), np.clip(clip_p, 0.0, 1.0))
+    logged = range(n) if steps is None else [int(s) for s in steps]
+    points = []
+    for step in logged:
+        metrics = {keys.LOSS_TOKENS: float(tokens[step]), keys.CLIPPED_TOKENS: float(clipped[step])}
+        if reward is not None:
+            metrics[keys.REWARD] = float(reward[step])
+        for key, values in (extra or {}).items():
+            metrics[key] = float(values[step])
+        points.append(Point(step, T0 + step, metrics))
+    return SyntheticRun(run_id, run_id, backend, points, {"seed": seed, "backend_label": backend})

@@ -104,3 +104,64 @@ def test_compare_json_has_every_number(spool, tmp_path, capsys):
     assert main(["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--json", str(out)]) == 0
     assert "Not equally on-policy" in capsys.readouterr().out
     assert json.loads(out.read_text()) == data
+
+
+def test_fail_on_is_a_ci_gate_with_documented_exit_codes(spool, capsys):
+    base = ["compare", "megatron-run", "miles-run", "--jsonl", str(spool)]
+    assert main([*base, "--fail-on", "different"]) == 1  # 6 pp apart against ±2 pp
+    err = capsys.readouterr().err
+    assert "gate --fail-on different tripped" in err and "'different'" in err
+    assert main([*base, "--fail-on", "not-equivalent"]) == 1
+    capsys.readouterr()
+    assert main([*base, "--tolerance", "0.1", "--fail-on", "not-equivalent"]) == 0
+    assert "Equally on-policy" in capsys.readouterr().out
+    assert main([*base, "--json", "--fail-on", "different"]) == 1
+    import json
+
+    assert json.loads(capsys.readouterr().out)["verdict"] == "different"  # stdout stays the JSON alone
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--fail-on", "sometimes"])
+    assert exc.value.code == 2
+
+
+def test_help_states_the_exit_codes():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "tracking.cli", "compare", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--fail-on" in out and "--group" in out and "--margin" in out
+    assert "exit codes: 0 compared" in " ".join(out.split()) and "1 the --fail-on gate tripped" in " ".join(
+        out.split()
+    )
+
+
+def test_groups_on_the_command_line(tmp_path, capsys):
+    from tests._compare_fixtures import synthetic_run
+
+    names = {"megatron": [], "miles": []}
+    for i in range(3):
+        for backend, clip in (("megatron", 0.10), ("miles", 0.16)):
+            run = synthetic_run(
+                f"{backend}{i:04d}", f"{backend}-s{i}", backend, seed=10 * i + len(backend), clip_p=clip
+            )
+            write_jsonl(tmp_path, run)
+            names[backend].append(run.run_name)
+    args = ["compare", "--jsonl", str(tmp_path), "--json"]
+    for backend, runs in names.items():
+        args += ["--group", f"{backend}={','.join(runs)}"]
+    assert main(args) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["seeds_covered"] and data["groups"] == names
+    clip = next(d for d in data["group_differences"] if d["metric"] == "clip_fraction")
+    assert clip["verdict"] == "different" and clip["difference"]["seeds_reference"] == 3
+    assert main(["compare", "--jsonl", str(tmp_path), "--group", "megatron"]) == 2
+    assert "must be NAME=RUN,RUN" in capsys.readouterr().err
+    assert main(["compare", "a", "b", "--jsonl", str(tmp_path), "--margin", "clip_fraction=x"]) == 2
+    assert "QUANTITY=NUMBER" in capsys.readouterr().err

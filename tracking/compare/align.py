@@ -73,6 +73,8 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) 
     import numpy as np
     import pandas as pd
 
+    from tracking.compare.frame import count_problems
+
     wide = runset.wide(label)
     nonfinite = runset.nonfinite(label)
     out = pd.DataFrame(index=wide.index)
@@ -92,11 +94,63 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) 
         valid = pd.Series(
             np.isfinite(num.to_numpy(dtype=float)) & np.isfinite(den.to_numpy(dtype=float)), index=wide.index
         )
+        invalid = np.zeros(len(wide), dtype=bool)
+        if spec.estimand.counts and spec.denominator is not None:
+            for _, _, mask in count_problems(wide, spec.numerator, spec.denominator):
+                invalid |= mask
+        valid &= ~invalid
         out[f"{spec.name}.num"] = num.where(valid)
         out[f"{spec.name}.den"] = den.where(valid)
         out[f"{spec.name}.bad"] = bad.astype(float)
+        out[f"{spec.name}.invalid"] = invalid.astype(float)
         out[f"{spec.name}.logged"] = logged.astype(float)
     return out
+
+
+DENSITY_TOLERANCE = 0.05
+"""Largest relative difference of step-grid density (steps logging ``loss_tokens:sum`` per trainer
+step of the run's range) for which runs may be aligned by tokens seen: beyond it the sparser run's
+tokens seen would be undercounted by more than 5 % against the other's."""
+
+
+def token_density(runset: RunSet, label: str) -> tuple[int, int]:
+    """``(steps logging finite loss_tokens:sum, trainer steps from the first to the last of them)``."""
+    import numpy as np
+
+    from tracking import keys
+
+    wide = runset.wide(label)
+    if keys.LOSS_TOKENS not in wide:
+        return 0, 0
+    steps = wide.index.to_numpy()[np.isfinite(wide[keys.LOSS_TOKENS].to_numpy(dtype=float))]
+    if steps.size == 0:
+        return 0, 0
+    return int(steps.size), int(steps.max() - steps.min() + 1)
+
+
+def check_token_axis(runset: RunSet, labels: Sequence[str]) -> str:
+    """Tokens seen is the running sum of every step's ``loss_tokens:sum``, so it is complete only
+    when each run logs it at every trainer step. Raise ValueError naming the runs when their step
+    grids differ in density (one run's tokens seen would be undercounted against the other's);
+    return a note ("" when none) when every run skips steps alike (the axis is then scaled alike)."""
+    densities = {label: token_density(runset, label) for label in labels}
+    if all(span and logged == span for logged, span in densities.values()):
+        return ""
+    ratio = {label: logged / span for label, (logged, span) in densities.items() if span}
+    described = ", ".join(
+        f"{label} logs loss_tokens:sum at {logged} of {span} steps"
+        for label, (logged, span) in densities.items()
+    )
+    if ratio and max(ratio.values()) - min(ratio.values()) > DENSITY_TOLERANCE * max(ratio.values()):
+        raise ValueError(
+            f"cannot align by tokens seen: the runs' step grids differ in density ({described}), so tokens "
+            "seen would count only the logged steps and undercount the sparser run; align by step (--align "
+            "step) or log loss_tokens:sum at every step"
+        )
+    return (
+        f"tokens seen counts only the steps that logged loss_tokens:sum ({described}); every run skips steps "
+        "alike, so the axis is scaled alike in all runs, but its values are below the tokens trained on"
+    )
 
 
 def unit_table(
@@ -108,7 +162,9 @@ def unit_table(
 ) -> dict[str, pd.DataFrame]:
     """Per run, a unit-indexed table with ``x``, ``n_steps`` and per quantity ``<spec>.num`` /
     ``<spec>.den`` sums, ``<spec>.bad`` (steps where a key of it was logged non-finite: NaN or
-    infinite) and ``<spec>.logged`` (steps where all its keys were logged, finite or not).
+    infinite), ``<spec>.invalid`` (steps whose exact counts were refused: negative, fractional or a
+    count above its total, ``frame.count_problems``) and ``<spec>.logged`` (steps where all its
+    keys were logged, finite or not).
 
     A numerator/denominator pair counts at a step only when both were logged there with finite
     values (a loss that does not clip logs no clip counts; nothing is invented). Index: the step (``by="step"``) or

@@ -170,6 +170,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     if groups and args.runs:
         raise ValueError("name runs either as RUN arguments or with --group, not both")
     refs = [r for members in groups.values() for r in members] if groups else args.runs
+    margins, window = parse_margins(args), parse_window(args.window)  # usage errors before any loading
     runset = load_runs(
         refs,
         tracking_uri=args.tracking_uri,
@@ -181,8 +182,8 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         runset,
         groups=groups or None,
         align=args.align,
-        window=parse_window(args.window),
-        tolerances=parse_margins(args),
+        window=window,
+        tolerances=margins,
         reward_abs_tolerance=args.reward_abs_tolerance,
         confidence=args.confidence,
     )

@@ -34,9 +34,11 @@ import pandas as pd
 
 from tracking.compare import quantities as qs
 from tracking.compare import stats as st
-from tracking.compare.align import ALIGNMENTS, Window, unit_table
-from tracking.compare.estimate import interval_verdict
-from tracking.compare.frame import RunSet
+from tracking.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
+from tracking.compare.estimate import MIN_ESS, MIN_UNITS, interval_verdict
+from tracking.compare.frame import RunSet, count_problems
+from tracking.compare.influence import ROBUST_Z
+from tracking.compare.intervals import difference_series
 from tracking.compare.quantities import Quantity
 from tracking.compare.result import (
     ComparisonResult,
@@ -165,8 +167,8 @@ def _valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd
 
 
 def _step_weighted(q: Quantity, num: np.ndarray, den: np.ndarray, confidence: float) -> Estimate | None:
-    if q.denominator is None:
-        return None  # one per step: token- and step-weighted are the same number
+    if q.denominator is None or not q.verdict:
+        return None  # one per step: token- and step-weighted are the same number; or a diagnostic split
     return st.step_weighted_estimate(num, den, confidence=confidence, bounds=q.bounds)
 
 
@@ -226,6 +228,61 @@ def _weighting_note(
     ]
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def steps_text(steps: Sequence[int], most: int = 6) -> str:
+    """Steps as ranges, ``"100-199, 250"``, the first ``most`` ranges and a count of the rest."""
+    ranges: list[list[int]] = []
+    for step in sorted(steps):
+        if ranges and step == ranges[-1][1] + 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+    words = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges[:most]]
+    if len(ranges) > most:
+        words.append(f"and {len(ranges) - most} more ranges")
+    return ", ".join(words)
+
+
+def _data_notes(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quantity]) -> list[Note]:
+    """Bad data named: keys logged twice at a step with different values (last kept), and exact
+    counts refused (negative, fractional, above their total), by run, key and steps."""
+    notes = []
+    for label in labels:
+        for dup in runset.info(label).duplicates:
+            notes.append(
+                Note(
+                    "",
+                    label,
+                    f"{label}: {dup.metric} logged more than once with different values at "
+                    f"{_n(len(dup.steps), 'step')} ({steps_text(dup.steps)}): the last value logged is kept, as when a resumed run "
+                    "replays its last steps",
+                    warning=True,
+                )
+            )
+        wide = runset.wide(label)
+        found: dict[tuple[str, str], tuple[np.ndarray, list[str]]] = {}
+        for q in quantities:
+            if not (q.estimand.counts and q.denominator is not None):
+                continue
+            for key, problem, mask in count_problems(wide, q.numerator, q.denominator):
+                found.setdefault((key, problem), (mask, []))[1].append(q.name)
+        for (key, problem), (mask, names) in found.items():
+            steps = wide.index.to_numpy()[mask]
+            notes.append(
+                Note(
+                    names[0],
+                    label,
+                    f"{label}: {key} is {problem} at {_n(steps.size, 'step')} ({steps_text(steps.tolist())}): "
+                    f"not a valid token count, so those steps are refused (left out of {', '.join(names)})",
+                    warning=True,
+                )
+            )
+    return notes
+
+
 # ------------------------------------------------------------------------------- per pair
 
 
@@ -239,6 +296,8 @@ class _Pair:
     den_b: np.ndarray
     x: np.ndarray
     only: int
+    only_a: pd.Index
+    only_b: pd.Index
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -257,7 +316,56 @@ def _pair(q: Quantity, a: pd.DataFrame, b: pd.DataFrame) -> _Pair:
         b.loc[common, den].to_numpy(dtype=float),
         a.loc[common, "x"].to_numpy(dtype=float),
         len(va.union(vb)) - len(common),
+        va.difference(vb),
+        vb.difference(va),
     )
+
+
+MISSING_MIN_UNITS = 5
+"""Fewest units missing from one run of a pair for the missing-pattern check to speak."""
+
+
+def _missing_pattern(
+    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, pair: _Pair, tolerance: float
+) -> list[Note]:
+    """Units one run lacks, judged by the other run's values there: when the other run's ratio over
+    the missing units differs from its ratio over the paired units by more than the margin, the
+    units are missing in a pattern tied to the quantity (not at random), and the paired comparison
+    may be biased. Figures in the note."""
+    notes = []
+    for present, table, absent, other, missing, common_num, common_den in (
+        (reference, a, label, b, pair.only_a, pair.num_a, pair.den_a),
+        (label, b, reference, a, pair.only_b, pair.num_b, pair.den_b),
+    ):
+        span = other["x"].to_numpy()[(other[f"{q.name}.logged"] > 0).to_numpy()]
+        if span.size:  # gaps inside the other run's range, not a shorter run
+            x = table.loc[missing, "x"].to_numpy()
+            missing = missing[(x >= span.min()) & (x <= span.max())]
+        if len(missing) < MISSING_MIN_UNITS or not common_den.sum():
+            continue
+        there = float(table.loc[missing, f"{q.name}.num"].sum()) / float(
+            table.loc[missing, f"{q.name}.den"].sum()
+        )
+        paired = float(common_num.sum()) / float(common_den.sum())
+        gap = (
+            abs(there - paired)
+            if q.scale == ABSOLUTE or there <= 0 or paired <= 0
+            else abs(np.log(there / paired))
+        )
+        if not gap > tolerance:
+            continue
+        fmt = (lambda v: f"{v * 100:.2f}%") if q.percent else (lambda v: f"{v:.4g}")
+        notes.append(
+            Note(
+                q.name,
+                label,
+                f"{absent} lacks a valid {q.name} at {_n(len(missing), 'unit')} where {present} has one, and there "
+                f"{present}'s {q.name} is {fmt(there)} against {fmt(paired)} at the paired units: units are "
+                f"missing in a pattern tied to {q.name}, so the paired comparison may be biased",
+                warning=True,
+            )
+        )
+    return notes
 
 
 def _scale(
@@ -303,7 +411,7 @@ def _no_result_reason(
 
 def _verdict_reason(est: Estimate, verdict: str) -> str:
     if verdict == EQUIVALENT:
-        return "the whole interval lies within the margin, in every segment of the window"
+        return "the whole interval lies within the margin, and so does every segment's"
     if verdict == DIFFERENT:
         return "the whole interval lies outside the margin"
     if est.low > 0 or est.high < 0:
@@ -361,26 +469,70 @@ class _Judged:
     influential: tuple[float, ...]
 
 
+HINGE_SAFETY = 3.0
+"""Safety factor of the screen that skips the exact leave-one-out check (``_could_hinge``)."""
+
+
+def _hinges(drop: np.ndarray, n: int, gamma0: float, est: Estimate, distance: float) -> bool:
+    k = drop.size
+    if k == 0 or k > n // 10:
+        return False
+    spread = float(np.sum(drop * drop)) / (n * gamma0)
+    effect = float(drop.sum()) / (n - k) + (est.high - est.low) / 2.0 * spread
+    return HINGE_SAFETY * effect >= distance or est.ess * (1 - HINGE_SAFETY * spread) < MIN_ESS
+
+
+def _could_hinge(pair: _Pair, est: Estimate, scale: str, tolerance: float) -> bool:
+    """Whether leaving out one unit (or all robust outliers together) could change the whole-window
+    verdict, by a first-order bound: the shift of the value, ``sum |z_i - mean| / (n - k)``, plus
+    the change of the half-width, ``half * sum (z_i - mean)^2 / (n gamma0)``, times
+    ``HINGE_SAFETY``, against the distance of the interval's bounds from ``±tolerance``; or the
+    unit or ESS gates being near. Only when it could is the exact check
+    (``stats.influential_units``, which refits the long-run variance per candidate unit) run."""
+    n = pair.x.size
+    if not est.has_interval or n - 1 < MIN_UNITS * 1.1 or not est.ess >= MIN_ESS * 1.5:
+        return True
+    _, z = difference_series(*pair.arrays, scale)
+    if not np.all(np.isfinite(z)):
+        return False
+    dev = np.abs(z - z.mean())
+    gamma0 = float(np.mean(dev * dev))
+    if not gamma0 > 0:
+        return False
+    from_median = np.abs(z - np.median(z))  # the robust score of ``stats.influential_units``
+    mad = 1.4826 * float(np.median(from_median))
+    robust = from_median / mad if mad > 0 else np.where(from_median > 0, np.inf, 0.0)
+    distance = min(abs(b - t) for b in (est.low, est.high) for t in (-tolerance, tolerance))
+    return any(
+        _hinges(drop, n, gamma0, est, distance) for drop in (np.array([dev.max()]), dev[robust > ROBUST_Z])
+    )
+
+
 def _judge(
-    pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str
+    pair: _Pair, est: Estimate, scale: str, tolerance: float, confidence: float, align: str, influence: bool
 ) -> _Judged:
-    """The verdict throughout the window, its reason, the segments and the deciding steps."""
+    """The verdict throughout the window, its reason, the segments and the deciding steps (for a
+    quantity with a verdict, ``influence``; a diagnostic one gets its whole-window verdict only)."""
     average = equivalence_verdict(est, tolerance)
     if average == INSUFFICIENT:
         return _Judged(INSUFFICIENT, "", average, (), (), ())
+    if not influence:  # a diagnostic quantity (no verdict of its own): the whole window only
+        return _Judged(average, _verdict_reason(est, average).split(", and so")[0], average, (), (), ())
     found = st.segment_differences(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     segments = _segments(pair, found)
     throughout = st.throughout_verdict(est, found, tolerance)
     ranges = set(throughout.differing)
     differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
-    reason = _verdict_reason(est, throughout.verdict)
+    reason = _verdict_reason(est, average)
     if differing:
         spans = ", ".join(f"{_span(s, align)} ({s.verdict})" for s in differing)
-        if average == EQUIVALENT:
-            reason = f"the whole window lies within the margin, but not throughout: {spans}"
-        else:
-            reason = f"{reason}; segments not within the margin: {spans}"
-    units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
+        whole = (
+            "the whole-window interval lies within the margin, but" if average == EQUIVALENT else f"{reason};"
+        )
+        reason = f"{whole} not throughout the window: {spans}"
+    units: list[int] = []
+    if influence and _could_hinge(pair, est, scale, tolerance):
+        units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     influential = tuple(float(pair.x[i]) for i in units)
     return _Judged(throughout.verdict, reason, average, tuple(segments), differing, influential)
 
@@ -416,19 +568,35 @@ def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: s
     return notes
 
 
+def _paired_estimate(
+    q: Quantity, num: np.ndarray, den: np.ndarray, full: RunEstimate, confidence: float
+) -> Estimate:
+    """A run's estimate over the paired units: its full-window estimate when those are all its units."""
+    if full.units == num.size:
+        return full.estimate
+    return st.ratio_estimate(num, den, confidence=confidence, bounds=q.bounds)
+
+
 def _difference(
-    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, confidence: float, align: str
+    q: Quantity,
+    reference: str,
+    label: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    confidence: float,
+    align: str,
+    full: tuple[RunEstimate, RunEstimate],
 ) -> tuple[Difference, _Pair, list[Note]]:
     pair = _pair(q, a, b)
-    ref_paired = st.ratio_estimate(pair.num_a, pair.den_a, confidence=confidence, bounds=q.bounds)
-    run_paired = st.ratio_estimate(pair.num_b, pair.den_b, confidence=confidence, bounds=q.bounds)
+    ref_paired = _paired_estimate(q, pair.num_a, pair.den_a, full[0], confidence)
+    run_paired = _paired_estimate(q, pair.num_b, pair.den_b, full[1], confidence)
     scale, margin, notes = _scale(q, ref_paired, run_paired, reference, label)
     tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
     est = paired_difference(*pair.arrays, scale=scale, confidence=confidence)
-    judged = _judge(pair, est, scale, tolerance, confidence, align)
+    judged = _judge(pair, est, scale, tolerance, confidence, align, influence=q.verdict)
     reason = judged.reason or _no_result_reason(q, reference, label, a, b, pair, est)
     step_weighted = None
-    if q.denominator is not None and pair.x.size:
+    if q.denominator is not None and q.verdict and pair.x.size:
         ra, rb = _per_unit(pair.num_a, pair.den_a), _per_unit(pair.num_b, pair.den_b)
         ones = np.ones(pair.x.size)
         step_weighted = paired_difference(ra, ones, rb, ones, scale=scale, confidence=confidence)
@@ -450,9 +618,10 @@ def _difference(
         differing=judged.differing,
         step_weighted=step_weighted,
         influential=judged.influential,
-        lead=_lead(q, pair),
+        lead=_lead(q, pair) if q.verdict else None,
     )
     notes += _pair_notes(q, reference, label, d, align)
+    notes += _missing_pattern(q, reference, label, a, b, pair, tolerance)
     notes += _weighting_note(q, f"{label} - {reference}", est, step_weighted, tolerance)
     return d, pair, notes
 
@@ -494,7 +663,9 @@ def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, str]
         return INSUFFICIENT, estimate.reason or "no interval"
     verdict = interval_verdict(estimate.low, estimate.high, tolerance)
     reason = _verdict_reason(Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0), verdict)
-    return verdict, reason.replace(", in every segment of the window", " (over seeds)")
+    return verdict, reason.replace(
+        ", and so does every segment's", " (the window average over seeds; groups get no per-segment test)"
+    )
 
 
 def _seeds(
@@ -627,15 +798,18 @@ def _differences(
     approximate: Mapping[tuple[str, str], str],
     confidence: float,
     align: str,
+    estimates: Sequence[RunEstimate],
 ) -> tuple[list[Difference], list[Note]]:
     """Every run against the reference, quantity by quantity, with the notes of each pair."""
     reference = labels[0]
+    by = {(e.metric, e.run): e for e in estimates}
     differences, notes = [], []
     only: dict[str, dict[int, list[str]]] = {}
     for q in quantities:
         for label in labels[1:]:
+            full = (by[q.name, reference], by[q.name, label])
             d, pair, pair_notes = _difference(
-                q, reference, label, units[reference], units[label], confidence, align
+                q, reference, label, units[reference], units[label], confidence, align, full
             )
             approx = (q.name, reference) in approximate or (q.name, label) in approximate
             differences.append(replace(d, approximate=approx))
@@ -706,6 +880,9 @@ def compare(
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
     group_of = {label: g for g, members in named.items() for label in members}
     notes = [Note(q, label, text, warning=True) for (q, label), text in approximate.items()]
+    notes += _data_notes(runset, labels, quantities)
+    axis_note = check_token_axis(runset, labels) if align == "tokens" else ""
+    notes += [Note("", "", axis_note, warning=True)] if axis_note else []
     estimates = []
     for q in quantities:
         for label in labels:
@@ -721,7 +898,9 @@ def compare(
             )
     differences: list[Difference] = []
     if not named:
-        differences, pair_notes = _differences(quantities, labels, units, approximate, confidence, align)
+        differences, pair_notes = _differences(
+            quantities, labels, units, approximate, confidence, align, estimates
+        )
         notes += pair_notes
     notes.append(_seed_note(named))
     return ComparisonResult(

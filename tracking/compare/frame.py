@@ -13,6 +13,12 @@ Columns (units):
 - ``elapsed_s``: seconds since the run's first point;
 - ``metric``: the metric key (``name:reduction``);
 - ``value``: float.
+
+Bad data is refused or named, never a silent number: a non-numeric value raises ValueError naming
+the run, step and key; a step logged more than once with different values keeps the **last**
+value (as a resumed run replays its last steps; ``LoadedRun.duplicates`` names them, and the
+comparison says so); count problems (``count_problems``: a negative or fractional token count, a
+count above its total) are found here and refused by the comparison, which names run, step and key.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elap
 
 
 @dataclass(frozen=True)
+class Duplicate:
+    """A key the run logged more than once at ``steps`` with different values; the last is kept."""
+
+    metric: str
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class LoadedRun:
     """A run loaded for comparison: its ``tracking.records.RunInfo`` (the one run record, with the
     run.json mapping) plus where it was loaded from.
@@ -47,6 +61,8 @@ class LoadedRun:
     approximate: tuple[str, ...] = ()
     """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
     means (``tracking.keys.ALIASES``): shown as approximate, never as exact."""
+    duplicates: tuple[Duplicate, ...] = ()
+    """Keys logged more than once at a step with different values (the last value is kept)."""
 
     @property
     def display(self) -> str:
@@ -99,8 +115,14 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
     kept (NaN stays NaN); non-numeric values raise ValueError naming the run, step and key.
     Vectorised: one pass over the points to flatten them, the rest in numpy/pandas.
     """
+    return _frame(info, as_columns(info, points))
+
+
+def as_columns(info: LoadedRun, points: Iterable[Point] | Columns) -> Columns:
+    """One run's points as ``Columns`` (one pass; non-numeric values raise ValueError naming the
+    run, step and key)."""
     if isinstance(points, Columns):
-        return _frame(info, points)
+        return points
     steps: list[int] = []
     names: list[str] = []
     values: list[Any] = []
@@ -117,15 +139,76 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
             names.append("")
             values.append(float("nan"))
     _check_numeric(info, steps, names, values)
-    return _frame(
-        info,
-        Columns(
-            np.asarray(steps, dtype=np.int64),
-            np.asarray(walls, dtype=np.float64),
-            np.asarray(names, dtype=object),
-            np.asarray(values, dtype=np.float64),
-        ),
+    return Columns(
+        np.asarray(steps, dtype=np.int64),
+        np.asarray(walls, dtype=np.float64),
+        np.asarray(names, dtype=object),
+        np.asarray(values, dtype=np.float64),
     )
+
+
+def _entry_keys(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
+    """One int64 per (step, metric) pair (equal pairs, equal keys): a fast stand-in for the pair."""
+    codes, uniques = pd.factorize(np.asarray(metric, dtype=object))
+    step = np.asarray(step, dtype=np.int64)
+    low = int(step.min()) if step.size else 0
+    return (step - low) * max(len(uniques), 1) + codes
+
+
+def _last_of_each(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
+    """Mask of the entries that are the last of their (step, metric) pair."""
+    key = _entry_keys(step, metric)
+    return ~pd.Series(key[::-1]).duplicated().to_numpy()[::-1]
+
+
+def duplicated_values(cols: Columns) -> tuple[Duplicate, ...]:
+    """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
+    if len(cols.step) == 0:
+        return ()
+    named = np.asarray(cols.metric, dtype=object) != ""
+    key = _entry_keys(np.asarray(cols.step)[named], np.asarray(cols.metric)[named])
+    repeated_mask = pd.Series(key).duplicated(keep=False).to_numpy()
+    if not repeated_mask.any():
+        return ()
+    rows = pd.DataFrame(
+        {
+            "step": np.asarray(cols.step)[named],
+            "metric": np.asarray(cols.metric)[named],
+            "value": np.asarray(cols.value)[named],
+        }
+    )
+    repeated = rows[repeated_mask]
+    spread = repeated.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
+    differing = spread[spread > 1]
+    out = []
+    for metric, group in differing.groupby(level=0, sort=True):
+        out.append(Duplicate(str(metric), tuple(int(s) for s in group.index.get_level_values(1))))
+    return tuple(out)
+
+
+def count_problems(wide: pd.DataFrame, numerator: str, denominator: str) -> list[tuple[str, str, np.ndarray]]:
+    """``(key, problem, step mask)`` (``problem``: ``"negative"``, ``"fractional"`` or
+    ``"above <denominator>"``) for each problem the exact counts ``numerator`` /
+    ``denominator`` have in a run's wide table: a negative or fractional value of either key, or
+    the numerator above the denominator (e.g. more clipped tokens than loss tokens). Only problems
+    present are listed; a key not logged has none."""
+    out = []
+    present = {}
+    for key in (numerator, denominator):
+        if key not in wide:
+            continue
+        v = wide[key].to_numpy(dtype=float)
+        finite = np.isfinite(v)
+        present[key] = v
+        for problem, mask in (("negative", finite & (v < 0)), ("fractional", finite & (v != np.floor(v)))):
+            if mask.any():
+                out.append((key, problem, mask))
+    if len(present) == 2:
+        num, den = present[numerator], present[denominator]
+        above = np.isfinite(num) & np.isfinite(den) & (num > den)
+        if above.any():
+            out.append((numerator, f"above {denominator}", above))
+    return out
 
 
 def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
@@ -146,8 +229,10 @@ def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
             "value": np.asarray(cols.value, dtype=np.float64),
         }
     )
-    rows = rows[rows["metric"] != ""]
-    rows = rows.drop_duplicates(["step", "metric"], keep="last").sort_values("step", kind="stable")
+    rows = rows[(rows["metric"] != "").to_numpy()]
+    rows = rows[_last_of_each(rows["step"].to_numpy(), rows["metric"].to_numpy())].sort_values(
+        "step", kind="stable"
+    )
     tokens = rows.loc[rows["metric"] == keys.LOSS_TOKENS].set_index("step")["value"]
     tokens = tokens[np.isfinite(tokens.to_numpy())]
     if len(tokens):
@@ -191,6 +276,10 @@ class RunSet:
     frame: pd.DataFrame
     runs: list[LoadedRun]
     _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _slices: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _nonfinite: dict[str, dict[str, list[int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_points(cls, items: Iterable[tuple[LoadedRun, Iterable[Point] | Columns]]) -> RunSet:
@@ -202,9 +291,25 @@ class RunSet:
         for (info, _), name in zip(pairs, names, strict=True):
             label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
             infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
-        frames = [build_frame(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
+        columns = [as_columns(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
+        infos = [
+            replace(info, duplicates=duplicated_values(c)) for info, c in zip(infos, columns, strict=True)
+        ]
+        frames = [_frame(info, c) for info, c in zip(infos, columns, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
-        return cls(frame=frame, runs=infos)
+        runset = cls(frame=frame, runs=infos)
+        start = 0
+        for info, part in zip(infos, frames, strict=True):  # each run's rows, in load order
+            runset._slices[info.display] = (start, start + len(part))
+            start += len(part)
+        return runset
+
+    def _rows(self, display: str) -> pd.DataFrame:
+        """The frame's rows of one run (by position when built by ``from_points``)."""
+        if display in self._slices:
+            start, stop = self._slices[display]
+            return self.frame.iloc[start:stop]
+        return self.frame[(self.frame["run"] == display).to_numpy()]
 
     @property
     def labels(self) -> list[str]:
@@ -232,20 +337,33 @@ class RunSet:
         """
         display = self.info(label).display
         if display not in self._wide:
-            rows = self.frame[self.frame["run"] == display]
-            axes = rows.groupby("step", sort=True)[["tokens_seen", "wall_time", "elapsed_s"]].first()
-            if rows.duplicated(["step", "metric"]).any():
-                values = rows.pivot_table(
-                    index="step", columns="metric", values="value", aggfunc="last", dropna=False
-                )
-            else:
-                values = rows.pivot(index="step", columns="metric", values="value")
-            values.columns.name = None
-            self._wide[display] = axes.join(values).sort_index()
+            self._wide[display] = _wide_table(self._rows(display))
         return self._wide[display]
 
     def nonfinite(self, label: str) -> dict[str, list[int]]:
         """Metric key -> steps at which the run logged a NaN or infinite value (keys without any left out)."""
-        rows = self.frame[self.frame["run"] == self.info(label).display]
-        bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
-        return {str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")}
+        display = self.info(label).display
+        if display not in self._nonfinite:
+            rows = self._rows(display)
+            bad = rows[~np.isfinite(rows["value"].to_numpy(dtype=float))]
+            self._nonfinite[display] = {
+                str(key): sorted(group["step"].tolist()) for key, group in bad.groupby("metric")
+            }
+        return self._nonfinite[display]
+
+
+def _wide_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """A run's tidy rows as one row per step: the axes (first entry of each step) and one column per
+    metric, sorted by name (the last value of a (step, metric) pair wins). O(rows), in numpy."""
+    steps = rows["step"].to_numpy(dtype=np.int64)
+    metric = rows["metric"].to_numpy(dtype=object)
+    last = _last_of_each(steps, metric)
+    unique_steps, first = np.unique(steps, return_index=True)
+    position = np.searchsorted(unique_steps, steps[last])
+    codes, names = pd.factorize(metric[last], sort=True)
+    table = np.full((unique_steps.size, len(names)), np.nan)
+    table[position, codes] = rows["value"].to_numpy(dtype=float)[last]
+    index = pd.Index(unique_steps, name="step")
+    axes = {c: rows[c].to_numpy(dtype=float)[first] for c in ("tokens_seen", "wall_time", "elapsed_s")}
+    values = {str(name): table[:, i] for i, name in enumerate(names)}
+    return pd.DataFrame({**axes, **values}, index=index)

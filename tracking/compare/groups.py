@@ -126,11 +126,19 @@ def seeds_needed(
     if v == 0:
         return 2
     z = t_quantile(0.5 + power / 2.0, math.inf)
-    m = 2
-    while m <= 10_000:
-        if margin / math.sqrt(2.0 * v / m) >= t_critical(confidence, 2 * m - 2) + z:
-            return m
-        m = m + 1 if m < 64 else int(m * 1.05) + 1
-    raise ValueError(
-        f"margin {margin:g} is too small for seed sd {math.sqrt(v):g}: more than 10,000 seeds per group needed"
-    )
+
+    def enough(m: int) -> bool:
+        return margin / math.sqrt(2.0 * v / m) >= t_critical(confidence, 2 * m - 2) + z
+
+    lo, hi = 1, 2  # enough(hi) is sought; the rule is monotone in m
+    while hi <= 10_000 and not enough(hi):
+        lo, hi = hi, hi * 2
+    if hi > 10_000 and not enough(10_000):
+        raise ValueError(
+            f"margin {margin:g} is too small for seed sd {math.sqrt(v):g}: more than 10,000 seeds per group needed"
+        )
+    hi = min(hi, 10_000)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return max(2, hi)

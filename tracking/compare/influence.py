@@ -12,6 +12,9 @@ from tracking.compare.intervals import _as_arrays, difference_series, paired_dif
 
 CANDIDATES = 16
 """Units tried one by one by ``influential_units`` (those furthest from the median, robustly)."""
+EXACT_UNITS = 5_000
+"""Above this many units only ``LONG_CANDIDATES`` units are tried one by one (each try is a full refit)."""
+LONG_CANDIDATES = 4
 ROBUST_Z = 5.0
 """Robust z-score (``|x - median| / (1.4826 MAD)``) above which a unit is an outlier."""
 
@@ -39,7 +42,8 @@ def influential_units(
     """Paired-unit indices whose removal changes the verdict of ``paired_difference`` against
     ``±tolerance``: each of the ``CANDIDATES`` units with the largest robust z-score of the paired
     linearised series left out alone, and all robust outliers (z > ``ROBUST_Z``) left out together
-    (returned together when that set changes it). Sorted; empty when no unit decides the verdict."""
+    (returned together when that set changes it). Sorted; empty when no unit decides the verdict.
+    Above ``EXACT_UNITS`` units only the ``LONG_CANDIDATES`` most extreme units are tried alone."""
     arrays = _as_arrays("influential_units", num_a, den_a, num_b, den_b)
     n = arrays[0].size
     value, z = difference_series(arrays[0], arrays[1], arrays[2], arrays[3], scale)
@@ -54,7 +58,8 @@ def influential_units(
         est = paired_difference(*(a[keep] for a in arrays), scale=scale, confidence=confidence)
         return equivalence_verdict(est, tolerance) != base
 
-    found = {int(i) for i in order[:CANDIDATES] if changes(np.array([i]))}
+    tried = CANDIDATES if n <= EXACT_UNITS else LONG_CANDIDATES
+    found = {int(i) for i in order[:tried] if changes(np.array([i]))}
     if flagged.size > 1 and flagged.size <= n // 10 and changes(flagged):
         found |= {int(i) for i in flagged}
     return sorted(found)

@@ -116,7 +116,7 @@ def estimate_from(
         confidence,
         lrv=lrv,
         df=df,
-        trend_terms=v.trend_terms,
+        trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
     )
 

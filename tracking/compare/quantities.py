@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from tracking import keys
-from tracking.compare.stats import ABSOLUTE, LOG_RATIO
+from tracking.compare.estimate import ABSOLUTE, LOG_RATIO
 
 AUTO = "auto"
 """Scale chosen per comparison: log-ratio when both runs are clearly away from zero, else absolute."""

@@ -114,9 +114,11 @@ def _lag1(e: Estimate) -> str:
 # -------------------------------------------------------------------------------------- tables
 
 
-def _spans(result: ComparisonResult, segments: tuple[DifferenceSegment, ...]) -> str:
+def _spans(result: ComparisonResult, segments: tuple[DifferenceSegment, ...], verdicts: bool = True) -> str:
     what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[result.align]
-    return "; ".join(f"{what} {s.start:g}-{s.end:g} {s.verdict}" for s in segments)
+    return "; ".join(
+        f"{what} {s.start:g}-{s.end:g}" + (f" {s.verdict}" if verdicts else "") for s in segments
+    )
 
 
 def _pair_row(result: ComparisonResult, d: Difference) -> dict[str, Any]:
@@ -345,7 +347,8 @@ def _what_differs(result: ComparisonResult, verdict: str) -> str:
         where = ""
         if isinstance(d, Difference) and d.differing:
             spans = [s for s in d.differing if s.verdict == verdict] or list(d.differing)
-            where = f" at {_spans(result, tuple(spans))} (within the margin on average)"
+            average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
+            where = f" at {_spans(result, tuple(spans), verdicts=False)}{average}"
         parts.append(f"{_what(result, d.metric)} beyond {_margin_text(result, d.metric)}{where}")
     return "; ".join(dict.fromkeys(parts))
 

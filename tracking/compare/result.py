@@ -10,19 +10,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracking.compare.align import Window
-from tracking.compare.quantities import Quantity
-from tracking.compare.stats import (
+from tracking.compare.estimate import (
     DIFFERENT,
     EQUIVALENT,
     INCONCLUSIVE,
     INSUFFICIENT,
     LOG_RATIO,
     Estimate,
-    GroupEstimate,
 )
+from tracking.compare.quantities import Quantity
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from tracking.compare.groups import GroupEstimate
 
 FAIL_ON = ("different", "not-equivalent")
 """``--fail-on`` choices: trip the gate on a ``different`` answer, or on anything but ``equivalent``."""

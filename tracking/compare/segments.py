@@ -136,9 +136,9 @@ def _episode(
     s, e = int(start[best]), int(stop[best])
     indicator = np.zeros((n, 1))
     indicator[s:e, 0] = 1.0
-    refit = long_run_variance(z, extra=indicator)
+    refit = long_run_variance(z, extra=indicator, floor=False)
     excess = score[best] / math.sqrt(float(refit.lrv[0]))
-    family = 2 * start.size
+    family = 2 * int(np.sum(np.ceil(n / np.unique(stop - start))))  # disjoint windows per width, two sides
     if excess > t_quantile(1.0 - 0.05 / family, float(refit.df[0])):
         return s, e, refit, float(excess)
     return None
@@ -178,7 +178,7 @@ def _segment_estimate(value: float, s: int, e: int, v: LongRunVariance, confiden
         confidence,
         lrv=lrv,
         df=df,
-        trend_terms=v.trend_terms,
+        trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
     )
 

@@ -95,3 +95,23 @@ def t_critical(confidence: float, df: float) -> float:
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     return t_quantile(0.5 + confidence / 2.0, df)
+
+
+@lru_cache(maxsize=1024)
+def f_quantile(p: float, d1: float, d2: float) -> float:
+    """The ``p`` quantile of the F distribution with ``(d1, d2)`` degrees of freedom (bisection on
+    ``P(F <= x) = I_{d1 x / (d1 x + d2)}(d1 / 2, d2 / 2)``)."""
+    if not 0.0 < p < 1.0 or not (d1 > 0 and d2 > 0):
+        raise ValueError(f"F quantile needs 0 < p < 1 and positive degrees of freedom, got {p}, {d1}, {d2}")
+    lo, hi = 0.0, 1.0
+    while incomplete_beta(d1 / 2.0, d2 / 2.0, d1 * hi / (d1 * hi + d2)) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if incomplete_beta(d1 / 2.0, d2 / 2.0, d1 * mid / (d1 * mid + d2)) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
