@@ -281,3 +281,23 @@ def test_seed_groups_are_drawn_per_stack(tmp_path):
     assert legend == ["megatron (2 seeds)", "miles (2 seeds)"]
     diff_legend = [t["name"] for t in figures["clip_fraction_difference"]["data"] if t["showlegend"]]
     assert diff_legend[0] == "miles − megatron (over seeds)"
+
+
+def test_size_is_bounded_by_downsampling_not_by_run_length():
+    """The 150-step demo's size stays within 1.5 MB, and past 4,000 steps a longer run adds almost
+    nothing: lines are drawn from 2,000 buckets' extremes (the tables keep the exact numbers)."""
+    from tests._compare_fixtures import synthetic_run
+
+    def size(n_steps):
+        runs = [
+            synthetic_run("a", "a", "megatron", seed=1, n_steps=n_steps),
+            synthetic_run("b", "b", "miles", seed=2, n_steps=n_steps, clip_p=0.15),
+        ]
+        rs = RunSet.from_points(
+            [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+        )
+        return len(render_dashboard(rs, compare(rs)).encode("utf-8"))
+
+    demo, long, longer = size(150), size(6000), size(12000)
+    assert demo <= 1_500_000
+    assert longer <= 1.05 * long and longer <= 3_000_000
