@@ -22,7 +22,8 @@ current method three times (median), the anchor once:
   same 10 runs pairwise with the first (it had no groups) (target <= 5 s);
 - peak memory of load + compare (target <= 1 GiB), shown in the row names.
 
-Run: ``python benchmarks/compare.py``. ``run()`` returns the rows for ``run_all``.
+Run: ``python benchmarks/compare.py`` (``--today``: only the rows beside today's comparison).
+``run()`` returns the rows for ``run_all``.
 """
 
 from __future__ import annotations
@@ -328,6 +329,9 @@ def _rows_against_today(root: Path, size: str) -> list[Row]:
 def main() -> int:
     if len(sys.argv) >= 2 and sys.argv[1] == "--child":
         print(json.dumps(_child(sys.argv[2], Path(sys.argv[3]))))
+        return 0
+    if len(sys.argv) >= 2 and sys.argv[1] == "--today":  # only the rows beside today's comparison
+        print(markdown(_rows_against_today(prepare(STEPS), f"2 runs x {STEPS:,} steps x {len(KEYS)} series")))
         return 0
     print(markdown(run()))
     return 0

@@ -513,3 +513,47 @@ def _est(low: float, high: float, n: int = 200, ess: float = 50.0) -> Estimate:
 )
 def test_equivalence_verdict_rules(estimate, verdict):
     assert equivalence_verdict(estimate, 0.02) == verdict
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=2, max_size=300),
+    st.sampled_from([0.5, 0.9, 0.99]),
+)
+def test_fraction_intervals_stay_within_bounds_and_step_weighting_is_the_plain_mean(pairs, confidence):
+    from tracking.compare.stats import step_weighted_estimate
+
+    tokens = np.array([t for _, t in pairs], dtype=float)
+    clipped = np.array([min(c, t) for c, t in pairs], dtype=float)
+    if tokens.sum() == 0:
+        return
+    est = ratio_estimate(clipped, tokens, confidence=confidence, bounds=(0.0, 1.0))
+    assert est.value == clipped.sum() / tokens.sum()
+    if est.has_interval:
+        assert 0.0 <= est.low <= est.value <= est.high <= 1.0
+    steps = step_weighted_estimate(clipped, tokens, confidence=confidence, bounds=(0.0, 1.0))
+    per_step = [c / t for c, t in zip(clipped, tokens, strict=True) if t != 0]
+    assert steps.value == pytest.approx(sum(per_step) / len(per_step), rel=1e-12, abs=1e-15)
+    if steps.has_interval:
+        assert 0.0 <= steps.low <= steps.high <= 1.0
+
+
+def test_bounds_refuse_values_outside_them_and_bad_bounds():
+    with pytest.raises(ValueError, match=r"outside its bounds \[0, 1\]"):
+        ratio_estimate(np.full(50, 3.0), np.ones(50) + np.arange(50) % 2, bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="bounds must be two finite numbers low < high"):
+        ratio_estimate(np.ones(5), np.ones(5), bounds=(1.0, 0.0))
+
+
+def test_the_ess_gate_names_the_persistence():
+    rng = np.random.default_rng(12)
+    n = 300
+    x = np.zeros(n)
+    for i in range(1, n):
+        x[i] = 0.995 * x[i - 1] + rng.normal(0, 0.01)
+    tokens = np.full(n, 10_000.0)
+    est = ratio_estimate(np.round(tokens * np.clip(0.1 + x, 0, 1)), tokens)
+    assert not est.enough_data and est.ess < MIN_ESS
+    text = est.insufficiency()
+    assert text.startswith(f"effective sample size {est.ess:.1f} < 10: the steps are too persistent")
+    assert f"over {n} units" in text

@@ -524,7 +524,7 @@ def _judge(
     ranges = set(throughout.differing)
     differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
     reason = _verdict_reason(est, average)
-    if differing:
+    if differing and average != DIFFERENT:  # the segments decide: name their steps
         spans = ", ".join(f"{_span(s, align)} ({s.verdict})" for s in differing)
         whole = (
             "the whole-window interval lies within the margin, but" if average == EQUIVALENT else f"{reason};"

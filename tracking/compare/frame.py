@@ -147,38 +147,51 @@ def as_columns(info: LoadedRun, points: Iterable[Point] | Columns) -> Columns:
     )
 
 
-def _entry_keys(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
+Coded = tuple[np.ndarray, pd.Index]
+"""A run's metric names as integer codes and the names they stand for (``pd.factorize``)."""
+
+
+def _coded(cols: Columns) -> Coded:
+    codes, names = pd.factorize(np.asarray(cols.metric, dtype=object))
+    return codes, pd.Index(names)
+
+
+def _entry_keys(step: np.ndarray, codes: np.ndarray, n_names: int) -> np.ndarray:
     """One int64 per (step, metric) pair (equal pairs, equal keys): a fast stand-in for the pair."""
-    codes, uniques = pd.factorize(np.asarray(metric, dtype=object))
     step = np.asarray(step, dtype=np.int64)
     low = int(step.min()) if step.size else 0
-    return (step - low) * max(len(uniques), 1) + codes
+    return (step - low) * max(n_names, 1) + codes
 
 
-def _last_of_each(step: np.ndarray, metric: np.ndarray) -> np.ndarray:
-    """Mask of the entries that are the last of their (step, metric) pair."""
-    key = _entry_keys(step, metric)
+def _last_of_each(key: np.ndarray) -> np.ndarray:
+    """Mask of the entries that are the last of their key."""
     return ~pd.Series(key[::-1]).duplicated().to_numpy()[::-1]
 
 
-def duplicated_values(cols: Columns) -> tuple[Duplicate, ...]:
+def _named(codes: np.ndarray, names: pd.Index) -> np.ndarray:
+    """Mask of entries with a metric name (a point without metrics has the name "")."""
+    return codes != names.get_loc("") if "" in names else np.ones(codes.size, dtype=bool)
+
+
+def duplicated_values(cols: Columns, coded: Coded | None = None) -> tuple[Duplicate, ...]:
     """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
     if len(cols.step) == 0:
         return ()
-    named = np.asarray(cols.metric, dtype=object) != ""
-    key = _entry_keys(np.asarray(cols.step)[named], np.asarray(cols.metric)[named])
+    codes, names = coded or _coded(cols)
+    named = _named(codes, names)
+    step = np.asarray(cols.step)[named]
+    key = _entry_keys(step, codes[named], len(names))
     repeated_mask = pd.Series(key).duplicated(keep=False).to_numpy()
     if not repeated_mask.any():
         return ()
     rows = pd.DataFrame(
         {
-            "step": np.asarray(cols.step)[named],
-            "metric": np.asarray(cols.metric)[named],
-            "value": np.asarray(cols.value)[named],
+            "step": step[repeated_mask],
+            "metric": names.to_numpy(dtype=object)[codes[named][repeated_mask]],
+            "value": np.asarray(cols.value)[named][repeated_mask],
         }
     )
-    repeated = rows[repeated_mask]
-    spread = repeated.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
+    spread = rows.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
     differing = spread[spread > 1]
     out = []
     for metric, group in differing.groupby(level=0, sort=True):
@@ -211,7 +224,7 @@ def count_problems(wide: pd.DataFrame, numerator: str, denominator: str) -> list
     return out
 
 
-def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
+def _frame(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> pd.DataFrame:
     if len(cols.step) == 0:
         return _empty_frame()
     walls = (
@@ -222,18 +235,19 @@ def _frame(info: LoadedRun, cols: Columns) -> pd.DataFrame:
         .groupby(level=0)
         .max()
     )
-    rows = pd.DataFrame(
-        {
-            "step": np.asarray(cols.step, dtype=np.int64),
-            "metric": pd.Series(np.asarray(cols.metric, dtype=object), dtype=object),
-            "value": np.asarray(cols.value, dtype=np.float64),
-        }
+    codes, names = coded or _coded(cols)
+    named = _named(codes, names)
+    step = np.asarray(cols.step, dtype=np.int64)[named]
+    codes = codes[named]
+    value = np.asarray(cols.value, dtype=np.float64)[named]
+    last = _last_of_each(_entry_keys(step, codes, len(names)))  # a key logged twice: the last wins
+    order = np.argsort(step[last], kind="stable")
+    step, codes, value = step[last][order], codes[last][order], value[last][order]
+    rows = pd.DataFrame({"step": step, "metric": names.to_numpy(dtype=object)[codes], "value": value})
+    is_tokens = (
+        codes == names.get_loc(keys.LOSS_TOKENS) if keys.LOSS_TOKENS in names else np.zeros(codes.size, bool)
     )
-    rows = rows[(rows["metric"] != "").to_numpy()]
-    rows = rows[_last_of_each(rows["step"].to_numpy(), rows["metric"].to_numpy())].sort_values(
-        "step", kind="stable"
-    )
-    tokens = rows.loc[rows["metric"] == keys.LOSS_TOKENS].set_index("step")["value"]
+    tokens = rows.loc[is_tokens].set_index("step")["value"]
     tokens = tokens[np.isfinite(tokens.to_numpy())]
     if len(tokens):
         cumulative = tokens.reindex(walls.index).fillna(0.0).cumsum()
@@ -292,10 +306,12 @@ class RunSet:
             label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
             infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
         columns = [as_columns(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
+        coded = [_coded(c) for c in columns]  # each run's metric names factorised once
         infos = [
-            replace(info, duplicates=duplicated_values(c)) for info, c in zip(infos, columns, strict=True)
+            replace(info, duplicates=duplicated_values(c, k))
+            for info, c, k in zip(infos, columns, coded, strict=True)
         ]
-        frames = [_frame(info, c) for info, c in zip(infos, columns, strict=True)]
+        frames = [_frame(info, c, k) for info, c, k in zip(infos, columns, coded, strict=True)]
         frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
         runset = cls(frame=frame, runs=infos)
         start = 0
@@ -337,7 +353,7 @@ class RunSet:
         """
         display = self.info(label).display
         if display not in self._wide:
-            self._wide[display] = _wide_table(self._rows(display))
+            self._wide[display] = _wide_table(self._rows(display), unique=display in self._slices)
         return self._wide[display]
 
     def nonfinite(self, label: str) -> dict[str, list[int]]:
@@ -352,18 +368,21 @@ class RunSet:
         return self._nonfinite[display]
 
 
-def _wide_table(rows: pd.DataFrame) -> pd.DataFrame:
+def _wide_table(rows: pd.DataFrame, unique: bool = False) -> pd.DataFrame:
     """A run's tidy rows as one row per step: the axes (first entry of each step) and one column per
-    metric, sorted by name (the last value of a (step, metric) pair wins). O(rows), in numpy."""
+    metric, sorted by name (the last value of a (step, metric) pair wins; ``unique``: the rows are
+    known to hold each pair once). O(rows), in numpy."""
     steps = rows["step"].to_numpy(dtype=np.int64)
-    metric = rows["metric"].to_numpy(dtype=object)
-    last = _last_of_each(steps, metric)
+    codes, names = pd.factorize(rows["metric"].to_numpy(dtype=object), sort=True)
+    values = rows["value"].to_numpy(dtype=float)
+    if not unique:
+        last = _last_of_each(_entry_keys(steps, codes, len(names)))
+        codes, values, kept = codes[last], values[last], steps[last]
+    else:
+        kept = steps
     unique_steps, first = np.unique(steps, return_index=True)
-    position = np.searchsorted(unique_steps, steps[last])
-    codes, names = pd.factorize(metric[last], sort=True)
     table = np.full((unique_steps.size, len(names)), np.nan)
-    table[position, codes] = rows["value"].to_numpy(dtype=float)[last]
-    index = pd.Index(unique_steps, name="step")
+    table[np.searchsorted(unique_steps, kept), codes] = values
     axes = {c: rows[c].to_numpy(dtype=float)[first] for c in ("tokens_seen", "wall_time", "elapsed_s")}
-    values = {str(name): table[:, i] for i, name in enumerate(names)}
-    return pd.DataFrame({**axes, **values}, index=index)
+    columns = {str(name): table[:, i] for i, name in enumerate(names)}
+    return pd.DataFrame({**axes, **columns}, index=pd.Index(unique_steps, name="step"))

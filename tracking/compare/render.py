@@ -345,7 +345,7 @@ def _what_differs(result: ComparisonResult, verdict: str) -> str:
         if d.verdict != verdict:
             continue
         where = ""
-        if isinstance(d, Difference) and d.differing:
+        if isinstance(d, Difference) and d.differing and d.average_verdict != verdict:
             spans = [s for s in d.differing if s.verdict == verdict] or list(d.differing)
             average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
             where = f" at {_spans(result, tuple(spans), verdicts=False)}{average}"
