@@ -40,7 +40,7 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
-    from benchmarks import cli_start, compare, loss_overhead, merge, stress, tracking
+    from benchmarks import cli_start, compare, dashboard, loss_overhead, merge, stress, tracking
 
     started = time.perf_counter()
     rows: list[Row] = []
@@ -49,6 +49,7 @@ def main() -> int:
         ("merge", merge),
         ("tracking", tracking),
         ("compare", compare),
+        ("dashboard", dashboard),
         ("stress", stress),
         ("cli_start", cli_start),
     ):

@@ -1,8 +1,10 @@
-"""The HTML dashboard: self-contained, escaped, and rendered by headless Chromium without errors."""
+"""The HTML dashboard: self-contained, escaped, rendered by headless Chromium without errors, and
+laid out at 1400 px with nothing running off the page or covering a title."""
 
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import subprocess
@@ -20,10 +22,15 @@ CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
 
 
+LONG_CONFIG = "ckpt=/checkpoints/" + "x" * 400
+"""A config value with no space to wrap at: the runs table must still fit the page."""
+
+
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
+    megatron.config["path"] = LONG_CONFIG
     rs = RunSet.from_points(
         [
             (LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
@@ -115,6 +122,7 @@ def test_render_is_deterministic(dashboard):
     path, result = dashboard
     megatron, miles = megatron_vs_miles(miles_clip_p=0.15, miles_name=EVIL, miles_missing=(3,))
     miles.config["note"] = "</script><img src=x onerror=alert(2)>"
+    megatron.config["path"] = LONG_CONFIG
     rs = RunSet.from_points(
         [
             (LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points)
@@ -140,3 +148,156 @@ def test_insufficient_data_is_shown(tmp_path):
     assert '<td class="verdict insufficient-data">insufficient data</td>' in text
     assert "only 30 paired units (minimum 100)" in text
     assert "Warning: a: reward:mean is NaN or infinite at 1 of 30 steps (first at step 10)" in text
+
+
+LAYOUT_CHECK = r"""
+<script>
+(function(){
+  function box(el){var r=el.getBoundingClientRect();return {l:r.left,r:r.right,t:r.top,b:r.bottom,w:r.width,h:r.height};}
+  function meets(a,b){return a.w>0&&b.w>0&&a.l<b.r-0.5&&b.l<a.r-0.5&&a.t<b.b-0.5&&b.t<a.b-0.5;}
+  function name(el){return el.tagName.toLowerCase()+(el.id?'#'+el.id:'')+
+    (typeof el.className==='string'&&el.className?'.'+el.className.trim().split(/\s+/).join('.'):'');}
+  function check(){
+    var want=Number(document.body.getAttribute('data-expect')||'0');
+    if(Number(document.body.getAttribute('data-rendered')||'0')<want){setTimeout(check,50);return;}
+    var vw=window.innerWidth,out={viewport:vw,scrollWidth:document.documentElement.scrollWidth,
+      overflow:[],overlaps:[],xticks:{}};
+    document.querySelectorAll('body *').forEach(function(el){
+      if(el.closest('#js-plotly-tester')||el.tagName==='SCRIPT')return;
+      var b=box(el);
+      if(b.w>0&&(b.r>vw+0.5||b.l<-0.5))out.overflow.push(name(el)+' ['+b.l.toFixed(0)+', '+b.r.toFixed(0)+']');
+    });
+    document.querySelectorAll('.js-plotly-plot').forEach(function(plot){
+      var id=plot.id,title=plot.querySelector('.gtitle'),bar=plot.querySelector('.modebar');
+      var pb=box(plot),parts=[['title',title],['x title',plot.querySelector('.g-xtitle')],
+        ['legend',plot.querySelector('.legend')]];
+      if(title&&bar&&meets(box(title),box(bar)))out.overlaps.push(id+': toolbar covers the title');
+      parts.forEach(function(p){if(p[1]){var b=box(p[1]);
+        if(b.w>0&&(b.r>pb.r+0.5||b.l<pb.l-0.5||b.b>pb.b+0.5))out.overflow.push(id+': '+p[0]+' outside its panel');}});
+      var xt=plot.querySelector('.g-xtitle'),lg=plot.querySelector('.legend');
+      if(xt&&lg&&meets(box(xt),box(lg)))out.overlaps.push(id+': legend covers the x axis title');
+      var ticks=[].map.call(plot.querySelectorAll('.xtick text'),function(t){return t.textContent;});
+      plot.querySelectorAll('.xtick text').forEach(function(t){
+        if(xt&&meets(box(t),box(xt)))out.overlaps.push(id+': x axis title covers tick '+t.textContent);});
+      out.xticks[id]=ticks.join(' ');
+    });
+    document.body.setAttribute('data-layout-check',JSON.stringify(out));
+  }
+  window.addEventListener('load',function(){setTimeout(check,0);});
+})();
+</script>
+"""
+"""Injected into a copy of a page: once ``data-rendered`` reaches ``data-expect``, records into
+``data-layout-check`` the viewport width, the document's scroll width, every element whose box
+leaves the viewport (plotly's off-screen text-measuring element excepted), every panel part
+outside its panel, toolbars over titles, legends over x axis titles, axis titles over ticks, and
+each panel's x tick labels."""
+
+
+def _layout(page: Path, expect: int, tmp_path: Path) -> dict:
+    """Open ``page`` at 1400 px in headless Chromium with ``LAYOUT_CHECK`` and return its record."""
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"<body([^>]*)>", rf'<body\1 data-expect="{expect}">', text, count=1)
+    checked = tmp_path / f"checked-{page.name}"
+    checked.write_text(text.replace("</body>", LAYOUT_CHECK + "</body>"), encoding="utf-8")
+    proc = _chromium(
+        ["--hide-scrollbars", "--window-size=1400,1000", "--dump-dom", checked.as_uri()],
+        tmp_path / f"profile-{page.stem}",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r'data-layout-check="([^"]*)"', proc.stdout)
+    assert found, "the layout check did not run: " + proc.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+CONTROL = """<!DOCTYPE html><html><head><meta charset="utf-8"><style>body{margin:24px;max-width:1400px}
+td{white-space:nowrap}</style><script>PLOTLY</script></head><body data-rendered="0">
+<table><tr><td>WIDE</td></tr></table><div id="plot-a"></div><div id="plot-b"></div><script>
+var done=0;function mark(){done+=1;document.body.setAttribute('data-rendered',String(done));}
+Plotly.newPlot('plot-a',[{x:[0,199],y:[0,1]}],{title:{text:'A long centred title that runs under the toolbar on the right'},
+width:640,height:300,margin:{t:40}},{displayModeBar:true}).then(mark);
+Plotly.newPlot('plot-b',[{x:[0,149],y:[0,1]}],{width:640,height:300},{displayModeBar:true}).then(mark);
+</script></body></html>"""
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_layout_check_sees_overflow_covered_titles_and_differing_ticks(tmp_path):
+    """Control: the layout check reports what the dashboard must not do."""
+    from tracking.compare.dashboard import PLOTLY_JS
+
+    page = tmp_path / "control.html"
+    js = PLOTLY_JS.read_text(encoding="utf-8").replace("</script", "<\\/script")
+    page.write_text(CONTROL.replace("PLOTLY", js).replace("WIDE", "x" * 600), encoding="utf-8")
+    found = _layout(page, 2, tmp_path)
+    assert found["viewport"] == 1400
+    assert found["scrollWidth"] > 1400
+    assert any(entry.startswith("td ") for entry in found["overflow"]), found["overflow"]
+    assert "plot-a: toolbar covers the title" in found["overlaps"]
+    assert found["xticks"]["plot-a"] != found["xticks"]["plot-b"]
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_layout_at_1400px(dashboard, tmp_path):
+    """At 1400 px nothing leaves the page (the runs table wraps a 400-character config value), no
+    toolbar covers a title, no legend covers an axis title, and every panel has the same x ticks."""
+    path, _ = dashboard
+    found = _layout(path, len(PANELS), tmp_path)
+    assert found["viewport"] == 1400
+    assert found["scrollWidth"] <= 1400
+    assert found["overflow"] == []
+    assert found["overlaps"] == []
+    ticks = found["xticks"]
+    assert sorted(ticks) == sorted(f"plot-{panel.id}" for panel in PANELS)
+    assert len(set(ticks.values())) == 1 and next(iter(ticks.values())), ticks
+    shot = tmp_path / "dashboard-1400.png"
+    proc = _chromium(
+        ["--hide-scrollbars", "--window-size=1400,2400", f"--screenshot={shot}", path.as_uri()],
+        tmp_path / "profile-shot",
+    )
+    assert proc.returncode == 0 and shot.stat().st_size > 50_000
+    print(f"\ndashboard screenshot at 1400 px: {shot}")
+
+
+def test_seed_groups_are_drawn_per_stack(tmp_path):
+    """A comparison of seed groups: every seed is in the runs table, each group is one legend entry
+    per line with its band, and the difference panels show the groups' difference over seeds."""
+    from tests._compare_fixtures import synthetic_run
+
+    runs = [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i, n_steps=120) for i in range(2)]
+    runs += [synthetic_run(f"l{i}", f"l{i}", "miles", seed=5 + i, n_steps=120, clip_p=0.14) for i in range(2)]
+    rs = RunSet.from_points(
+        [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+    )
+    result = compare(rs, groups={"megatron": ["m0", "m1"], "miles": ["l0", "l1"]})
+    text = render_dashboard(rs, result)
+    table = text[text.index('<table class="runs">') :]
+    assert all(f"<td>{r.run_name}</td>" in table for r in runs)
+    figures = json.loads(
+        re.search(r'id="cliptrack-figures">(.*?)</script>', text, re.S).group(1).replace("\\u0026", "&")
+    )
+    legend = [t["name"] for t in figures["clip"]["data"] if t["showlegend"]]
+    assert legend == ["megatron (2 seeds)", "miles (2 seeds)"]
+    diff_legend = [t["name"] for t in figures["clip_fraction_difference"]["data"] if t["showlegend"]]
+    assert diff_legend[0] == "miles − megatron (over seeds)"
+
+
+def test_size_is_bounded_by_downsampling_not_by_run_length():
+    """The 150-step demo's size stays within 1.5 MB, and past 4,000 steps a longer run adds almost
+    nothing: lines are drawn from 2,000 buckets' extremes (the tables keep the exact numbers)."""
+    from tests._compare_fixtures import synthetic_run
+
+    def size(n_steps):
+        runs = [
+            synthetic_run("a", "a", "megatron", seed=1, n_steps=n_steps),
+            synthetic_run("b", "b", "miles", seed=2, n_steps=n_steps, clip_p=0.15),
+        ]
+        rs = RunSet.from_points(
+            [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+        )
+        return len(render_dashboard(rs, compare(rs)).encode("utf-8"))
+
+    demo, long, longer = size(150), size(6000), size(12000)
+    assert demo <= 1_500_000
+    assert longer <= 1.05 * long and longer <= 3_000_000

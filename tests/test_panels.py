@@ -7,27 +7,41 @@ replaced is the report runset's project-id lookup (a W&B cloud API call), via ``
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tests._compare_fixtures import megatron_vs_miles, write_mlflow
+from tests._compare_fixtures import megatron_vs_miles, synthetic_run, write_mlflow
 from tracking import keys
 from tracking.cli import main
-from tracking.compare import compare, load_mlflow
+from tracking.compare import LoadedRun, RunSet, compare, load_mlflow
 from tracking.compare.panels import PANELS
 from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
+from tracking.compare.plots import PALETTE
+from tracking.records import RunInfo
+
+
+def _difference(quantity):
+    base = f"difference/{quantity}"
+    return [base, f"{base}:low", f"{base}:high", f"{base}:margin_low", f"{base}:margin_high"]
+
 
 EXPECTED = {
     "clipping": [
         [keys.CLIP_FRACTION],
+        _difference("clip_fraction"),
         [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS],
         [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS],
     ],
-    "reward": [[keys.REWARD]],
-    "throughput": [[keys.THROUGHPUT], [keys.STEP_TIME]],
+    "reward": [[keys.REWARD], _difference("reward")],
+    "throughput": [[keys.THROUGHPUT], _difference("throughput"), [keys.STEP_TIME]],
 }
 
 
@@ -69,7 +83,10 @@ def test_report_model_builds_with_only_the_project_lookup_patched():
     assert metrics == [m for section in EXPECTED.values() for m in section]
     runset = grids[0]["metadata"]["runSets"][0]
     assert runset["project"] == {"name": "proj", "entityName": "ent", "id": "UHJvamVjdDox"}
-    assert runset["filters"]["filters"][0]["value"] == ["megatron0001", "miles0000002"]
+    chosen = runset["filters"]["filters"]  # the compared runs or the comparison's run
+    assert chosen[0]["value"] == ["megatron0001", "miles0000002"]
+    assert chosen[1]["key"]["name"] == "group" and chosen[1]["value"] == "comparison"
+    assert chosen[1]["connector"] == "OR"
     assert runset["grouping"] == [{"section": "run", "name": "group"}]
     texts = json.dumps(spec["spec"]["blocks"])
     assert "Equally on-policy: test." in texts
@@ -89,6 +106,59 @@ def test_panels_wandb_command_writes_specs_offline(tmp_path, monkeypatch, capsys
     assert set(specs) >= {"workspace", "report"}
     names = [s["name"] for s in specs["workspace"]["spec"]["section"]["panelBankConfig"]["sections"]]
     assert names == list(EXPECTED)
+
+
+LOG_TO_WANDB = """
+import sys
+from tests._compare_fixtures import megatron_vs_miles
+from tests.test_panels import _runset
+from tracking.compare import compare
+from tracking.compare.panels_wandb import log_comparison
+
+runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+print(log_comparison(runset, compare(runset), project="cliptrack-tests", directory=sys.argv[1]))
+"""
+
+
+def test_comparison_logged_to_wandb_offline_holds_the_difference_panels_data(tmp_path):
+    """The comparison's W&B run (real wandb, offline) holds, at each segment's first and last step,
+    the difference, its interval and the margin the difference panels plot. Logged in a process of
+    its own: W&B writes the file completely by the time that process exits (``finish`` alone
+    returns before a shared wandb-core has written it)."""
+    import subprocess
+    import sys
+
+    from tracking.sinks._compat_wandb import history_rows
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(root)}
+    env.pop("WANDB_SERVICE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOG_TO_WANDB, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    (wandb_file,) = run_dir.glob("run-*.wandb")
+    rows = [r for r in history_rows(wandb_file) if "difference/clip_fraction" in r]
+    runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+    d = compare(runset).difference("clip_fraction")
+    segments = sorted(d.segments, key=lambda s: s.start)
+    assert segments
+    assert [r[keys.WANDB_STEP_METRIC] for r in rows] == [x for s in segments for x in (s.start, s.end)]
+    for row, s in zip(rows, [s for s in segments for _ in (0, 1)], strict=True):
+        assert row["difference/clip_fraction"] == s.estimate.value
+        assert row["difference/clip_fraction:low"] == s.estimate.low
+        assert row["difference/clip_fraction:high"] == s.estimate.high
+        assert (
+            row["difference/clip_fraction:margin_high"]
+            == d.tolerance
+            == -row["difference/clip_fraction:margin_low"]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +262,238 @@ def test_wandb_workspaces_version_is_checked():
             compat.UnsupportedVersionError, match=f"wandb-workspaces {unsupported} is not supported"
         ):
             compat.check_version(unsupported)
+
+
+# --- the panel model: downsampling, difference panels, seed groups, shared x axis -------------------
+
+
+def _reference_line(x, y, max_points):
+    """Plain loops: bucket b holds points floor(b n / k) .. floor((b + 1) n / k) - 1, k = max_points // 2;
+    each keeps its first lowest and first highest finite point in step order (two NaN when none)."""
+    n = len(x)
+    if n <= max_points:
+        return list(x), list(y)
+    k = max_points // 2
+    out_x, out_y = [], []
+    for b in range(k):
+        lo_i = hi_i = None
+        for i in range((b * n) // k, ((b + 1) * n) // k):
+            if math.isfinite(y[i]):
+                if lo_i is None or y[i] < y[lo_i]:
+                    lo_i = i
+                if hi_i is None or y[i] > y[hi_i]:
+                    hi_i = i
+        if lo_i is None:
+            start = (b * n) // k
+            out_x += [x[start], x[start]]
+            out_y += [math.nan, math.nan]
+            continue
+        for i in sorted((lo_i, hi_i)):
+            out_x.append(x[i])
+            out_y.append(y[i])
+    return out_x, out_y
+
+
+values = st.one_of(st.floats(-1e6, 1e6), st.just(math.nan), st.just(math.inf))
+
+
+sized = st.integers(0, 300).flatmap(lambda n: st.lists(values, min_size=n, max_size=n))
+
+
+@settings(max_examples=40)
+@given(sized, st.integers(2, 40))
+def test_downsampled_line_keeps_each_buckets_extremes(ys, max_points):
+    from tracking.compare import downsample
+
+    x = [float(i * 3) for i in range(len(ys))]
+    ys = [v if v != math.inf else math.nan for v in ys]  # non-finite values are gaps
+    got_x, got_y = downsample.line(np.array(x), np.array(ys), max_points)
+    want_x, want_y = _reference_line(x, ys, max_points)
+    assert len(got_x) <= max(max_points, len(x))
+    assert got_x.tolist() == want_x
+    np.testing.assert_array_equal(got_y, np.array(want_y, dtype=float))
+
+
+@settings(max_examples=40)
+@given(
+    st.integers(1, 300).flatmap(lambda n: st.lists(st.tuples(values, values), min_size=n, max_size=n)),
+    st.integers(2, 40),
+)
+def test_downsampled_band_covers_the_full_band(edges, max_points):
+    from tracking.compare import downsample
+
+    low = np.array([a for a, _ in edges], dtype=float)
+    high = np.array([b for _, b in edges], dtype=float)
+    x = np.arange(len(edges), dtype=float)
+    bx, blo, bhi = downsample.band(x, low, high, max_points)
+    assert len(bx) <= max_points
+    if len(edges) <= max_points:
+        np.testing.assert_array_equal(blo, low)
+        return
+    k, n = max_points // 2, len(edges)
+    for b in range(k):
+        rows = range((b * n) // k, ((b + 1) * n) // k)
+        assert bx[b] == x[rows[0]]
+        finite_lo = [low[i] for i in rows if math.isfinite(low[i])]
+        finite_hi = [high[i] for i in rows if math.isfinite(high[i])]
+        assert (blo[b] == min(finite_lo)) if finite_lo else math.isnan(blo[b])
+        assert (bhi[b] == max(finite_hi)) if finite_hi else math.isnan(bhi[b])
+
+
+def test_downsampling_refuses_mismatched_input():
+    from tracking.compare import downsample
+
+    with pytest.raises(ValueError, match="x and y differ in length: 3 x values, 2 y values"):
+        downsample.line(np.zeros(3), np.zeros(2))
+    with pytest.raises(ValueError, match="max_points must be at least 2, got 1"):
+        downsample.band(np.zeros(3), np.zeros(3), np.zeros(3), 1)
+
+
+@given(st.floats(-1e7, 1e7), st.floats(1e-3, 1e7))
+def test_nice_ticks(lo, width):
+    from tracking.compare.plots import nice_ticks
+
+    hi = lo + width
+    first, step = nice_ticks(lo, hi)
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(math.isclose(mantissa, m) for m in (1, 2, 5, 10))
+    assert first >= lo - 1e-9 * abs(lo) and first - step < lo
+    assert 3 <= (hi - first) / step + 1 <= 17  # about 8 ticks over the range
+
+
+def _runset(*runs):
+    return RunSet.from_points(
+        [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
+    )
+
+
+def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_entry():
+    from tracking.compare.panels import DIFFERENCE, Shown, difference_panels
+    from tracking.compare.quantities import QUANTITIES
+
+    compared = [q.name for q in QUANTITIES if q.verdict]
+    assert [p.quantity for p in PANELS if p.kind == DIFFERENCE] == compared
+    (kl,) = difference_panels([Shown("kl_k3", "Mismatch KL", False)])
+    assert kl.kind == DIFFERENCE and kl.id == "kl_k3_difference" and kl.section == "differences"
+    assert kl.wandb_keys == [
+        "difference/kl_k3",
+        "difference/kl_k3:low",
+        "difference/kl_k3:high",
+        "difference/kl_k3:margin_low",
+        "difference/kl_k3:margin_high",
+    ]
+
+
+def test_difference_panel_draws_the_result():
+    """Run b clips +10 pp more during steps 600-659 of 1200: the panel draws every segment of the
+    result with its interval, shades the differing ones, and draws the margin and the average."""
+    from tracking.compare.plots import BAND, HLINE, LINE, SPAN, panel_figures
+    from tracking.compare.stats import DIFFERENT
+
+    a = synthetic_run("a", "a", "megatron", seed=1, n_steps=1200, clip_sd=0.003)
+    b = synthetic_run("b", "b", "miles", seed=2, n_steps=1200, clip_sd=0.003)
+    for p in b.points:
+        if 600 <= p.step < 660:
+            tokens = p.metrics[keys.LOSS_TOKENS]
+            p.metrics[keys.CLIPPED_TOKENS] = min(tokens, p.metrics[keys.CLIPPED_TOKENS] + round(0.1 * tokens))
+            p.metrics[keys.CLIP_FRACTION] = p.metrics[keys.CLIPPED_TOKENS] / tokens
+    runset = _runset(a, b)
+    result = compare(runset)
+    figs = {f.panel.id: f for f in panel_figures(runset, result)}
+    assert len({f.x_range for f in figs.values()}) == 1  # one x range for every panel
+    assert figs["clip"].x_range == (0.0, 1199.0)
+    fig = figs["clip_fraction_difference"]
+    d = result.difference("clip_fraction")
+    assert d.verdict == DIFFERENT and len(d.segments) >= 2
+    segments = sorted(d.segments, key=lambda s: s.start)
+    # each segment held from its first step until the next segment's first step (the last: its end)
+    edges = [(s.start, t.start) for s, t in zip(segments, segments[1:], strict=False)]
+    edges.append((segments[-1].start, segments[-1].end))
+    band = next(t for t in fig.traces if t.kind == BAND)
+    assert band.x.tolist() == [x for edge in edges for x in edge]
+    np.testing.assert_array_equal(band.y, [s.estimate.high for s in segments for _ in (0, 1)])
+    np.testing.assert_array_equal(band.y2, [s.estimate.low for s in segments for _ in (0, 1)])
+    step_line, whole = (t for t in fig.traces if t.kind == LINE)
+    np.testing.assert_array_equal(step_line.y, [s.estimate.value for s in segments for _ in (0, 1)])
+    assert set(whole.y) == {d.estimate.value} and tuple(whole.x) == fig.x_range
+    spans = [tuple(t.x) for t in fig.traces if t.kind == SPAN]
+    assert spans == [edge for edge, s in zip(edges, segments, strict=True) if s.verdict == DIFFERENT]
+    assert any(lo < 660 and hi >= 600 for lo, hi in spans)  # the differing steps are shaded
+    assert all(not (hi < 600 or lo >= 660) for lo, hi in spans)  # and nothing else
+    margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
+    assert margins == [-d.tolerance, d.tolerance]
+    assert fig.y_title == "run − reference (percentage points)" and fig.percent
+    assert figs["throughput_difference"].y_title == "log(run / reference)"
+
+
+def test_seed_groups_draw_each_seed_and_the_groups_range():
+    from tracking.compare.plots import BAND, LINE, panel_figures
+
+    seeds = {
+        "megatron": [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i) for i in range(3)],
+        "miles": [synthetic_run(f"l{i}", f"l{i}", "miles", seed=10 + i, clip_p=0.12) for i in range(3)],
+    }
+    runset = _runset(*[r for group in seeds.values() for r in group])
+    result = compare(runset, groups={name: [r.run_name for r in runs] for name, runs in seeds.items()})
+    fig = next(f for f in panel_figures(runset, result) if f.panel.id == "reward")
+    for color_index, (name, runs) in enumerate(seeds.items()):
+        group = f"{name} (3 seeds)"
+        mine = [t for t in fig.traces if t.group == group]
+        thin = [t for t in mine if t.kind == LINE]
+        assert len(thin) == 3 and all(t.width == 1 for t in thin)
+        assert [bool(t.name) for t in thin] == [True, False, False]  # one legend entry per group
+        (band,) = [t for t in mine if t.kind == BAND]
+        per_step = np.array([[p.metrics["reward:mean"] for p in r.points] for r in runs])
+        np.testing.assert_array_equal(band.y2, per_step.min(axis=0))
+        np.testing.assert_array_equal(band.y, per_step.max(axis=0))
+        assert {t.color for t in mine} == {PALETTE[color_index]}
+    diff = next(f for f in panel_figures(runset, result) if f.panel.id == "clip_fraction_difference")
+    g = result.group_difference("clip_fraction").estimate
+    (band,) = [t for t in diff.traces if t.kind == BAND]  # the stacks' difference over seeds
+    assert set(band.y) == {g.high} and set(band.y2) == {g.low}
+    assert {float(v) for t in diff.traces if t.kind == LINE for v in t.y} == {g.value}
+
+
+def test_long_runs_are_downsampled_for_drawing_only():
+    from tracking.compare import downsample
+    from tracking.compare.plots import MARKERS, panel_figures
+
+    n = 3 * downsample.MAX_POINTS
+    a = synthetic_run("a", "a", "megatron", seed=1, n_steps=n)
+    b = synthetic_run("b", "b", "miles", seed=2, n_steps=n, clip_p=0.2)
+    runset = _runset(a, b)
+    result = compare(runset)
+    figs = panel_figures(runset, result)
+    assert all(len(t.x) <= downsample.MAX_POINTS for f in figs for t in f.traces)
+    clip = next(f for f in figs if f.panel.id == "clip")
+    markers = [t for t in clip.traces if t.kind == MARKERS]
+    highest = max(p.metrics["clipped_tokens:sum"] / p.metrics["loss_tokens:sum"] for p in b.points)
+    assert max(float(np.nanmax(t.y)) for t in markers) == highest  # the most clipped step is drawn
+    assert result.difference("clip_fraction").estimate.n_units == n  # the numbers use every step
+
+
+def test_matplotlib_draws_what_the_dashboard_draws():
+    """The MLflow figures' and the notebook's drawer: every panel, the shared x range and ticks,
+    one shaded span per differing segment, the margin in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tracking.compare.plots import SPAN, panel_figures
+    from tracking.compare.plots_matplotlib import draw_all
+
+    runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
+    result = compare(runset)
+    figs = draw_all(runset, result)
+    assert list(figs) == [p.id for p in PANELS]
+    axes = {k: f.axes[0] for k, f in figs.items()}
+    assert {ax.get_xlim() for ax in axes.values()} == {(0.0, 199.0)}
+    assert len({tuple(ax.get_xticks()) for ax in axes.values()}) == 1
+    model = {f.panel.id: f for f in panel_figures(runset, result)}
+    spans = [t for t in model["clip_fraction_difference"].traces if t.kind == SPAN]
+    assert spans and len(axes["clip_fraction_difference"].patches) == len(spans)
+    labels = [t.get_text() for t in axes["clip_fraction_difference"].get_legend().get_texts()]
+    assert "± margin 0.02" in labels and "miles-run − megatron-run per segment" in labels
+    import matplotlib.pyplot as plt
+
+    for f in figs.values():
+        plt.close(f)

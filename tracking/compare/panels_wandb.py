@@ -1,10 +1,16 @@
 """W&B panels for the comparison, built with ``wandb-workspaces``.
 
 - ``build_workspace``: a workspace with one section per section of ``panels.PANELS`` (*clipping*:
-  clip fraction, clipped and loss tokens, low/high split; *reward*; *throughput*: throughput and
-  step time); every line plot uses ``trainer/step`` as x axis and runs are grouped by backend.
-- ``build_report``: a report comparing chosen runs (one panel grid, its runset filtered to the
-  run ids), with the verdict summary as text when one is given.
+  clip fraction, its difference over training, clipped and loss tokens, low/high split; *reward*
+  and its difference; *throughput*, its difference, step time); every line plot uses
+  ``trainer/step`` as x axis and runs are grouped by backend.
+- ``build_report``: a report comparing chosen runs (one panel grid per section, its runset filtered
+  to the run ids and the comparison's W&B run), with the verdict summary as text when one is given.
+- ``log_comparison``: the comparison as a W&B run of its own (job type and group ``comparison``)
+  whose history holds the difference panels' keys (``panels.difference_keys``): per quantity, the
+  difference of the first compared run (or group) from the reference at each segment's first and
+  last step, its interval and the ± margin, so the W&B difference panels draw what the dashboard
+  draws. Its summary holds the verdicts.
 
 Grouping uses the run's W&B *group*, which the tracker sets to the backend label: the same value
 as the ``cliptrack.backend`` config key. (``wandb-workspaces`` reads a dot in a config key as
@@ -20,19 +26,26 @@ specs are written without an API key. Every use of ``wandb-workspaces`` internal
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tracking import keys
 from tracking.compare._compat_wandb_workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
-from tracking.compare.panels import Panel, sections
+from tracking.compare.frame import RunSet
+from tracking.compare.panels import DIFFERENCE_PREFIX, PANELS, Panel, difference_keys, sections
+from tracking.compare.plots import SegmentView, plot_series, segment_views, x_range_of
+from tracking.compare.result import ComparisonResult
 
 __all__ = [
+    "COMPARISON_GROUP",
     "GROUP_BY",
     "OFFLINE_PROJECT_ID",
     "build_report",
     "build_workspace",
+    "difference_rows",
+    "log_comparison",
     "offline_project_ids",
     "report_spec",
     "save_or_write",
@@ -41,6 +54,8 @@ __all__ = [
 
 GROUP_BY = "Group"
 """Run attribute the panels group by (the W&B group = the backend label)."""
+COMPARISON_GROUP = "comparison"
+"""W&B group and job type of a comparison's run (its difference panels' data)."""
 
 
 def _line_plots(panels: Sequence[Panel]) -> list[Any]:
@@ -90,7 +105,11 @@ def build_report(
     import wandb_workspaces.reports.v2 as wr
     from wandb_workspaces import expr
 
-    filters: Any = expr.And(expr.Metric("ID").isin(list(run_ids))) if run_ids else ""
+    filters: Any = (
+        expr.Or(expr.Metric("ID").isin(list(run_ids)), expr.Metric(GROUP_BY) == COMPARISON_GROUP)
+        if run_ids
+        else ""
+    )
     runset = wr.Runset(
         entity=entity, project=project, name="compared runs", filters=filters, groupby=["group"]
     )
@@ -98,7 +117,9 @@ def build_report(
         wr.H1("Clip fraction, reward and throughput by backend"),
         wr.P(
             "Token-weighted clip fraction (clipped_tokens:sum / loss_tokens:sum) per trainer step, "
-            "grouped by backend (the run group)."
+            "grouped by backend (the run group). Each difference-over-training panel shows the "
+            "comparison run's per-segment difference (run minus reference) with its interval and "
+            "the ± margin."
         ),
     ]
     if summary:
@@ -154,3 +175,98 @@ def save_or_write(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(specs, indent=2), encoding="utf-8")
     return {"saved": False, "path": str(path)}
+
+
+def _value_at(views: Sequence[SegmentView], x: float) -> SegmentView | None:
+    for view in views:
+        if view.start <= x <= view.stop:
+            return view
+    return None
+
+
+def difference_rows(runset: RunSet, result: ComparisonResult) -> list[dict[str, float]]:
+    """The difference panels' data as W&B history rows, in step order: one row per x where a
+    segment of some quantity starts or ends, holding ``trainer/step`` and, for every quantity with
+    a segment there, its ``difference_keys`` (difference, interval low/high, −/+ margin). Only
+    finite values are written (a segment without an interval has no low/high)."""
+    x_range = x_range_of(plot_series(runset, result))
+    per_quantity: dict[str, list[SegmentView]] = {}
+    margins: dict[str, float] = {}
+    for q in dict.fromkeys(p.quantity for p in PANELS if p.quantity):
+        found = _first_views(result, q, x_range)
+        if found:
+            per_quantity[q], margins[q] = found
+    xs = sorted({x for views in per_quantity.values() for v in views for x in (v.start, v.stop)})
+    rows = []
+    for x in xs:
+        row: dict[str, float] = {keys.WANDB_STEP_METRIC: x}
+        for q, views in per_quantity.items():
+            view = _value_at(views, x)
+            if view is None:
+                continue
+            values = (view.value, view.low, view.high, -margins[q], margins[q])
+            row.update(
+                {k: float(v) for k, v in zip(difference_keys(q), values, strict=True) if math.isfinite(v)}
+            )
+        rows.append(row)
+    return rows
+
+
+def _first_views(
+    result: ComparisonResult, quantity: str, x_range: tuple[float, float]
+) -> tuple[list[SegmentView], float] | None:
+    """Segments of the first compared run's (or group's) difference on ``quantity``, and its margin."""
+    if result.groups:
+        for g in result.group_differences:
+            if g.metric == quantity:
+                e = g.estimate
+                return [SegmentView(x_range[0], x_range[1], e.value, e.low, e.high, g.verdict)], g.tolerance
+        return None
+    for d in result.differences:
+        if d.metric == quantity:
+            return segment_views(d, x_range), d.tolerance
+    return None
+
+
+def log_comparison(
+    runset: RunSet,
+    result: ComparisonResult,
+    project: str,
+    entity: str | None = None,
+    directory: str | Path | None = None,
+    mode: str | None = None,
+) -> str:
+    """Log the comparison as a W&B run (``difference_rows`` as history, verdicts in the summary);
+    ``mode`` as ``wandb.init`` takes it (default: ``online`` when ``WANDB_API_KEY`` is set, else
+    ``offline``). Returns the run's directory (offline) or URL."""
+    import os
+
+    import wandb
+
+    from tracking.sinks import _compat_wandb
+
+    _compat_wandb.check()
+    _compat_wandb.own_service()  # not a service another process started (it may outlive this run)
+    mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        dir=str(directory) if directory is not None else None,
+        mode=mode,  # type: ignore[arg-type]
+        group=COMPARISON_GROUP,
+        job_type=COMPARISON_GROUP,
+        name="compare: " + " vs ".join(result.groups or result.runs),
+        config={"compared_runs": [runset.info(label).run.run_id for label in result.runs]},
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
+    try:
+        run.define_metric(keys.WANDB_STEP_METRIC)
+        run.define_metric(f"{DIFFERENCE_PREFIX}/*", step_metric=keys.WANDB_STEP_METRIC)
+        for row in difference_rows(runset, result):
+            run.log(row)
+        run.summary["verdict"] = result.on_policy_verdict
+        for d in result.group_differences if result.groups else result.differences:
+            run.summary[f"verdict/{d.metric}"] = d.verdict
+    finally:
+        run.finish()
+    return str(Path(run.dir).parent) if mode == "offline" else str(run.url)
