@@ -245,7 +245,7 @@ def log_comparison(
 
     from tracking.sinks import _compat_wandb
 
-    _compat_wandb.check()
+    _compat_wandb.check_supported()
     _compat_wandb.own_service()  # not a service another process started (it may outlive this run)
     mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     run = wandb.init(
