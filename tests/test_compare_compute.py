@@ -39,22 +39,10 @@ def noisy(seed: int, n: int, level: float = 0.10, sd: float = 0.02, phi: float =
 # ------------------------------------------------------------------------------------ registry
 
 
-def kl_quantity(margin: float = 0.002) -> qs.Quantity:
-    """The mismatch KL as issue 19 adds it: one entry."""
-    return qs.Quantity(
-        "kl_k3",
-        "mismatch KL (k3)",
-        "nats per loss token",
-        (qs.Estimand(KL, keys.LOSS_TOKENS),),
-        qs.ABSOLUTE,
-        margin,
-        on_policy=True,
-        optional=True,
-    )
-
-
-def test_a_new_quantity_is_one_entry_and_joins_the_on_policy_answer(monkeypatch):
-    monkeypatch.setattr(qs, "QUANTITIES", (*qs.QUANTITIES, kl_quantity()))
+def test_the_mismatch_kl_is_one_entry_and_joins_the_on_policy_answer():
+    entry = qs.quantity("kl_k3")
+    assert entry.on_policy and entry.optional and entry.margin == qs.KL_MARGIN == 0.002
+    assert entry.estimand == qs.Estimand(KL, keys.LOSS_TOKENS)
     n = 400
     tokens = np.full(n, 3000)
     kl_a = tokens * 0.001  # 0.001 nats per token
@@ -79,8 +67,7 @@ def test_a_new_quantity_is_one_entry_and_joins_the_on_policy_answer(monkeypatch)
     ).items()
 
 
-def test_an_optional_on_policy_quantity_not_logged_is_left_out_of_the_answer(monkeypatch):
-    monkeypatch.setattr(qs, "QUANTITIES", (*qs.QUANTITIES, kl_quantity()))
+def test_an_optional_on_policy_quantity_not_logged_is_left_out_of_the_answer():
     megatron, miles = megatron_vs_miles()
     result = compare(runset_of(megatron, miles))
     assert result.on_policy == ["clip_fraction"]

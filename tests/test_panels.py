@@ -42,6 +42,13 @@ EXPECTED = {
     ],
     "reward": [[keys.REWARD], _difference("reward")],
     "throughput": [[keys.THROUGHPUT], _difference("throughput"), [keys.STEP_TIME]],
+    "gauge": [
+        [keys.KL_K3_MEAN],
+        _difference("kl_k3"),
+        _difference("abs_log_ratio"),
+        _difference("ratio_outside_fraction"),
+        [keys.ABS_LOG_RATIO_MEAN],
+    ],
 }
 
 
@@ -76,7 +83,7 @@ def test_report_model_builds_with_only_the_project_lookup_patched():
         spec = report_spec(report)
     assert calls and all(c == {"entityName": "ent", "projectName": "proj"} for c in calls)
     grids = [b for b in spec["spec"]["blocks"] if b["type"] == "panel-grid"]
-    assert len(grids) == 3
+    assert len(grids) == len(EXPECTED)
     metrics = [
         p["config"]["metrics"] for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"]
     ]
@@ -372,15 +379,15 @@ def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_ent
     from tracking.compare.quantities import QUANTITIES
 
     compared = [q.name for q in QUANTITIES if q.verdict]
-    assert [p.quantity for p in PANELS if p.kind == DIFFERENCE] == compared
-    (kl,) = difference_panels([Shown("kl_k3", "Mismatch KL", False)])
-    assert kl.kind == DIFFERENCE and kl.id == "kl_k3_difference" and kl.section == "differences"
-    assert kl.wandb_keys == [
-        "difference/kl_k3",
-        "difference/kl_k3:low",
-        "difference/kl_k3:high",
-        "difference/kl_k3:margin_low",
-        "difference/kl_k3:margin_high",
+    assert sorted(p.quantity for p in PANELS if p.kind == DIFFERENCE) == sorted(compared)
+    (new,) = difference_panels([Shown("entropy", "Entropy", False)])
+    assert new.kind == DIFFERENCE and new.id == "entropy_difference" and new.section == "differences"
+    assert new.wandb_keys == [
+        "difference/entropy",
+        "difference/entropy:low",
+        "difference/entropy:high",
+        "difference/entropy:margin_low",
+        "difference/entropy:margin_high",
     ]
 
 

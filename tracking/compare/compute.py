@@ -103,9 +103,12 @@ def _labels(
 def _choose_quantities(
     runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float], reward_abs_tolerance: float | None
 ) -> list[Quantity]:
-    """The registry with the margins given and, per quantity, the first estimand every run logs."""
+    """The registry with the margins given and, per quantity, the first estimand every run logs; an
+    optional quantity that no run logs at all (the gauge of a run without it) is left out."""
     chosen = []
     for q in qs.QUANTITIES:
+        if q.optional and not any(_logs_any(runset, label, q) for label in labels):
+            continue
         estimand = next(
             (e for e in q.estimands if all(set(e.keys) <= set(runset.wide(label)) for label in labels)),
             q.estimands[-1],
@@ -116,7 +119,16 @@ def _choose_quantities(
         for q in chosen
         if q.scale == qs.AUTO and reward_abs_tolerance is not None
     }
-    return qs.with_margins(chosen, tolerances, abs_margins)
+    logged = {q.name for q in chosen}
+    known = {q.name for q in qs.QUANTITIES}
+    given = {name: value for name, value in tolerances.items() if name in logged or name not in known}
+    return qs.with_margins(chosen, given, abs_margins)
+
+
+def _logs_any(runset: RunSet, label: str, q: Quantity) -> bool:
+    columns = set(runset.wide(label))
+    wanted = {e.numerator for e in q.estimands} | ({q.approximate_key} if q.approximate_key else set())
+    return bool(columns & wanted)
 
 
 # ------------------------------------------------------------------------------- per run

@@ -119,10 +119,31 @@ SERIES_PANELS: tuple[Panel, ...] = (
         (Line("throughput", keys.THROUGHPUT),),
     ),
     Panel("step_time", "throughput", "Step time (s)", "seconds", (Line("step_time", keys.STEP_TIME),)),
+    Panel(
+        "kl_k3",
+        "gauge",
+        "Sampler–trainer mismatch KL (k3, nats per token)",
+        "kl_k3:sum / loss tokens",
+        (Line("kl_k3", keys.KL_K3_MEAN),),
+    ),
+    Panel(
+        "abs_log_ratio",
+        "gauge",
+        "Mean |log ratio| (nats per token)",
+        "abs_log_ratio:sum / loss tokens",
+        (Line("abs_log_ratio", keys.ABS_LOG_RATIO_MEAN),),
+    ),
 )
 """The per-run series panels, in drawing order."""
 
-SECTIONS = {"clip_fraction": "clipping", "reward": "reward", "throughput": "throughput"}
+SECTIONS = {
+    "clip_fraction": "clipping",
+    "reward": "reward",
+    "throughput": "throughput",
+    "kl_k3": "gauge",
+    "abs_log_ratio": "gauge",
+    "ratio_outside_fraction": "gauge",
+}
 """The section of a quantity's difference panel; a quantity not named here gets ``differences``."""
 
 

@@ -10,6 +10,8 @@ per-step mean such as reward has ``denominator=None``: one per step that logged 
 Margins, all symmetric (comparing A with B mirrors comparing B with A):
 
 - clip fraction and its low/high split: **±0.02 absolute** (two percentage points of tokens);
+- mismatch KL (``kl_k3:sum / loss_tokens:sum``): **±0.002 nats per token**; mean ``|log ratio|``:
+  **±0.02 nats**; tokens with the ratio outside [1/2, 2]: **±0.01 absolute** (compared when logged);
 - throughput: **±5 % on the log-ratio scale**, ``|log(B / A)| < log(1.05)``; computed as
   ``sum(loss_tokens) / sum(step time)`` when every run logs ``step_time_s:mean``;
 - reward: the margin is the larger of **5 %** (log-ratio scale) and **0.02 reward units**
@@ -142,6 +144,15 @@ RELATIVE_MARGIN = 0.05
 """Default relative margin of reward and throughput (±5 %, on the log-ratio scale)."""
 REWARD_ABS_MARGIN = 0.02
 """Default absolute reward margin (reward units), used when the rewards are near zero."""
+KL_MARGIN = 0.002
+"""Default absolute margin on the mismatch KL (``kl_k3:sum / loss_tokens:sum``, nats per token).
+Sampler–trainer KL of a healthy bf16 stack sits around 1e-3 and a visibly off-policy one at 1e-2
+(the demo: 0.003 on-policy against 0.015 two steps stale); 0.002 tells those apart and is about
+the on-policy level itself."""
+ABS_LOG_RATIO_MARGIN = 0.02
+"""Default absolute margin on the mean ``|logprobs - sampling_logprobs|`` (nats per token)."""
+OUTSIDE_MARGIN = 0.01
+"""Default absolute margin on the fraction of tokens whose ratio leaves [1/2, 2] (one point)."""
 
 _TOKENS = "fraction of loss tokens"
 
@@ -183,6 +194,38 @@ QUANTITIES: tuple[Quantity, ...] = (
         verdict=False,
         optional=True,
         margin_of="clip_fraction",
+    ),
+    Quantity(
+        "kl_k3",
+        "mismatch KL (k3)",
+        "nats per loss token",
+        (Estimand(keys.KL_K3_SUM, keys.LOSS_TOKENS),),
+        ABSOLUTE,
+        KL_MARGIN,
+        on_policy=True,
+        optional=True,
+        approximate_key=keys.KL_K3_MEAN,
+    ),
+    Quantity(
+        "abs_log_ratio",
+        "mean |log ratio| (token-weighted)",
+        "nats per loss token",
+        (Estimand(keys.ABS_LOG_RATIO_SUM, keys.LOSS_TOKENS),),
+        ABSOLUTE,
+        ABS_LOG_RATIO_MARGIN,
+        optional=True,
+        approximate_key=keys.ABS_LOG_RATIO_MEAN,
+    ),
+    Quantity(
+        "ratio_outside_fraction",
+        "tokens with ratio outside [1/2, 2]",
+        _TOKENS,
+        (Estimand(keys.RATIO_OUTSIDE_TOKENS, keys.LOSS_TOKENS, counts=True),),
+        ABSOLUTE,
+        OUTSIDE_MARGIN,
+        bounds=FRACTION,
+        percent=True,
+        optional=True,
     ),
     Quantity(
         "reward",

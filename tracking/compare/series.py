@@ -36,6 +36,8 @@ SERIES_COLUMNS = (
     "reward",
     "throughput",
     "step_time",
+    "kl_k3",
+    "abs_log_ratio",
 )
 
 
@@ -91,6 +93,11 @@ def run_series(
     if out["throughput"].isna().all() and keys.STEP_TIME in wide:
         out["throughput"] = tokens / _col(wide, keys.STEP_TIME)
     out["step_time"] = _col(wide, keys.STEP_TIME)
+    for column, total, mean in (
+        ("kl_k3", keys.KL_K3_SUM, keys.KL_K3_MEAN),
+        ("abs_log_ratio", keys.ABS_LOG_RATIO_SUM, keys.ABS_LOG_RATIO_MEAN),
+    ):  # per token, from the step's sum where logged (another tracker's mean otherwise)
+        out[column] = _col(wide, total) / tokens.where(tokens > 0) if total in wide else _col(wide, mean)
     return out
 
 
