@@ -323,17 +323,27 @@ def test_default_demo_trains_enough_steps_for_a_verdict():
 
 
 @pytest.mark.slow
-def test_default_training_gives_a_clip_fraction_verdict():
-    """Both paths trained with the demo's defaults (no logging): the comparison of their clip series
-    gives a real verdict, with clipping biting on both and more on the stale Miles run. (Seeds 0, 1
-    and 2 all give "different", by about 10 percentage points against a 2 pp margin.)"""
+def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest():
+    """Both paths trained with the demo's defaults (no logging): clipping bites on both and more on
+    the stale Miles run, whose clip fraction rises and falls over the run (about 10 percentage
+    points more on average). The paired difference's interval lies above zero; the verdict is
+    "different", or "insufficient data" with the reason naming the effective sample size when the
+    long-run variance reads that rise and fall as persistence (it does at 150 steps: the window is
+    too short to tell a smooth trend of that shape from a persistent wander)."""
     import argparse
 
     import numpy as np
 
     from adapters.demo.train import RunConfig, train
     from tracking.compare import DEFAULT_TOLERANCES
-    from tracking.compare.stats import DIFFERENT, MIN_ESS, MIN_UNITS, equivalence_verdict, paired_difference
+    from tracking.compare.stats import (
+        DIFFERENT,
+        INSUFFICIENT,
+        MIN_ESS,
+        MIN_UNITS,
+        equivalence_verdict,
+        paired_difference,
+    )
     from tracking.demo import add_arguments
 
     parser = argparse.ArgumentParser()
@@ -359,8 +369,11 @@ def test_default_training_gives_a_clip_fraction_verdict():
     fraction = {path: clipped.sum() / tokens.sum() for path, (clipped, tokens) in counts.items()}
     assert 0.005 < fraction["megatron"] < fraction["miles"] < 0.5, fraction
     difference = paired_difference(*counts["megatron"], *counts["miles"])
-    assert difference.n_units >= MIN_UNITS and difference.ess >= MIN_ESS, difference
-    assert equivalence_verdict(difference, DEFAULT_TOLERANCES["clip_fraction"]) == DIFFERENT, difference
+    assert difference.n_units >= MIN_UNITS and difference.low > 0, difference
+    verdict = equivalence_verdict(difference, DEFAULT_TOLERANCES["clip_fraction"])
+    assert verdict in (DIFFERENT, INSUFFICIENT), difference
+    if verdict == INSUFFICIENT:
+        assert difference.ess < MIN_ESS and "effective sample size" in difference.insufficiency(), difference
 
 
 def test_demo_refuses_bad_settings():

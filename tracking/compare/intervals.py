@@ -70,7 +70,8 @@ def _bounded(value: float, half: float, bounds: tuple[float, float]) -> tuple[fl
     def expit(x: float) -> float:
         return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
-    return lo + width * expit(centre - spread), lo + width * expit(centre + spread)
+    # the logit round trip can land one rounding step past the value when the spread is tiny
+    return min(value, lo + width * expit(centre - spread)), max(value, lo + width * expit(centre + spread))
 
 
 def interval_rows(

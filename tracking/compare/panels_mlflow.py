@@ -41,11 +41,9 @@ from typing import Any
 
 from tracking import keys
 from tracking.compare import render
-from tracking.compare.dashboard import PALETTE, write_dashboard
+from tracking.compare.dashboard import write_dashboard
 from tracking.compare.frame import RunSet
-from tracking.compare.panels import PANELS
 from tracking.compare.result import ComparisonResult
-from tracking.compare.series import AXIS_TITLES, all_series
 from tracking.compare.stats import MIN_ESS, MIN_UNITS
 from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 
@@ -56,43 +54,20 @@ ARTIFACT_DIR = "comparison-artifacts"
 
 
 def write_figures(runset: RunSet, result: ComparisonResult, directory: str | Path) -> list[Path]:
-    """Write ``<panel id>.png`` for every panel of ``panels.PANELS`` (matplotlib, Agg) into ``directory``."""
+    """Write ``<panel id>.png`` for every panel of ``panels.PANELS`` into ``directory``, drawn by
+    ``plots_matplotlib`` (Agg) from the same panel figures as the dashboard."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import PercentFormatter
+
+    from tracking.compare.plots_matplotlib import draw_all
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    series = all_series(runset, result.runs, result.align, result.window)
-    styles = {"solid": "-", "dot": ":"}
     paths = []
-    for panel in PANELS:
-        fig, ax = plt.subplots(figsize=(8, 4.2), dpi=100)
-        for i, (label, s) in enumerate(series.items()):
-            color = PALETTE[i % len(PALETTE)]
-            name = f"{label} [{result.backends.get(label, '')}]"
-            if panel.band:
-                ax.fill_between(s["x"], s["band_low"], s["band_high"], color=color, alpha=0.18, linewidth=0)
-                ax.plot(s["x"], s["clip_fraction"], ".", color=color, alpha=0.4, markersize=3)
-            for line in panel.lines:
-                ax.plot(
-                    s["x"],
-                    s[line.column],
-                    styles.get(line.dash, "-"),
-                    color=color,
-                    label=f"{name} {line.label}".strip(),
-                )
-        if panel.percent:
-            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set_title(panel.title)
-        ax.set_xlabel(AXIS_TITLES[result.align])
-        ax.set_ylabel(panel.y_title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = directory / f"{panel.id}.png"
+    for panel_id, fig in draw_all(runset, result).items():
+        path = directory / f"{panel_id}.png"
         fig.savefig(path)
         plt.close(fig)
         paths.append(path)
