@@ -182,11 +182,17 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
     assert experiment.artifact_location.startswith(out.as_uri()), experiment.artifact_location
     with mlflow_ui(out / "mlflow.db", tmp_path) as url:
-        charts = f"{url}/#/experiments/{experiment.experiment_id}/runs?compareRunsMode=CHART"
+        # the address the demo prints; a tall window, so every chart of the clip series and the gauge
+        # is drawn (the chart view draws only the charts in view)
+        charts = (
+            f"{url}/#/experiments/{experiment.experiment_id}/runs"
+            "?workflowType=machine_learning&compareRunsMode=CHART"
+        )
+        tall = "--window-size=1600,6000"
         shot = tmp_path / "mlflow-training-runs.png"
         proc = _browse(charts, tmp_path / "profile-shot", f"--screenshot={shot}")
         assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
-        dom = _browse(charts, tmp_path / "profile-charts", "--dump-dom").stdout
+        dom = _browse(charts, tmp_path / "profile-charts", tall, "--dump-dom").stdout
         for name in training:
             assert name in dom
         for key in (keys.CLIP_FRACTION, keys.CLIPPED_TOKENS, keys.LOSS_TOKENS):
@@ -194,7 +200,7 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
         assert "clip_fraction.difference" not in dom and "compare:" not in dom
         for name, run_id in training.items():  # each run's own metric page
             page = f"{url}/#/experiments/{experiment.experiment_id}/runs/{run_id}/model-metrics"
-            dom = _browse(page, tmp_path / f"profile-{name}", "--dump-dom").stdout
+            dom = _browse(page, tmp_path / f"profile-{name}", tall, "--dump-dom").stdout
             assert name in dom
             for key in keys.CLIP_SERIES_KEYS:
                 assert key in dom, f"{name}: no chart of {key}"

@@ -82,3 +82,26 @@ def test_an_empty_step_block_is_an_error(tmp_path):
     with Tracker("loop", backends=["jsonl"], spool_dir=tmp_path / "spool") as tracker:
         with pytest.raises(ValueError, match="nothing was logged inside tracker.step"), tracker.step(0):
             pass
+
+
+def test_parts_with_the_gauge_combine_as_one_pass():
+    """Two loss parts of one step: counts add exactly, gauge sums add, extremes by max / min, and the
+    means are formed from the combined sums — as one pass over all the tokens gives them."""
+    import torch
+
+    from adapters.losses import ppo
+    from adapters.output import loss_metrics
+
+    g = torch.Generator().manual_seed(3)
+    lp = torch.randn(300, generator=g, dtype=torch.float64)
+    slp = lp + 0.2 * torch.randn(300, generator=g, dtype=torch.float64)
+    adv = torch.randn(300, generator=g, dtype=torch.float64)
+    mask = torch.rand(300, generator=g) > 0.2
+    whole = loss_metrics(ppo(lp, slp, adv, mask))
+    parts = [loss_metrics(ppo(lp[s], slp[s], adv[s], mask[s])) for s in (slice(0, 110), slice(110, 300))]
+    got = step_metrics(*parts)
+    assert set(got) == set(whole)
+    for key in keys.TOKEN_COUNT_KEYS + (keys.RATIO_OUTSIDE_TOKENS, keys.LOG_RATIO_MAX, keys.LOG_RATIO_MIN):
+        assert got[key] == whole[key], key
+    for key in (keys.KL_K3_SUM, keys.ABS_LOG_RATIO_SUM, keys.KL_K3_MEAN, keys.CLIP_FRACTION, keys.LOSS_SUM):
+        assert got[key] == pytest.approx(whole[key], rel=1e-12), key

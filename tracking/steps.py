@@ -23,8 +23,10 @@ from tracking.outputs import is_output, metrics_of
 
 __all__ = ["AbstractContextManager", "OpenStep", "step_metrics", "timed_step"]
 
-COUNTED = frozenset({*keys.TOKEN_COUNT_KEYS, keys.CLIP_FRACTION, keys.LOSS_SUM})
-"""Keys summed across parts (the fraction is formed again from the summed counts)."""
+COUNTED = frozenset({*keys.MEASURED_KEYS, *keys.MEAN_KEYS})
+"""Keys combined across parts as the declaration of measures says (counts and gauge sums added,
+extremes by max / min); the means (``clip_fraction:mean``, ``kl_k3:mean``, ...) are formed again
+from the combined sums."""
 
 
 def _metrics(part: object, index: int) -> Mapping[str, Any]:
