@@ -104,6 +104,14 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
         params[f"run.{i}"] = (
             f"{info.display} [{info.run.backend_label or ''}] {info.source}:{info.run.run_id}"
         )
+    params.update(_difference_fields(result))
+    return {k: _param_value(v)[:6000] for k, v in params.items()}
+
+
+def _difference_fields(result: ComparisonResult) -> dict[str, Any]:
+    """Per quantity (and pair, beyond two runs): the difference, its interval, scale, margin, paired
+    units, lag-1 autocorrelation, ESS, verdict and both runs' values, keyed ``<quantity>.<what>``."""
+    out: dict[str, Any] = {}
     for d in result.differences:
         suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
         e = d.estimate
@@ -120,31 +128,17 @@ def comparison_params(runset: RunSet, result: ComparisonResult) -> dict[str, str
             ("reference_value", d.reference_paired.value),
             ("run_value", d.run_paired.value),
         ):
-            params[f"{d.metric}.{what}{suffix}"] = value
-    return {k: _param_value(v)[:6000] for k, v in params.items()}
+            out[f"{d.metric}.{what}{suffix}"] = value
+    return out
 
 
 def comparison_metrics(result: ComparisonResult) -> dict[str, float]:
-    """The comparison's numbers as MLflow metrics: per quantity (and pair, beyond two runs) the
-    difference, its interval, margin, paired units, lag-1 autocorrelation, ESS and both values."""
-    out: dict[str, float] = {}
-    for d in result.differences:
-        suffix = "" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"
-        e = d.estimate
-        for what, value in (
-            ("difference", e.value),
-            ("ci_low", e.low),
-            ("ci_high", e.high),
-            ("margin", d.margin),
-            ("paired_units", e.n_units),
-            ("lag1", e.lag1),
-            ("ess", e.ess),
-            ("reference_value", d.reference_paired.value),
-            ("run_value", d.run_paired.value),
-        ):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[f"{d.metric}.{what}{suffix}"] = float(value)
-    return out
+    """The comparison's numbers as MLflow metrics: the numeric fields of ``_difference_fields``."""
+    return {
+        key: float(value)
+        for key, value in _difference_fields(result).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 def _describe_link(client: Any, compared_id: str, experiment_id: str, run_id: str, name: str) -> None:
