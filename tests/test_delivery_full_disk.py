@@ -15,7 +15,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from tests._journal import journal_steps
+from tests._journal import journal_steps, run_summary
 from tests.test_tracker_faults import _closed_port, _fill, tmpfs  # noqa: F401 - tmpfs is a fixture
 from tracking import keys
 from tracking.tracker import Tracker
@@ -75,7 +75,7 @@ def test_mlflow_gets_every_point_while_the_spool_disk_is_full_and_the_journal_ca
     assert journal_steps(run_dir) == list(range(10_000))
     assert _mlflow_steps(db, "full-disk") == list(range(10_000))  # each once
     assert json.loads((run_dir / "acked-mlflow.json").read_text())["points"] == 10_000
-    summary = caplog.records[-1].getMessage()
+    summary = run_summary(caplog, tracker.run_id)
     assert "mlflow: all written" in summary and "NOT in the journal" not in summary, summary
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
 
@@ -110,7 +110,7 @@ def test_a_disk_full_until_close_is_reported_with_what_reached_no_backend(tmpfs,
         finally:
             if filler is not None:
                 filler.unlink()
-        summary = caplog.records[-1].getMessage()
+        summary = run_summary(caplog, tracker.run_id)
         assert journal_steps(tmpfs / "spool" / tracker.run_id) == list(range(1000))
         assert "3000 points NOT in the journal" in summary, summary
         if uri == db:

@@ -6,12 +6,13 @@ acknowledged). A real in-process sink; points counted in the journal and in the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tests._journal import journal_steps
+from tests._journal import journal_steps, run_summary
 from tracking.records import Point, RunInfo
-from tracking.sinks import Sink, SinkRejected
+from tracking.sinks import Sink, SinkError, SinkRejected
 from tracking.tracker import Tracker
 
 
@@ -52,8 +53,8 @@ def test_a_refused_point_is_skipped_and_every_other_point_delivered(tmp_path, ca
     reports = [r.getMessage() for r in caplog.records if "refuses the point" in r.getMessage()]
     assert len(reports) == len(poisoned) and all(tracker.run_id in m for m in reports)
     assert sorted(int(m.split("at step ")[1].split(" ")[0]) for m in reports) == sorted(poisoned)
-    assert "picky: all written" in caplog.records[-1].getMessage()
-    assert "4 points refused whole" in caplog.records[-1].getMessage()
+    assert "picky: all written" in run_summary(caplog, tracker.run_id)
+    assert "4 points refused whole" in run_summary(caplog, tracker.run_id)
 
 
 def test_a_sink_that_refuses_every_point_refuses_the_run_and_skips_nothing(tmp_path, caplog):
@@ -66,3 +67,36 @@ def test_a_sink_that_refuses_every_point_refuses_the_run_and_skips_nothing(tmp_p
     assert lane.state == "rejected" and lane.acked_points == 0 and lane.refusals.points_skipped == 0
     assert tracker.pending() == {"picky": 300} and not sink.points
     assert journal_steps(tmp_path / tracker.run_id) == list(range(300))
+
+
+class StuckSink(PickySink):
+    """Its ``open`` waits until released, then fails: a request still in flight when the run closes."""
+
+    name = "stuck"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def open(self, run: RunInfo, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        self.release.wait(60)
+        raise SinkError("connection reset")
+
+
+def test_a_lane_that_fails_after_its_run_closed_warns_no_more(tmp_path, caplog):
+    """The closing summary already said what is pending; a request that fails after it must not
+    announce retries that will never come (nor land in whatever is logging by then)."""
+    caplog.set_level(logging.INFO, logger="cliptrack")
+    sink = StuckSink()
+    tracker = Tracker(sinks=[sink], spool_dir=tmp_path, handle_signals=False)
+    for step in range(10):
+        tracker.log(step, {"a:mean": float(step)})
+    tracker.close(timeout_s=0.2)
+    summary = run_summary(caplog, tracker.run_id)
+    assert "stuck: 10 points pending" in summary, summary
+    sink.release.set()
+    tracker._lanes[0].join(30)
+    assert not tracker._lanes[0]._thread.is_alive()
+    late = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not late, late
+    assert journal_steps(tmp_path / tracker.run_id) == list(range(10))

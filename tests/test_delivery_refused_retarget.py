@@ -19,7 +19,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests._harness import free_port
-from tests._journal import journal_steps
+from tests._journal import journal_steps, run_summary
 from tests._tracking_wandb_log import history
 from tests.test_tracker_mlflow_server import MlflowServer
 from tracking import keys
@@ -90,7 +90,7 @@ def test_a_key_mlflow_refuses_is_skipped_for_mlflow_only_when_a_wandb_run_resume
     assert len(refusals) == 1, [r.getMessage() for r in refusals]  # once: run, first step, key, why
     message = refusals[0].getMessage()
     assert run_id in message and "step 0" in message and BAD in message
-    summary = caplog.records[-1].getMessage()
+    summary = run_summary(caplog, run_id)
     assert "mlflow: all written" in summary and f"{POINTS // 4} values refused (1 key: '{BAD}')" in summary
     meta = json.loads((offline / "spool" / run_id / keys.RUN_META_FILE).read_text())
     assert BAD in meta["sinks"]["mlflow"]["refused"] and meta["sinks"]["mlflow"]["refused"][BAD]["step"] == 0

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 
 from adapters.output import ForwardBackwardOutput
+from tests._journal import run_summary
 from tracking import keys
 from tracking.tracker import Tracker, TrackerClosed
 
@@ -390,10 +391,14 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     tracker.close(timeout_s=1)
     assert peak <= 500
     warnings = [
-        r for r in caplog.records if r.levelno >= logging.WARNING and "mlflow is failing" in r.getMessage()
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+        and "mlflow is failing" in r.getMessage()
+        and tracker.run_id in r.getMessage()
     ]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
-    summary = caplog.records[-1].getMessage()
+    summary = run_summary(caplog, tracker.run_id)
     assert "mlflow: 3000 points pending" in summary and "cliptrack replay" in summary
     meta = json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())
     assert meta["status"] == "FINISHED" and meta["sinks"]["mlflow"]["closed"] is False

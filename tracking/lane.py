@@ -453,6 +453,9 @@ class SinkLane:
                 where,
                 printable(self.run_dir.root),
             )
+        elif self._stopping and time.monotonic() >= self._deadline:
+            # the tracker closed and summarized this lane already: no retry follows, no warning
+            LOG.debug("%s failed after its run closed: %s", self.name, self.error)
         elif not self._warned:
             LOG.warning(
                 "%s is failing: %s. Training continues; points are kept in %s and retried with backoff",
