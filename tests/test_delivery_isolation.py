@@ -97,6 +97,10 @@ def test_a_lane_that_fails_after_its_run_closed_warns_no_more(tmp_path, caplog):
     sink.release.set()
     tracker._lanes[0].join(30)
     assert not tracker._lanes[0]._thread.is_alive()
-    late = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    late = [  # other tests' HTTP clients (urllib3) may still be retrying in their threads
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("cliptrack")
+    ]
     assert not late, late
     assert journal_steps(tmp_path / tracker.run_id) == list(range(10))
