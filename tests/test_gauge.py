@@ -381,3 +381,35 @@ def test_tracker_records_the_gauge_series_beside_the_clip_series(tmp_path):
     logged = points[0]["metrics"]
     for key in (*keys.GAUGE_SERIES_KEYS, *keys.CLIP_SERIES_KEYS):
         assert logged[key] == fbo.metrics[key], key
+
+
+_compiled_k3 = torch.compile(losses.k3_terms, dynamic=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.floats(-3.0, 3.0, width=32, allow_subnormal=False)
+        | st.floats(-0.0009765625, 0.0009765625, width=32),
+        min_size=2,
+        max_size=64,
+    )
+)
+def test_the_k3_term_is_exact_to_float32_rounding_of_the_term_itself_compiled_and_eager(values):
+    """Per token, relative to the term (not to ``l``): the compiled series (below |l| = 1/2) and
+    the direct ``w - 1 - l`` (above) against ``expm1(l) - l`` in float64 of the same float32 ``l``;
+    a tiny ``l`` is where cancellation would lose every digit."""
+    log_ratio = torch.tensor(values, dtype=torch.float32)
+    truth = torch.expm1(log_ratio.double()) - log_ratio.double()
+    for got in (
+        _compiled_k3(log_ratio, torch.exp(log_ratio)),
+        losses.k3_terms(log_ratio, torch.exp(log_ratio)),
+    ):
+        assert got.dtype in (torch.float32, torch.float64)
+        series = log_ratio.abs() < losses.K3_SERIES_BELOW
+        error = (got.double() - truth).abs()
+        # series: a few float32 ulps of the term; direct (the term >= 0.1): the rounding of w and
+        # of the two subtractions, an ulp of the magnitudes w + 1 + |l|
+        magnitudes = torch.exp(log_ratio.double()) + 1 + log_ratio.double().abs()
+        bound = torch.where(series, 8 * 1.2e-7 * truth, 2 * 1.2e-7 * magnitudes)
+        assert bool((error <= bound + 1e-45).all()), (log_ratio[error > bound], error[error > bound])
