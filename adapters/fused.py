@@ -198,7 +198,7 @@ def _ppo_kernel(
         bites = bites & eligible
     n_clipped = _count(bites, accumulate)
     n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
     return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
 
@@ -226,7 +226,7 @@ def _cispo_kernel(
         departs = departs & eligible
     n_clipped = _count(departs, accumulate)
     n_low = _count(departs & (ratio < coefficient), accumulate)
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
     return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
 
@@ -245,7 +245,7 @@ def _importance_sampling_kernel(
     eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
     loss = -(ratio * adv * weight).sum()
     grad = _as(-weight * adv, lp) * ratio
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high)
+    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
 
 
@@ -264,7 +264,7 @@ def _dro_kernel(
     objective = lp * adv - half_beta * log_ratio**2
     loss = -(objective * weight).sum()
     grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp)
-    gauge = losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible, outside_low, outside_high)
+    gauge = losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible, outside_low, outside_high, weight)
     return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
 
 

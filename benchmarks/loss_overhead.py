@@ -93,7 +93,7 @@ def _ppo_differentiated(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor):
     return loss, tokens, n_clipped, n_low, nonfinite, mask_bad
 
 
-def _no_gauge(outputs: Tensor, *_: object) -> Tensor:
+def _no_gauge(outputs: Tensor, *_: object, **__: object) -> Tensor:
     """Stands in for ``adapters.losses.gauge_of``: the gauge of no token, with no per-token work."""
     return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
 
