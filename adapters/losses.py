@@ -816,33 +816,66 @@ def pack_values(
     gauge: Tensor | None = None,
 ) -> Tensor:
     """The :data:`PACKED_FIELDS` vector of one loss output's tensors, on ``loss``'s device. No sync."""
+
+    def row(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.detach().reshape(1)
+
+    return pack_rows(
+        loss.detach().reshape(1),
+        loss_tokens.detach().reshape(1),
+        row(clipped_tokens),
+        row(clipped_low_tokens),
+        row(clipped_high_tokens),
+        invalid.detach().reshape(1, -1),
+        calls,
+        None if gauge is None else gauge.detach().reshape(1, -1),
+    )[0]
+
+
+def pack_rows(
+    loss: Tensor,
+    loss_tokens: Tensor,
+    clipped_tokens: Tensor | None,
+    clipped_low_tokens: Tensor | None,
+    clipped_high_tokens: Tensor | None,
+    invalid: Tensor,
+    calls: int = 1,
+    gauge: Tensor | None = None,
+) -> Tensor:
+    """``[n, len(PACKED_FIELDS)]`` rows of ``n`` loss outputs of one layout, each field given for
+    all of them at once: ``[n]`` for the loss and the counts, ``[n, len(INPUT_CHECKS)]`` for
+    ``invalid``, ``[n, len(GAUGE_FIELDS)]`` for the gauge (``None``: the field is absent in every
+    output); ``calls`` per row. A few stacked ops whatever ``n``, on ``loss``'s device. No sync."""
     device = loss.device
+    n = loss.shape[0]
     clipping = clipped_tokens is not None
     split = clipping and clipped_low_tokens is not None and clipped_high_tokens is not None
     counters, absent = _constants(device, calls, (clipping, split, gauge is not None))
-    zero = counters[0]
+    zero = counters[0].expand(n)
 
-    def value(t: Tensor | None) -> Tensor:
-        return zero if t is None else t.detach().reshape(()).to(device=device, dtype=PACKED_DTYPE)
+    def column(t: Tensor | None) -> Tensor:
+        return zero if t is None else t.to(device=device, dtype=PACKED_DTYPE)
 
     head = torch.stack(
         [
-            value(loss),
-            value(loss_tokens),
-            value(clipped_tokens),
-            value(clipped_low_tokens if split else None),
-            value(clipped_high_tokens if split else None),
-        ]
+            column(loss),
+            column(loss_tokens),
+            column(clipped_tokens),
+            column(clipped_low_tokens if split else None),
+            column(clipped_high_tokens if split else None),
+        ],
+        dim=1,
     )
-    measured = absent if gauge is None else gauge.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE)
+    measured = absent.expand(n, -1) if gauge is None else gauge.to(device=device, dtype=PACKED_DTYPE)
     return torch.cat(
         [
             head,
-            measured[:_GAUGE_SUMS],
-            counters[1:],
-            invalid.detach().reshape(-1).to(device=device, dtype=PACKED_DTYPE),
-            measured[_GAUGE_SUMS:],
-        ]
+            measured[:, :_GAUGE_SUMS],
+            counters[1:].expand(n, -1),
+            invalid.to(device=device, dtype=PACKED_DTYPE),
+            measured[:, _GAUGE_SUMS:],
+        ],
+        dim=1,
     )
 
 

@@ -57,6 +57,7 @@ from adapters.losses import (
     LossSpec,
     combine_packed,
     loss_spec,
+    pack_rows,
     pack_values,
     raise_invalid,
     unpack,
@@ -200,11 +201,17 @@ def sum_reports(
         raise TypeError(
             f"losses_reduced must be the list forward_backward_func returned, got {type(losses_reduced).__name__}"
         )
-    rows = [_pack_report(i, report) for i, report in enumerate(losses_reduced)]
-    if not rows:
+    layouts = [_report_layout(i, report) for i, report in enumerate(losses_reduced)]
+    if not layouts:
         return pack_values(*_empty(device))
-    target = torch.device(device) if device is not None else rows[0].device
-    return combine_packed(torch.stack([row.to(target) for row in rows]))
+    target = torch.device(device) if device is not None else layouts[0][0]
+    if len(set(layouts)) == 1:  # the usual step: one loss, one device: a few stacked ops in all
+        return combine_packed(_packed_rows(losses_reduced, layouts[0]).to(target))
+    rows = [
+        _packed_rows([report], layout).to(target)
+        for report, layout in zip(losses_reduced, layouts, strict=True)
+    ]
+    return combine_packed(torch.cat(rows))
 
 
 def _empty(device: torch.device | str | None) -> tuple[Tensor, Tensor, None, None, None, Tensor, int]:
@@ -227,7 +234,12 @@ def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
     return gauge
 
 
-def _pack_report(index: int, report: object) -> Tensor:
+_Layout = tuple[torch.device, tuple[str, ...], bool]
+"""A report's device, the clip-count keys it holds and whether it holds the gauge."""
+
+
+def _report_layout(index: int, report: object) -> _Layout:
+    """Check one micro-batch report (ValueError / TypeError naming the micro-batch and key); its layout."""
     if not isinstance(report, Mapping):
         raise TypeError(
             f"micro-batch {index}: report is a {type(report).__name__}, expected the dict returned by a "
@@ -261,14 +273,26 @@ def _pack_report(index: int, report: object) -> Tensor:
             f"micro-batch {index}: report[{REPORT_INVALID!r}] has shape {tuple(invalid.shape)}, "
             f"expected ({len(INPUT_CHECKS)},)"
         )
-    return pack_values(
-        report[keys.LOSS_SUM],
-        report[keys.LOSS_TOKENS],
-        report.get(keys.CLIPPED_TOKENS),
-        report.get(keys.CLIPPED_LOW_TOKENS),
-        report.get(keys.CLIPPED_HIGH_TOKENS),
-        invalid,
-        gauge=_report_gauge(index, report),
+    has_gauge = _report_gauge(index, report) is not None
+    return report[keys.LOSS_SUM].device, tuple(clip_present), has_gauge
+
+
+def _packed_rows(reports: Sequence[Mapping[str, Tensor]], layout: _Layout) -> Tensor:
+    """The packed rows of checked reports of one layout, ``[len(reports), len(PACKED_FIELDS)]``:
+    one stack per field, whatever the number of micro-batches (no sync)."""
+    _, clip_present, has_gauge = layout
+
+    def stacked(key: str) -> Tensor | None:
+        return torch.stack([r[key].detach().reshape(()) for r in reports]) if key in clip_present else None
+
+    return pack_rows(
+        torch.stack([r[keys.LOSS_SUM].detach().reshape(()) for r in reports]),
+        torch.stack([r[keys.LOSS_TOKENS].detach().reshape(()) for r in reports]),
+        stacked(keys.CLIPPED_TOKENS),
+        stacked(keys.CLIPPED_LOW_TOKENS),
+        stacked(keys.CLIPPED_HIGH_TOKENS),
+        torch.stack([r[REPORT_INVALID].detach() for r in reports]),
+        gauge=torch.stack([r[REPORT_GAUGE].detach() for r in reports]) if has_gauge else None,
     )
 
 

@@ -87,17 +87,23 @@ def _gauge_per_key(reports: list[dict], group: Any) -> Callable[[], None]:
     import torch
     import torch.distributed as dist
 
+    from adapters.losses import GAUGE_FIELDS, GAUGE_SUM_KEYS
+    from adapters.megatron import REPORT_GAUGE
     from tracking import keys
 
-    sums = [k for k in keys.GAUGE_MEASURED_KEYS if k not in keys.EXTREME_KEYS]
-    sums += [keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS]
+    counts = [keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS]
+    gauge_sums = range(len(GAUGE_SUM_KEYS))  # the gauge vector: its sums, then max l and -min l
+    gauge_extremes = range(len(GAUGE_SUM_KEYS), len(GAUGE_FIELDS))
 
     def merge() -> None:
-        for key in sums:
+        for key in counts:
             total = torch.stack([report[key].double() for report in reports]).sum()
             dist.all_reduce(total, group=group)
-        for key, sign in ((keys.LOG_RATIO_MAX, 1.0), (keys.LOG_RATIO_MIN, -1.0)):
-            extreme = torch.stack([sign * report[key] for report in reports]).amax()
+        for i in gauge_sums:
+            total = torch.stack([report[REPORT_GAUGE][i] for report in reports]).sum()
+            dist.all_reduce(total, group=group)
+        for i in gauge_extremes:
+            extreme = torch.stack([report[REPORT_GAUGE][i] for report in reports]).amax()
             dist.all_reduce(extreme, op=dist.ReduceOp.MAX, group=group)
 
     return merge

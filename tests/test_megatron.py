@@ -436,3 +436,22 @@ def test_merged_counts_at_2_to_the_53_are_refused():
         mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS])
     fields[keys.LOSS_TOKENS] = float(2**53 - 1)
     assert mg.output_from_sums([fields[f] for f in mg.PACKED_FIELDS]).metrics[keys.LOSS_TOKENS] == 2**53 - 1
+
+
+@given(
+    st.lists(
+        st.sampled_from(["ppo", "cispo", "importance_sampling", "cross_entropy"]), min_size=1, max_size=6
+    )
+)
+def test_sum_reports_equals_the_reports_packed_one_by_one_in_any_mix_of_layouts(names):
+    """One layout is packed in a few stacked ops, a mix report by report: both are the combination
+    of each micro-batch's own packed vector (the reference: ``pack`` of its LossOutput)."""
+    reports, rows = [], []
+    for i, name in enumerate(names):
+        logprobs, inputs = _micro(seed=i)
+        if name == "cross_entropy":
+            inputs = {"weights": inputs["mask"]}
+        reports.append(mg.make_loss_func(name, inputs)(logprobs)[2])
+        rows.append(losses.pack(losses.LOSSES[name](logprobs, **inputs)))
+    expected = losses.combine_packed(torch.stack(rows))
+    assert torch.equal(mg.sum_reports(reports), expected)
