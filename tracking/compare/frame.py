@@ -225,8 +225,38 @@ def count_problems(wide: pd.DataFrame, numerator: str, denominator: str) -> list
 
 
 def _frame(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> pd.DataFrame:
+    return _assemble([_part(info, cols, coded)])
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One run's tidy rows as compact columns: its labels once, the per-row arrays, and the metric
+    names as codes into ``names`` (the frame is assembled from the parts of every run at once)."""
+
+    labels: tuple[str, str, str]
+    step: np.ndarray
+    tokens_seen: np.ndarray
+    wall_time: np.ndarray
+    elapsed_s: np.ndarray
+    codes: np.ndarray
+    names: np.ndarray
+    value: np.ndarray
+
+
+def _part(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> _Part:
+    labels = (info.display, info.run.run_id, info.run.backend_label or "")
     if len(cols.step) == 0:
-        return _empty_frame()
+        empty = np.zeros(0)
+        return _Part(
+            labels,
+            np.zeros(0, np.int64),
+            empty,
+            empty,
+            empty,
+            np.zeros(0, np.intp),
+            np.zeros(0, object),
+            empty,
+        )
     walls = (
         pd.Series(
             np.asarray(cols.wall_time, dtype=np.float64),
@@ -243,44 +273,61 @@ def _frame(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> pd.Dat
     last = _last_of_each(_entry_keys(step, codes, len(names)))  # a key logged twice: the last wins
     order = np.argsort(step[last], kind="stable")
     step, codes, value = step[last][order], codes[last][order], value[last][order]
-    rows = pd.DataFrame({"step": step, "metric": names.to_numpy(dtype=object)[codes], "value": value})
-    is_tokens = (
-        codes == names.get_loc(keys.LOSS_TOKENS) if keys.LOSS_TOKENS in names else np.zeros(codes.size, bool)
-    )
-    tokens = rows.loc[is_tokens].set_index("step")["value"]
-    tokens = tokens[np.isfinite(tokens.to_numpy())]
+    if keys.LOSS_TOKENS in names:
+        is_tokens = codes == names.get_loc(keys.LOSS_TOKENS)
+        tokens = pd.Series(value[is_tokens], index=step[is_tokens])
+        tokens = tokens[np.isfinite(tokens.to_numpy())]
+    else:
+        tokens = pd.Series(dtype=np.float64)
     if len(tokens):
         cumulative = tokens.reindex(walls.index).fillna(0.0).cumsum()
         cumulative[cumulative.index < tokens.index.min()] = np.nan
     else:
         cumulative = pd.Series(np.nan, index=walls.index)
-    step_values = rows["step"].to_numpy()
-    wall = walls.reindex(step_values).to_numpy()
+    # every row's step as a position among the run's steps: one lookup instead of two reindexes
+    position = np.searchsorted(walls.index.to_numpy(), step)
+    wall = walls.to_numpy(dtype=np.float64)[position]
     first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
-    n = len(step_values)
-    frame = pd.DataFrame(
-        {
-            "run": pd.Series([info.display] * n, dtype=object),
-            "run_id": pd.Series([info.run.run_id] * n, dtype=object),
-            "backend": pd.Series([info.run.backend_label or ""] * n, dtype=object),
-            "step": step_values,
-            "tokens_seen": cumulative.reindex(step_values).to_numpy(dtype=np.float64),
-            "wall_time": wall,
-            "elapsed_s": wall - first,
-            "metric": pd.Series(rows["metric"].to_numpy(dtype=object), dtype=object),
-            "value": rows["value"].to_numpy(),
-        },
-        columns=list(COLUMNS),
+    return _Part(
+        labels,
+        step,
+        cumulative.to_numpy(dtype=np.float64)[position],
+        wall,
+        wall - first,
+        codes,
+        names.to_numpy(dtype=object),
+        value,
     )
-    return frame.astype(
-        {
-            "step": "int64",
-            "tokens_seen": "float64",
-            "wall_time": "float64",
-            "elapsed_s": "float64",
-            "value": "float64",
-        }
-    ).reset_index(drop=True)
+
+
+def _assemble(parts: list[_Part]) -> pd.DataFrame:
+    """The tidy frame of every run's part, each column built once (no per-run frames to concatenate)."""
+    parts = [p for p in parts if len(p.step)]
+    if not parts:
+        return _empty_frame()
+    sizes = [len(p.step) for p in parts]
+
+    def labels(i: int) -> np.ndarray:
+        return np.repeat(np.array([p.labels[i] for p in parts], dtype=object), sizes)
+
+    metric = np.concatenate([p.names[p.codes] for p in parts])
+    columns = {
+        "run": labels(0),
+        "run_id": labels(1),
+        "backend": labels(2),
+        "step": np.concatenate([p.step for p in parts]),
+        "tokens_seen": np.concatenate([p.tokens_seen for p in parts]),
+        "wall_time": np.concatenate([p.wall_time for p in parts]),
+        "elapsed_s": np.concatenate([p.elapsed_s for p in parts]),
+        "metric": metric,
+        "value": np.concatenate([p.value for p in parts]),
+    }
+    # the arrays as they are: no copy into consolidated blocks, the label columns kept as objects
+    return pd.DataFrame(
+        {c: pd.Series(a, dtype=a.dtype, copy=False) for c, a in columns.items()},
+        columns=list(COLUMNS),
+        copy=False,
+    )
 
 
 @dataclass
@@ -311,13 +358,12 @@ class RunSet:
             replace(info, duplicates=duplicated_values(c, k))
             for info, c, k in zip(infos, columns, coded, strict=True)
         ]
-        frames = [_frame(info, c, k) for info, c, k in zip(infos, columns, coded, strict=True)]
-        frame = pd.concat(frames, ignore_index=True) if frames else _empty_frame()
-        runset = cls(frame=frame, runs=infos)
+        parts = [_part(info, c, k) for info, c, k in zip(infos, columns, coded, strict=True)]
+        runset = cls(frame=_assemble(parts), runs=infos)
         start = 0
-        for info, part in zip(infos, frames, strict=True):  # each run's rows, in load order
-            runset._slices[info.display] = (start, start + len(part))
-            start += len(part)
+        for info, part in zip(infos, parts, strict=True):  # each run's rows, in load order
+            runset._slices[info.display] = (start, start + len(part.step))
+            start += len(part.step)
         return runset
 
     def _rows(self, display: str) -> pd.DataFrame:
