@@ -121,9 +121,17 @@ def _spans(result: ComparisonResult, segments: tuple[DifferenceSegment, ...], ve
     )
 
 
-def _pair_row(result: ComparisonResult, d: Difference) -> dict[str, Any]:
-    sw = d.step_weighted
+def _step_weighted_columns(sw: Estimate | None, value_column: str) -> dict[str, float]:
+    """The step-weighted estimate as table columns (value, interval); NaN where there is none."""
     nan = float("nan")
+    return {
+        value_column: nan if sw is None else sw.value,
+        "step_weighted_ci_low": nan if sw is None else sw.low,
+        "step_weighted_ci_high": nan if sw is None else sw.high,
+    }
+
+
+def _pair_row(result: ComparisonResult, d: Difference) -> dict[str, Any]:
     return {
         "metric": d.metric,
         "reference": d.reference,
@@ -135,9 +143,7 @@ def _pair_row(result: ComparisonResult, d: Difference) -> dict[str, Any]:
         "difference": d.estimate.value,
         "ci_low": d.estimate.low,
         "ci_high": d.estimate.high,
-        "step_weighted_difference": nan if sw is None else sw.value,
-        "step_weighted_ci_low": nan if sw is None else sw.low,
-        "step_weighted_ci_high": nan if sw is None else sw.high,
+        **_step_weighted_columns(d.step_weighted, "step_weighted_difference"),
         "scale": d.scale,
         "margin": d.margin,
         "tolerance": d.tolerance,
@@ -214,9 +220,7 @@ def estimates_table(result: ComparisonResult) -> pd.DataFrame:
     """One row per quantity and run over the whole window: estimate, interval, step-weighted
     estimate, units, ESS, totals."""
     rows = []
-    nan = float("nan")
     for e in result.estimates:
-        sw = e.step_weighted
         rows.append(
             {
                 "metric": e.metric,
@@ -226,9 +230,7 @@ def estimates_table(result: ComparisonResult) -> pd.DataFrame:
                 "estimate": e.estimate.value,
                 "ci_low": e.estimate.low,
                 "ci_high": e.estimate.high,
-                "step_weighted": nan if sw is None else sw.value,
-                "step_weighted_ci_low": nan if sw is None else sw.low,
-                "step_weighted_ci_high": nan if sw is None else sw.high,
+                **_step_weighted_columns(e.step_weighted, "step_weighted"),
                 "wilson_low": e.wilson_low,
                 "wilson_high": e.wilson_high,
                 "units": e.units,
