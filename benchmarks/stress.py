@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
+from tests._disk import fill  # noqa: E402
 
 OVERLOAD_S = 8.0
 REPEATS = 3
@@ -326,22 +327,6 @@ def delivery_rows(work: Path) -> list[Row]:
     return rows
 
 
-def _fill(where: Path) -> Path:
-    """Fill the file system of ``where``; delete the returned file to free it."""
-    filler = where / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (65536, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def _full_disk_worker(disk: str) -> None:
     """Spool on the tmpfs ``disk`` (filled after the first 1000 points), a healthy sqlite MLflow."""
     from mlflow import MlflowClient
@@ -356,7 +341,7 @@ def _full_disk_worker(disk: str) -> None:
     for step in range(1000):
         tracker.log(step, {"loss:sum": step * 0.5})
     tracker.flush(timeout_s=60)
-    filler = _fill(Path(disk))
+    filler = fill(Path(disk))
     for step in range(1000, FULL_DISK_POINTS):
         tracker.log(step, {"loss:sum": step * 0.5})
     lane = tracker._lanes[0]
@@ -386,7 +371,7 @@ def _wide_worker(spool: str) -> None:
     before = _rss_now()
     dead = f"http://127.0.0.1:{_closed_port()}"
     tracker = Tracker("wide", sinks=[dead], spool_dir=where, open_timeout_s=0, handle_signals=False)
-    filler = _fill(where.parent) if os.path.ismount(where.parent) else None  # run.json is written by now
+    filler = fill(where.parent) if os.path.ismount(where.parent) else None  # run.json is written by now
     for step in range(WIDE_POINTS):
         tracker.log(step, {f"m{i}:mean": step + i / 1000 for i in range(200)})
     tracker.close(timeout_s=1)

@@ -1,4 +1,4 @@
-"""Shared test machinery: a host-sync guard, loopback ports, gloo worker ranks as processes, a one-rank
+"""Shared test machinery: a host-sync guard, the loss path switch, loopback ports, gloo worker ranks as processes, a one-rank
 Megatron-Core setup."""
 
 from __future__ import annotations
@@ -18,6 +18,22 @@ import torch.distributed as dist
 
 HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
 """Every ``Tensor`` method that copies a value to the host."""
+
+
+@contextlib.contextmanager
+def loss_path(value: str) -> Iterator[None]:
+    """Run the block with ``CLIPTRACK_FUSED=value`` (``1`` fused losses, ``0`` eager), restored after."""
+    from adapters import fused
+
+    saved = os.environ.get(fused.ENV_VAR)
+    os.environ[fused.ENV_VAR] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(fused.ENV_VAR, None)
+        else:
+            os.environ[fused.ENV_VAR] = saved
 
 
 @contextlib.contextmanager

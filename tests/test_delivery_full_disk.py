@@ -15,8 +15,9 @@ import time
 import pytest
 from mlflow import MlflowClient
 
+from tests._disk import fill
 from tests._journal import journal_steps, run_summary
-from tests.test_tracker_faults import _closed_port, _fill, tmpfs  # noqa: F401 - tmpfs is a fixture
+from tests.test_tracker_faults import _closed_port, tmpfs  # noqa: F401 - tmpfs is a fixture
 from tracking import keys
 from tracking.tracker import Tracker
 
@@ -55,7 +56,7 @@ def test_mlflow_gets_every_point_while_the_spool_disk_is_full_and_the_journal_ca
     for step in range(2000):
         tracker.log(step, _metrics(step))
     assert tracker.flush(timeout_s=60) is True
-    filler = _fill(tmpfs)
+    filler = fill(tmpfs)
     try:
         for step in range(2000, 8000):
             tracker.log(step, _metrics(step))
@@ -103,7 +104,7 @@ def test_a_disk_full_until_close_is_reported_with_what_reached_no_backend(tmpfs,
             for step in range(1000):
                 tracker.log(step, _metrics(step))
             assert tracker.flush(timeout_s=60) is (uri == db)
-            filler = _fill(tmpfs)
+            filler = fill(tmpfs)
             for step in range(1000, 4000):
                 tracker.log(step, _metrics(step))
             tracker.close(timeout_s=30 if uri == db else 1)
@@ -139,7 +140,7 @@ def test_memory_stays_within_the_byte_bounds_with_200_metrics_per_point(tmpfs): 
         handle_signals=False,
     )
     writer, lane = tracker._writer, tracker._lanes[0]
-    filler = _fill(tmpfs)
+    filler = fill(tmpfs)
     peaks = {"held": 0, "lane": 0, "queued": 0}
     try:
         for step in range(3000):

@@ -7,7 +7,6 @@ pairs, 1-D and 2-D inputs (one graph each, reused for every size).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 
 from adapters import fused, losses
 from tests import reference
+from tests._harness import loss_path
 from tests.test_losses import batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,20 +37,6 @@ def fused_path() -> Iterator[None]:
         mp.setenv(fused.ENV_VAR, "1")
         yield
     assert fused.failure() is None, fused.failure()
-
-
-@contextlib.contextmanager
-def path(value: str) -> Iterator[None]:
-    """Run the block with ``CLIPTRACK_FUSED=value``."""
-    saved = os.environ.get(fused.ENV_VAR)
-    os.environ[fused.ENV_VAR] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(fused.ENV_VAR, None)
-        else:
-            os.environ[fused.ENV_VAR] = saved
 
 
 def _leaf(x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +115,7 @@ def test_clipping_losses_match_per_token_reference_and_eager(name, dtype, data):
         assert int(zero_grad.sum()) <= clipped <= int(zero_grad.sum()) + tiny
         assert int((zero_grad & (adv < 0)).sum()) <= n_low <= int((zero_grad & (adv < 0)).sum()) + tiny
 
-    with path("0"):
+    with loss_path("0"):
         eager, eager_grad = _run(name, lp, slp, adv, mask, **kwargs)
     rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (0.1, 1e-2)
     assert torch.allclose(
@@ -157,7 +143,7 @@ def test_never_clipping_losses_match_per_token_reference_and_eager(data):
         assert float(out.loss.detach()) == pytest.approx(
             ref.loss, rel=1e-4, abs=1e-4 * max(1, ref.loss_tokens)
         )
-        with path("0"):
+        with loss_path("0"):
             eager, eager_grad = _run(name, lp, *args, **kwargs)
         assert torch.allclose(out.loss.detach(), eager.loss.detach(), rtol=1e-5, atol=1e-5)
         assert torch.allclose(grad, eager_grad, rtol=1e-5, atol=1e-6), name
@@ -193,7 +179,7 @@ def test_mask_kinds_and_tensor_thresholds_agree_with_eager(variant):
             "clip_high_threshold": torch.tensor([[1.2], [2.0], [1.1]]),
         }
     out, grad = _run("ppo", lp, slp, adv, mask, **kwargs)
-    with path("0"):
+    with loss_path("0"):
         eager, eager_grad = _run("ppo", lp, slp, adv, mask, **kwargs)
     _same(out, eager)
     assert torch.allclose(grad, eager_grad, rtol=1e-5, atol=1e-6)
@@ -208,7 +194,7 @@ def test_bad_inputs_are_flagged_on_device_and_named_as_in_eager():
     high = torch.tensor([[1.2], [1.2], [0.5]])  # row 2: low > high
     for name in ("ppo", "cispo"):
         out, _ = _run(name, lp, slp, adv, mask, clip_low_threshold=bad_low, clip_high_threshold=high)
-        with path("0"):
+        with loss_path("0"):
             eager, _ = _run(name, lp, slp, adv, mask, clip_low_threshold=bad_low, clip_high_threshold=high)
         assert out.invalid.tolist() == eager.invalid.tolist() == [1, 2, 2]
         with pytest.raises(ValueError) as fused_error:

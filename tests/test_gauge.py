@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,27 +16,13 @@ from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 from adapters import fused, losses
 from adapters.output import ForwardBackwardOutput, loss_metrics, measured_sums, merge_outputs
 from tests import reference
-from tests._harness import host_sync_forbidden
+from tests._harness import host_sync_forbidden, loss_path
 from tracking import keys, measures
 from tracking.counts import MeasuredSums, exact_measured_metrics
 from tracking.validation import check_metrics
 
 GAUGE_LOSSES = ("ppo", "cispo", "importance_sampling", "dro")
 FLOAT_KEYS = ("log_ratio:sum", "abs_log_ratio:sum", "kl_k3:sum", "is_weight:sum", "is_weight_sq:sum")
-
-
-@contextmanager
-def path(value: str) -> Iterator[None]:
-    """Run the block with ``CLIPTRACK_FUSED=value`` (``1`` fused, ``0`` eager)."""
-    saved = os.environ.get(fused.ENV_VAR)
-    os.environ[fused.ENV_VAR] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(fused.ENV_VAR, None)
-        else:
-            os.environ[fused.ENV_VAR] = saved
 
 
 def _options(name: str) -> dict[str, float]:
@@ -94,7 +77,7 @@ def assert_gauge(metrics: dict[str, float], lp, slp, mask, low: float = 0.5, hig
 @given(data=inputs())
 def test_every_key_matches_the_float64_reference_eager(name, data):
     lp, slp, adv, mask = data
-    with path("0"):
+    with loss_path("0"):
         out = losses.LOSSES[name](lp, slp, adv, mask, **_options(name))
     assert_gauge(loss_metrics(out), lp, slp, mask)
 
@@ -105,7 +88,7 @@ def test_every_key_matches_the_float64_reference_eager(name, data):
 def test_every_key_matches_the_float64_reference_fused(name, data):
     lp, slp, adv, mask = data
     before = fused.compiled_calls[name]
-    with path("1"):
+    with loss_path("1"):
         out = losses.LOSSES[name](lp, slp, adv, mask, **_options(name))
     assert fused.compiled_calls[name] == before + 1, fused.failure()
     assert_gauge(loss_metrics(out), lp, slp, mask)
@@ -132,7 +115,7 @@ def test_loss_and_gradients_are_those_of_the_objective_without_the_gauge(name):
     grads = {}
     for value in ("0", "1"):
         x = lp.clone().requires_grad_(True)
-        with path(value):
+        with loss_path(value):
             out = losses.LOSSES[name](x, slp, adv, mask, **_options(name))
         out.loss.backward()
         assert out.has_gauge
@@ -177,7 +160,7 @@ def test_non_finite_values_are_refused_and_named(value):
     lp = -torch.rand(8)
     slp = lp.clone()
     slp[2] = math.nan
-    with path(value):
+    with loss_path(value):
         out = losses.importance_sampling(lp, slp, torch.ones(8), torch.ones(8))
     with pytest.raises(ValueError, match="sampling_logprobs has 1 non-finite entries"):
         loss_metrics(out)
@@ -185,7 +168,7 @@ def test_non_finite_values_are_refused_and_named(value):
     # coefficient is clamped), the gauge would not: refused, not logged as inf
     slp = lp.clone()
     slp[0] = lp[0] - 200.0
-    with path(value):
+    with loss_path(value):
         out = losses.cispo(lp, slp, torch.ones(8))
     with pytest.raises(ValueError, match="importance weight .* overflows"):
         loss_metrics(out)
@@ -194,10 +177,10 @@ def test_non_finite_values_are_refused_and_named(value):
 def test_the_gauge_adds_no_host_sync_on_either_path():
     lp = -torch.rand(3, 50)
     slp = lp + 0.2 * torch.randn(3, 50)
-    with path("1"):
+    with loss_path("1"):
         losses.ppo(lp.clone().requires_grad_(True), slp, torch.randn(3, 50)).loss.backward()  # compile first
     for value in ("0", "1"):
-        with path(value), host_sync_forbidden():
+        with loss_path(value), host_sync_forbidden():
             total = None
             for _ in range(3):
                 x = lp.clone().requires_grad_(True)
@@ -224,7 +207,7 @@ def test_merges_in_any_chunking_equal_the_whole_ours_and_tinkers(data, cuts, nam
     """Chunks of one request (each a datum) merged by merge_outputs, and by tinker's own
     combine_fwd_bwd_output_results then merge_outputs: the same gauge as the whole batch."""
     lp, slp, adv, mask = data
-    with path("0"):
+    with loss_path("0"):
         whole = loss_metrics(losses.LOSSES[name](lp, slp, adv, mask, **_options(name)))
         chunks = []
         for a, b in _split(lp.numel(), cuts):
@@ -316,6 +299,7 @@ def test_a_gauge_mean_without_its_sums_is_checked_and_kept_and_with_them_re_form
 
 
 def test_measured_sums_add_by_the_declared_rules():
+    torch.manual_seed(3)
     metrics = [_metrics() for _ in range(3)]
     sums = [MeasuredSums.from_metrics(m) for m in metrics]
     total = sums[0] + sums[1] + sums[2]
@@ -323,7 +307,8 @@ def test_measured_sums_add_by_the_declared_rules():
     assert total.gauge[keys.LOG_RATIO_MAX] == max(m[keys.LOG_RATIO_MAX] for m in metrics)
     assert total.gauge[keys.LOG_RATIO_MIN] == min(m[keys.LOG_RATIO_MIN] for m in metrics)
     assert total.gauge[keys.RATIO_OUTSIDE_TOKENS] == sum(int(m[keys.RATIO_OUTSIDE_TOKENS]) for m in metrics)
-    assert total.gauge[keys.KL_K3_SUM] == math.fsum(m[keys.KL_K3_SUM] for m in metrics)
+    # float sums add in order, as the terms are added ((a + b) + c; fsum may differ by an ulp)
+    assert total.gauge[keys.KL_K3_SUM] == sum(m[keys.KL_K3_SUM] for m in metrics)
     assert (
         measured_sums(ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics[0]))
         == sums[0]
@@ -396,20 +381,28 @@ _compiled_k3 = torch.compile(losses.k3_terms, dynamic=True)
     )
 )
 def test_the_k3_term_is_exact_to_float32_rounding_of_the_term_itself_compiled_and_eager(values):
-    """Per token, relative to the term (not to ``l``): the compiled series (below |l| = 1/2) and
-    the direct ``w - 1 - l`` (above) against ``expm1(l) - l`` in float64 of the same float32 ``l``;
-    a tiny ``l`` is where cancellation would lose every digit."""
+    """Per token, relative to the term (not to ``l``), against float64 of the same float32 ``l``
+    (the Taylor series below |l| = 1e-3, where it is exact to float64 rounding, ``expm1(l) - l``
+    above): the compiled series (below |l| = 1/2) and the direct ``w - 1 - l`` (above) to a few
+    float32 ulps; the eager ``expm1(l) - l`` in float64 to float64's rounding of ``expm1(l)`` (an
+    ulp of ``l``, below float32 rounding of the term from |l| of about 1e-8 up). A tiny ``l`` is
+    where cancellation in float32 would lose every digit."""
     log_ratio = torch.tensor(values, dtype=torch.float32)
-    truth = torch.expm1(log_ratio.double()) - log_ratio.double()
-    for got in (
-        _compiled_k3(log_ratio, torch.exp(log_ratio)),
-        losses.k3_terms(log_ratio, torch.exp(log_ratio)),
+    x = log_ratio.double()
+    series_f64 = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x / 120)))
+    truth = torch.where(x.abs() < 1e-3, series_f64, torch.expm1(x) - x)
+    eps32, eps64 = 1.2e-7, 2.3e-16
+    below = log_ratio.abs() < losses.K3_SERIES_BELOW
+    # the direct term (>= 0.1): the rounding of w and of the two subtractions, an ulp of w + 1 + |l|
+    direct = 2 * eps32 * (torch.exp(x) + 1 + x.abs())
+    for path, got, bound in (
+        (
+            "compiled",
+            _compiled_k3(log_ratio, torch.exp(log_ratio)),
+            torch.where(below, 8 * eps32 * truth, direct),
+        ),
+        ("eager", losses.k3_terms(log_ratio, torch.exp(log_ratio)), 8 * eps32 * truth + 2 * eps64 * x.abs()),
     ):
         assert got.dtype in (torch.float32, torch.float64)
-        series = log_ratio.abs() < losses.K3_SERIES_BELOW
         error = (got.double() - truth).abs()
-        # series: a few float32 ulps of the term; direct (the term >= 0.1): the rounding of w and
-        # of the two subtractions, an ulp of the magnitudes w + 1 + |l|
-        magnitudes = torch.exp(log_ratio.double()) + 1 + log_ratio.double().abs()
-        bound = torch.where(series, 8 * 1.2e-7 * truth, 2 * 1.2e-7 * magnitudes)
-        assert bool((error <= bound + 1e-45).all()), (log_ratio[error > bound], error[error > bound])
+        assert bool((error <= bound + 1e-45).all()), (path, log_ratio[error > bound], error[error > bound])

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
+from tests._disk import fill
 from tests._journal import journal_steps
 from tests._tracking_wandb_log import history
 from tracking import journal, keys
@@ -118,22 +119,6 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _fill(where: Path) -> Path:
-    """Fill the file system of ``where`` to the last byte; delete the returned file to free it."""
-    filler = where / f"filler-{uuid.uuid4().hex}"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (65536, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 # ---- 1. resume -----------------------------------------------------------------------------------
@@ -494,14 +479,14 @@ def test_an_unwritable_spool_never_crashes_close_nor_duplicates_points(tmpfs, ca
         for step in range(100):
             tracker.log(step, {"a:mean": float(step)})
         assert tracker.flush(timeout_s=0.5) is False  # on disk; the sink is held at the gate
-        filler = _fill(tmpfs)
+        filler = fill(tmpfs)
         gate.set()  # the sink takes the batch; its acknowledgement cannot be saved
         for step in range(100, 200):
             tracker.log(step, {"a:mean": float(step)})  # the journal refuses them: held in memory
         assert tracker.flush(timeout_s=1) is False
         filler.unlink()
         assert tracker.flush(timeout_s=30) is True
-        filler = _fill(tmpfs)
+        filler = fill(tmpfs)
         tracker.close()  # must not raise: the status cannot be saved, the sink still gets it
     finally:
         gate.set()
