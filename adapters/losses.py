@@ -805,33 +805,6 @@ def _constants(device: torch.device, calls: int, groups: tuple[bool, ...]) -> tu
     return counters, absent
 
 
-def pack_values(
-    loss: Tensor,
-    loss_tokens: Tensor,
-    clipped_tokens: Tensor | None,
-    clipped_low_tokens: Tensor | None,
-    clipped_high_tokens: Tensor | None,
-    invalid: Tensor,
-    calls: int = 1,
-    gauge: Tensor | None = None,
-) -> Tensor:
-    """The :data:`PACKED_FIELDS` vector of one loss output's tensors, on ``loss``'s device. No sync."""
-
-    def row(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.detach().reshape(1)
-
-    return pack_rows(
-        loss.detach().reshape(1),
-        loss_tokens.detach().reshape(1),
-        row(clipped_tokens),
-        row(clipped_low_tokens),
-        row(clipped_high_tokens),
-        invalid.detach().reshape(1, -1),
-        calls,
-        None if gauge is None else gauge.detach().reshape(1, -1),
-    )[0]
-
-
 def pack_rows(
     loss: Tensor,
     loss_tokens: Tensor,
@@ -881,16 +854,21 @@ def pack_rows(
 
 def pack(out: LossOutput) -> Tensor:
     """``out`` as one :data:`PACKED_FIELDS` vector on its device (no host sync)."""
-    return pack_values(
-        out.loss,
-        out.loss_tokens,
-        out.clipped_tokens,
-        out.clipped_low_tokens,
-        out.clipped_high_tokens,
-        out.invalid,
+
+    def row(t: Tensor | None, *shape: int) -> Tensor | None:
+        return None if t is None else t.detach().reshape(1, *shape)
+
+    rows = pack_rows(
+        out.loss.detach().reshape(1),
+        out.loss_tokens.detach().reshape(1),
+        row(out.clipped_tokens),
+        row(out.clipped_low_tokens),
+        row(out.clipped_high_tokens),
+        out.invalid.detach().reshape(1, -1),
         out.calls,
-        out.gauge,
+        row(out.gauge, -1),
     )
+    return rows[0]
 
 
 def combine_packed(rows: Tensor) -> Tensor:

@@ -58,7 +58,6 @@ from adapters.losses import (
     combine_packed,
     loss_spec,
     pack_rows,
-    pack_values,
     raise_invalid,
     unpack,
 )
@@ -203,7 +202,7 @@ def sum_reports(
         )
     layouts = [_report_layout(i, report) for i, report in enumerate(losses_reduced)]
     if not layouts:
-        return pack_values(*_empty(device))
+        return _empty(device)
     target = torch.device(device) if device is not None else layouts[0][0]
     if len(set(layouts)) == 1:  # the usual step: one loss, one device: a few stacked ops in all
         return combine_packed(_packed_rows(losses_reduced, layouts[0]).to(target))
@@ -214,10 +213,11 @@ def sum_reports(
     return combine_packed(torch.cat(rows))
 
 
-def _empty(device: torch.device | str | None) -> tuple[Tensor, Tensor, None, None, None, Tensor, int]:
-    """The packing arguments of no loss call (zeros, the extremes ``-inf``) on ``device``."""
-    zero = torch.zeros((), dtype=PACKED_DTYPE, device=device)
-    return zero, zero, None, None, None, torch.zeros(len(INPUT_CHECKS), dtype=PACKED_DTYPE, device=device), 0
+def _empty(device: torch.device | str | None) -> Tensor:
+    """The packed vector of no loss call (zeros, the extremes ``-inf``) on ``device``."""
+    zero = torch.zeros(1, dtype=PACKED_DTYPE, device=device)
+    checks = torch.zeros(1, len(INPUT_CHECKS), dtype=PACKED_DTYPE, device=device)
+    return pack_rows(zero, zero, None, None, None, checks, 0)[0]
 
 
 def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
