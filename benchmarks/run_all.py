@@ -40,12 +40,13 @@ def _rows(result: list) -> list[Row]:
 def main() -> int:
     import torch
 
-    from benchmarks import cli_start, compare, dashboard, loss_overhead, merge, stress, tracking
+    from benchmarks import cli_start, compare, dashboard, loss_overhead, merge, miles_loss, stress, tracking
 
     started = time.perf_counter()
     rows: list[Row] = []
     for name, module in (
         ("loss_overhead", loss_overhead),
+        ("miles_loss", miles_loss),
         ("merge", merge),
         ("tracking", tracking),
         ("compare", compare),
