@@ -51,7 +51,7 @@ AUTO_MIN_TOKENS = 65_536
 """Tokens per call from which the automatic choice compiles (see README, "The losses").
 
 Per call the fused path is faster at every size measured (one CPU thread, PPO forward + backward,
-``benchmarks/loss_overhead.py``: about 0.86x eager at 256 tokens, 0.68x at 4,096, 0.23x at 65,536),
+``benchmarks/loss_overhead.py``: about 0.61x eager at 256 tokens, 0.53x at 4,096, 0.27x at 65,536),
 but each new compiled graph costs seconds once per process; from 64k tokens per call a saving of
 about 1 ms per call repays that within a few thousand calls, below it rarely within a run.
 """
