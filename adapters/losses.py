@@ -248,10 +248,10 @@ def gauge_of(
     ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
     ``eligible``: bool tensor of eligible tokens, ``None`` for all; ``low`` / ``high``: the
     ``ratio_outside_tokens`` bounds; ``weight``: the eligibility as a 0/1 multiplier (the loss's
-    mask in its dtype; formed from ``eligible`` when not given). Per-token terms are formed in float32 or float64 (a bfloat16
-    or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew in float32): ``|l|``, the k3
-    term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it does not overflow before ``w``);
-    sums accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf``
+    mask in its dtype; formed from ``eligible`` when not given). Per-token terms are formed in
+    float32 or float64 (a bfloat16 or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew
+    in float32): ``|l|``, the k3 term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it
+    does not overflow before ``w``); sums accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf``
     over none), the min stored negated. Detached, on the input's device, no host sync; the same
     function serves the eager and the fused pass (traced into the compiled kernel).
 

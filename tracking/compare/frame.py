@@ -115,7 +115,7 @@ def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFr
     kept (NaN stays NaN); non-numeric values raise ValueError naming the run, step and key.
     Vectorised: one pass over the points to flatten them, the rest in numpy/pandas.
     """
-    return _frame(info, as_columns(info, points))
+    return _assemble([_part(info, as_columns(info, points))])
 
 
 def as_columns(info: LoadedRun, points: Iterable[Point] | Columns) -> Columns:
@@ -224,10 +224,6 @@ def count_problems(wide: pd.DataFrame, numerator: str, denominator: str) -> list
     return out
 
 
-def _frame(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> pd.DataFrame:
-    return _assemble([_part(info, cols, coded)])
-
-
 @dataclass(frozen=True)
 class _Part:
     """One run's tidy rows as compact columns: its labels once, the per-row arrays, and the metric
@@ -310,7 +306,6 @@ def _assemble(parts: list[_Part]) -> pd.DataFrame:
     def labels(i: int) -> np.ndarray:
         return np.repeat(np.array([p.labels[i] for p in parts], dtype=object), sizes)
 
-    metric = np.concatenate([p.names[p.codes] for p in parts])
     columns = {
         "run": labels(0),
         "run_id": labels(1),
@@ -319,7 +314,7 @@ def _assemble(parts: list[_Part]) -> pd.DataFrame:
         "tokens_seen": np.concatenate([p.tokens_seen for p in parts]),
         "wall_time": np.concatenate([p.wall_time for p in parts]),
         "elapsed_s": np.concatenate([p.elapsed_s for p in parts]),
-        "metric": metric,
+        "metric": np.concatenate([p.names[p.codes] for p in parts]),
         "value": np.concatenate([p.value for p in parts]),
     }
     # the arrays as they are: no copy into consolidated blocks, the label columns kept as objects
