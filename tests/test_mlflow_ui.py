@@ -89,9 +89,10 @@ def _page_text(url: str, profile: Path) -> str:
     return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", dom)))
 
 
-def _settled_text(url: str, profile: Path, settled, attempts: int = 4) -> str:
+def _settled_text(url: str, profile: Path, settled, attempts: int = 6) -> str:
     """The page text once ``settled(text)`` holds (a busy machine can leave the first dump half
-    rendered: the budget is virtual time, the server's answers take real time), at most ``attempts``."""
+    rendered: the budget is virtual time, the server's answers take real time — the section's count
+    can be drawn before its charts), at most ``attempts``."""
     text = ""
     for attempt in range(attempts):
         text = _page_text(url, profile / str(attempt))
@@ -106,7 +107,11 @@ def _is_genai_overview(text: str) -> bool:
 
 def test_the_printed_address_opens_the_runs_and_their_charts(ui, tmp_path):
     port, experiment_id, _ = ui
-    text = _settled_text(mlflow_ui_url(experiment_id, port), tmp_path, lambda t: "Model metrics (" in t)
+    text = _settled_text(
+        mlflow_ui_url(experiment_id, port),
+        tmp_path,
+        lambda t: "Model metrics (" in t and "clip_fraction:mean" in t,
+    )
     assert not _is_genai_overview(text), text[:600]
     assert f"Runs - Experiment {experiment_id}" in text, text[:600]
     assert "megatron-run" in text and "miles-run" in text
