@@ -26,7 +26,8 @@ value means run b is larger when both ratios are negative too)."""
 
 METHOD = (
     "equal-weighted cosine (EWC) long-run variance of the linearised ratio of sums around each run's "
-    "smooth trend, t critical values with its degrees of freedom, widened under long memory"
+    "smooth trend, t critical values with its degrees of freedom, corrected for long memory (ARFIMA "
+    "fit of its cosines)"
 )
 """The interval method in one sentence, shown in every rendering."""
 
@@ -44,9 +45,10 @@ class Estimate:
     ``n``; ``bandwidth``: units per cosine term of the EWC estimate (``n / K``); ``confidence``:
     two-sided level of the interval. ``lrv``: long-run variance of the linearised series (its units
     squared, per unit); ``df``: degrees of freedom of the t critical value; ``trend_terms``: smooth
-    trend terms removed before the variance (beyond the mean); ``long_memory``: the variance-ratio
-    check found persistence at the scale of the window (the interval was widened); ``reason``: why
-    there is no trustworthy interval ("" when fine).
+    trend terms removed before the variance (beyond the mean); ``long_memory``: persistence at the
+    scale of the window was found (the interval was widened); ``memory``: the long-memory parameter
+    ``d`` behind that widening (0 when the batch check alone found it, or none was found);
+    ``reason``: why there is no trustworthy interval ("" when fine).
     """
 
     value: float
@@ -61,6 +63,7 @@ class Estimate:
     df: float = math.inf
     trend_terms: int = 0
     long_memory: bool = False
+    memory: float = 0.0
     reason: str = ""
 
     @property
@@ -79,22 +82,32 @@ class Estimate:
         if self.n_units < MIN_UNITS:
             return f"only {self.n_units} paired unit{'s' if self.n_units != 1 else ''} (minimum {MIN_UNITS})"
         if not self.ess >= MIN_ESS:
-            return ess_reason(self.ess, self.lag1, self.n_units, self.trend_terms, self.long_memory)
+            return ess_reason(
+                self.ess, self.lag1, self.n_units, self.trend_terms, self.long_memory, self.memory
+            )
         return ""
 
 
-def ess_reason(ess: float, lag1: float, n: int, trend_terms: int, long_memory: bool) -> str:
+def ess_reason(
+    ess: float, lag1: float, n: int, trend_terms: int, long_memory: bool, memory: float = 0.0
+) -> str:
     """The text of the effective-sample-size gate (true of the data it describes)."""
     trend = f" after removing a smooth trend of {trend_terms} terms" if trend_terms else ""
-    memory = (
-        "; the variance of batch means keeps growing with the batch size (persistence at the scale of "
-        "the window)"
-        if long_memory
-        else ""
-    )
+    if memory > 0:
+        memory_text = (
+            f"; long memory: the lowest frequencies carry power rising like frequency^-{2 * memory:.2f} "
+            f"(memory parameter d = {memory:.2f})"
+        )
+    elif long_memory:
+        memory_text = (
+            "; the variance of batch means keeps growing with the batch size (persistence at the "
+            "scale of the window)"
+        )
+    else:
+        memory_text = ""
     return (
         f"effective sample size {ess:.1f} < {MIN_ESS:g}: the steps are too persistent for the interval "
-        f"to be trusted (lag-1 autocorrelation {lag1:.2f}{trend} over {n} units{memory})"
+        f"to be trusted (lag-1 autocorrelation {lag1:.2f}{trend} over {n} units{memory_text})"
     )
 
 

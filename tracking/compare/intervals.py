@@ -119,6 +119,7 @@ def estimate_from(
         df=df,
         trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
+        memory=float(v.memory[0]),
     )
 
 

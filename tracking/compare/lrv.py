@@ -16,16 +16,24 @@ The variance of a window's mean ``mean(z)`` is ``LRV / n`` with ``LRV`` the long
    ``0.4 n^(2/3)`` (Lazarus, Lewis, Stock & Watson 2018), lowered to ``0.1 n (1 - rho)`` under
    strong persistence (``rho`` the lag-1 autocorrelation of ``e``) so the cosines used stay in the
    flat part of the spectrum, and never below ``K_MIN``.
-3. **Long-memory check.** The variance of batch sums of ``e`` per unit, ``L(m)`` (normalised so that
-   white noise gives ``sigma^2`` at every batch size ``m``), is compared at ``m`` and ``4 m``
-   (``m = n / 64``). For short memory it stops growing once ``m`` exceeds the correlation length;
-   a ratio ``L(4m) / L(m) > VR_LIMIT`` means persistence at the scale of the window (long memory,
-   or a near-unit-root wander). The estimate is then widened to ``max(LRV, ratio * L(4m))`` and
-   flagged.
+3. **Persistence at the window's scale.** The variance of batch sums of ``e`` per unit, ``L(m)``
+   (normalised so that white noise gives ``sigma^2`` at every batch size ``m``), is compared at
+   ``m`` and ``4 m`` (``m = n / 64``). For short memory it stops growing once ``m`` exceeds the
+   correlation length; a ratio ``L(4m) / L(m) > VR_LIMIT`` means persistence at the scale of the
+   window (long memory, or a near-unit-root wander). The estimate is then widened to
+   ``max(LRV, ratio * L(4m))`` and flagged; likewise when the coarsest cosines reaching ``K_MIN``
+   give a larger estimate than ``K``.
+4. **Long memory** (``memory.measure``). The rise of the EWC's own cosines towards frequency 0 is
+   measured as the memory parameter ``d`` of ARFIMA(0, d, 0) noise; where it is significant and
+   survives removing the window's largest excursion (an episode is not memory), the EWC estimate
+   times the exact ratio of the variance of the mean to the EWC's expectation under that model
+   replaces the estimate when larger, and the row is flagged.
 
 The effective sample size is ``n * gamma0 / LRV`` with ``gamma0`` the residual variance (degrees of
-freedom corrected), capped at ``n``: the same estimate that sets the interval. Every step is a
-few passes over ``n`` numbers and one FFT of length ``2n`` per row: O(n log n).
+freedom corrected) and ``LRV`` the point estimate (step 4 at ``d_hat``; the interval's uses one
+standard error more), capped at ``n``: the same estimate that sets the interval. Every step is a
+few passes over ``n`` numbers and one FFT of length ``2n`` per row: O(n log n); the model's
+expectations are cached per window length.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tracking.compare.memory import measure
 from tracking.compare.tdist import f_quantile
 
 TREND_DEGREE = 2
@@ -72,8 +81,9 @@ class LongRunVariance:
     ``lrv``: long-run variance (units of ``z`` squared); ``df``: degrees of freedom of the t critical
     value; ``gamma0``: residual variance; ``lag1``: lag-1 autocorrelation of the residual;
     ``terms``: cosine terms ``K``; ``trend_terms``: trend terms removed (not counting the mean);
-    ``variance_ratio``: ``L(4m) / L(m)`` (NaN when too short); ``long_memory``: flagged;
-    ``ess``: ``n * gamma0 / lrv`` capped at ``n``.
+    ``variance_ratio``: ``L(4m) / L(m)`` (NaN when too short); ``long_memory``: flagged (step 3 or
+    4); ``memory``: the memory parameter ``d`` where step 4 found long memory, else 0;
+    ``ess``: ``n * gamma0 / lrv_point`` capped at ``n``.
     """
 
     lrv: np.ndarray
@@ -84,6 +94,7 @@ class LongRunVariance:
     trend_terms: np.ndarray
     variance_ratio: np.ndarray
     long_memory: np.ndarray
+    memory: np.ndarray
     ess: np.ndarray
 
 
@@ -200,14 +211,15 @@ def long_run_variance(
     """The long-run variance of each row of ``z`` (``(rows, n)``, or one 1-d series) around its
     smooth trend (see the module docstring). ``degree``: trend degree (default: ``TREND_DEGREE``
     from ``TREND_MIN_UNITS`` units where the trend test finds one, else 0); ``extra``: ``n x r``
-    further regressors removed with the trend; ``floor``: use the coarsest cosines' estimate when it
-    is larger (step 2; off for the episode scan, whose Bonferroni threshold needs the band's df)."""
+    further regressors removed with the trend; ``floor``: the coarsest cosines' estimate when it is
+    larger (step 3) and the long-memory step (4); off for the episode scan, whose Bonferroni
+    threshold needs the band's df."""
     z = np.atleast_2d(np.asarray(z, dtype=float))
     rows, n = z.shape
     if n < 2:
         nan = np.full(rows, np.nan)
         zero = np.zeros(rows, int)
-        return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan)
+        return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan, nan)
     zcoef = cosine_coefficients(z, min(n, max(_test_terms(n), 4 * K_MIN)))  # the one FFT per row
     if degree is not None:
         return _fixed_degree(z, degree, extra, floor, zcoef)
@@ -259,6 +271,17 @@ def _fixed_degree(
     for k in np.unique(terms):
         rows_k = terms == k
         lrv[rows_k], df[rows_k] = _ewc(coef[rows_k], overlap, int(k))
+    d_hat = np.zeros(rows)
+    found = np.zeros(rows, bool)
+    corrected, corrected_point, corrected_df = lrv.copy(), lrv.copy(), df.copy()
+    if floor and extra is None:  # step 4: long memory in the EWC's own cosines
+        for k in np.unique(terms):
+            rows_k = terms == k
+            m = measure(z[rows_k], e[rows_k], coef[rows_k], degree, int(k))
+            d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
+            corrected[rows_k] *= m.interval
+            corrected_point[rows_k] *= m.point
+            corrected_df[rows_k] *= m.df_scale
     ratio = np.full(rows, np.nan)
     flagged = np.zeros(rows, bool)
     if floor and low_k < int(terms.min()):
@@ -281,10 +304,13 @@ def _fixed_degree(
         ratio[idx[hit]] = vr[hit]
         flagged[idx[hit]] = True
         lrv[idx[hit]] = np.maximum(lrv[idx[hit]], vr[hit] ** EXTRAPOLATE * large[hit])
+    point = np.maximum(lrv, corrected_point)
+    wider = corrected > lrv
+    lrv, df = np.where(wider, corrected, lrv), np.where(wider, corrected_df, df)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ess = np.where(lrv > 0, np.minimum(n, n * gamma0 / lrv), float(n))
+        ess = np.where(point > 0, np.minimum(n, n * gamma0 / point), float(n))
     trend_terms = np.full(rows, degree)
-    return LongRunVariance(lrv, df, gamma0, lag1, terms, trend_terms, ratio, flagged, ess)
+    return LongRunVariance(lrv, df, gamma0, lag1, terms, trend_terms, ratio, flagged | found, d_hat, ess)
 
 
 def autocovariances(z: np.ndarray) -> np.ndarray:

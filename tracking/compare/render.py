@@ -484,6 +484,8 @@ def _estimate(e: Estimate | None) -> dict[str, Any] | None:
         "lag1": _num(e.lag1),
         "ess": _num(e.ess),
         "bandwidth": _num(e.bandwidth),
+        "long_memory": e.long_memory,
+        "memory_d": _num(e.memory),
         "confidence": e.confidence,
         "enough_data": e.enough_data,
     }

@@ -9,8 +9,9 @@ around it, so that a short burst is neither diluted in its segment nor split in 
 
 Every segment's difference is the exact difference of the two runs' ratios of sums over the
 segment. Its interval uses the long-run variance of the whole window's paired series around its
-trend (with the episode's level removed when there is one; the noise level is taken to be the same
-along the window), and the t critical value with that estimate's degrees of freedom.
+trend (with the episode's level removed when there is one, whose effective sample size then also
+gates the segments; the noise level is taken to be the same along the window), and the t critical
+value with that estimate's degrees of freedom.
 
 Verdicts (``throughout_verdict``): **equivalent** only if the whole window and every segment are
 equivalent (an intersection–union test: each part is a level-5 % test of "outside the margin", so
@@ -180,6 +181,7 @@ def _segment_estimate(value: float, s: int, e: int, v: LongRunVariance, confiden
         df=df,
         trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
+        memory=float(v.memory[0]),
     )
 
 
@@ -229,7 +231,7 @@ def segment_differences(
     found = _episode(z, sums, tolerance, v)
     pieces = _cut(n, bounds, None if found is None else found[:2])
     noise = v if found is None else found[2]
-    gated = n < MIN_UNITS or not float(v.ess[0]) >= MIN_ESS
+    gated = n < MIN_UNITS or not float(noise.ess[0]) >= MIN_ESS
     values = sums.difference(np.array([p[0] for p in pieces]), np.array([p[1] for p in pieces]))
     out = []
     for (s, e, episode), val in zip(pieces, values, strict=True):

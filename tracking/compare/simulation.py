@@ -454,7 +454,7 @@ def cases(reps: int = 400, seed: int = 0, quick: bool = False) -> list[Callable[
         for phi in (0.0, 0.5, 0.9, 0.97, 0.99):
             for n in ns:
                 out.append(partial(stationary, method, n, reps, seed, phi=phi, throughout=n == 1000))
-        for d in (0.3, 0.4):
+        for d in (0.2, 0.3, 0.4):
             for n in (300, 1000):
                 out.append(partial(stationary, method, n, reps, seed, d=d, throughout=False))
         for n in (200, 2000, 20000):

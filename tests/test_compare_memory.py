@@ -1,0 +1,156 @@
+"""The long-memory step of the long-run variance (``tracking.compare.memory``).
+
+The model's expectations are checked against a plain dense reference (the ``n x n`` ARFIMA
+covariance matrix, the residual maker and the cosine vectors formed explicitly); the estimate of
+``d``, its test, its confirmation against an episode and the coverage it buys are checked by
+simulation with known truth and fixed seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tracking.compare.memory as memory
+from tracking.compare import simulation as sim
+from tracking.compare.lrv import cosine_coefficients, long_run_variance, trend_basis
+from tracking.compare.memory import GRID, autocorrelations, confirm, correct, excursions, model
+
+
+def _dense(n: int, d: float, basis: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """``E[(phi_j' M x)^2]`` for ``j = 1 .. k`` and ``n Var(mean(x))`` from the full matrices."""
+    lags = np.abs(np.subtract.outer(np.arange(n), np.arange(n)))
+    k_ = np.arange(1, n)
+    rho = np.concatenate([[1.0], np.cumprod((k_ - 1 + d) / (k_ - d))])
+    gamma = rho[lags]
+    resid = np.eye(n) - basis @ basis.T
+    t = np.arange(n)
+    phi = np.stack([math.sqrt(2.0 / n) * np.cos(math.pi * j * (t + 0.5) / n) for j in range(1, k + 1)], 1)
+    mphi = resid @ phi
+    return np.einsum("tj,ts,sj->j", mphi, gamma, mphi), float(np.ones(n) @ gamma @ np.ones(n)) / n
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(8, 160),
+    degree=st.integers(0, 2),
+    g=st.integers(0, GRID.size - 1),
+    episode=st.booleans(),
+    data=st.data(),
+)
+def test_model_expectations_match_the_dense_matrices(n, degree, g, episode, data):
+    extra = None
+    if episode:
+        s = data.draw(st.integers(0, n - 2))
+        extra = np.zeros((n, 1))
+        extra[s : data.draw(st.integers(s + 1, n)), 0] = 1.0
+    basis = trend_basis(n, degree, extra)
+    k = min(n - 1, 12)
+    e, nvar = model(basis, k)
+    ref, ref_nvar = _dense(n, float(GRID[g]), basis, k)
+    assert e[g] == pytest.approx(ref, rel=1e-9, abs=1e-12)
+    assert nvar[g] == pytest.approx(ref_nvar, rel=1e-9)
+
+
+def test_white_noise_gives_the_plain_estimate_exactly():
+    """At ``d = 0`` the model is white noise: the factor is 1 and nothing is corrected."""
+    e, nvar = model(trend_basis(200, 2), 20)
+    assert nvar[0] == pytest.approx(1.0) and np.all(e[0] <= 1.0 + 1e-12)
+    assert np.all(np.diff(nvar) > 0)  # more memory, more variance of the mean
+    assert autocorrelations(5, 0.0).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_memory_parameter_is_recovered_and_short_memory_is_rarely_flagged():
+    rng = np.random.default_rng(7)
+    n, k = 4000, 100
+    long = sim.arfima(rng, 60, n, 0.35, sd=1.0)
+    white = rng.normal(size=(60, n))
+    fits = {}
+    for name, x in (("long", long), ("white", white)):
+        fits[name] = correct(cosine_coefficients(x - x.mean(axis=1, keepdims=True), k), n, 0, k)
+    assert abs(float(np.median(fits["long"].d)) - 0.35) < 0.07
+    assert fits["long"].found.mean() > 0.9 and np.all(fits["long"].point[fits["long"].found] > 1)
+    assert fits["white"].found.mean() < 0.3  # a one-sided test at about 16 %
+    assert np.all(fits["white"].point[~fits["white"].found] == 1.0)
+
+
+def test_an_episode_is_found_where_it_is_and_removing_it_takes_the_memory_away(monkeypatch):
+    """White noise with a level shift of 1.5 sd during 5 % of the window: its low cosines rise as
+    long memory's do; without its excursion they do not, so the correction stays small."""
+    rng = np.random.default_rng(3)
+    n, reps, k = 1000, 40, 40
+    z = rng.normal(0.0, 1.0, (reps, n))
+    starts = rng.integers(0, n - 60, reps)
+    for i, s in enumerate(starts):
+        z[i, s : s + 50] += 1.5
+    e = z - z.mean(axis=1, keepdims=True)
+    lo, hi = excursions(e)
+    miss = np.concatenate([np.abs(lo - starts), np.abs(hi - (starts + 50))])
+    assert np.median(miss) <= 3 and miss.max() <= 15
+    coef = cosine_coefficients(e, k)
+    whole = correct(coef, n, 0, k)
+    plausible, _ = confirm(z, e, 0, k)  # d_hat + se without the excursion
+    se = float(whole.se[0])
+    assert np.median(whole.d) >= 0.2 and np.median(plausible - se) <= 0.05
+    with_step = long_run_variance(z)
+    monkeypatch.setattr(memory, "GATE", math.inf)
+    without = long_run_variance(z)
+    assert np.median(with_step.ess) >= 0.5 * np.median(without.ess)
+
+
+def _size_at_margin(d: float, n: int, reps: int, seed: int) -> tuple[float, float]:
+    rng = np.random.default_rng([seed, int(d * 1000), n])
+    a = sim.counts(rng, sim.MEAN + sim.wobble(rng, reps, n, d=d))
+    b = sim.counts(rng, sim.MEAN + sim.TOLERANCE + sim.wobble(rng, reps, n, d=d))
+    diff = sim.intervals("ewc", [*a, *b])
+    return float(np.mean(diff.equivalent(n))), float(np.mean(diff.covers(sim.TOLERANCE)))
+
+
+def test_long_memory_no_longer_passes_as_equivalent(monkeypatch):
+    """ARFIMA d = 0.4, 1,000 steps, a true difference at the margin: called equivalent in at most the
+    8 % docs/STATISTICS.md reports, plus 2 Monte-Carlo sd over 300 replicates; with the step off (its
+    gate never reached), the same data is called equivalent at least twice as often and over 10 %
+    (the control that shows the test can fail)."""
+    size, coverage = _size_at_margin(0.4, 1000, 300, 5)
+    bound = 0.08 + 2 * math.sqrt(0.08 * 0.92 / 300)
+    assert size <= bound and coverage >= 0.8
+    monkeypatch.setattr(memory, "GATE", math.inf)
+    off, off_coverage = _size_at_margin(0.4, 1000, 300, 5)
+    assert off > 2 * size and off > 0.1 and off_coverage < coverage
+
+
+def test_a_comparison_of_long_memory_runs_says_so_in_its_reason_and_json():
+    """Two runs whose clip probability wanders as ARFIMA d = 0.45 noise over 1,200 steps: the
+    difference's estimate carries the memory found, its JSON names it, and a gated verdict's reason
+    names long memory with the d found (not the batch check's wording)."""
+    from tracking import keys
+    from tracking.compare import RunSet, compare
+    from tracking.compare.frame import LoadedRun, Point
+    from tracking.compare.render import as_dict
+    from tracking.records import RunInfo
+
+    rng = np.random.default_rng(21)
+    n = 1200
+    runs = []
+    for name in ("megatron-run", "miles-run"):
+        p = np.clip(0.10 + sim.arfima(rng, 1, n, 0.45, sd=0.03)[0], 0.001, 0.999)
+        tokens = rng.integers(5_000, 50_000, n)
+        clipped = rng.binomial(tokens, p)
+        points = [
+            Point(s, 1.0e9 + s, {keys.LOSS_TOKENS: float(t), keys.CLIPPED_TOKENS: float(c)})
+            for s, (t, c) in enumerate(zip(tokens, clipped, strict=True))
+        ]
+        runs.append((LoadedRun(RunInfo(name, name, name.split("-")[0]), "test"), points))
+    result = compare(RunSet.from_points(runs))
+    d = result.difference("clip_fraction")
+    assert d.estimate.long_memory and d.estimate.memory >= 0.2
+    out = as_dict(result)
+    [entry] = [x for x in out["differences"] if x["metric"] == "clip_fraction"]
+    assert entry["difference"]["long_memory"] is True and entry["difference"]["memory_d"] == d.estimate.memory
+    assert not d.estimate.enough_data and d.verdict == "insufficient data"  # d = 0.45: a few effective units
+    reason = d.estimate.insufficiency()
+    assert f"memory parameter d = {d.estimate.memory:.2f}" in reason and "batch means" not in reason

@@ -1,0 +1,279 @@
+"""Long memory in the EWC cosines: the memory parameter ``d``, its test and the variance it implies.
+
+Under short memory the spectrum of the linearised series is flat over the EWC's lowest ``K``
+cosines, so their mean square estimates the long-run variance. Under long memory (spectral density
+``~ lambda^(-2d)`` near frequency 0, ``0 < d < 1/2``) it is not: the cosines' power rises towards
+frequency 0 and the variance of the window's mean grows like ``n^(2d - 1)``, faster than any of
+them shows. This module measures that rise on the EWC's own cosines and corrects for it:
+
+1. **Exact expectations.** For unit-variance ARFIMA(0, d, 0) noise (autocorrelations
+   ``rho_k = prod_{i<=k} (i - 1 + d) / (i - d)``), ``E[(phi_j' M x)^2]`` of the residual cosine
+   coefficients (``M`` the trend's residual maker) and ``n Var(mean(x))`` are computed exactly,
+   with no ``n x n`` matrix: ``phi_j' Gamma phi_j = 1 + (2/n) sum_k rho_k ((n - k) cos(a k) -
+   sin(a k) / sin(a))`` with ``a = pi j / n`` (two FFTs for all ``j``), and the trend terms by
+   Toeplitz products (one FFT per basis column). Above ``EXACT_UNITS`` units they are computed at
+   ``EXACT_UNITS`` units for the same cosine indices (both sides scale as ``n^(2d)``; the ratio
+   that matters does not depend on ``n`` to first order).
+2. **Estimate and test** (``correct``). ``d`` maximises the Gaussian (Whittle) pseudo-likelihood
+   of the residual coefficients ``j = 1 .. K`` with those expectations, the scale profiled out,
+   over a grid of step ``GRID_STEP`` in ``[0, D_MAX]``; its standard error is the inverse square
+   root of the Fisher information at ``d = 0``, ``(1/2) sum_j (g_j - mean g)^2`` with
+   ``g_j = d log E_j / d d``. Long memory is **found** when ``d_hat > GATE * se`` (a one-sided test
+   at about 16 %; a false finding costs only a wider interval), and only where ``se <= SE_MAX``
+   (enough cosines to tell memory from chance).
+3. **Confirmed** (``confirm``). A single episode of a different level raises the low cosines too.
+   The window's largest excursion (``excursions``) is removed with the trend, as an indicator, and
+   ``d`` fitted again on what is left (the model's expectations for that basis): the finding stands
+   if ``d_hat > CONFIRM_GATE * se`` still, and ``d`` is taken at most as large as is still
+   plausible then (``d_hat + se`` of that fit).
+4. **Correction.** When found, the EWC estimate is multiplied by ``F(d) = n Var(mean) / E[EWC]``
+   under ARFIMA(0, d, 0): at ``d_hat`` for the effective sample size (the point estimate of the
+   variance), at ``d_hat + WIDEN * se`` (capped at ``D_MAX``) for the interval, so that the
+   uncertainty of ``d_hat`` widens the interval and not the reported sample size; the degrees of
+   freedom shrink by the unequal expected powers of the cosines (``(sum E_j)^2 / sum E_j^2``
+   against its white-noise value). Otherwise the EWC estimate stands unchanged.
+
+``D_MAX`` keeps the model stationary: a series whose cosines rise faster (a near unit root over
+the window) is corrected as if ``d = D_MAX``, which already leaves an effective sample of a few
+units, below the verdict gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+GRID_STEP = 0.01
+"""Step of the grid over which ``d`` is estimated."""
+D_MAX = 0.45
+"""Largest memory parameter considered (ARFIMA(0, d, 0) is stationary for ``d < 1/2``)."""
+GATE = 1.0
+"""Long memory is found when ``d_hat > GATE * se(d_hat)``."""
+WIDEN = 1.0
+"""The interval's variance uses ``d_hat + WIDEN * se`` (the effective sample size uses ``d_hat``)."""
+SE_MAX = 0.2
+"""Long memory is only tested where ``se(d_hat) <= SE_MAX`` (about 25 cosines or more): with fewer,
+a white-noise window reaches ``GATE * se`` by chance often enough to cost many honest verdicts."""
+EXACT_UNITS = 16_384
+"""Above this many units the expectations are computed at this many (same cosine indices)."""
+GRID = np.round(np.arange(0.0, D_MAX + GRID_STEP / 2, GRID_STEP), 10)
+"""The grid of ``d`` values (read-only)."""
+GRID.setflags(write=False)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per-row results of ``correct`` (1-d arrays).
+
+    ``d``: estimated memory parameter; ``se``: its standard error under ``d = 0``; ``found``: long
+    memory found (``d > GATE * se``); ``point`` / ``interval``: the factors ``F`` (>= 1, exactly 1
+    when not found) that multiply the EWC long-run variance for the effective sample size and for
+    the interval; ``df_scale``: the factor on the EWC's degrees of freedom (unequal expected powers
+    of the cosines leave fewer).
+    """
+
+    d: np.ndarray
+    se: np.ndarray
+    found: np.ndarray
+    point: np.ndarray
+    interval: np.ndarray
+    df_scale: np.ndarray
+
+
+def autocorrelations(n: int, d: float) -> np.ndarray:
+    """``rho_0 .. rho_{n-1}`` of ARFIMA(0, d, 0)."""
+    k = np.arange(1, n)
+    return np.concatenate([[1.0], np.cumprod((k - 1.0 + d) / (k - d))])
+
+
+def _toeplitz_times(rho: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``Gamma v`` for the symmetric Toeplitz ``Gamma[s, t] = rho[|s - t|]`` and ``v`` of shape ``(n, c)``."""
+    n = rho.size
+    size = 1 << int(2 * n - 1).bit_length()
+    column = np.concatenate([rho, np.zeros(size - 2 * n + 1), rho[:0:-1]])
+    product = np.fft.irfft(np.fft.rfft(v, size, axis=0) * np.fft.rfft(column)[:, None], size, axis=0)
+    return product[:n]
+
+
+def model(basis: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(E, nvar)`` over ``GRID``: ``E[g, j - 1] = E[(phi_j' M x)^2]`` for ``j = 1 .. kmax`` and
+    ``nvar[g] = n Var(mean(x))``, for unit-variance ARFIMA(0, GRID[g], 0) noise ``x`` of ``n`` units,
+    ``M`` the residual maker of the orthonormal columns ``basis`` (``n x q``)."""
+    from tracking.compare.lrv import cosine_coefficients
+
+    n = basis.shape[0]
+    kmax = min(kmax, n - 1)
+    overlap = cosine_coefficients(basis.T, kmax)  # (q, kmax): phi_j' b_i
+    j = np.arange(1, kmax + 1)
+    a = np.pi * j / n
+    lags = np.arange(n)
+    e = np.empty((GRID.size, kmax))
+    nvar = np.empty(GRID.size)
+    for g, d in enumerate(GRID):
+        rho = autocorrelations(n, float(d))
+        tail = rho.copy()
+        tail[0] = 0.0
+        spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]  # sum_k w_k e^{-i a k}
+        twist = np.fft.fft(tail, 2 * n)[1 : kmax + 1]
+        diag = 1.0 + (2.0 / n) * (spread.real + twist.imag / np.sin(a))
+        gb = _toeplitz_times(rho, basis)  # Gamma b_i
+        cross = cosine_coefficients(gb.T, kmax)  # phi_j' Gamma b_i
+        inner = basis.T @ gb
+        e[g] = (
+            diag - 2.0 * np.sum(overlap * cross, axis=0) + np.einsum("qj,qr,rj->j", overlap, inner, overlap)
+        )
+        nvar[g] = 1.0 + 2.0 * float(np.sum((n - lags[1:]) * rho[1:])) / n
+    e.setflags(write=False)
+    nvar.setflags(write=False)
+    return e, nvar
+
+
+def expectations(n: int, degree: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``model`` for the Legendre trend of ``degree`` (the mean included) over ``n`` units, computed
+    at ``EXACT_UNITS`` units above that (every cosine at once, cached per window length)."""
+    e, nvar = _legendre_model(min(n, EXACT_UNITS), degree)
+    return e[:, :kmax], nvar
+
+
+@lru_cache(maxsize=8)
+def _legendre_model(n: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
+    from tracking.compare.lrv import trend_basis
+
+    return model(trend_basis(n, degree), n - 1)
+
+
+def measure(z: np.ndarray, e: np.ndarray, coef: np.ndarray, degree: int, k: int) -> Memory:
+    """Long memory of rows of ``z`` (``rows x n``) with residuals ``e`` (the Legendre trend of
+    ``degree`` removed) and residual cosine coefficients ``coef``, for an EWC over ``k`` cosines:
+    ``correct``, then each finding checked by ``confirm`` — it stands only if the memory is still
+    there without the largest excursion, and ``d`` is at most what remains plausible then."""
+    n = z.shape[1]
+    m = correct(coef, n, degree, k)
+    if not m.found.any():
+        return m
+    d2, found2 = confirm(z[m.found], e[m.found], degree, k)
+    at_most, confirmed = m.d.copy(), m.found.copy()
+    at_most[m.found], confirmed[m.found] = d2, found2
+    return fit(coef, *expectations(n, degree, k), k, at_most, confirmed)
+
+
+def correct(coef: np.ndarray, n: int, degree: int, k: int) -> Memory:
+    """The long-memory estimate, test and correction factors for rows of residual cosine
+    coefficients ``coef`` (``rows x >= k``; ``phi_j' M z`` for ``j = 1 .. k``) of series of ``n``
+    units with a Legendre trend of ``degree`` removed and an EWC over ``k`` cosines."""
+    return fit(coef, *expectations(n, degree, k), k)
+
+
+def fit(
+    coef: np.ndarray,
+    e: np.ndarray,
+    nvar: np.ndarray,
+    k: int,
+    at_most: np.ndarray | None = None,
+    confirmed: np.ndarray | None = None,
+) -> Memory:
+    """``correct`` for a given ``model``; ``at_most``: per-row upper bound on ``d_hat``;
+    ``confirmed``: per-row condition that a finding must also meet."""
+    rows = coef.shape[0]
+    k = min(k, e.shape[1])
+    e = e[:, :k]
+    power = coef[:, :k] ** 2
+    total = e.sum(axis=1)  # E[EWC] * tr(C), per grid value
+    factor = nvar * total[0] / total  # F(d) = n Var(mean) / E[EWC]; F(0) = 1 exactly
+    df_scale = (total**2 / np.sum(e * e, axis=1)) / (total[0] ** 2 / np.sum(e[0] ** 2))
+    log_e = np.log(e)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = (power @ (1.0 / e).T) / k  # (rows, grid)
+        objective = np.log(scale) + log_e.mean(axis=1)[None, :]
+    flat = ~np.all(np.isfinite(objective), axis=1)
+    objective[flat] = 0.0
+    best = np.argmin(objective, axis=1)
+    best[flat] = 0
+    slope = (log_e[1] - log_e[0]) / (GRID[1] - GRID[0])  # d log E_j / d d at d = 0
+    information = 0.5 * float(np.sum((slope - slope.mean()) ** 2))
+    se = 1.0 / np.sqrt(information) if information > 0 else np.inf
+    if at_most is not None:
+        best = np.minimum(best, np.searchsorted(GRID, at_most + 1e-12) - 1)
+    d = GRID[best]
+    found = (d > GATE * se) & (se <= SE_MAX)
+    if confirmed is not None:
+        found &= confirmed
+    widened = np.minimum(np.searchsorted(GRID, d + WIDEN * se - 1e-12), GRID.size - 1)
+    return Memory(
+        d=d,
+        se=np.full(rows, se),
+        found=found,
+        point=np.where(found, factor[best], 1.0),
+        interval=np.where(found, factor[widened], 1.0),
+        df_scale=np.where(found, df_scale[best], 1.0),
+    )
+
+
+CONFIRM_GATE = 0.5
+"""The finding stands when ``d_hat > CONFIRM_GATE * se`` still holds without the largest excursion."""
+EXCURSION_SHORTEST = 8
+"""Shortest window (units) considered as an excursion in ``excursions``."""
+
+
+def excursions(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``e`` (``rows x n``): ``(start, stop)`` of the window with the largest
+    ``|sum| / sqrt(width)``: the best among widths ``n / 64 .. n / 4`` (doubling, at least
+    ``EXCURSION_SHORTEST``) at starts a quarter-width apart, then its ends moved within a quarter-width
+    each way, coarse to fine down to one unit (the score of a level shift peaks where the window matches it)."""
+    rows, n = e.shape
+    cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(e, axis=1)], axis=1)
+    starts, stops = [], []
+    w = max(EXCURSION_SHORTEST, n // 64)
+    while w <= max(n // 4, EXCURSION_SHORTEST):
+        s = np.arange(0, max(n - w, 0) + 1, max(1, w // 4))
+        starts.append(s)
+        stops.append(np.minimum(s + w, n))
+        w *= 2
+    start, stop = np.concatenate(starts), np.concatenate(stops)
+    best = np.argmax(np.abs(cum[:, stop] - cum[:, start]) / np.sqrt(stop - start), axis=1)
+    out_start, out_stop = start[best].copy(), stop[best].copy()
+    for i in range(rows):
+        reach = max(1, int(out_stop[i] - out_start[i]) // 4)
+        while True:  # coarse to fine: at most 33 x 33 candidate pairs per pass
+            step = max(1, reach // 16)
+            s = np.arange(max(0, out_start[i] - reach), min(n - 1, out_start[i] + reach) + 1, step)
+            t = np.arange(max(1, out_stop[i] - reach), min(n, out_stop[i] + reach) + 1, step)
+            ss, tt = np.meshgrid(s, t, indexing="ij")
+            width = tt - ss
+            score = np.where(width > 0, np.abs(cum[i, tt] - cum[i, ss]) / np.sqrt(np.maximum(width, 1)), -1.0)
+            j = np.unravel_index(int(np.argmax(score)), score.shape)
+            out_start[i], out_stop[i] = ss[j], tt[j]
+            if step == 1:
+                break
+            reach = step
+    return out_start, out_stop
+
+
+def confirm(z: np.ndarray, e: np.ndarray, degree: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(d_hat + se, found)`` per row of ``z`` once its largest excursion (``excursions`` of its
+    residual ``e``) is removed with the trend, as an indicator: the largest ``d`` still plausible
+    then, and whether ``d_hat > CONFIRM_GATE * se`` still holds. Long memory raises every low cosine
+    and survives; one episode of a different level (a deterministic part of the window) does not."""
+    from tracking.compare.lrv import cosine_coefficients, trend_basis
+
+    rows, n = z.shape
+    small = min(n, EXACT_UNITS)
+    start, stop = excursions(e)
+    d = np.zeros(rows)
+    found = np.zeros(rows, bool)
+    for i in range(rows):
+        indicator = np.zeros((n, 1))
+        indicator[start[i] : stop[i], 0] = 1.0
+        basis = trend_basis(n, degree, indicator)
+        residual = z[i] - (z[i] @ basis) @ basis.T
+        coef = cosine_coefficients(residual[None, :], k)
+        if small < n:
+            s = int(start[i] * small // n)
+            indicator = np.zeros((small, 1))
+            indicator[s : max(s + 1, int(stop[i] * small // n)), 0] = 1.0
+            basis = trend_basis(small, degree, indicator)
+        m = fit(coef, *model(basis, k), k)
+        d[i], found[i] = m.d[0] + m.se[0], m.d[0] > CONFIRM_GATE * m.se[0]
+    return d, found
