@@ -56,6 +56,10 @@ WIDEN = 1.0
 SE_MAX = 0.2
 """Long memory is only tested where ``se(d_hat) <= SE_MAX`` (about 25 cosines or more): with fewer,
 a white-noise window reaches ``GATE * se`` by chance often enough to cost many honest verdicts."""
+CONFIRM_GATE = 0.5
+"""The finding stands when ``d_hat > CONFIRM_GATE * se`` still holds without the largest excursion."""
+EXCURSION_SHORTEST = 8
+"""Shortest window (units) considered as an excursion in ``excursions``."""
 EXACT_UNITS = 16_384
 """Above this many units the expectations are computed at this many (same cosine indices)."""
 GRID = np.round(np.arange(0.0, D_MAX + GRID_STEP / 2, GRID_STEP), 10)
@@ -65,13 +69,13 @@ GRID.setflags(write=False)
 
 @dataclass(frozen=True)
 class Memory:
-    """Per-row results of ``correct`` (1-d arrays).
+    """Per-row results of ``fit`` (1-d arrays).
 
     ``d``: estimated memory parameter; ``se``: its standard error under ``d = 0``; ``found``: long
-    memory found (``d > GATE * se``); ``point`` / ``interval``: the factors ``F`` (>= 1, exactly 1
-    when not found) that multiply the EWC long-run variance for the effective sample size and for
-    the interval; ``df_scale``: the factor on the EWC's degrees of freedom (unequal expected powers
-    of the cosines leave fewer).
+    memory found (``d > GATE * se``, and confirmed where ``measure`` asks); ``point`` /
+    ``interval``: the factors ``F`` (>= 1, exactly 1 when not found) that multiply the EWC long-run
+    variance for the effective sample size and for the interval; ``df_scale``: the factor on the
+    EWC's degrees of freedom (unequal expected powers of the cosines leave fewer).
     """
 
     d: np.ndarray
@@ -195,7 +199,7 @@ def fit(
     information = 0.5 * float(np.sum((slope - slope.mean()) ** 2))
     se = 1.0 / np.sqrt(information) if information > 0 else np.inf
     if at_most is not None:
-        best = np.minimum(best, np.searchsorted(GRID, at_most + 1e-12) - 1)
+        best = np.minimum(best, np.maximum(np.searchsorted(GRID, at_most + 1e-12) - 1, 0))
     d = GRID[best]
     found = (d > GATE * se) & (se <= SE_MAX)
     if confirmed is not None:
@@ -211,17 +215,12 @@ def fit(
     )
 
 
-CONFIRM_GATE = 0.5
-"""The finding stands when ``d_hat > CONFIRM_GATE * se`` still holds without the largest excursion."""
-EXCURSION_SHORTEST = 8
-"""Shortest window (units) considered as an excursion in ``excursions``."""
-
-
 def excursions(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``e`` (``rows x n``): ``(start, stop)`` of the window with the largest
     ``|sum| / sqrt(width)``: the best among widths ``n / 64 .. n / 4`` (doubling, at least
-    ``EXCURSION_SHORTEST``) at starts a quarter-width apart, then its ends moved within a quarter-width
-    each way, coarse to fine down to one unit (the score of a level shift peaks where the window matches it)."""
+    ``EXCURSION_SHORTEST``) at starts a quarter-width apart, then its ends moved within a
+    quarter-width each way, coarse to fine down to one unit (the score of a level shift peaks where
+    the window matches it)."""
     rows, n = e.shape
     cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(e, axis=1)], axis=1)
     starts, stops = [], []
@@ -242,7 +241,7 @@ def excursions(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             t = np.arange(max(1, out_stop[i] - reach), min(n, out_stop[i] + reach) + 1, step)
             ss, tt = np.meshgrid(s, t, indexing="ij")
             width = tt - ss
-            score = np.where(width > 0, np.abs(cum[i, tt] - cum[i, ss]) / np.sqrt(np.maximum(width, 1)), -1.0)
+            score = np.where(width > 0, np.abs(cum[i, tt] - cum[i, ss]) / np.sqrt(np.maximum(width, 1)), -1)
             j = np.unravel_index(int(np.argmax(score)), score.shape)
             out_start[i], out_stop[i] = ss[j], tt[j]
             if step == 1:
