@@ -275,7 +275,16 @@ def wandb_loop(spool: str, wandb_dir: str) -> None:
         time.sleep(0.0002)
 
 
+def _as_from_a_terminal() -> None:
+    """A non-interactive shell starts its background jobs with SIGINT ignored, and children inherit
+    that; these workers model programs started from a terminal, where Ctrl-C raises
+    ``KeyboardInterrupt`` (the ``ignore`` mode then ignores it itself)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 if __name__ == "__main__":
+    _as_from_a_terminal()
     command, *rest = sys.argv[1:]
     if command == "signal":
         signal_loop(*rest)
