@@ -14,7 +14,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests._compare_fixtures import megatron_vs_miles, synthetic_run, write_mlflow
@@ -357,6 +357,7 @@ def test_downsampling_refuses_mismatched_input():
 
 
 @given(st.floats(-1e7, 1e7), st.floats(1e-3, 1e7))
+@example(5e-324, 9.0)  # lo / step underflows to 0: the first tick must still be at or above lo
 def test_nice_ticks(lo, width):
     from tracking.compare.plots import nice_ticks
 

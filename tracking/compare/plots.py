@@ -330,4 +330,7 @@ def nice_ticks(lo: float, hi: float, target: int = 8) -> tuple[float, float]:
     raw = (hi - lo) / max(1, target)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    return math.ceil(lo / step) * step, step
+    first = math.ceil(lo / step) * step
+    if first < lo:  # lo / step underflowed (a subnormal lo) or rounded down
+        first += step
+    return first, step
