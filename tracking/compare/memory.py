@@ -45,6 +45,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from tracking.compare.windows import scan_windows
+
 GRID_STEP = 0.01
 """Step of the grid over which ``d`` is estimated."""
 D_MAX = 0.45
@@ -223,14 +225,8 @@ def excursions(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the window matches it)."""
     rows, n = e.shape
     cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(e, axis=1)], axis=1)
-    starts, stops = [], []
-    w = max(EXCURSION_SHORTEST, n // 64)
-    while w <= max(n // 4, EXCURSION_SHORTEST):
-        s = np.arange(0, max(n - w, 0) + 1, max(1, w // 4))
-        starts.append(s)
-        stops.append(np.minimum(s + w, n))
-        w *= 2
-    start, stop = np.concatenate(starts), np.concatenate(stops)
+    shortest = max(EXCURSION_SHORTEST, n // 64)
+    start, stop = scan_windows(n, shortest, max(n // 4, shortest))
     best = np.argmax(np.abs(cum[:, stop] - cum[:, start]) / np.sqrt(stop - start), axis=1)
     out_start, out_stop = start[best].copy(), stop[best].copy()
     for i in range(rows):

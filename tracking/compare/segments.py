@@ -45,6 +45,7 @@ from tracking.compare.estimate import (
 from tracking.compare.intervals import _as_arrays, difference_series, nan_estimate
 from tracking.compare.lrv import LongRunVariance, long_run_variance
 from tracking.compare.tdist import t_critical, t_quantile
+from tracking.compare.windows import scan_windows
 
 MAX_SEGMENTS = 8
 """Most equal segments of a window."""
@@ -105,28 +106,13 @@ class _Sums:
             return np.where(ok, sign * np.log(np.abs(rb) / np.abs(np.where(ok, ra, 1.0))), np.nan)
 
 
-def _scan_windows(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Start and stop of every window the episode scan looks at."""
-    starts, stops = [], []
-    w = max(EPISODE_MIN_UNITS, n // 200)
-    while w <= n // 4:
-        stride = max(1, w // 4)
-        s = np.arange(0, n - w + 1, stride)
-        starts.append(s)
-        stops.append(s + w)
-        w *= 2
-    if not starts:
-        return np.zeros(0, int), np.zeros(0, int)
-    return np.concatenate(starts), np.concatenate(stops)
-
-
 def _episode(
     z: np.ndarray, sums: _Sums, tolerance: float, v: LongRunVariance
 ) -> tuple[int, int, LongRunVariance, float] | None:
     """The most significant window beyond the margin, with the variance refitted around it and its
     standardised excess, or None when no window is significant at the family-wise 5 % level."""
     n = z.size
-    start, stop = _scan_windows(n)
+    start, stop = scan_windows(n, max(EPISODE_MIN_UNITS, n // 200), n // 4)
     if start.size == 0 or not v.lrv[0] > 0:
         return None
     d = sums.difference(start, stop)
