@@ -1,15 +1,13 @@
-"""The losses of :mod:`adapters.losses` as one compiled computation per call: loss, counts, checks.
+"""The built-in losses as one compiled computation per call: loss, counts, gauge, checks, gradient.
 
-Each loss is written once more here as a plain tensor function (a *kernel*) that computes the loss,
-its token counts and the on-device input checks from the same intermediate values, and is handed
-to ``torch.compile`` with dynamic shapes: Inductor fuses the element-wise work and the reductions
-into one pass over the tokens. The same pass writes the per-token gradient of the loss with
-respect to the logprobs, formed term by term as eager autograd forms it, and the backward only
-scales it (an ``autograd.Function``): measured faster forward + backward than letting AOTAutograd
-derive and compile a backward that reads the inputs again (``benchmarks/loss_overhead.py``), and
-nothing is compiled at ``loss.backward()`` time. The clip decision, the objective and the gradient
-read the same ratio inside that pass, so the counts always describe the loss actually computed.
-Gradients flow to the logprobs only: a call whose other inputs require grad runs eagerly.
+Each loss's formula (:data:`adapters.formulas.FORMULAS`, the same function the eager path runs)
+is handed to ``torch.compile`` with dynamic shapes and ``gradient=True``: Inductor fuses the
+element-wise work and the reductions into one pass over the tokens, and the same pass writes the
+per-token gradient of the loss with respect to the logprobs, formed term by term as autograd
+forms it from the eager loss; the backward only scales it (an ``autograd.Function``): measured
+faster forward + backward than letting AOTAutograd derive and compile a backward that reads the
+inputs again (``benchmarks/loss_overhead.py``), and nothing is compiled at ``loss.backward()``
+time. Gradients flow to the logprobs only: a call whose other inputs require grad runs eagerly.
 
 Selection (read on every call): the environment variable ``CLIPTRACK_FUSED`` set to ``1`` forces
 the fused path, ``0`` the eager one; unset (or empty), the fused path is taken where
@@ -21,7 +19,7 @@ eagerly (the eager path then names the bad input). A compile (or compiled-run) f
 
 The contract is that of :mod:`adapters.losses`: the same :class:`~adapters.losses.LossOutput`,
 detached int64 0-dim counts on the input's device, no host synchronisation, the same input checks
-and error messages, the loss and gradients equal to the eager objective up to floating-point
+and error messages, the loss and gradients equal to the eager loss up to floating-point
 rounding (each intermediate is rounded to its dtype as in eager; the generated code may still
 order a product or a sum differently, or compute ``exp`` to a different last bit, so a token whose
 ratio lies within a few ulps of a bound may fall on the other side than in eager; its count then
@@ -41,8 +39,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from adapters import losses
-from tracking import measures
+from adapters.formulas import FORMULAS, Threshold
 
 ENV_VAR = "CLIPTRACK_FUSED"
 """``1``: always the fused path; ``0``: always eager; unset: the automatic choice."""
@@ -115,183 +112,6 @@ def failure() -> str | None:
     return _failure
 
 
-# --- kernels: traced by torch.compile; every input is a tensor (or None for an absent mask) -----
-
-
-def _count(flags: Tensor, accumulate: torch.dtype) -> Tensor:
-    """The number of true entries, exact, as an int64 0-dim tensor.
-
-    ``accumulate`` is int32 below 2**31 tokens per call: Inductor's CPU code widens every lane to
-    int64 otherwise, which costs about 7 % of a fused PPO forward + backward.
-    """
-    return flags.sum(dtype=accumulate).to(torch.int64)
-
-
-def _mask_terms(
-    mask: Tensor | None, like: Tensor, accumulate: torch.dtype
-) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
-    """Eligible tokens (``None``: all), the mask as a multiplier, eligible count, bad-mask count."""
-    zero = torch.zeros((), dtype=torch.int64, device=like.device)
-    if mask is None:
-        return None, 1.0, zero + like.numel(), zero
-    eligible = mask if mask.dtype == torch.bool else mask != 0
-    # 0/1 entries equal their own eligibility; any other value (NaN too) differs.
-    bad = zero if mask.dtype == torch.bool else _count(mask != eligible, accumulate)
-    return eligible, mask.to(like.dtype), _count(eligible, accumulate), bad
-
-
-def _checks(
-    loss: Tensor,
-    propagated: Tensor,
-    mask_bad: Tensor,
-    low: object = None,
-    high: object = None,
-    gauge: Tensor | None = None,
-) -> Tensor:
-    """``LossOutput.invalid``: non-finite flag, bad mask entries, bad tensor-threshold entries
-    (the gauge's ``is_weight_sq:sum`` in the non-finite flag, as in the eager path)."""
-    total = loss + propagated.sum()
-    if gauge is not None:
-        total = total + gauge[losses._WEIGHT_SQ]
-    nonfinite = (~torch.isfinite(total)).to(torch.int64)
-    if isinstance(low, Tensor) and isinstance(high, Tensor):
-        thresholds_bad = ((low > high) | (low < 0) | ~torch.isfinite(low) | ~torch.isfinite(high)).sum(
-            dtype=torch.int64
-        )
-    else:  # numbers, checked on the host before the call
-        thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
-    return torch.stack([nonfinite, mask_bad, thresholds_bad])
-
-
-def _as(grad: Tensor, like: Tensor) -> Tensor:
-    """A gradient in ``like``'s dtype, as autograd casts it before passing it on."""
-    return grad.to(like.dtype)
-
-
-def _ppo_kernel(
-    lp: Tensor,
-    slp: Tensor,
-    adv: Tensor,
-    mask: Tensor | None,
-    low: losses.Threshold,
-    high: losses.Threshold,
-    outside_low: float,
-    outside_high: float,
-    accumulate: torch.dtype,
-) -> tuple:
-    log_ratio = lp - slp
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = losses._clamp(ratio, low, high) * adv
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    loss = -(torch.minimum(unclipped, clipped) * weight).sum()
-    # d loss / d logprobs as eager autograd forms it, -weight * share * A * r: torch.minimum gives
-    # the smaller side the gradient and a tie half to each side; clamp passes it inside [low, high]
-    # only. So the share is 0 where clipping bites (r is then outside the band), 1/2 for a tie
-    # outside the band (a rounding tie: clamped side passes nothing), else 1 (the two halves of a
-    # tie inside the band add up exactly, as in eager).
-    bites = clipped < unclipped
-    outside_tie = (unclipped == clipped) & ~((ratio >= low) & (ratio <= high))
-    share = torch.where(bites, 0.0, torch.where(outside_tie, 0.5, 1.0))
-    grad = _as(-weight * share * adv, lp) * ratio
-    if eligible is not None:
-        bites = bites & eligible
-    n_clipped = _count(bites, accumulate)
-    n_low = _count(bites & (adv < 0), accumulate)  # clipping bites on the low side exactly when A < 0
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
-    invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
-
-
-def _cispo_kernel(
-    lp: Tensor,
-    slp: Tensor,
-    adv: Tensor,
-    mask: Tensor | None,
-    low: losses.Threshold,
-    high: losses.Threshold,
-    outside_low: float,
-    outside_high: float,
-    accumulate: torch.dtype,
-) -> tuple:
-    log_ratio = lp - slp
-    ratio = torch.exp(log_ratio)
-    coefficient = losses._clamp(ratio, low, high)
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    scale = coefficient * adv
-    loss = -(scale * lp * weight).sum()
-    grad = _as(-weight * scale, lp)
-    departs = coefficient != ratio
-    if eligible is not None:
-        departs = departs & eligible
-    n_clipped = _count(departs, accumulate)
-    n_low = _count(departs & (ratio < coefficient), accumulate)
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
-    invalid = _checks(loss, log_ratio, mask_bad, low, high, gauge)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
-
-
-def _importance_sampling_kernel(
-    lp: Tensor,
-    slp: Tensor,
-    adv: Tensor,
-    mask: Tensor | None,
-    outside_low: float,
-    outside_high: float,
-    accumulate: torch.dtype,
-) -> tuple:
-    log_ratio = lp - slp
-    ratio = torch.exp(log_ratio)
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    loss = -(ratio * adv * weight).sum()
-    grad = _as(-weight * adv, lp) * ratio
-    gauge = losses.gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
-    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
-
-
-def _dro_kernel(
-    lp: Tensor,
-    slp: Tensor,
-    adv: Tensor,
-    mask: Tensor | None,
-    half_beta: float,
-    outside_low: float,
-    outside_high: float,
-    accumulate: torch.dtype,
-) -> tuple:
-    log_ratio = lp - slp
-    eligible, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-    objective = lp * adv - half_beta * log_ratio**2
-    loss = -(objective * weight).sum()
-    grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp)
-    gauge = losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible, outside_low, outside_high, weight)
-    return loss, grad, tokens, _checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
-
-
-def _cross_entropy_kernel(lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype) -> tuple:
-    weighted = weights * lp
-    if mask is None:
-        zero = torch.zeros((), dtype=torch.int64, device=lp.device)
-        tokens, mask_bad = _count(weights != 0, accumulate), zero
-        loss = -weighted.sum()
-        grad = _as(-weights, lp)
-    else:
-        _, weight, tokens, mask_bad = _mask_terms(mask, lp, accumulate)
-        loss = -(weighted * weight).sum()
-        grad = _as(-weight * weights, lp)
-    return loss, grad, tokens, _checks(loss, lp, mask_bad)
-
-
-KERNELS: dict[str, Callable[..., tuple]] = {
-    "ppo": _ppo_kernel,
-    "cispo": _cispo_kernel,
-    "importance_sampling": _importance_sampling_kernel,
-    "dro": _dro_kernel,
-    "cross_entropy": _cross_entropy_kernel,
-}
-"""The fused computation of each loss of :data:`adapters.losses.LOSSES`, by the same name."""
-
-
 def _inductor(gm: Any, example_inputs: Any) -> Any:
     """Inductor, rounding every intermediate to its dtype as eager does (``emulate_precision_casts``).
 
@@ -323,12 +143,14 @@ def compiled(name: str, constants: tuple[Any, ...] = ()) -> Callable[..., Any] |
     if key not in _compiled:
         if sum(1 for other, _ in _compiled if other == name) >= MAX_CONSTANT_SETS:
             return None
-        fn = _bind(name, constants, f"{KERNELS[name].__name__}_{len(_compiled)}")
+        fn = _bind(name, constants, f"{FORMULAS[name].__name__}_{len(_compiled)}")
         _compiled[key] = torch.compile(fn, backend=_inductor, dynamic=True)
     return _compiled[key]
 
 
 def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return repr(value)
     if isinstance(value, torch.dtype):
         return str(value)  # "torch.int32"
     assert isinstance(value, float) and repr(float(repr(value))) == repr(value)
@@ -336,7 +158,7 @@ def _literal(value: Any) -> str:
 
 
 def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable[..., Any]:
-    """``KERNELS[name]`` with ``constants`` written into a new function's code as literals.
+    """``FORMULAS[name]`` with ``constants`` written into a new function's code as literals.
 
     Literals, not arguments or closure cells: torch.compile turns a float argument or cell into a
     symbolic input, Inductor's CPU code with a runtime bound is several times slower, and Inductor's
@@ -346,7 +168,7 @@ def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable
     """
     values = "".join(f", {_literal(c)}" for c in constants)
     source = f"def {function_name}(*tensors):\n    return _kernel(*tensors{values})\n"
-    namespace: dict[str, Any] = {"_kernel": KERNELS[name], "torch": torch}
+    namespace: dict[str, Any] = {"_kernel": FORMULAS[name], "torch": torch}
     exec(
         compile(source, f"<cliptrack fused {name}>", "exec"), namespace
     )  # the source holds only literals we wrote
@@ -371,16 +193,38 @@ class _Fused(torch.autograd.Function):
         return (None, grad_loss * grad) + (None,) * ctx.others
 
 
-def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ...] = ()) -> tuple | None:
-    """Run the compiled kernel; ``None`` (run eagerly) when it cannot serve the call.
+def evaluate(
+    name: str,
+    logprobs: Tensor,
+    others: tuple[Tensor | None, ...],
+    constants: tuple[float, ...] = (),
+    bounds: tuple[Threshold, Threshold] | None = None,
+) -> tuple | None:
+    """Formula ``name`` compiled, on one call's checked inputs; ``None``: run it eagerly instead.
 
-    On a compile or run failure: one warning, and the fused path is off for the process.
+    ``others``: the per-token inputs after the logprobs, detached (``None`` for an absent mask);
+    ``constants``: the numbers the formula takes after its thresholds (compiled in);
+    ``bounds``: a clipping loss's ``(low, high)``, numbers (checked by the caller, compiled in) or
+    tensors (a number beside a tensor becomes a tensor; checked on device). Returns
+    ``(loss, loss_tokens, invalid, *clip_counts, *gauge)``. ``None`` when the call's set of
+    constants is beyond :data:`MAX_CONSTANT_SETS`, or on a compile or run failure: then one
+    warning, and the fused path is off for the process.
     """
     global _failure
-    logprobs = tensors[0]
-    assert logprobs is not None
+    extra: tuple[Tensor, ...] = ()
+    if bounds is not None:
+        if isinstance(bounds[0], Tensor) or isinstance(bounds[1], Tensor):
+            extra = tuple(_tensor_bound(b, logprobs) for b in bounds)
+        else:
+            constants = (float(bounds[0]), float(bounds[1]), *constants)
+    if any(
+        b.dim() > 0 for b in extra
+    ):  # per-datum thresholds broadcast against the token shape: one graph per rank
+        tensors = (logprobs, *others, *extra)
+    else:
+        tensors = (*_flat(logprobs, *others), *extra)
     accumulate = torch.int32 if logprobs.numel() < 2**31 else torch.int64
-    fn = compiled(name, (*constants, accumulate))
+    fn = compiled(name, (*constants, accumulate, True))
     if fn is None:
         return None
     try:
@@ -399,56 +243,12 @@ def _run(name: str, tensors: tuple[Tensor | None, ...], constants: tuple[Any, ..
     return cast(tuple, out)
 
 
-# --- public entry points: host-side checks as in adapters.losses, then one compiled call --------
-
-_DEFAULT_OUTSIDE = (measures.RATIO_OUTSIDE_LOW, measures.RATIO_OUTSIDE_HIGH)
-
-
-def _differentiable(*others: object) -> bool:
-    """Whether an input other than the logprobs requires grad (the kernel differentiates the logprobs only)."""
-    return any(isinstance(t, Tensor) and t.requires_grad for t in others)
-
-
-def _sources(
-    logprobs: Tensor,
-    sampling_logprobs: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor | None,
-    advantages_name: str = "advantages",
-) -> dict[str, Tensor]:
-    """Check shapes, devices and dtypes now (as the eager path does); the detached inputs by name."""
-    check = losses._check_tensor
-    check("logprobs", logprobs, floating=True)
-    sources = {"logprobs": logprobs.detach()}
-    if sampling_logprobs is not None:
-        check("sampling_logprobs", sampling_logprobs, like=logprobs, floating=True)
-        sources["sampling_logprobs"] = sampling_logprobs.detach()
-    check(advantages_name, advantages, like=logprobs, floating=advantages_name == "advantages")
-    sources[advantages_name] = advantages.detach()
-    if mask is not None:
-        check("mask", mask, like=logprobs)
-        sources["mask"] = mask.detach()
-    return sources
-
-
-def _bounds(
-    low: losses.Threshold, high: losses.Threshold, like: Tensor
-) -> tuple[Tensor, Tensor] | tuple[float, float]:
-    """Numbers checked now (as eager) and kept as numbers; with a tensor, both as tensors (checked in the kernel)."""
-    if not isinstance(low, Tensor) and not isinstance(high, Tensor):
-        losses._check_thresholds(low, high, like.device)
-        return float(low), float(high)
-    for value in (low, high):  # a number beside a tensor: its own checks (type, finite, >= 0)
-        if not isinstance(value, Tensor):
-            losses._check_thresholds(value, value, like.device)
-
-    def as_tensor(value: losses.Threshold) -> Tensor:
-        if isinstance(value, Tensor):
-            return value.detach()
-        dtype = torch.promote_types(like.dtype, torch.float32)
-        return torch.full((), float(value), dtype=dtype, device=like.device)  # a fill, no copy
-
-    return as_tensor(low), as_tensor(high)
+def _tensor_bound(value: Threshold, like: Tensor) -> Tensor:
+    """A clip bound as a tensor: a tensor detached, a number filled in (no host-to-device copy)."""
+    if isinstance(value, Tensor):
+        return value.detach()
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    return torch.full((), float(value), dtype=dtype, device=like.device)
 
 
 def _flat(logprobs: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]:
@@ -458,132 +258,3 @@ def _flat(logprobs: Tensor, *others: Tensor | None) -> tuple[Tensor | None, ...]
     tensor of another rank (torch.compile guards on a view's base, and would compile per rank).
     """
     return (logprobs.reshape(-1), *(None if t is None else t.reshape(-1).detach() for t in others))
-
-
-def _clipping(
-    name: str,
-    logprobs: Tensor,
-    sampling_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None,
-    low: losses.Threshold,
-    high: losses.Threshold,
-    ratio_outside: tuple[float, float],
-) -> losses.LossOutput | None:
-    if _differentiable(sampling_logprobs, advantages, mask, low, high):
-        return None
-    sources = _sources(logprobs, sampling_logprobs, advantages, mask)
-    lo, hi = _bounds(low, high, logprobs)
-    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
-    if not isinstance(lo, Tensor) or not isinstance(hi, Tensor):
-        out = _run(name, _flat(*tokens), (lo, hi, *ratio_outside))
-    elif lo.dim() == 0 and hi.dim() == 0:
-        out = _run(name, _flat(*tokens) + (lo, hi), ratio_outside)
-    else:  # per-datum thresholds broadcast against the token shape: one graph per rank
-        out = _run(name, tokens + (lo, hi), ratio_outside)
-    if out is None:
-        return None
-    loss, n_tokens, invalid, n_clipped, n_low, n_high, gauge = out
-    return losses.LossOutput(loss, n_tokens, n_clipped, n_low, n_high, invalid, (sources,), gauge=gauge)
-
-
-def ppo(
-    logprobs: Tensor,
-    sampling_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None = None,
-    *,
-    clip_low_threshold: losses.Threshold,
-    clip_high_threshold: losses.Threshold,
-    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
-) -> losses.LossOutput | None:
-    """Fused :func:`adapters.losses.ppo`; ``None`` when the compiler failed (run the eager loss)."""
-    return _clipping(
-        "ppo",
-        logprobs,
-        sampling_logprobs,
-        advantages,
-        mask,
-        clip_low_threshold,
-        clip_high_threshold,
-        ratio_outside,
-    )
-
-
-def cispo(
-    logprobs: Tensor,
-    sampling_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None = None,
-    *,
-    clip_low_threshold: losses.Threshold,
-    clip_high_threshold: losses.Threshold,
-    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
-) -> losses.LossOutput | None:
-    """Fused :func:`adapters.losses.cispo`; ``None`` when the compiler failed (run the eager loss)."""
-    return _clipping(
-        "cispo",
-        logprobs,
-        sampling_logprobs,
-        advantages,
-        mask,
-        clip_low_threshold,
-        clip_high_threshold,
-        ratio_outside,
-    )
-
-
-def _never_clipping(
-    name: str,
-    sources: dict[str, Tensor],
-    tensors: tuple[Tensor | None, ...],
-    constants: tuple[float, ...] = (),
-) -> losses.LossOutput | None:
-    out = _run(name, tensors, constants)
-    if out is None:
-        return None
-    loss, n_tokens, invalid, *gauge = out
-    return losses.LossOutput(
-        loss, n_tokens, None, None, None, invalid, (sources,), gauge=gauge[0] if gauge else None
-    )
-
-
-def importance_sampling(
-    logprobs: Tensor,
-    sampling_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None = None,
-    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
-) -> losses.LossOutput | None:
-    """Fused :func:`adapters.losses.importance_sampling`; ``None`` when the compiler failed."""
-    if _differentiable(sampling_logprobs, advantages, mask):
-        return None
-    sources = _sources(logprobs, sampling_logprobs, advantages, mask)
-    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
-    return _never_clipping("importance_sampling", sources, _flat(*tokens), ratio_outside)
-
-
-def dro(
-    logprobs: Tensor,
-    sampling_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor | None = None,
-    *,
-    beta: float,
-    ratio_outside: tuple[float, float] = _DEFAULT_OUTSIDE,
-) -> losses.LossOutput | None:
-    """Fused :func:`adapters.losses.dro` (``beta`` already checked by the caller); ``None`` on failure."""
-    if _differentiable(sampling_logprobs, advantages, mask):
-        return None
-    sources = _sources(logprobs, sampling_logprobs, advantages, mask)
-    tokens = (logprobs, sources["sampling_logprobs"], sources["advantages"], sources.get("mask"))
-    return _never_clipping("dro", sources, _flat(*tokens), (0.5 * beta, *ratio_outside))
-
-
-def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> losses.LossOutput | None:
-    """Fused :func:`adapters.losses.cross_entropy`; ``None`` when the compiler failed."""
-    if _differentiable(weights, mask):
-        return None
-    losses._check_tensor("weights", weights, like=logprobs)
-    sources = _sources(logprobs, None, weights, mask, advantages_name="weights")
-    return _never_clipping("cross_entropy", sources, _flat(logprobs, sources["weights"], sources.get("mask")))

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from adapters import formulas
 from adapters import fused as _fused
 from tracking import keys, measures
 from tracking.counts import (
@@ -38,7 +39,7 @@ from tracking.counts import (
     mixed_kinds_error,
 )
 
-Threshold = float | Tensor
+Threshold = formulas.Threshold
 """An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
 
 PPO_CLIP_LOW = 0.8
@@ -64,9 +65,9 @@ RATIO_OUTSIDE_LOW = measures.RATIO_OUTSIDE_LOW
 RATIO_OUTSIDE_HIGH = measures.RATIO_OUTSIDE_HIGH
 """Default upper ratio bound of ``ratio_outside_tokens:sum`` (keyword ``ratio_outside_high``)."""
 
-GAUGE_FIELDS: tuple[str, ...] = (*GAUGE_SUM_KEYS, *(measures.by_key(k).packed for k in GAUGE_EXTREME_KEYS))
-"""Layout of ``LossOutput.gauge``: the gauge's sums, then its extremes as combined by max
-(``log_ratio:max``, ``-log_ratio:min``); float64, the same order as in :data:`PACKED_FIELDS`."""
+GAUGE_FIELDS = formulas.GAUGE_FIELDS
+"""Layout of ``LossOutput.gauge`` (:data:`adapters.formulas.GAUGE_FIELDS`): the gauge's sums, then
+its extremes as combined by max; float64, the same order as in :data:`PACKED_FIELDS`."""
 _GAUGE_SUMS = len(GAUGE_SUM_KEYS)
 
 Sources = tuple[dict[str, Tensor], ...]
@@ -199,121 +200,10 @@ def combine_gauges(a: Tensor, b: Tensor) -> Tensor:
     return torch.cat([a[:_GAUGE_SUMS] + b[:_GAUGE_SUMS], torch.maximum(a[_GAUGE_SUMS:], b[_GAUGE_SUMS:])])
 
 
-K3_SERIES_BELOW = 0.5
-"""``|l|`` below which ``kl_k3`` is the series; from it on ``w - 1 - l`` (no cancellation there)."""
-
-
-def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
-    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
-
-    Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series ``l**2/2! + ... + l**9/9!``
-    by Horner in the dtype of ``l`` (truncation below ``3e-9`` relative there, a few ulps of
-    rounding, where ``w - 1 - l`` would lose every digit to cancellation: float32 ``w`` near 1
-    carries ``6e-8`` absolute, the k3 term of ``l = 1e-4`` is ``5e-9``), from ``1/2`` on
-    ``w - 1 - l`` (the term is then at least ``0.1``); no second ``exp``, and no ``expm1``, which
-    Inductor's CPU code writes as ``exp(x) - 1``. The coefficients and the bound are literals in
-    this code: a float read from a module global becomes a runtime input of a graph compiled with
-    dynamic shapes, loaded and converted once per vector of tokens (it made the fused PPO loss with
-    the gauge about 1.6x slower). Eager: ``expm1(l) - l`` in float64 (three element-wise ops;
-    ATen's ``expm1`` is exact to an ulp). Both agree with the float64 reference to float32
-    rounding of the term (``tests/test_gauge.py``). Clamped at 0 against rounding (the term is >= 0).
-    """
-    if not torch.compiler.is_compiling():
-        wide = log_ratio.to(torch.float64)
-        return torch.expm1(wide).sub_(wide).clamp_min_(0.0)
-    x = log_ratio
-    poly = x * (1 / 362880) + 1 / 40320  # 1/9!, 1/8!
-    poly = poly * x + 1 / 5040
-    poly = poly * x + 1 / 720
-    poly = poly * x + 1 / 120
-    poly = poly * x + 1 / 24
-    poly = poly * x + 1 / 6
-    poly = poly * x + 1 / 2
-    series = x * x * poly
-    direct = weight - 1.0 - x
-    return torch.clamp_min(torch.where(x.abs() < 0.5, series, direct), 0.0)  # 0.5: K3_SERIES_BELOW
-
-
-def gauge_of(
-    log_ratio: Tensor,
-    ratio: Tensor,
-    eligible: Tensor | None,
-    low: float = RATIO_OUTSIDE_LOW,
-    high: float = RATIO_OUTSIDE_HIGH,
-    weight: Tensor | float | None = None,
-) -> Tensor:
-    """The on-policy gauge of one loss call: a float64 vector laid out as :data:`GAUGE_FIELDS`.
-
-    ``log_ratio``: per token ``l = logprobs - sampling_logprobs`` as the loss computed it;
-    ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
-    ``eligible``: bool tensor of eligible tokens, ``None`` for all; ``low`` / ``high``: the
-    ``ratio_outside_tokens`` bounds; ``weight``: the eligibility as a 0/1 multiplier (the loss's
-    mask in its dtype; formed from ``eligible`` when not given). Per-token terms are formed in
-    float32 or float64 (a bfloat16 or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew
-    in float32): ``|l|``, the k3 term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it
-    does not overflow before ``w``); sums accumulate in float64. The extremes are those of ``l`` over eligible tokens (``-inf``
-    over none), the min stored negated. Detached, on the input's device, no host sync; the same
-    function serves the eager and the fused pass (traced into the compiled kernel).
-
-    Eager, a ``where`` against a number costs about seven multiplies: ``l`` of an ineligible token
-    is zeroed by the multiply (a non-finite ``l`` is refused by the loss's own check whatever the
-    mask), ``w`` by a ``where`` (an ineligible token's ``w`` may overflow where ``l`` does not).
-    """
-    with torch.no_grad():
-        lr = log_ratio.detach()
-        w = ratio.detach()
-        if lr.dtype not in (torch.float32, torch.float64):
-            lr = lr.float()
-            w = torch.exp(lr)
-        f64 = torch.float64
-        if eligible is None:
-            on = None
-            lm, wm = lr, w
-            outside = (w < low) | (w > high)
-        else:
-            on = eligible.to(lr.dtype) if not isinstance(weight, Tensor) else weight.to(lr.dtype)
-            lm = lr * on
-            wm = torch.where(eligible, w, 0.0)
-            outside = ((w < low) | (w > high)) & eligible
-        l64 = lm.to(f64)  # one copy, read by the sums of l and |l| (and the eager k3 term)
-        w64 = wm.to(f64)
-        kl = k3_terms(lm if torch.compiler.is_compiling() else l64, wm)  # ineligible: l = w = 0, term 0
-        sums = [
-            l64.sum(),
-            l64.abs().sum(),
-            kl.sum(dtype=f64),
-            _count_true(outside).to(f64),
-            w64.sum(),
-            torch.dot(w64.reshape(-1), w64.reshape(-1)),
-        ]
-        return torch.stack([*sums, *_extremes(lr, lm, on)])
-
-
-def _count_true(flags: Tensor) -> Tensor:
-    """The number of true entries, exact, int64 0-dim: eager ``count_nonzero`` (no integer copy
-    of the flags); compiled an int32 sum below 2**31 entries (Inductor's CPU code widens every lane
-    to int64 otherwise, about 7 % of a fused PPO call)."""
-    if not torch.compiler.is_compiling():
-        return torch.count_nonzero(flags)
-    return flags.sum(dtype=torch.int32 if flags.numel() < 2**31 else torch.int64).to(torch.int64)
-
-
-def _extremes(lr: Tensor, lm: Tensor, on: Tensor | None) -> list[Tensor]:
-    """``[max l, -min l]`` over eligible tokens in float64, ``-inf`` over none.
-
-    ``on`` is the eligibility as 0/1 in ``lr``'s dtype and ``lm = lr * on``. An ineligible token
-    is pushed to the bottom by the offset ``(on - 1) * max_float`` instead of a ``where``, which
-    costs about seven multiplies eager: an eligible token's value is ``l + 0``, exactly ``l``.
-    """
-    f64 = torch.float64
-    if lr.numel() == 0:
-        return [torch.full((), -math.inf, dtype=f64, device=lr.device)] * 2
-    if on is None:
-        return [lr.amax().to(f64), lr.amin().neg().to(f64)]
-    offset = (on - 1) * torch.finfo(lr.dtype).max
-    none = on.amax() == 0  # a float max: cheaper than eligible.any() on CPU
-    top, bottom = (lm + offset).amax(), (offset - lm).amax()
-    return [torch.where(none, -math.inf, v).to(f64) for v in (top, bottom)]
+K3_SERIES_BELOW = formulas.K3_SERIES_BELOW
+k3_terms = formulas.k3_terms
+gauge_of = formulas.gauge_of
+"""The on-policy gauge of one loss call (:func:`adapters.formulas.gauge_of`), for a loss of one's own."""
 
 
 def check_ratio_outside(low: object, high: object) -> tuple[float, float]:
@@ -348,6 +238,59 @@ def _diagnose(sources: Sources) -> list[str]:
     return problems
 
 
+def _evaluate(
+    name: str,
+    sources: dict[str, Tensor],
+    logprobs: Tensor,
+    others: tuple[Tensor | None, ...],
+    constants: tuple[float, ...] = (),
+    bounds: tuple[Threshold, Threshold] | None = None,
+) -> LossOutput:
+    """One call of formula ``name`` (:data:`adapters.formulas.FORMULAS`) on checked inputs: fused
+    where :func:`adapters.fused.wanted` chooses it and only the logprobs require grad, else eager.
+
+    ``others``: the per-token inputs after the logprobs as the caller gave them (autograd
+    differentiates them on the eager path; the mask is detached); ``constants``: the formula's
+    number parameters after its thresholds; ``bounds``: a clipping loss's thresholds.
+    """
+    threshold_tensors = () if bounds is None else bounds
+    out = None
+    if _fused.wanted(logprobs) and not any(
+        isinstance(t, Tensor) and t.requires_grad for t in (*others, *threshold_tensors)
+    ):
+        detached = tuple(None if t is None else t.detach() for t in others)
+        out = _fused.evaluate(name, logprobs, detached, constants, bounds)
+    if out is None:
+        loss, _, *counts = formulas.FORMULAS[name](
+            logprobs, *others, *threshold_tensors, *constants, torch.int64, False
+        )
+        out = (loss, *counts)
+    loss, loss_tokens, invalid, *rest = out
+    if name in CLIPPING_LOSSES:
+        clipped, low, high, *rest = rest
+    else:
+        clipped = low = high = None
+    return LossOutput(
+        loss, loss_tokens, clipped, low, high, invalid, (sources,), gauge=rest[0] if rest else None
+    )
+
+
+def _clipping(
+    name: str,
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    low: Threshold,
+    high: Threshold,
+    ratio_outside: tuple[float, float],
+) -> LossOutput:
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
+    _check_thresholds(low, high)
+    others = (sampling_logprobs, advantages, sources.get("mask"))
+    return _evaluate(name, sources, logprobs, others, ratio_outside, (low, high))
+
+
 def ppo(
     logprobs: Tensor,
     sampling_logprobs: Tensor,
@@ -365,35 +308,12 @@ def ppo(
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
     broadcast to the token shape for per-datum thresholds). ``ratio_outside_low`` /
     ``ratio_outside_high``: the bounds of the gauge's ``ratio_outside_tokens:sum`` (:func:`gauge_of`).
+    The formula: :func:`adapters.formulas.ppo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    if _fused.wanted(logprobs) and (
-        out := _fused.ppo(
-            logprobs,
-            sampling_logprobs,
-            advantages,
-            mask,
-            clip_low_threshold=clip_low_threshold,
-            clip_high_threshold=clip_high_threshold,
-            ratio_outside=outside,
-        )
-    ):
-        return out
-    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
-    thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
-    log_ratio = logprobs - sampling_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = _clamp(ratio, clip_low_threshold, clip_high_threshold) * advantages
-    loss = -(torch.minimum(unclipped, clipped) * batch.weight).sum()
-    with torch.no_grad():
-        bites = (clipped < unclipped) & batch.eligible
-        n_clipped = torch.count_nonzero(bites)
-        n_low = torch.count_nonzero(
-            bites & (advantages < 0)
-        )  # clipping bites on the low side exactly when A < 0
-        gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside, weight=batch.weight)
-    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad, gauge)
+    return _clipping(
+        "ppo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold, outside
+    )
 
 
 def cispo(
@@ -411,32 +331,19 @@ def cispo(
 
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
     ``r < low``, high side ``r > high``, whatever the sign of ``A``. The gauge as in :func:`ppo`.
+    The formula: :func:`adapters.formulas.cispo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    if _fused.wanted(logprobs) and (
-        out := _fused.cispo(
-            logprobs,
-            sampling_logprobs,
-            advantages,
-            mask,
-            clip_low_threshold=clip_low_threshold,
-            clip_high_threshold=clip_high_threshold,
-            ratio_outside=outside,
-        )
-    ):
-        return out
-    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
-    thresholds_bad = _check_thresholds(clip_low_threshold, clip_high_threshold, logprobs.device)
-    log_ratio = (logprobs - sampling_logprobs).detach()
-    ratio = torch.exp(log_ratio)
-    coefficient = _clamp(ratio, clip_low_threshold, clip_high_threshold)
-    loss = -(coefficient * advantages * logprobs * batch.weight).sum()
-    with torch.no_grad():
-        departs = (coefficient != ratio) & batch.eligible
-        n_clipped = torch.count_nonzero(departs)
-        n_low = torch.count_nonzero(departs & (ratio < coefficient))
-        gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside, weight=batch.weight)
-    return batch.output(loss, log_ratio, n_clipped, n_low, n_clipped - n_low, thresholds_bad, gauge)
+    return _clipping(
+        "cispo",
+        logprobs,
+        sampling_logprobs,
+        advantages,
+        mask,
+        clip_low_threshold,
+        clip_high_threshold,
+        outside,
+    )
 
 
 def importance_sampling(
@@ -450,18 +357,9 @@ def importance_sampling(
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips; the gauge as in :func:`ppo`."""
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    if _fused.wanted(logprobs) and (
-        out := _fused.importance_sampling(
-            logprobs, sampling_logprobs, advantages, mask, ratio_outside=outside
-        )
-    ):
-        return out
-    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
-    log_ratio = logprobs - sampling_logprobs
-    ratio = torch.exp(log_ratio)
-    loss = -(ratio * advantages * batch.weight).sum()
-    gauge = gauge_of(log_ratio, ratio, batch.mask_eligible, *outside, weight=batch.weight)
-    return batch.output(loss, log_ratio, gauge=gauge)
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
+    others = (sampling_logprobs, advantages, sources.get("mask"))
+    return _evaluate("importance_sampling", sources, logprobs, others, outside)
 
 
 def dro(
@@ -479,18 +377,9 @@ def dro(
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    if _fused.wanted(logprobs) and (
-        out := _fused.dro(logprobs, sampling_logprobs, advantages, mask, beta=beta, ratio_outside=outside)
-    ):
-        return out
-    batch = LossInputs(logprobs, sampling_logprobs, advantages, mask)
-    log_ratio = logprobs - sampling_logprobs
-    objective = logprobs * advantages - 0.5 * beta * log_ratio**2
-    loss = -(objective * batch.weight).sum()
-    gauge = gauge_of(
-        log_ratio, torch.exp(log_ratio.detach()), batch.mask_eligible, *outside, weight=batch.weight
-    )
-    return batch.output(loss, log_ratio, gauge=gauge)
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
+    others = (sampling_logprobs, advantages, sources.get("mask"))
+    return _evaluate("dro", sources, logprobs, others, (0.5 * float(beta), *outside))
 
 
 def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> LossOutput:
@@ -498,17 +387,9 @@ def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None)
 
     Eligible tokens are ``mask != 0`` when a mask is given, else ``weights != 0``.
     """
-    if _fused.wanted(logprobs) and (out := _fused.cross_entropy(logprobs, weights, mask)):
-        return out
-    _check_tensor("weights", weights, like=logprobs)
-    batch = LossInputs(logprobs, None, weights, mask, advantages_name="weights")
-    weighted = weights * logprobs
-    if mask is None:
-        batch.eligible = weights.detach() != 0
-        loss = -weighted.sum()
-    else:
-        loss = -(weighted * batch.weight).sum()
-    return batch.output(loss, logprobs.detach())
+    _check_tensor("weights", weights, like=logprobs if isinstance(logprobs, Tensor) else None)
+    sources = _checked_sources(logprobs, None, weights, mask, advantages_name="weights")
+    return _evaluate("cross_entropy", sources, logprobs, (weights, sources.get("mask")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -949,15 +830,6 @@ def unpack(values: Sequence[float], where: str = "") -> PackedSums:
     return PackedSums(float(values[0]), counts, calls, invalid)
 
 
-def _clamp(ratio: Tensor, low: Threshold, high: Threshold) -> Tensor:
-    """``torch.clamp`` with number or tensor bounds (one call either way; a number beside a tensor
-    bound becomes a tensor, as ``torch.clamp`` takes both or neither)."""
-    if isinstance(low, Tensor) != isinstance(high, Tensor):
-        low, high = (torch.as_tensor(v, dtype=ratio.dtype, device=ratio.device) for v in (low, high))
-    bounds: Any = (low, high)
-    return torch.clamp(ratio, *bounds)
-
-
 def _check_tensor(name: str, value: object, *, like: Tensor | None = None, floating: bool = False) -> None:
     if not isinstance(value, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -979,7 +851,9 @@ class LossInputs:
     The public input checks of every loss (:func:`check_inputs`); a registered loss of one's own
     builds its output with :meth:`output` and so gets the same on-device checks and error messages.
     Attributes: ``eligible`` (bool, the token shape), ``mask_eligible`` (the same, ``None`` without
-    a mask: every token is eligible), ``weight`` (the mask as a multiplier, ``1.0`` without one).
+    a mask: every token is eligible), ``weight`` (the mask as a multiplier, ``1.0`` without one),
+    ``loss_tokens`` (int64 0-dim), ``mask_bad`` (mask entries neither 0 nor 1, int64 0-dim); the
+    same terms as the built-in formulas (:func:`adapters.formulas.mask_terms`).
     """
 
     def __init__(
@@ -991,31 +865,21 @@ class LossInputs:
         *,
         advantages_name: str = "advantages",
     ) -> None:
-        _check_tensor("logprobs", logprobs, floating=True)
-        self.sources: dict[str, Tensor] = {"logprobs": logprobs.detach()}
-        if sampling_logprobs is not None:
-            _check_tensor("sampling_logprobs", sampling_logprobs, like=logprobs, floating=True)
-            self.sources["sampling_logprobs"] = sampling_logprobs.detach()
-        _check_tensor(advantages_name, advantages, like=logprobs, floating=advantages_name == "advantages")
-        self.sources[advantages_name] = advantages.detach()
+        self.sources = _checked_sources(
+            logprobs, sampling_logprobs, advantages, mask, advantages_name=advantages_name
+        )
         self.device = logprobs.device
-        self.mask_bad: Tensor | None = None
-        self.mask_eligible: Tensor | None = None
-        if mask is None:
-            self.eligible = torch.ones(logprobs.shape, dtype=torch.bool, device=self.device)
-            self.weight: Tensor | float = 1.0
-            return
-        _check_tensor("mask", mask, like=logprobs)
-        mask = mask.detach()
-        self.sources["mask"] = mask
-        if mask.dtype == torch.bool:
-            self.eligible = mask
-        else:
-            self.eligible = mask != 0
-            # 0/1 entries equal their own eligibility (0 or 1); any other value, NaN too, differs.
-            self.mask_bad = torch.count_nonzero(mask != self.eligible)
-        self.mask_eligible = self.eligible
-        self.weight = mask.to(logprobs.dtype)
+        self._shape = logprobs.shape
+        self.mask_eligible, self.weight, self.loss_tokens, self.mask_bad = formulas.mask_terms(
+            mask, logprobs, torch.int64
+        )
+
+    @property
+    def eligible(self) -> Tensor:
+        """The eligible tokens as a bool tensor of the token shape (all true without a mask)."""
+        if self.mask_eligible is None:
+            return torch.ones(self._shape, dtype=torch.bool, device=self.device)
+        return self.mask_eligible
 
     def output(
         self,
@@ -1029,28 +893,13 @@ class LossInputs:
     ) -> LossOutput:
         """Assemble the output (``gauge``: :func:`gauge_of`, for a loss with sampling log-probs).
 
-        Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum
-        of ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn
-        into a harmless 0 still shows): one extra reduction. A sum that overflows from finite
-        inputs (beyond 3.4e38, or an importance weight beyond float range) is reported as such.
+        ``propagated``: ``logprobs - sampling_logprobs`` (or the logprobs), read by the non-finite
+        check (:func:`adapters.formulas.checks`); ``thresholds_bad``: the count of bad tensor
+        threshold entries (:func:`adapters.formulas.bad_thresholds`).
         """
         with torch.no_grad():
-            loss_tokens = torch.count_nonzero(self.eligible)  # int64, no int64 copy of the mask
-            total = loss.detach() + propagated.detach().sum()
-            if gauge is not None:
-                total = total + gauge[_WEIGHT_SQ]  # +inf once an importance weight overflows
-            nonfinite = (~torch.isfinite(total)).to(torch.int64)
-            mask_bad = self.mask_bad
-            if mask_bad is None:
-                mask_bad = torch.zeros((), dtype=torch.int64, device=self.device)
-            if thresholds_bad is None:
-                thresholds_bad = torch.zeros((), dtype=torch.int64, device=self.device)
-            invalid = torch.stack([nonfinite, mask_bad, thresholds_bad])
-        return LossOutput(loss, loss_tokens, clipped, low, high, invalid, (self.sources,), gauge=gauge)
-
-
-_WEIGHT_SQ = GAUGE_FIELDS.index(keys.IS_WEIGHT_SQ_SUM)
-"""Index of ``is_weight_sq:sum`` in :data:`GAUGE_FIELDS` (the non-finite check reads it)."""
+            invalid = formulas.checks(loss, propagated, self.mask_bad, thresholds_bad, gauge)
+        return LossOutput(loss, self.loss_tokens, clipped, low, high, invalid, (self.sources,), gauge=gauge)
 
 
 def check_inputs(
@@ -1067,19 +916,36 @@ def check_inputs(
     return LossInputs(logprobs, sampling_logprobs, advantages, mask, advantages_name=advantages_name)
 
 
-def _check_thresholds(low: Threshold, high: Threshold, device: torch.device) -> Tensor | None:
-    """Check Python-number thresholds now; count bad tensor-threshold entries on device."""
+def _checked_sources(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor | None,
+    *,
+    advantages_name: str = "advantages",
+) -> dict[str, Tensor]:
+    """Check types, shapes and devices now (TypeError / ValueError naming the input); the
+    detached inputs by argument name (kept to name bad entries later)."""
+    _check_tensor("logprobs", logprobs, floating=True)
+    sources = {"logprobs": logprobs.detach()}
+    if sampling_logprobs is not None:
+        _check_tensor("sampling_logprobs", sampling_logprobs, like=logprobs, floating=True)
+        sources["sampling_logprobs"] = sampling_logprobs.detach()
+    _check_tensor(advantages_name, advantages, like=logprobs, floating=advantages_name == "advantages")
+    sources[advantages_name] = advantages.detach()
+    if mask is not None:
+        _check_tensor("mask", mask, like=logprobs)
+        sources["mask"] = mask.detach()
+    return sources
+
+
+def _check_thresholds(low: Threshold, high: Threshold) -> None:
+    """Check Python-number clip thresholds now (tensor ones are counted on device by the formula,
+    :func:`adapters.formulas.bad_thresholds`)."""
     for name, value in (("clip_low_threshold", low), ("clip_high_threshold", high)):
         if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)):
             raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
         if not isinstance(value, Tensor) and (not math.isfinite(value) or value < 0):
             raise ValueError(f"{name} must be a finite ratio bound >= 0, got {value!r}")
-    if not isinstance(low, Tensor) and not isinstance(high, Tensor):
-        if low > high:
-            raise ValueError(f"clip_low_threshold={low!r} is above clip_high_threshold={high!r}")
-        return None
-    with torch.no_grad():
-        lo = torch.as_tensor(low, device=device)
-        hi = torch.as_tensor(high, device=device)
-        bad = (lo > hi) | (lo < 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)
-        return bad.sum()
+    if not isinstance(low, Tensor) and not isinstance(high, Tensor) and low > high:
+        raise ValueError(f"clip_low_threshold={low!r} is above clip_high_threshold={high!r}")

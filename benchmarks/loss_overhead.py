@@ -35,7 +35,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters import fused, losses
+from adapters import formulas, fused, losses
 from benchmarks._timing import Row, interleaved_medians, markdown
 from tests import reference
 
@@ -94,7 +94,7 @@ def _ppo_differentiated(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor):
 
 
 def _no_gauge(outputs: Tensor, *_: object, **__: object) -> Tensor:
-    """Stands in for ``adapters.losses.gauge_of``: the gauge of no token, with no per-token work."""
+    """Stands in for ``adapters.formulas.gauge_of``: the gauge of no token, with no per-token work."""
     return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
 
 
@@ -105,12 +105,12 @@ def _without_gauge(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]
     kernel compiled without the gauge is a graph of its own."""
 
     def call(x: Tensor) -> Tensor:
-        saved = losses.gauge_of
-        losses.gauge_of = _no_gauge  # type: ignore[assignment]
+        saved = formulas.gauge_of
+        formulas.gauge_of = _no_gauge  # type: ignore[assignment]
         try:
             return fn(x)
         finally:
-            losses.gauge_of = saved
+            formulas.gauge_of = saved
 
     return call
 
@@ -228,7 +228,7 @@ def _run(repeats: int) -> list[Row]:
         return differentiated(x.reshape(-1), *flat)[0]
 
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
-        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32))
+        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32, True))
         assert kernel is not None
         return fused._Fused.apply(kernel, x.reshape(-1), *flat)[0]
 
