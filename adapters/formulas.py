@@ -191,7 +191,7 @@ def gauge_of(
         if not torch.compiler.is_compiling():
             return _gauge_eager(lr, w, eligible, on, low, high)
         f64 = torch.float64
-        if eligible is None:
+        if eligible is None or on is None:
             lm, wm = lr, w
             outside = (w < low) | (w > high)
         else:
