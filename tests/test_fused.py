@@ -210,6 +210,18 @@ def test_bad_inputs_are_flagged_on_device_and_named_as_in_eager():
         losses.ppo(lp, slp, adv, mask, clip_low_threshold=1.5, clip_high_threshold=1.2)
 
 
+def test_a_tensor_threshold_beside_a_number_is_checked_alike_on_both_paths():
+    lp, slp, adv, mask = _inputs()
+    low = torch.tensor([[0.8], [1.5], [0.9]])  # row 1 is above the number bound 1.2
+    for name in ("ppo", "cispo"):
+        out, _ = _run(name, lp, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=1.2)
+        with loss_path("0"):
+            eager, _ = _run(name, lp, slp, adv, mask, clip_low_threshold=low, clip_high_threshold=1.2)
+        assert out.invalid.tolist() == eager.invalid.tolist() == [0, 0, 1]
+        with pytest.raises(ValueError, match="clip thresholds have 1 entries"):
+            eager.check()
+
+
 def test_one_graph_serves_every_batch_shape_and_layout():
     counters = torch._dynamo.utils.counters["stats"]
     shapes = [(3, 7), (5, 11), (1, 17), (2, 300), (50,), (7,), (3001,), (2, 5, 3), (1, 1, 9)]
