@@ -93,6 +93,14 @@ def _ppo_differentiated(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor):
     return loss, tokens, n_clipped, n_low, nonfinite, mask_bad
 
 
+def _ppo_objective_and_gauge(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The plain PPO objective and the gauge alone (no counts, no checks, no explicit gradient),
+    compiled together: the least a fused loss with the gauge can cost."""
+    loss = reference.objective_ppo(lp, slp, adv, mask, 0.8, 1.2)
+    log_ratio = (lp - slp).detach()
+    return loss, formulas.gauge_of(log_ratio, torch.exp(log_ratio), mask != 0, 0.5, 2.0, mask)
+
+
 def _no_gauge(outputs: Tensor, *_: object, **__: object) -> Tensor:
     """Stands in for ``adapters.formulas.gauge_of``: the gauge of no token, with no per-token work."""
     return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
@@ -222,6 +230,7 @@ def _run(repeats: int) -> list[Row]:
         return (pg_losses * mask).sum()
 
     differentiated = torch.compile(_ppo_differentiated, dynamic=True)
+    objective_and_gauge = torch.compile(_ppo_objective_and_gauge, dynamic=True)
     flat = [t.reshape(-1) for t in (slp, adv, mask)]
 
     def compile_differentiated(x: Tensor) -> Tensor:
@@ -271,11 +280,19 @@ def _run(repeats: int) -> list[Row]:
             "miles constants": miles_constants,
             "differentiated": compile_differentiated,
             "fused kernel": fused_kernel,
+            "objective and gauge": lambda x: objective_and_gauge(x, slp, adv, mask)[0],
         }
     )
     e = medians(
         {"fused": ppo_fused, "eager": ppo_eager, "eager no gauge": ppo_eager_no_gauge, "plain": plain["ppo"]}
     )
+    eligible_log_ratio = (lp - slp) * mask
+
+    def k3_alone() -> None:  # the eager gauge's k3 term, exact: float64 expm1 over every token
+        wide = eligible_log_ratio.to(torch.float64)
+        torch.expm1(wide).sub_(wide).sum()
+
+    k3 = interleaved_medians({"eager no gauge": lambda: step(ppo_eager_no_gauge), "k3": k3_alone}, repeats)
     rows += [
         Row(
             f"ppo fused with counting and the gauge, {tag}",
@@ -291,11 +308,23 @@ def _run(repeats: int) -> list[Row]:
             m["fused no gauge"] / m["plain compiled"],
         ),
         Row(
+            "ppo objective and the gauge alone (no counts, checks or explicit gradient), compiled together",
+            m["objective and gauge"],
+            "ppo objective compiled, no counting",
+            m["objective and gauge"] / m["plain compiled"],
+        ),
+        Row(
             "ppo eager with counting and the gauge",
             e["eager"],
             "ppo eager with counting, without the gauge",
             e["eager"] / e["eager no gauge"],
             "≤ 1.15",
+        ),
+        Row(
+            "the eager gauge's k3 term alone (float64 expm1, subtract, sum)",
+            k3["k3"],
+            "ppo eager with counting, without the gauge",
+            k3["k3"] / k3["eager no gauge"],
         ),
         Row(
             "ppo fused with counting",
