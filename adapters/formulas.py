@@ -217,8 +217,8 @@ def _gauge_eager(
 ) -> Tensor:
     """:func:`gauge_of` as eager ops: the same values in fewer passes over the tokens.
 
-    Each eager op is a pass over memory, so the float64 copies are reused in place once read
-    (``l`` becomes ``expm1(l) - l``'s partner, then ``|l|``), the comparisons combine in place, and
+    Each eager op is a pass over memory, so the float64 copy of ``l`` (always a copy, never the
+    caller's tensor) is overwritten by ``|l|`` once read, the comparisons combine in place, and
     the extremes are one ``aminmax`` over ``l`` with every ineligible token replaced by the first
     eligible one (found by ``argmax`` of the eligibility bytes and read with ``gather``: no host
     sync).
@@ -231,7 +231,7 @@ def _gauge_eager(
         lm = lr * on
         wm = torch.where(eligible, w, 0.0)
         outside.logical_and_(eligible)
-    l64 = lm.to(f64)
+    l64 = lm.to(f64, copy=lm is lr)  # our own copy: it is overwritten by |l| below
     w64 = wm.to(f64)
     w64_flat = w64.reshape(-1)
     log_ratio_sum = l64.sum()
@@ -255,7 +255,8 @@ def _gauge_eager(
         filled = torch.where(eligible, lr, lr.reshape(-1).gather(0, first))
         low_l, high_l = torch.aminmax(filled)
         none = ~flags.gather(0, first)[0]
-        extremes = [torch.where(none, -math.inf, v).to(f64) for v in (high_l, low_l.neg())]
+        # high + 0 and 0 - low, as the compiled form's offsets give them (a zero extreme is +0.0)
+        extremes = [torch.where(none, -math.inf, v).to(f64) for v in (high_l + 0.0, 0.0 - low_l)]
     return torch.stack([*sums, *extremes])
 
 

@@ -870,16 +870,27 @@ class LossInputs:
         )
         self.device = logprobs.device
         self._shape = logprobs.shape
+        self._eligible: Tensor | None = None
         self.mask_eligible, self.weight, self.loss_tokens, self.mask_bad = formulas.mask_terms(
             mask, logprobs, torch.int64
         )
 
     @property
     def eligible(self) -> Tensor:
-        """The eligible tokens as a bool tensor of the token shape (all true without a mask)."""
+        """The eligible tokens as a bool tensor of the token shape (all true without a mask).
+
+        A loss of one's own may set it (e.g. ``batch.eligible = weights != 0`` without a mask):
+        ``loss_tokens`` then counts the tokens set; ``mask_eligible`` stays the mask's."""
+        if self._eligible is not None:
+            return self._eligible
         if self.mask_eligible is None:
             return torch.ones(self._shape, dtype=torch.bool, device=self.device)
         return self.mask_eligible
+
+    @eligible.setter
+    def eligible(self, value: Tensor) -> None:
+        self._eligible = value
+        self.loss_tokens = torch.count_nonzero(value)
 
     def output(
         self,

@@ -406,3 +406,32 @@ def test_the_k3_term_is_exact_to_float32_rounding_of_the_term_itself_compiled_an
         assert got.dtype in (torch.float32, torch.float64)
         error = (got.double() - truth).abs()
         assert bool((error <= bound + 1e-45).all()), (path, log_ratio[error > bound], error[error > bound])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_gauge_leaves_its_input_and_the_loss_graph_untouched(dtype, masked):
+    # Found by comparing against the previous eager code: float64 without a mask, the eager gauge
+    # overwrote the caller's log ratio with |l| (DRO's backward then failed, the extremes were wrong).
+    lp = torch.tensor([-0.5, -1.0, -0.2], dtype=dtype, requires_grad=True)
+    slp = torch.tensor([-0.7, -0.4, -0.2], dtype=dtype)
+    adv = torch.tensor([1.0, -1.0, 0.5], dtype=dtype)
+    mask = torch.ones(3) if masked else None
+    log_ratio = (lp - slp).detach()
+    before = log_ratio.clone()
+    losses.gauge_of(log_ratio, log_ratio.exp(), None if mask is None else mask != 0)
+    assert torch.equal(log_ratio, before)
+    with loss_path("0"):
+        out = losses.dro(lp, slp, adv, mask, beta=0.1)
+        out.loss.backward()  # the log ratio DRO saved for its backward is intact
+    ratio_log = (lp - slp).detach().double()
+    torch.testing.assert_close(lp.grad.double(), -adv.double() + 0.1 * ratio_log)
+    top, bottom = out.gauge[-2:].tolist()
+    assert top == pytest.approx(float(ratio_log.max())) and -bottom == pytest.approx(float(ratio_log.min()))
+
+
+def test_a_zero_extreme_is_positive_zero_on_policy():
+    lp = torch.tensor([-0.5, -0.5, -0.1])
+    with loss_path("0"):
+        out = losses.importance_sampling(lp, lp.clone(), torch.ones(3), torch.tensor([1.0, 1.0, 0.0]))
+    assert [math.copysign(1.0, v) for v in out.gauge[-2:].tolist()] == [1.0, 1.0]

@@ -255,3 +255,11 @@ def test_a_registered_loss_gets_the_input_checks_and_the_gauge():
             checked_truncated_is(lp, slp, adv[:5])
     finally:
         losses.unregister_loss("checked_is")
+
+
+def test_a_loss_of_ones_own_may_set_the_eligible_tokens():
+    weights = torch.tensor([0.0, 1.0, 2.0, 0.0])
+    batch = losses.check_inputs(torch.zeros(4), None, weights, advantages_name="weights")
+    batch.eligible = weights != 0
+    out = batch.output(-(weights * torch.zeros(4)).sum(), torch.zeros(4))
+    assert int(out.loss_tokens) == 2 and batch.mask_eligible is None
