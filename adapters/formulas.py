@@ -235,7 +235,7 @@ def _gauge_eager(
     w64 = wm.to(f64)
     w64_flat = w64.reshape(-1)
     log_ratio_sum = l64.sum()
-    kl = torch.expm1(l64).sub_(l64).clamp_min_(0.0)  # ineligible: l = 0, term 0
+    kl = k3_terms(l64, w64)  # ineligible: l = 0, term 0
     sums = [
         log_ratio_sum,
         l64.abs_().sum(),
