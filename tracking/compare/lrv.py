@@ -24,14 +24,16 @@ The variance of a window's mean ``mean(z)`` is ``LRV / n`` with ``LRV`` the long
    ``max(LRV, ratio * L(4m))`` and flagged; likewise when the coarsest cosines reaching ``K_MIN``
    give a larger estimate than ``K``.
 4. **Long memory** (``memory.measure``). The rise of the EWC's own cosines towards frequency 0 is
-   measured as the memory parameter ``d`` of ARFIMA(0, d, 0) noise; where it is significant and
-   survives removing the window's largest excursion (an episode is not memory), the EWC estimate
-   times the exact ratio of the variance of the mean to the EWC's expectation under that model
-   replaces the estimate when larger, and the row is flagged.
+   measured as the memory parameter ``d`` of ARFIMA(0, d, 0) noise; wherever ``d_hat > 0`` and
+   that survives removing the window's largest excursion (an episode is not memory), the EWC
+   estimate times the exact ratio of the variance of the mean to the EWC's expectation under that
+   model replaces the estimate when larger (not only where ``d_hat`` is significant: a correction
+   behind a pre-test fails exactly the windows that just miss it); the row is flagged where
+   ``d_hat`` is significant.
 
 The effective sample size is ``n * gamma0 / LRV`` with ``gamma0`` the residual variance (degrees of
-freedom corrected) and ``LRV`` the point estimate (step 4 at ``d_hat``; the interval's uses one
-standard error more), capped at ``n``: the same estimate that sets the interval. Every step is a
+freedom corrected) and ``LRV`` the point estimate (step 4 at ``d_hat`` where long memory is
+found; the interval's uses ``memory.WIDEN`` standard errors more wherever it is applied), capped at ``n``: the same estimate that sets the interval. Every step is a
 few passes over ``n`` numbers and one FFT of length ``2n`` per row: O(n log n); the model's
 expectations are cached per window length.
 """
@@ -206,14 +208,20 @@ def trend_is_significant(z: np.ndarray, degree: int, zcoef: np.ndarray | None = 
 
 
 def long_run_variance(
-    z: np.ndarray, *, degree: int | None = None, extra: np.ndarray | None = None, floor: bool = True
+    z: np.ndarray,
+    *,
+    degree: int | None = None,
+    extra: np.ndarray | None = None,
+    floor: bool = True,
+    memory_gate: float | None = None,
 ) -> LongRunVariance:
     """The long-run variance of each row of ``z`` (``(rows, n)``, or one 1-d series) around its
     smooth trend (see the module docstring). ``degree``: trend degree (default: ``TREND_DEGREE``
     from ``TREND_MIN_UNITS`` units where the trend test finds one, else 0); ``extra``: ``n x r``
     further regressors removed with the trend; ``floor``: the coarsest cosines' estimate when it is
     larger (step 3) and the long-memory step (4); off for the episode scan, whose Bonferroni
-    threshold needs the band's df."""
+    threshold needs the band's df; ``memory_gate``: the long-memory correction applies where
+    ``d_hat > memory_gate * se`` (default ``memory.APPLY_GATE``: wherever ``d_hat > 0``)."""
     z = np.atleast_2d(np.asarray(z, dtype=float))
     rows, n = z.shape
     if n < 2:
@@ -222,13 +230,13 @@ def long_run_variance(
         return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan, nan)
     zcoef = cosine_coefficients(z, min(n, max(_test_terms(n), 4 * K_MIN)))  # the one FFT per row
     if degree is not None:
-        return _fixed_degree(z, degree, extra, floor, zcoef)
+        return _fixed_degree(z, degree, extra, floor, zcoef, memory_gate)
     top = TREND_DEGREE if n >= TREND_MIN_UNITS else 0
     with_trend = trend_is_significant(z, top, zcoef)
     if with_trend.all() or not with_trend.any():
-        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor, zcoef)
+        return _fixed_degree(z, top if with_trend.all() else 0, extra, floor, zcoef, memory_gate)
     parts = {
-        d: (mask, _fixed_degree(z[mask], d, extra, floor, zcoef[mask]))
+        d: (mask, _fixed_degree(z[mask], d, extra, floor, zcoef[mask], memory_gate))
         for d, mask in ((top, with_trend), (0, ~with_trend))
     }
     merged = {}
@@ -241,7 +249,12 @@ def long_run_variance(
 
 
 def _fixed_degree(
-    z: np.ndarray, degree: int, extra: np.ndarray | None, floor: bool, zcoef: np.ndarray
+    z: np.ndarray,
+    degree: int,
+    extra: np.ndarray | None,
+    floor: bool,
+    zcoef: np.ndarray,
+    memory_gate: float | None = None,
 ) -> LongRunVariance:
     """``long_run_variance`` at a given trend degree; ``zcoef``: cosine coefficients of ``z`` (the
     residual's are ``zcoef - (z' basis) overlap``, since the transform is linear)."""
@@ -277,7 +290,7 @@ def _fixed_degree(
     if floor and extra is None:  # step 4: long memory in the EWC's own cosines
         for k in np.unique(terms):
             rows_k = terms == k
-            m = measure(z[rows_k], e[rows_k], coef[rows_k], degree, int(k))
+            m = measure(z[rows_k], e[rows_k], coef[rows_k], degree, int(k), memory_gate)
             d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
             corrected[rows_k] *= m.interval
             corrected_point[rows_k] *= m.point
