@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 import tracking.compare.memory as memory
 from tracking.compare import simulation as sim
 from tracking.compare.lrv import cosine_coefficients, long_run_variance, trend_basis
-from tracking.compare.memory import GRID, autocorrelations, confirm, correct, excursions, model
+from tracking.compare.memory import (
+    GRID,
+    autocorrelations,
+    confirm,
+    correct,
+    excursions,
+    indicator_model,
+    model,
+)
 
 
 def _dense(n: int, d: float, basis: np.ndarray, k: int) -> tuple[np.ndarray, float]:
@@ -54,6 +62,22 @@ def test_model_expectations_match_the_dense_matrices(n, degree, g, episode, data
     ref, ref_nvar = _dense(n, float(GRID[g]), basis, k)
     assert e[g] == pytest.approx(ref, rel=1e-9, abs=1e-12)
     assert nvar[g] == pytest.approx(ref_nvar, rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(8, 400), degree=st.integers(0, 2), data=st.data())
+def test_the_indicator_model_matches_the_general_one(n, degree, data):
+    """``indicator_model`` (cached trend terms, ``Gamma 1`` by cumulative sums) against ``model`` on
+    the orthonormalised basis with the indicator, including indicators inside the trend's span."""
+    s = data.draw(st.integers(0, n - 1))
+    t = data.draw(st.integers(s + 1, n))
+    k = data.draw(st.integers(1, n - 1))
+    extra = np.zeros((n, 1))
+    extra[s:t, 0] = 1.0
+    e, nvar = model(trend_basis(n, degree, extra), k)
+    fast, fast_nvar = indicator_model(n, degree, s, t, k)
+    assert fast == pytest.approx(e, rel=1e-9, abs=1e-12)
+    assert fast_nvar == pytest.approx(nvar, rel=1e-12)
 
 
 def test_white_noise_gives_the_plain_estimate_exactly():

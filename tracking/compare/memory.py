@@ -147,6 +147,105 @@ def model(basis: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     return e, nvar
 
 
+@dataclass(frozen=True)
+class _PolynomialParts:
+    """The terms of ``model`` for the Legendre basis ``p`` (``n x q``) over every cosine
+    ``j = 1 .. n - 1``, per grid value ``g``: ``diag[g, j - 1] = phi_j' Gamma phi_j``,
+    ``gp[g] = Gamma p``, ``cross[g] = phi' Gamma p`` (``q x (n - 1)``), ``inner[g] = p' Gamma p``;
+    ``overlap = phi' p``, ``e`` (``model``'s ``E`` for ``p``) and ``nvar`` as in ``model``."""
+
+    p: np.ndarray
+    overlap: np.ndarray
+    diag: np.ndarray
+    gp: np.ndarray
+    cross: np.ndarray
+    inner: np.ndarray
+    e: np.ndarray
+    nvar: np.ndarray
+
+
+@lru_cache(maxsize=2)
+def _polynomial_parts(n: int, degree: int) -> _PolynomialParts:
+    from tracking.compare.lrv import cosine_coefficients, trend_basis
+
+    p = trend_basis(n, degree)
+    kmax = n - 1
+    j = np.arange(1, kmax + 1)
+    a = np.pi * j / n
+    lags = np.arange(n)
+    diag = np.empty((GRID.size, kmax))
+    gp = np.empty((GRID.size, n, p.shape[1]))
+    nvar = np.empty(GRID.size)
+    for g, d in enumerate(GRID):
+        rho = autocorrelations(n, float(d))
+        tail = rho.copy()
+        tail[0] = 0.0
+        spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]
+        twist = np.fft.fft(tail, 2 * n)[1 : kmax + 1]
+        diag[g] = 1.0 + (2.0 / n) * (spread.real + twist.imag / np.sin(a))
+        gp[g] = _toeplitz_times(rho, p)
+        nvar[g] = 1.0 + 2.0 * float(np.sum((n - lags[1:]) * rho[1:])) / n
+    cross = cosine_coefficients(np.swapaxes(gp, 1, 2), kmax)  # (grid, q, n - 1)
+    inner = np.einsum("nq,gnr->gqr", p, gp)
+    overlap = cosine_coefficients(p.T, kmax)
+    e = (
+        diag
+        - 2.0 * np.einsum("qj,gqj->gj", overlap, cross)
+        + np.einsum("qj,gqr,rj->gj", overlap, inner, overlap)
+    )
+    for array in (overlap, diag, gp, cross, inner, e, nvar):
+        array.setflags(write=False)
+    return _PolynomialParts(p, overlap, diag, gp, cross, inner, e, nvar)
+
+
+def _gamma_times_indicator(rho: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``Gamma 1_[start, stop)`` for ``Gamma[s, t] = rho[|s - t|]``: cumulative sums of ``rho``, O(n)."""
+    n = rho.size
+    c = np.concatenate([[0.0], np.cumsum(rho)])  # c[m + 1] = rho_0 + ... + rho_m
+    tau = np.arange(n)
+    before = (
+        c[np.clip(stop - tau, 0, n)] - c[np.clip(start - tau, 0, n)]
+    )  # lags start - tau .. stop - 1 - tau
+    after = (
+        c[np.clip(tau - start + 1, 0, n)] - c[np.clip(tau - stop + 1, 0, n)]
+    )  # lags tau - stop + 1 .. tau - start
+    inside = c[np.clip(tau - start + 1, 0, n)] + c[np.clip(stop - tau, 0, n)] - rho[0]
+    return np.where(tau < start, before, np.where(tau >= stop, after, inside))
+
+
+def indicator_model(n: int, degree: int, start: int, stop: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``model(trend_basis(n, degree, 1_[start, stop)), kmax)``, from the cached polynomial terms and
+    one cosine transform per grid value for the indicator (``confirm`` calls it once per row)."""
+    from tracking.compare.lrv import cosine_coefficients
+
+    kmax = min(kmax, n - 1)
+    parts = _polynomial_parts(n, degree)
+    p = parts.p
+    indicator = np.zeros(n)
+    indicator[start:stop] = 1.0
+    weights = p.T @ indicator
+    residual = indicator - p @ weights
+    norm = float(np.sqrt(residual @ residual))
+    ov = parts.overlap[:, :kmax]
+    e = parts.e[:, :kmax]
+    if not norm > 1e-10 * max(1.0, float(np.sqrt(indicator @ indicator))):
+        return e, parts.nvar  # the indicator lies in the trend's span
+    u = residual / norm
+    gu = np.stack(
+        [
+            (_gamma_times_indicator(autocorrelations(n, float(d)), start, stop) - parts.gp[g] @ weights)
+            / norm
+            for g, d in enumerate(GRID)
+        ]
+    )  # (grid, n): Gamma u
+    ou = cosine_coefficients(u[None, :], kmax)[0]  # phi' u
+    cu = cosine_coefficients(gu, kmax)  # phi' Gamma u
+    pu = gu @ p  # (grid, q): p' Gamma u
+    uu = gu @ u
+    e = e - 2.0 * ou * cu + 2.0 * ou * np.einsum("qj,gq->gj", ov, pu) + uu[:, None] * ou * ou
+    return e, parts.nvar
+
+
 def expectations(n: int, degree: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``model`` for the Legendre trend of ``degree`` (the mean included) over ``n`` units, computed
     at ``EXACT_UNITS`` units above that (every cosine at once, cached per window length)."""
@@ -156,9 +255,8 @@ def expectations(n: int, degree: int, kmax: int) -> tuple[np.ndarray, np.ndarray
 
 @lru_cache(maxsize=8)
 def _legendre_model(n: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
-    from tracking.compare.lrv import trend_basis
-
-    return model(trend_basis(n, degree), n - 1)
+    parts = _polynomial_parts(n, degree)
+    return parts.e, parts.nvar
 
 
 def measure(
@@ -288,11 +386,9 @@ def confirm(z: np.ndarray, e: np.ndarray, degree: int, k: int) -> tuple[np.ndarr
         basis = trend_basis(n, degree, indicator)
         residual = z[i] - (z[i] @ basis) @ basis.T
         coef = cosine_coefficients(residual[None, :], k)
+        s, t = int(start[i]), int(stop[i])
         if small < n:
-            s = int(start[i] * small // n)
-            indicator = np.zeros((small, 1))
-            indicator[s : max(s + 1, int(stop[i] * small // n)), 0] = 1.0
-            basis = trend_basis(small, degree, indicator)
-        m = fit(coef, *model(basis, k), k)
+            s, t = s * small // n, max(s * small // n + 1, t * small // n)
+        m = fit(coef, *indicator_model(small, degree, s, t, k), k)
         d[i], se[i] = m.d[0], m.se[0]
     return d + se, d, se
