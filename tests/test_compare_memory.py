@@ -24,6 +24,7 @@ from tracking.compare.memory import (
     confirm,
     correct,
     excursions,
+    indicator_coefficients,
     indicator_model,
     model,
 )
@@ -80,6 +81,17 @@ def test_the_indicator_model_matches_the_general_one(n, degree, data):
     assert fast_nvar == pytest.approx(nvar, rel=1e-12)
 
 
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(2, 3000), data=st.data())
+def test_an_indicator_s_cosine_coefficients_in_closed_form_match_the_transform(n, data):
+    s = data.draw(st.integers(0, n - 1))
+    t = data.draw(st.integers(s + 1, n))
+    k = data.draw(st.integers(1, n - 1)) if n > 1 else 1
+    x = np.zeros(n)
+    x[s:t] = 1.0
+    assert indicator_coefficients(n, s, t, k) == pytest.approx(cosine_coefficients(x, k), abs=1e-9)
+
+
 def test_white_noise_gives_the_plain_estimate_exactly():
     """At ``d = 0`` the model is white noise: the factor is 1 and nothing is corrected."""
     e, nvar = model(trend_basis(200, 2), 20)
@@ -121,7 +133,7 @@ def test_an_episode_is_found_where_it_is_and_removing_it_takes_the_memory_away(m
     assert np.median(miss) <= 3 and miss.max() <= 15
     coef = cosine_coefficients(e, k)
     whole = correct(coef, n, 0, k)
-    plausible, d_without, se_without = confirm(z, e, 0, k)  # d_hat + se without the excursion
+    plausible, d_without, se_without = confirm(e, 0, k)  # d_hat + se without the excursion
     se = float(whole.se[0])
     assert np.median(whole.d) >= 0.2 and np.median(plausible - se) <= 0.05
     assert np.allclose(plausible, d_without + se_without) and np.allclose(se_without, se, rtol=0.05)

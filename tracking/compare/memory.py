@@ -272,7 +272,7 @@ def measure(
     m = fit(coef, *expectations(n, degree, k), k, gate=gate)
     if not m.applied.any():
         return m
-    plausible, d_hat, se = confirm(z[m.applied], e[m.applied], degree, k)
+    plausible, d_hat, se = confirm(e[m.applied], degree, k, coef[m.applied])
     at_most, confirmed, kept = m.d.copy(), m.found.copy(), m.applied.copy()
     at_most[m.applied] = plausible
     confirmed[m.applied] &= d_hat > CONFIRM_GATE * se
@@ -369,26 +369,44 @@ def excursions(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out_start, out_stop
 
 
-def confirm(z: np.ndarray, e: np.ndarray, degree: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(d_hat + se, d_hat, se)`` per row of ``z`` once its largest excursion (``excursions`` of its
-    residual ``e``) is removed with the trend, as an indicator: the largest ``d`` still plausible
-    then, and the estimate and standard error behind it. Long memory raises every low cosine and
-    survives; one episode of a different level (a deterministic part of the window) does not."""
-    from tracking.compare.lrv import cosine_coefficients, trend_basis
+def indicator_coefficients(n: int, start: int, stop: int, k: int) -> np.ndarray:
+    """``phi_j' 1_[start, stop)`` for ``j = 1 .. k``, in closed form:
+    ``sqrt(2 / n) (sin(a stop) - sin(a start)) / (2 sin(a / 2))`` with ``a = pi j / n``."""
+    a = np.pi * np.arange(1, k + 1) / n
+    return np.sqrt(2.0 / n) * (np.sin(a * stop) - np.sin(a * start)) / (2.0 * np.sin(a / 2.0))
 
-    rows, n = z.shape
+
+def confirm(
+    e: np.ndarray, degree: int, k: int, coef: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(d_hat + se, d_hat, se)`` per row of the residuals ``e`` (``rows x n``, the Legendre trend of
+    ``degree`` removed; ``coef``: their first ``k`` cosine coefficients, computed when not given)
+    once the largest excursion (``excursions``) is removed too, as an indicator: the largest ``d``
+    still plausible then, and the estimate and standard error behind it. Long memory raises every
+    low cosine and survives; one episode of a different level (a deterministic part of the window)
+    does not. The indicator's part ``u`` outside the trend is removed by linearity (``e`` is
+    orthogonal to the trend, so the new residual is ``e - (u' e) u`` and its coefficients
+    ``coef - (u' e) phi' u``): no pass over ``n`` beyond the excursion search."""
+    from tracking.compare.lrv import _polynomial_overlap, cosine_coefficients, trend_basis
+
+    rows, n = e.shape
+    if coef is None:
+        coef = cosine_coefficients(e, k)
     small = min(n, EXACT_UNITS)
+    p = trend_basis(n, degree)
+    overlap = _polynomial_overlap(n, degree, k)  # (q, k): phi' p
     start, stop = excursions(e)
     d, se = np.zeros(rows), np.zeros(rows)
     for i in range(rows):
-        indicator = np.zeros((n, 1))
-        indicator[start[i] : stop[i], 0] = 1.0
-        basis = trend_basis(n, degree, indicator)
-        residual = z[i] - (z[i] @ basis) @ basis.T
-        coef = cosine_coefficients(residual[None, :], k)
         s, t = int(start[i]), int(stop[i])
+        weights = p[s:t].sum(axis=0)  # p' 1
+        norm = float(np.sqrt(max((t - s) - float(weights @ weights), 0.0)))
+        residual = coef[i : i + 1, :k]
+        if norm > 1e-10 * np.sqrt(t - s):
+            ou = (indicator_coefficients(n, s, t, k) - weights @ overlap) / norm  # phi' u
+            residual = residual - (float(e[i, s:t].sum()) / norm) * ou  # u' e = 1' e / norm
         if small < n:
             s, t = s * small // n, max(s * small // n + 1, t * small // n)
-        m = fit(coef, *indicator_model(small, degree, s, t, k), k)
+        m = fit(residual, *indicator_model(small, degree, s, t, k), k)
         d[i], se[i] = m.d[0], m.se[0]
     return d + se, d, se
