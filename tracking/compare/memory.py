@@ -152,7 +152,8 @@ class _PolynomialParts:
     """The terms of ``model`` for the Legendre basis ``p`` (``n x q``) over every cosine
     ``j = 1 .. n - 1``, per grid value ``g``: ``diag[g, j - 1] = phi_j' Gamma phi_j``,
     ``gp[g] = Gamma p``, ``cross[g] = phi' Gamma p`` (``q x (n - 1)``), ``inner[g] = p' Gamma p``;
-    ``overlap = phi' p``, ``e`` (``model``'s ``E`` for ``p``) and ``nvar`` as in ``model``."""
+    ``overlap = phi' p``, ``e`` (``model``'s ``E`` for ``p``) and ``nvar`` as in ``model``;
+    ``cum[g, m] = rho_0 + ... + rho_{m - 1}`` (``cum[g, 0] = 0``)."""
 
     p: np.ndarray
     overlap: np.ndarray
@@ -162,6 +163,7 @@ class _PolynomialParts:
     inner: np.ndarray
     e: np.ndarray
     nvar: np.ndarray
+    cum: np.ndarray
 
 
 @lru_cache(maxsize=2)
@@ -176,8 +178,10 @@ def _polynomial_parts(n: int, degree: int) -> _PolynomialParts:
     diag = np.empty((GRID.size, kmax))
     gp = np.empty((GRID.size, n, p.shape[1]))
     nvar = np.empty(GRID.size)
+    cum = np.zeros((GRID.size, n + 1))
     for g, d in enumerate(GRID):
         rho = autocorrelations(n, float(d))
+        np.cumsum(rho, out=cum[g, 1:])
         tail = rho.copy()
         tail[0] = 0.0
         spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]
@@ -193,23 +197,20 @@ def _polynomial_parts(n: int, degree: int) -> _PolynomialParts:
         - 2.0 * np.einsum("qj,gqj->gj", overlap, cross)
         + np.einsum("qj,gqr,rj->gj", overlap, inner, overlap)
     )
-    for array in (overlap, diag, gp, cross, inner, e, nvar):
+    for array in (overlap, diag, gp, cross, inner, e, nvar, cum):
         array.setflags(write=False)
-    return _PolynomialParts(p, overlap, diag, gp, cross, inner, e, nvar)
+    return _PolynomialParts(p, overlap, diag, gp, cross, inner, e, nvar, cum)
 
 
-def _gamma_times_indicator(rho: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """``Gamma 1_[start, stop)`` for ``Gamma[s, t] = rho[|s - t|]``: cumulative sums of ``rho``, O(n)."""
-    n = rho.size
-    c = np.concatenate([[0.0], np.cumsum(rho)])  # c[m + 1] = rho_0 + ... + rho_m
+def _gamma_times_indicator(c: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``Gamma 1_[start, stop)`` for ``Gamma[s, t] = rho[|s - t|]``, per row of the cumulative sums
+    ``c`` (``rows x (n + 1)``, ``c[:, m] = rho_0 + ... + rho_{m - 1}``): O(n) per row."""
+    n = c.shape[1] - 1
+    rho0 = c[:, 1:2] - c[:, 0:1]
     tau = np.arange(n)
-    before = (
-        c[np.clip(stop - tau, 0, n)] - c[np.clip(start - tau, 0, n)]
-    )  # lags start - tau .. stop - 1 - tau
-    after = (
-        c[np.clip(tau - start + 1, 0, n)] - c[np.clip(tau - stop + 1, 0, n)]
-    )  # lags tau - stop + 1 .. tau - start
-    inside = c[np.clip(tau - start + 1, 0, n)] + c[np.clip(stop - tau, 0, n)] - rho[0]
+    before = c[:, np.clip(stop - tau, 0, n)] - c[:, np.clip(start - tau, 0, n)]  # lags start - tau ..
+    after = c[:, np.clip(tau - start + 1, 0, n)] - c[:, np.clip(tau - stop + 1, 0, n)]  # lags .. tau - start
+    inside = c[:, np.clip(tau - start + 1, 0, n)] + c[:, np.clip(stop - tau, 0, n)] - rho0
     return np.where(tau < start, before, np.where(tau >= stop, after, inside))
 
 
@@ -231,13 +232,7 @@ def indicator_model(n: int, degree: int, start: int, stop: int, kmax: int) -> tu
     if not norm > 1e-10 * max(1.0, float(np.sqrt(indicator @ indicator))):
         return e, parts.nvar  # the indicator lies in the trend's span
     u = residual / norm
-    gu = np.stack(
-        [
-            (_gamma_times_indicator(autocorrelations(n, float(d)), start, stop) - parts.gp[g] @ weights)
-            / norm
-            for g, d in enumerate(GRID)
-        ]
-    )  # (grid, n): Gamma u
+    gu = (_gamma_times_indicator(parts.cum, start, stop) - parts.gp @ weights) / norm  # (grid, n): Gamma u
     ou = cosine_coefficients(u[None, :], kmax)[0]  # phi' u
     cu = cosine_coefficients(gu, kmax)  # phi' Gamma u
     pu = gu @ p  # (grid, q): p' Gamma u
