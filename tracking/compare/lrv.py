@@ -33,9 +33,10 @@ The variance of a window's mean ``mean(z)`` is ``LRV / n`` with ``LRV`` the long
 
 The effective sample size is ``n * gamma0 / LRV`` with ``gamma0`` the residual variance (degrees of
 freedom corrected) and ``LRV`` the point estimate (step 4 at ``d_hat`` where long memory is
-found; the interval's uses ``memory.WIDEN`` standard errors more wherever it is applied), capped at ``n``: the same estimate that sets the interval. Every step is a
-few passes over ``n`` numbers and one FFT of length ``2n`` per row: O(n log n); the model's
-expectations are cached per window length.
+found; the interval's uses ``memory.WIDEN`` standard errors more wherever it is applied), capped
+at ``n``: from the same estimate that sets the interval. Every step is a few passes over ``n``
+numbers and one FFT of length ``2n`` per row: O(n log n); the model's expectations are cached per
+window length.
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def _fixed_degree(
     if floor and extra is None:  # step 4: long memory in the EWC's own cosines
         for k in np.unique(terms):
             rows_k = terms == k
-            m = measure(z[rows_k], e[rows_k], coef[rows_k], degree, int(k), memory_gate)
+            m = measure(e[rows_k], coef[rows_k], degree, int(k), memory_gate)
             d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
             corrected[rows_k] *= m.interval
             corrected_point[rows_k] *= m.point

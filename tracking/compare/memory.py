@@ -86,8 +86,8 @@ class Memory:
     correction applied (``d > APPLY_GATE * se``, likewise confirmed; every ``found`` row is);
     ``point`` / ``interval``: the factors ``F`` (>= 1) that multiply the EWC long-run variance for
     the effective sample size (exactly 1 where not found) and for the interval (exactly 1 where not
-    applied); ``df_scale``: the
-    factor on the EWC's degrees of freedom (unequal expected powers of the cosines leave fewer).
+    applied); ``df_scale``: the factor on the EWC's degrees of freedom (unequal expected powers of
+    the cosines leave fewer).
     """
 
     d: np.ndarray
@@ -118,6 +118,25 @@ def model(basis: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``(E, nvar)`` over ``GRID``: ``E[g, j - 1] = E[(phi_j' M x)^2]`` for ``j = 1 .. kmax`` and
     ``nvar[g] = n Var(mean(x))``, for unit-variance ARFIMA(0, GRID[g], 0) noise ``x`` of ``n`` units,
     ``M`` the residual maker of the orthonormal columns ``basis`` (``n x q``)."""
+    terms = _model_terms(basis, kmax)
+    return terms.e, terms.nvar
+
+
+@dataclass(frozen=True)
+class _ModelTerms:
+    """``model``'s ``e`` and ``nvar`` with what it formed on the way, per grid value ``g`` (read-only):
+    ``basis`` (``n x q``), ``overlap = phi' basis`` (``q x kmax``), ``gb[g] = Gamma basis``
+    (``n x q``) and ``cum[g, m] = rho_0 + ... + rho_{m - 1}`` (``cum[g, 0] = 0``)."""
+
+    basis: np.ndarray
+    overlap: np.ndarray
+    e: np.ndarray
+    nvar: np.ndarray
+    gb: np.ndarray
+    cum: np.ndarray
+
+
+def _model_terms(basis: np.ndarray, kmax: int) -> _ModelTerms:
     from tracking.compare.lrv import cosine_coefficients
 
     n = basis.shape[0]
@@ -128,78 +147,34 @@ def model(basis: np.ndarray, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     lags = np.arange(n)
     e = np.empty((GRID.size, kmax))
     nvar = np.empty(GRID.size)
-    for g, d in enumerate(GRID):
-        rho = autocorrelations(n, float(d))
-        tail = rho.copy()
-        tail[0] = 0.0
-        spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]  # sum_k w_k e^{-i a k}
-        twist = np.fft.fft(tail, 2 * n)[1 : kmax + 1]
-        diag = 1.0 + (2.0 / n) * (spread.real + twist.imag / np.sin(a))
-        gb = _toeplitz_times(rho, basis)  # Gamma b_i
-        cross = cosine_coefficients(gb.T, kmax)  # phi_j' Gamma b_i
-        inner = basis.T @ gb
-        e[g] = (
-            diag - 2.0 * np.sum(overlap * cross, axis=0) + np.einsum("qj,qr,rj->j", overlap, inner, overlap)
-        )
-        nvar[g] = 1.0 + 2.0 * float(np.sum((n - lags[1:]) * rho[1:])) / n
-    e.setflags(write=False)
-    nvar.setflags(write=False)
-    return e, nvar
-
-
-@dataclass(frozen=True)
-class _PolynomialParts:
-    """The terms of ``model`` for the Legendre basis ``p`` (``n x q``) over every cosine
-    ``j = 1 .. n - 1``, per grid value ``g``: ``diag[g, j - 1] = phi_j' Gamma phi_j``,
-    ``gp[g] = Gamma p``, ``cross[g] = phi' Gamma p`` (``q x (n - 1)``), ``inner[g] = p' Gamma p``;
-    ``overlap = phi' p``, ``e`` (``model``'s ``E`` for ``p``) and ``nvar`` as in ``model``;
-    ``cum[g, m] = rho_0 + ... + rho_{m - 1}`` (``cum[g, 0] = 0``)."""
-
-    p: np.ndarray
-    overlap: np.ndarray
-    diag: np.ndarray
-    gp: np.ndarray
-    cross: np.ndarray
-    inner: np.ndarray
-    e: np.ndarray
-    nvar: np.ndarray
-    cum: np.ndarray
-
-
-@lru_cache(maxsize=2)
-def _polynomial_parts(n: int, degree: int) -> _PolynomialParts:
-    from tracking.compare.lrv import cosine_coefficients, trend_basis
-
-    p = trend_basis(n, degree)
-    kmax = n - 1
-    j = np.arange(1, kmax + 1)
-    a = np.pi * j / n
-    lags = np.arange(n)
-    diag = np.empty((GRID.size, kmax))
-    gp = np.empty((GRID.size, n, p.shape[1]))
-    nvar = np.empty(GRID.size)
+    gb = np.empty((GRID.size, n, basis.shape[1]))
     cum = np.zeros((GRID.size, n + 1))
     for g, d in enumerate(GRID):
         rho = autocorrelations(n, float(d))
         np.cumsum(rho, out=cum[g, 1:])
         tail = rho.copy()
         tail[0] = 0.0
-        spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]
+        spread = np.fft.fft(tail * (n - lags), 2 * n)[1 : kmax + 1]  # sum_k w_k e^{-i a k}
         twist = np.fft.fft(tail, 2 * n)[1 : kmax + 1]
-        diag[g] = 1.0 + (2.0 / n) * (spread.real + twist.imag / np.sin(a))
-        gp[g] = _toeplitz_times(rho, p)
+        diag = 1.0 + (2.0 / n) * (spread.real + twist.imag / np.sin(a))
+        gb[g] = _toeplitz_times(rho, basis)  # Gamma b_i
+        cross = cosine_coefficients(gb[g].T, kmax)  # phi_j' Gamma b_i
+        inner = basis.T @ gb[g]
+        e[g] = (
+            diag - 2.0 * np.sum(overlap * cross, axis=0) + np.einsum("qj,qr,rj->j", overlap, inner, overlap)
+        )
         nvar[g] = 1.0 + 2.0 * float(np.sum((n - lags[1:]) * rho[1:])) / n
-    cross = cosine_coefficients(np.swapaxes(gp, 1, 2), kmax)  # (grid, q, n - 1)
-    inner = np.einsum("nq,gnr->gqr", p, gp)
-    overlap = cosine_coefficients(p.T, kmax)
-    e = (
-        diag
-        - 2.0 * np.einsum("qj,gqj->gj", overlap, cross)
-        + np.einsum("qj,gqr,rj->gj", overlap, inner, overlap)
-    )
-    for array in (overlap, diag, gp, cross, inner, e, nvar, cum):
+    for array in (overlap, e, nvar, gb, cum):
         array.setflags(write=False)
-    return _PolynomialParts(p, overlap, diag, gp, cross, inner, e, nvar, cum)
+    return _ModelTerms(basis, overlap, e, nvar, gb, cum)
+
+
+@lru_cache(maxsize=2)
+def _polynomial_terms(n: int, degree: int) -> _ModelTerms:
+    """``_model_terms`` of the Legendre basis of ``degree`` over every cosine ``j = 1 .. n - 1``."""
+    from tracking.compare.lrv import trend_basis
+
+    return _model_terms(trend_basis(n, degree), n - 1)
 
 
 def _gamma_times_indicator(c: np.ndarray, start: int, stop: int) -> np.ndarray:
@@ -214,31 +189,43 @@ def _gamma_times_indicator(c: np.ndarray, start: int, stop: int) -> np.ndarray:
     return np.where(tau < start, before, np.where(tau >= stop, after, inside))
 
 
+def _outside_trend(
+    p: np.ndarray, overlap: np.ndarray, start: int, stop: int
+) -> tuple[np.ndarray, float, np.ndarray, np.ndarray] | None:
+    """``(p' 1, |1 - p p' 1|, u, phi' u)`` for the indicator ``1 = 1_[start, stop)`` against the
+    orthonormal trend columns ``p`` (``n x q``, with ``overlap = phi' p``): its weights on the trend,
+    the norm of its part outside the trend, that part normalised (``u``), and the first
+    ``overlap.shape[1]`` cosine coefficients of ``u`` (closed form, ``indicator_coefficients``);
+    None when the indicator lies in the trend's span."""
+    n = p.shape[0]
+    weights = p[start:stop].sum(axis=0)
+    residual = -(p @ weights)
+    residual[start:stop] += 1.0
+    norm = float(np.sqrt(residual @ residual))
+    if not norm > 1e-10 * np.sqrt(stop - start):
+        return None
+    ou = (indicator_coefficients(n, start, stop, overlap.shape[1]) - weights @ overlap) / norm
+    return weights, norm, residual / norm, ou
+
+
 def indicator_model(n: int, degree: int, start: int, stop: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``model(trend_basis(n, degree, 1_[start, stop)), kmax)``, from the cached polynomial terms and
     one cosine transform per grid value for the indicator (``confirm`` calls it once per row)."""
     from tracking.compare.lrv import cosine_coefficients
 
     kmax = min(kmax, n - 1)
-    parts = _polynomial_parts(n, degree)
-    p = parts.p
-    indicator = np.zeros(n)
-    indicator[start:stop] = 1.0
-    weights = p.T @ indicator
-    residual = indicator - p @ weights
-    norm = float(np.sqrt(residual @ residual))
-    ov = parts.overlap[:, :kmax]
-    e = parts.e[:, :kmax]
-    if not norm > 1e-10 * max(1.0, float(np.sqrt(indicator @ indicator))):
-        return e, parts.nvar  # the indicator lies in the trend's span
-    u = residual / norm
-    gu = (_gamma_times_indicator(parts.cum, start, stop) - parts.gp @ weights) / norm  # (grid, n): Gamma u
-    ou = cosine_coefficients(u[None, :], kmax)[0]  # phi' u
+    terms = _polynomial_terms(n, degree)
+    p, ov, e = terms.basis, terms.overlap[:, :kmax], terms.e[:, :kmax]
+    outside = _outside_trend(p, ov, start, stop)
+    if outside is None:
+        return e, terms.nvar  # the indicator lies in the trend's span
+    weights, norm, u, ou = outside
+    gu = (_gamma_times_indicator(terms.cum, start, stop) - terms.gb @ weights) / norm  # (grid, n): Gamma u
     cu = cosine_coefficients(gu, kmax)  # phi' Gamma u
     pu = gu @ p  # (grid, q): p' Gamma u
     uu = gu @ u
     e = e - 2.0 * ou * cu + 2.0 * ou * np.einsum("qj,gq->gj", ov, pu) + uu[:, None] * ou * ou
-    return e, parts.nvar
+    return e, terms.nvar
 
 
 def expectations(n: int, degree: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -250,20 +237,18 @@ def expectations(n: int, degree: int, kmax: int) -> tuple[np.ndarray, np.ndarray
 
 @lru_cache(maxsize=8)
 def _legendre_model(n: int, degree: int) -> tuple[np.ndarray, np.ndarray]:
-    parts = _polynomial_parts(n, degree)
-    return parts.e, parts.nvar
+    terms = _polynomial_terms(n, degree)
+    return terms.e, terms.nvar
 
 
-def measure(
-    z: np.ndarray, e: np.ndarray, coef: np.ndarray, degree: int, k: int, gate: float | None = None
-) -> Memory:
-    """Long memory of rows of ``z`` (``rows x n``) with residuals ``e`` (the Legendre trend of
-    ``degree`` removed) and residual cosine coefficients ``coef``, for an EWC over ``k`` cosines:
+def measure(e: np.ndarray, coef: np.ndarray, degree: int, k: int, gate: float | None = None) -> Memory:
+    """Long memory of rows of residuals ``e`` (``rows x n``: series with the Legendre trend of
+    ``degree`` removed) with cosine coefficients ``coef``, for an EWC over ``k`` cosines:
     ``correct``, then each row it would correct checked by ``confirm`` — the memory must still be
     there without the largest excursion, and ``d`` is at most what remains plausible then.
     ``gate``: the correction applies where ``d_hat > gate * se`` (default ``APPLY_GATE``)."""
     gate = APPLY_GATE if gate is None else gate
-    n = z.shape[1]
+    n = e.shape[1]
     m = fit(coef, *expectations(n, degree, k), k, gate=gate)
     if not m.applied.any():
         return m
@@ -381,7 +366,7 @@ def confirm(
     low cosine and survives; one episode of a different level (a deterministic part of the window)
     does not. The indicator's part ``u`` outside the trend is removed by linearity (``e`` is
     orthogonal to the trend, so the new residual is ``e - (u' e) u`` and its coefficients
-    ``coef - (u' e) phi' u``): no pass over ``n`` beyond the excursion search."""
+    ``coef - (u' e) phi' u``, ``phi' u`` in closed form): no transform of the window per row."""
     from tracking.compare.lrv import _polynomial_overlap, cosine_coefficients, trend_basis
 
     rows, n = e.shape
@@ -394,12 +379,11 @@ def confirm(
     d, se = np.zeros(rows), np.zeros(rows)
     for i in range(rows):
         s, t = int(start[i]), int(stop[i])
-        weights = p[s:t].sum(axis=0)  # p' 1
-        norm = float(np.sqrt(max((t - s) - float(weights @ weights), 0.0)))
+        outside = _outside_trend(p, overlap, s, t)
         residual = coef[i : i + 1, :k]
-        if norm > 1e-10 * np.sqrt(t - s):
-            ou = (indicator_coefficients(n, s, t, k) - weights @ overlap) / norm  # phi' u
-            residual = residual - (float(e[i, s:t].sum()) / norm) * ou  # u' e = 1' e / norm
+        if outside is not None:
+            _, _, u, ou = outside
+            residual = residual - float(u @ e[i]) * ou
         if small < n:
             s, t = s * small // n, max(s * small // n + 1, t * small // n)
         m = fit(residual, *indicator_model(small, degree, s, t, k), k)
