@@ -163,9 +163,38 @@ def _entry_keys(step: np.ndarray, codes: np.ndarray, n_names: int) -> np.ndarray
     return (step - low) * max(n_names, 1) + codes
 
 
+def _repeated(key: np.ndarray) -> np.ndarray | None:
+    """Mask of the entries whose key (an ``_entry_keys`` value, >= 0) occurs more than once, None
+    when every key occurs once: one counting pass when the keys are dense, as a run's (step, metric)
+    keys are; a hash table otherwise."""
+    if key.size and int(key.max()) < 4 * key.size + 1024:
+        counts = np.bincount(key)
+        return None if counts.max() <= 1 else counts[key] > 1
+    mask = pd.Series(key).duplicated(keep=False).to_numpy()
+    return mask if mask.any() else None
+
+
 def _last_of_each(key: np.ndarray) -> np.ndarray:
     """Mask of the entries that are the last of their key."""
+    if _repeated(key) is None:  # the usual run: every (step, metric) logged once
+        return np.ones(key.size, dtype=bool)
     return ~pd.Series(key[::-1]).duplicated().to_numpy()[::-1]
+
+
+def _step_starts(step: np.ndarray) -> np.ndarray | None:
+    """Index of the first entry of each step when ``step`` is non-decreasing (as loggers write
+    runs); None when it is not."""
+    if step.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    change = np.diff(step)
+    if (change < 0).any():
+        return None
+    return np.flatnonzero(np.concatenate(([True], change != 0)))
+
+
+def _positions(starts: np.ndarray, size: int) -> np.ndarray:
+    """Each entry's step as a position among the steps, from the steps' first entries (``_step_starts``)."""
+    return np.repeat(np.arange(starts.size), np.diff(np.append(starts, size)))
 
 
 def _named(codes: np.ndarray, names: pd.Index) -> np.ndarray:
@@ -173,22 +202,39 @@ def _named(codes: np.ndarray, names: pd.Index) -> np.ndarray:
     return codes != names.get_loc("") if "" in names else np.ones(codes.size, dtype=bool)
 
 
-def duplicated_values(cols: Columns, coded: Coded | None = None) -> tuple[Duplicate, ...]:
-    """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
-    if len(cols.step) == 0:
-        return ()
-    codes, names = coded or _coded(cols)
+@dataclass(frozen=True)
+class _Entries:
+    """A run's entries that carry a metric (points without metrics left out), in logging order:
+    step, metric code into ``names``, value; ``repeated`` marks those whose (step, metric) pair
+    occurs more than once (None: every pair once, the usual run)."""
+
+    step: np.ndarray
+    codes: np.ndarray
+    names: pd.Index
+    value: np.ndarray
+    repeated: np.ndarray | None
+
+
+def _entries(cols: Columns) -> _Entries:
+    codes, names = _coded(cols)
+    step = np.asarray(cols.step, dtype=np.int64)
+    value = np.asarray(cols.value, dtype=np.float64)
     named = _named(codes, names)
-    step = np.asarray(cols.step)[named]
-    key = _entry_keys(step, codes[named], len(names))
-    repeated_mask = pd.Series(key).duplicated(keep=False).to_numpy()
-    if not repeated_mask.any():
+    if not named.all():
+        step, codes, value = step[named], codes[named], value[named]
+    return _Entries(step, codes, names, value, _repeated(_entry_keys(step, codes, len(names))))
+
+
+def duplicated_values(entries: _Entries) -> tuple[Duplicate, ...]:
+    """Keys logged more than once at one step with different values (NaN equals NaN), by key."""
+    repeated = entries.repeated
+    if repeated is None:
         return ()
     rows = pd.DataFrame(
         {
-            "step": step[repeated_mask],
-            "metric": names.to_numpy(dtype=object)[codes[named][repeated_mask]],
-            "value": np.asarray(cols.value)[named][repeated_mask],
+            "step": entries.step[repeated],
+            "metric": entries.names.to_numpy(dtype=object)[entries.codes[repeated]],
+            "value": entries.value[repeated],
         }
     )
     spread = rows.groupby(["metric", "step"], sort=True)["value"].nunique(dropna=False)
@@ -239,7 +285,7 @@ class _Part:
     value: np.ndarray
 
 
-def _part(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> _Part:
+def _part(info: LoadedRun, cols: Columns, entries: _Entries | None = None) -> _Part:
     labels = (info.display, info.run.run_id, info.run.backend_label or "")
     if len(cols.step) == 0:
         empty = np.zeros(0)
@@ -253,22 +299,22 @@ def _part(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> _Part:
             np.zeros(0, object),
             empty,
         )
-    walls = (
-        pd.Series(
-            np.asarray(cols.wall_time, dtype=np.float64),
-            index=pd.Index(np.asarray(cols.step, dtype=np.int64), name="step"),
-        )
-        .groupby(level=0)
-        .max()
-    )
-    codes, names = coded or _coded(cols)
-    named = _named(codes, names)
-    step = np.asarray(cols.step, dtype=np.int64)[named]
-    codes = codes[named]
-    value = np.asarray(cols.value, dtype=np.float64)[named]
-    last = _last_of_each(_entry_keys(step, codes, len(names)))  # a key logged twice: the last wins
-    order = np.argsort(step[last], kind="stable")
-    step, codes, value = step[last][order], codes[last][order], value[last][order]
+    all_steps = np.asarray(cols.step, dtype=np.int64)
+    all_walls = np.asarray(cols.wall_time, dtype=np.float64)
+    starts = _step_starts(all_steps)
+    if starts is not None:  # steps in order: each step's latest wall time in one pass
+        steps, step_walls = all_steps[starts], np.fmax.reduceat(all_walls, starts)
+    else:
+        walls = pd.Series(all_walls, index=pd.Index(all_steps, name="step")).groupby(level=0).max()
+        steps, step_walls = walls.index.to_numpy(dtype=np.int64), walls.to_numpy(dtype=np.float64)
+    entries = entries or _entries(cols)
+    step, codes, names, value = entries.step, entries.codes, entries.names, entries.value
+    if entries.repeated is not None:  # a key logged twice at a step: the last wins
+        last = _last_of_each(_entry_keys(step, codes, len(names)))
+        step, codes, value = step[last], codes[last], value[last]
+    if starts is None:
+        order = np.argsort(step, kind="stable")
+        step, codes, value = step[order], codes[order], value[order]
     if keys.LOSS_TOKENS in names:
         is_tokens = codes == names.get_loc(keys.LOSS_TOKENS)
         tokens = pd.Series(value[is_tokens], index=step[is_tokens])
@@ -276,14 +322,18 @@ def _part(info: LoadedRun, cols: Columns, coded: Coded | None = None) -> _Part:
     else:
         tokens = pd.Series(dtype=np.float64)
     if len(tokens):
-        cumulative = tokens.reindex(walls.index).fillna(0.0).cumsum()
+        cumulative = tokens.reindex(pd.Index(steps)).fillna(0.0).cumsum()
         cumulative[cumulative.index < tokens.index.min()] = np.nan
     else:
-        cumulative = pd.Series(np.nan, index=walls.index)
+        cumulative = pd.Series(np.nan, index=pd.Index(steps))
     # every row's step as a position among the run's steps: one lookup instead of two reindexes
-    position = np.searchsorted(walls.index.to_numpy(), step)
-    wall = walls.to_numpy(dtype=np.float64)[position]
-    first = np.nanmin(walls.to_numpy()) if walls.notna().any() else np.nan
+    own_starts = _step_starts(step) if starts is not None else None
+    if own_starts is not None and own_starts.size == steps.size:  # every step has a named entry
+        position = _positions(own_starts, step.size)
+    else:
+        position = np.searchsorted(steps, step)
+    wall = step_walls[position]
+    first = np.nanmin(step_walls) if (~np.isnan(step_walls)).any() else np.nan
     return _Part(
         labels,
         step,
@@ -333,6 +383,9 @@ class RunSet:
     runs: list[LoadedRun]
     _wide: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
     _slices: dict[str, tuple[int, int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _codes: dict[str, tuple[np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _nonfinite: dict[str, dict[str, list[int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -348,16 +401,17 @@ class RunSet:
             label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
             infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
         columns = [as_columns(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
-        coded = [_coded(c) for c in columns]  # each run's metric names factorised once
+        entries = [_entries(c) for c in columns]  # each run's metric names factorised once
         infos = [
-            replace(info, duplicates=duplicated_values(c, k))
-            for info, c, k in zip(infos, columns, coded, strict=True)
+            replace(info, duplicates=duplicated_values(e)) for info, e in zip(infos, entries, strict=True)
         ]
-        parts = [_part(info, c, k) for info, c, k in zip(infos, columns, coded, strict=True)]
+        parts = [_part(info, c, e) for info, c, e in zip(infos, columns, entries, strict=True)]
         runset = cls(frame=_assemble(parts), runs=infos)
         start = 0
         for info, part in zip(infos, parts, strict=True):  # each run's rows, in load order
             runset._slices[info.display] = (start, start + len(part.step))
+            small = part.codes.astype(np.min_scalar_type(max(len(part.names) - 1, 0)))  # kept: 1 byte a row
+            runset._codes[info.display] = (small, part.names)
             start += len(part.step)
         return runset
 
@@ -394,7 +448,7 @@ class RunSet:
         """
         display = self.info(label).display
         if display not in self._wide:
-            self._wide[display] = _wide_table(self._rows(display), unique=display in self._slices)
+            self._wide[display] = _wide_table(self._rows(display), self._codes.get(display))
         return self._wide[display]
 
     def nonfinite(self, label: str) -> dict[str, list[int]]:
@@ -409,21 +463,38 @@ class RunSet:
         return self._nonfinite[display]
 
 
-def _wide_table(rows: pd.DataFrame, unique: bool = False) -> pd.DataFrame:
+def _sorted_codes(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Metric codes and names recoded so that the names present are sorted (absent ones dropped),
+    as ``pd.factorize(..., sort=True)`` gives them."""
+    present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
+    order = present[np.argsort(names[present].astype(str), kind="stable")]
+    rank = np.full(len(names), -1, dtype=np.intp)
+    rank[order] = np.arange(order.size)
+    return rank[codes], names[order]
+
+
+def _wide_table(rows: pd.DataFrame, part: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """A run's tidy rows as one row per step: the axes (first entry of each step) and one column per
-    metric, sorted by name (the last value of a (step, metric) pair wins; ``unique``: the rows are
-    known to hold each pair once). O(rows), in numpy."""
+    metric, sorted by name (the last value of a (step, metric) pair wins). ``part``: the rows' metric
+    codes and names as ``from_points`` built them (each pair once, in step order): no hashing of the
+    names again. O(rows), in numpy."""
     steps = rows["step"].to_numpy(dtype=np.int64)
-    codes, names = pd.factorize(rows["metric"].to_numpy(dtype=object), sort=True)
     values = rows["value"].to_numpy(dtype=float)
-    if not unique:
+    if part is not None:
+        codes, names = _sorted_codes(*part)
+        kept = steps
+    else:
+        codes, names = pd.factorize(rows["metric"].to_numpy(dtype=object), sort=True)
         last = _last_of_each(_entry_keys(steps, codes, len(names)))
         codes, values, kept = codes[last], values[last], steps[last]
+    starts = _step_starts(steps) if part is not None else None
+    if starts is not None:
+        unique_steps, first, position = steps[starts], starts, _positions(starts, steps.size)
     else:
-        kept = steps
-    unique_steps, first = np.unique(steps, return_index=True)
+        unique_steps, first = np.unique(steps, return_index=True)
+        position = np.searchsorted(unique_steps, kept)
     table = np.full((unique_steps.size, len(names)), np.nan)
-    table[np.searchsorted(unique_steps, kept), codes] = values
+    table[position, codes] = values
     axes = {c: rows[c].to_numpy(dtype=float)[first] for c in ("tokens_seen", "wall_time", "elapsed_s")}
     columns = {str(name): table[:, i] for i, name in enumerate(names)}
     return pd.DataFrame({**axes, **columns}, index=pd.Index(unique_steps, name="step"))

@@ -102,9 +102,15 @@ class LongRunVariance:
 
 
 def cosine_coefficients(x: np.ndarray, k: int) -> np.ndarray:
-    """``phi_j' x`` for ``j = 1 .. k`` along the last axis (one FFT of length ``2n``)."""
+    """``phi_j' x`` for ``j = 1 .. k`` along the last axis: one real FFT of length ``n`` of the
+    series reordered (even indices, then odd ones reversed; Makhoul's DCT-II), or of length ``2n``
+    zero-padded when ``k > n / 2``."""
     n = x.shape[-1]
-    f = np.fft.rfft(x, 2 * n, axis=-1)[..., 1 : k + 1]
+    if k <= n // 2:
+        reordered = np.concatenate((x[..., ::2], x[..., 1::2][..., ::-1]), axis=-1)
+        f = np.fft.rfft(reordered, axis=-1)[..., 1 : k + 1]
+    else:
+        f = np.fft.rfft(x, 2 * n, axis=-1)[..., 1 : k + 1]
     j = np.arange(1, f.shape[-1] + 1)
     return np.sqrt(2.0 / n) * (f * np.exp(-1j * np.pi * j / (2.0 * n))).real
 
