@@ -35,7 +35,7 @@ The effective sample size is ``n * gamma0 / LRV`` with ``gamma0`` the residual v
 freedom corrected) and ``LRV`` the point estimate (step 4 at ``d_hat`` where long memory is
 found; the interval's uses ``memory.WIDEN`` standard errors more wherever it is applied), capped
 at ``n``: from the same estimate that sets the interval. Every step is a few passes over ``n``
-numbers and one FFT of length ``2n`` per row: O(n log n); the model's expectations are cached per
+numbers and one real FFT of length ``n`` per row: O(n log n); the model's expectations are cached per
 window length.
 """
 
