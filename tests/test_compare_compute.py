@@ -157,6 +157,27 @@ def test_equal_stationary_runs_are_equivalent_throughout():
     assert result.summary().startswith("Equally on-policy")
 
 
+@pytest.mark.parametrize("n", [300, 1000])
+def test_an_equivalent_too_short_for_the_long_memory_test_says_it_assumes_short_memory(n):
+    result = compare(
+        runset_of(
+            run_from_curves("a", "megatron", seed=1, clip_p=noisy(1, n, sd=0.005, phi=0.0)),
+            run_from_curves("b", "miles", seed=2, clip_p=noisy(2, n, sd=0.005, phi=0.0)),
+        )
+    )
+    d = result.difference("clip_fraction")
+    assert d.verdict == EQUIVALENT
+    assert d.estimate.memory_tested == (n == 1000)
+    notes = [x for x in result.notes if x.metric == "clip_fraction" and "long memory" in x.text]
+    if n == 300:
+        [note] = notes
+        assert "300 paired units" in note.text and "assumes short memory" in note.text and not note.warning
+    else:
+        assert not notes
+    clip = next(x for x in json.loads(result.to_json())["differences"] if x["metric"] == "clip_fraction")
+    assert clip["difference"]["memory_tested"] == (n == 1000)
+
+
 def test_a_lagging_reward_curve_is_reported_as_a_lag_in_steps():
     n = 1000
     x = np.arange(n)

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tracking.compare.memory as memory
+from tests._compare_fixtures import _ar1
 from tracking.compare import simulation as sim
 from tracking.compare.lrv import cosine_coefficients, long_run_variance, trend_basis
 from tracking.compare.memory import (
@@ -98,6 +99,20 @@ def test_white_noise_gives_the_plain_estimate_exactly():
     assert nvar[0] == pytest.approx(1.0) and np.all(e[0] <= 1.0 + 1e-12)
     assert np.all(np.diff(nvar) > 0)  # more memory, more variance of the mean
     assert autocorrelations(5, 0.0).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_the_test_runs_only_where_enough_cosines_tell_memory_from_chance():
+    """``memory_tested``: whether ``se(d_hat) <= SE_MAX``: not over 300 units (17 cosines), over
+    1,000 (40); a trend's terms and strong persistence (fewer cosines) take more units."""
+    rng = np.random.default_rng(0)
+    slope = np.linspace(0.0, 4.0, 600) ** 2
+
+    def tested(z):
+        return bool(long_run_variance(z).memory_tested[0])
+
+    assert not tested(rng.standard_normal(300)) and tested(rng.standard_normal(1000))
+    assert tested(rng.standard_normal(600)) and not tested(rng.standard_normal(600) + slope)
+    assert not tested(_ar1(rng, 1000, 0.97, 1.0))
 
 
 def test_the_memory_parameter_is_recovered_and_short_memory_is_rarely_flagged():

@@ -564,6 +564,16 @@ def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: s
                 warning=True,
             )
         )
+    if d.verdict == EQUIVALENT and not d.estimate.memory_tested:
+        notes.append(
+            Note(
+                q.name,
+                label,
+                f"{label} vs {reference}: {q.name} is equivalent over {d.estimate.n_units} paired units, too few "
+                f"to test them for long memory (that takes about 470 units, more with a trend or strong "
+                f"persistence): the interval assumes short memory (docs/STATISTICS.md, long memory)",
+            )
+        )
     if d.lead is not None and d.lead.explained:
         behind, ahead = (label, reference) if d.lead.lag > 0 else (reference, label)
         what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[align]

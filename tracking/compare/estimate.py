@@ -48,6 +48,8 @@ class Estimate:
     trend terms removed before the variance (beyond the mean); ``long_memory``: persistence at the
     scale of the window was found (the interval was widened); ``memory``: the long-memory parameter
     ``d`` behind that widening (0 when the batch check alone found it, or none was found);
+    ``memory_tested``: the window had enough units for the long-memory test (about 470 for a flat
+    series; below that the interval assumes short memory, see docs/STATISTICS.md);
     ``reason``: why there is no trustworthy interval ("" when fine).
     """
 
@@ -64,6 +66,7 @@ class Estimate:
     trend_terms: int = 0
     long_memory: bool = False
     memory: float = 0.0
+    memory_tested: bool = False
     reason: str = ""
 
     @property

@@ -120,6 +120,7 @@ def estimate_from(
         trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
         memory=float(v.memory[0]),
+        memory_tested=bool(v.memory_tested[0]),
     )
 
 

@@ -46,7 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tracking.compare.memory import measure
+from tracking.compare.memory import SE_MAX, measure
 from tracking.compare.tdist import f_quantile
 
 TREND_DEGREE = 2
@@ -86,7 +86,9 @@ class LongRunVariance:
     ``terms``: cosine terms ``K``; ``trend_terms``: trend terms removed (not counting the mean);
     ``variance_ratio``: ``L(4m) / L(m)`` (NaN when too short); ``long_memory``: flagged (step 3 or
     4); ``memory``: the memory parameter ``d`` where step 4 found long memory, else 0;
-    ``ess``: ``n * gamma0 / lrv_point`` capped at ``n``.
+    ``ess``: ``n * gamma0 / lrv_point`` capped at ``n``; ``memory_tested``: step 4 ran (enough
+    cosines to tell long memory from chance, ``memory.SE_MAX``; about 470 units or more for a flat
+    series).
     """
 
     lrv: np.ndarray
@@ -99,6 +101,7 @@ class LongRunVariance:
     long_memory: np.ndarray
     memory: np.ndarray
     ess: np.ndarray
+    memory_tested: np.ndarray
 
 
 def cosine_coefficients(x: np.ndarray, k: int) -> np.ndarray:
@@ -234,7 +237,8 @@ def long_run_variance(
     if n < 2:
         nan = np.full(rows, np.nan)
         zero = np.zeros(rows, int)
-        return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, np.zeros(rows, bool), nan, nan)
+        no = np.zeros(rows, bool)
+        return LongRunVariance(nan, nan, nan, nan, zero, zero, nan, no, nan, nan, no)
     zcoef = cosine_coefficients(z, min(n, max(_test_terms(n), 4 * K_MIN)))  # the one FFT per row
     if degree is not None:
         return _fixed_degree(z, degree, extra, floor, zcoef, memory_gate)
@@ -292,13 +296,14 @@ def _fixed_degree(
         rows_k = terms == k
         lrv[rows_k], df[rows_k] = _ewc(coef[rows_k], overlap, int(k))
     d_hat = np.zeros(rows)
-    found = np.zeros(rows, bool)
+    found, tested = np.zeros(rows, bool), np.zeros(rows, bool)
     corrected, corrected_point, corrected_df = lrv.copy(), lrv.copy(), df.copy()
     if floor and extra is None:  # step 4: long memory in the EWC's own cosines
         for k in np.unique(terms):
             rows_k = terms == k
             m = measure(e[rows_k], coef[rows_k], degree, int(k), memory_gate)
             d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
+            tested[rows_k] = m.se <= SE_MAX
             corrected[rows_k] *= m.interval
             corrected_point[rows_k] *= m.point
             corrected_df[rows_k] *= m.df_scale
@@ -330,7 +335,9 @@ def _fixed_degree(
     with np.errstate(divide="ignore", invalid="ignore"):
         ess = np.where(point > 0, np.minimum(n, n * gamma0 / point), float(n))
     trend_terms = np.full(rows, degree)
-    return LongRunVariance(lrv, df, gamma0, lag1, terms, trend_terms, ratio, flagged | found, d_hat, ess)
+    return LongRunVariance(
+        lrv, df, gamma0, lag1, terms, trend_terms, ratio, flagged | found, d_hat, ess, tested
+    )
 
 
 def autocovariances(z: np.ndarray) -> np.ndarray:

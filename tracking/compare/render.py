@@ -486,6 +486,7 @@ def _estimate(e: Estimate | None) -> dict[str, Any] | None:
         "bandwidth": _num(e.bandwidth),
         "long_memory": e.long_memory,
         "memory_d": _num(e.memory),
+        "memory_tested": e.memory_tested,
         "confidence": e.confidence,
         "enough_data": e.enough_data,
     }

@@ -176,6 +176,7 @@ def _segment_estimate(value: float, s: int, e: int, v: LongRunVariance, confiden
         trend_terms=int(v.trend_terms[0]),
         long_memory=bool(v.long_memory[0]),
         memory=float(v.memory[0]),
+        memory_tested=bool(v.memory_tested[0]),
     )
 
 
