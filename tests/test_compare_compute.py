@@ -172,6 +172,7 @@ def test_an_equivalent_too_short_for_the_long_memory_test_says_it_assumes_short_
     if n == 300:
         [note] = notes
         assert "300 paired units" in note.text and "assumes short memory" in note.text and not note.warning
+        assert len(d.segments) == 1 and "; 1 segment against" in result.summary()
     else:
         assert not notes
     clip = next(x for x in json.loads(result.to_json())["differences"] if x["metric"] == "clip_fraction")

@@ -383,7 +383,8 @@ def headline(result: ComparisonResult) -> str:
 
 def _summary_line(result: ComparisonResult, d: Difference, pct: int) -> str:
     sw = "" if d.step_weighted is None else f"; step-weighted {format_difference(result, d, d.step_weighted)}"
-    segments = f"; {len(d.segments)} segments" + (
+    count = len(d.segments)
+    segments = f"; {count} segment{'s' if count != 1 else ''}" + (
         f", not within: {_spans(result, d.differing)}" if d.differing else ""
     )
     head = (
