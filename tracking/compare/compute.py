@@ -569,9 +569,9 @@ def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: s
             Note(
                 q.name,
                 label,
-                f"{label} vs {reference}: {q.name} is equivalent over {d.estimate.n_units} paired units, too few "
-                f"to test them for long memory (that takes about 470 units, more with a trend or strong "
-                f"persistence): the interval assumes short memory (docs/STATISTICS.md, long memory)",
+                f"{label} vs {reference}: {q.name} is equivalent over {d.estimate.n_units} paired units, short of "
+                f"the about 470 the long-memory test needs (more with a trend or strong persistence): the "
+                f"interval assumes short memory (docs/STATISTICS.md, long memory)",
             )
         )
     if d.lead is not None and d.lead.explained:
