@@ -26,8 +26,10 @@ VALUES = st.one_of(st.integers(0, 9).map(float), st.just(math.nan))
 
 @st.composite
 def runs(draw: st.DrawFn) -> list[Point]:
-    """Points of one run: steps 0..29 in order or shuffled, some logged again, some without metrics."""
-    steps = draw(st.lists(st.integers(0, 29), min_size=1, max_size=40))
+    """Points of one run: steps in order or shuffled (a few negative or far apart, so that the keys
+    are sometimes too sparse to count), some logged again, some without metrics."""
+    step = st.one_of(st.integers(0, 29), st.integers(-3, -1), st.integers(10**9, 10**9 + 2))
+    steps = draw(st.lists(step, min_size=1, max_size=40))
     if draw(st.booleans()):
         steps = sorted(steps)
     points = []
