@@ -46,7 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tracking.compare.memory import SE_MAX, measure
+from tracking.compare.memory import measure
 from tracking.compare.tdist import f_quantile
 
 TREND_DEGREE = 2
@@ -303,7 +303,7 @@ def _fixed_degree(
             rows_k = terms == k
             m = measure(e[rows_k], coef[rows_k], degree, int(k), memory_gate)
             d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
-            tested[rows_k] = m.se <= SE_MAX
+            tested[rows_k] = m.tested
             corrected[rows_k] *= m.interval
             corrected_point[rows_k] *= m.point
             corrected_df[rows_k] *= m.df_scale

@@ -81,9 +81,10 @@ GRID.setflags(write=False)
 class Memory:
     """Per-row results of ``fit`` (1-d arrays).
 
-    ``d``: estimated memory parameter; ``se``: its standard error under ``d = 0``; ``found``: long
-    memory reported (``d > GATE * se``, and confirmed where ``measure`` asks); ``applied``: the
-    correction applied (``d > APPLY_GATE * se``, likewise confirmed; every ``found`` row is);
+    ``d``: estimated memory parameter; ``se``: its standard error under ``d = 0``; ``tested``: the
+    test ran (``se <= SE_MAX``); ``found``: long memory reported (``d > GATE * se``, and confirmed
+    where ``measure`` asks); ``applied``: the correction applied (``d > APPLY_GATE * se``, likewise
+    confirmed; every ``found`` row is; only where tested);
     ``point`` / ``interval``: the factors ``F`` (>= 1) that multiply the EWC long-run variance for
     the effective sample size (exactly 1 where not found) and for the interval (exactly 1 where not
     applied); ``df_scale``: the factor on the EWC's degrees of freedom (unequal expected powers of
@@ -92,6 +93,7 @@ class Memory:
 
     d: np.ndarray
     se: np.ndarray
+    tested: np.ndarray
     found: np.ndarray
     applied: np.ndarray
     point: np.ndarray
@@ -302,7 +304,8 @@ def fit(
     if at_most is not None:
         best = np.minimum(best, np.maximum(np.searchsorted(GRID, at_most + 1e-12) - 1, 0))
     d = GRID[best]
-    applied = (d > gate * se) & (se <= SE_MAX)
+    tested = np.full(rows, se <= SE_MAX)
+    applied = (d > gate * se) & tested
     if kept is not None:
         applied &= kept
     found = applied & (d > GATE * se)
@@ -312,6 +315,7 @@ def fit(
     return Memory(
         d=d,
         se=np.full(rows, se),
+        tested=tested,
         found=found,
         applied=applied,
         point=np.where(found, factor[best], 1.0),
