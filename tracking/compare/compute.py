@@ -35,7 +35,7 @@ import pandas as pd
 from tracking.compare import quantities as qs
 from tracking.compare import stats as st
 from tracking.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
-from tracking.compare.estimate import MIN_ESS, MIN_UNITS, interval_verdict
+from tracking.compare.estimate import MIN_ESS, MIN_UNITS, counted, interval_verdict
 from tracking.compare.frame import RunSet, count_problems
 from tracking.compare.influence import ROBUST_Z
 from tracking.compare.intervals import difference_series
@@ -240,10 +240,6 @@ def _weighting_note(
     ]
 
 
-def _n(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
 def steps_text(steps: Sequence[int], most: int = 6) -> str:
     """Steps as ranges, ``"100-199, 250"``, the first ``most`` ranges and a count of the rest."""
     ranges: list[list[int]] = []
@@ -269,7 +265,7 @@ def _data_notes(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quan
                     "",
                     label,
                     f"{label}: {dup.metric} logged more than once with different values at "
-                    f"{_n(len(dup.steps), 'step')} ({steps_text(dup.steps)}): the last value logged is kept, as when a resumed run "
+                    f"{counted(len(dup.steps), 'step')} ({steps_text(dup.steps)}): the last value logged is kept, as when a resumed run "
                     "replays its last steps",
                     warning=True,
                 )
@@ -287,7 +283,7 @@ def _data_notes(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quan
                 Note(
                     names[0],
                     label,
-                    f"{label}: {key} is {problem} at {_n(steps.size, 'step')} ({steps_text(steps.tolist())}): "
+                    f"{label}: {key} is {problem} at {counted(steps.size, 'step')} ({steps_text(steps.tolist())}): "
                     f"not a valid token count, so those steps are refused (left out of {', '.join(names)})",
                     warning=True,
                 )
@@ -371,7 +367,7 @@ def _missing_pattern(
             Note(
                 q.name,
                 label,
-                f"{absent} lacks a valid {q.name} at {_n(len(missing), 'unit')} where {present} has one, and there "
+                f"{absent} lacks a valid {q.name} at {counted(len(missing), 'unit')} where {present} has one, and there "
                 f"{present}'s {q.name} is {fmt(there)} against {fmt(paired)} at the paired units: units are "
                 f"missing in a pattern tied to {q.name}, so the paired comparison may be biased",
                 warning=True,

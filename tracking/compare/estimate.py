@@ -83,12 +83,17 @@ class Estimate:
         if self.reason:
             return self.reason
         if self.n_units < MIN_UNITS:
-            return f"only {self.n_units} paired unit{'s' if self.n_units != 1 else ''} (minimum {MIN_UNITS})"
+            return f"only {counted(self.n_units, 'paired unit')} (minimum {MIN_UNITS})"
         if not self.ess >= MIN_ESS:
             return ess_reason(
                 self.ess, self.lag1, self.n_units, self.trend_terms, self.long_memory, self.memory
             )
         return ""
+
+
+def counted(count: int, word: str) -> str:
+    """``"1 step"``, ``"2 steps"``: a count with its noun in the right number."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def ess_reason(

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from tracking.compare.estimate import counted
 from tracking.compare.result import ComparisonResult, Difference, DifferenceSegment, GroupDifference
 from tracking.compare.stats import (
     DIFFERENT,
@@ -383,8 +384,7 @@ def headline(result: ComparisonResult) -> str:
 
 def _summary_line(result: ComparisonResult, d: Difference, pct: int) -> str:
     sw = "" if d.step_weighted is None else f"; step-weighted {format_difference(result, d, d.step_weighted)}"
-    count = len(d.segments)
-    segments = f"; {count} segment{'s' if count != 1 else ''}" + (
+    segments = f"; {counted(len(d.segments), 'segment')}" + (
         f", not within: {_spans(result, d.differing)}" if d.differing else ""
     )
     head = (
