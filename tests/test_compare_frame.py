@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from tracking import keys
 from tracking.compare import RunSet
 from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.lrv import cosine_coefficients
 from tracking.records import RunInfo
 
 NAMES = (keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.REWARD)
@@ -107,13 +106,3 @@ def test_frame_wide_table_and_duplicates_match_a_plain_reference(points):
     for step, name, value, *_ in rows:
         expected.loc[step, name] = value
     pd.testing.assert_frame_equal(wide[names], expected, check_names=False, check_column_type=bool(names))
-
-
-@settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 120), k=st.integers(1, 130), seed=st.integers(0, 2**32 - 1))
-def test_cosine_coefficients_match_the_plain_sum(n, k, seed):
-    """``phi_j' x = sqrt(2 / n) sum_t x_t cos(pi j (t + 1/2) / n)`` for ``j = 1 .. min(k, n)``."""
-    x = np.random.default_rng(seed).standard_normal((2, n))
-    j = np.arange(1, min(k, n) + 1)[:, None]
-    basis = np.sqrt(2.0 / n) * np.cos(np.pi * j * (np.arange(n) + 0.5) / n)
-    assert np.allclose(cosine_coefficients(x, k), x @ basis.T, rtol=1e-10, atol=1e-10)

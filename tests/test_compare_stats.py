@@ -17,6 +17,7 @@ from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 from tracking import keys
 from tracking.compare import RunSet, Window, compare, parse_window, unit_table
 from tracking.compare.frame import LoadedRun, Point
+from tracking.compare.lrv import cosine_coefficients
 from tracking.compare.quantities import quantity
 from tracking.compare.stats import (
     ABSOLUTE,
@@ -401,6 +402,16 @@ def test_ratio_estimate_matches_plain_ratio_of_sums(pairs):
     assert est.value == sum(min(c, t) for c, t in pairs) / sum(t for _, t in pairs)
     if est.has_interval:
         assert est.low <= est.value <= est.high
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 120), k=st.integers(1, 130), seed=st.integers(0, 2**32 - 1))
+def test_cosine_coefficients_match_the_plain_sum(n, k, seed):
+    """``phi_j' x = sqrt(2 / n) sum_t x_t cos(pi j (t + 1/2) / n)`` for ``j = 1 .. min(k, n)``."""
+    x = np.random.default_rng(seed).standard_normal((2, n))
+    j = np.arange(1, min(k, n) + 1)[:, None]
+    basis = np.sqrt(2.0 / n) * np.cos(np.pi * j * (np.arange(n) + 0.5) / n)
+    assert np.allclose(cosine_coefficients(x, k), x @ basis.T, rtol=1e-10, atol=1e-10)
 
 
 @given(st.lists(st.floats(-100, 100), min_size=2, max_size=60))
