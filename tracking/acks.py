@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from tracking.records import printable
+from tracking.text import printable
 from tracking.spool import Ack, RunDir
 
 LOG = logging.getLogger("cliptrack")

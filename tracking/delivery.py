@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracking import journal
-from tracking.records import Point, printable
+from tracking.records import Point
+from tracking.text import printable
 from tracking.sinks.base import PartialWrite, Sink, SinkRejected
 
 LOG = logging.getLogger("cliptrack")

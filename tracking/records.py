@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from tracking.text import printable as printable  # terminal escaping lives in tracking.text
+
 RUNNING = "RUNNING"
 FINISHED = "FINISHED"
 FAILED = "FAILED"
@@ -112,12 +114,3 @@ def check_run_id(run_id: object) -> str:
             "starting with a letter or digit (it names a directory under the spool)"
         )
     return run_id
-
-
-def printable(text: object) -> str:
-    """``text`` safe to print on a terminal: control characters (ANSI escapes, newlines, ...) are
-    written as Python escapes (``\\x1b``, ``\\n``); everything else is kept."""
-    value = str(text)
-    if value.isprintable():
-        return value
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in value)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracking.lane import LOG, SinkLane
-from tracking.records import FAILED, RUNNING, RunInfo, printable
+from tracking.records import FAILED, RUNNING, RunInfo
+from tracking.text import printable
 from tracking.sinks import Sink, sink_from_state
 from tracking.spool import Ack, DamagedLine, RunDir, run_dirs
 

@@ -78,7 +78,8 @@ from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
 from tracking.limits import Limits
 from tracking.outputs import metrics_of
 from tracking.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
-from tracking.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id, printable
+from tracking.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
+from tracking.text import printable
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
