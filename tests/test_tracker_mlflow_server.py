@@ -30,10 +30,12 @@ pytestmark = [
 
 class MlflowServer:
     """``mlflow server --backend-store-uri sqlite:///DB --host 127.0.0.1 --port PORT`` in its own
-    process group, so that a kill takes the uvicorn worker down with it."""
+    process group, so that a kill takes the uvicorn worker down with it. ``db`` is the sqlite file,
+    or any backend store URI as a string (``postgresql+psycopg2://…``)."""
 
-    def __init__(self, db: Path, port: int, log: Path) -> None:
+    def __init__(self, db: Path | str, port: int, log: Path) -> None:
         self.db, self.port, self.log = db, port, log
+        self.store = f"sqlite:///{db}" if isinstance(db, Path) else db
         self.proc: subprocess.Popen | None = None
         self.uri = f"http://127.0.0.1:{port}"
 
@@ -45,7 +47,7 @@ class MlflowServer:
                     "mlflow",
                     "server",
                     "--backend-store-uri",
-                    f"sqlite:///{self.db}",
+                    self.store,
                     "--host",
                     "127.0.0.1",
                     "--port",
