@@ -2,7 +2,8 @@
 
 - steps: the trainer's own, non-negative integers (numpy's too, never ``bool``) up to
   :data:`MAX_STEP`;
-- metric keys: ``name:reduction`` with exactly one colon (:func:`tracking.keys.split_key`);
+- metric keys: ``name:reduction`` with exactly one colon (:func:`tracking.keys.split_key`), at most
+  :data:`MAX_KEY_CHARS` characters (:func:`check_key_size`);
 - metric values: real numbers (int, float, numpy scalars); NaN and +/-inf are values like any
   other (a diverging loss must be visible);
 - token counts and the clip fraction: :func:`tracking.counts.exact_clip_metrics` (whole
@@ -19,10 +20,23 @@ from collections.abc import Mapping
 from tracking import keys
 from tracking.counts import exact_clip_metrics
 
-__all__ = ["MAX_STEP", "check_metrics", "check_step", "metric_value"]
+__all__ = ["MAX_KEY_CHARS", "MAX_STEP", "check_key_size", "check_metrics", "check_step", "metric_value"]
 
 MAX_STEP = 2**63 - 1
 """Largest step every sink stores (MLflow: a signed 64-bit integer)."""
+
+MAX_KEY_CHARS = 65_536
+"""Longest metric key the tracker logs and a reader takes back, in characters: far above any
+backend's own limit (MLflow: 250) yet small enough that a key cannot exhaust a reader's memory (a
+journal line holding a longer key, which no tracker writes, is skipped with a note)."""
+
+
+def check_key_size(key: str) -> None:
+    """ValueError naming the key (its start) when it is longer than :data:`MAX_KEY_CHARS`."""
+    if len(key) > MAX_KEY_CHARS:
+        raise ValueError(
+            f"metric key {key[:40]!r}... is {len(key)} characters long; at most {MAX_KEY_CHARS} are logged"
+        )
 
 
 def check_step(step: object) -> int:
@@ -66,5 +80,6 @@ def check_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in metrics.items():
         keys.split_key(key)
+        check_key_size(key)
         out[key] = metric_value(key, value)
     return exact_clip_metrics(out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -92,19 +92,34 @@ def _check_numeric(info: LoadedRun, steps: list[int], names: list[str], values: 
             )
 
 
+class MetricCodes(NamedTuple):
+    """Metric keys as integer ``codes`` into ``names`` (distinct keys, an object array): the compact
+    form of ``Columns.metric`` a journal is read into (``tracking.journal.load_columns``)."""
+
+    codes: np.ndarray
+    names: np.ndarray
+
+
 @dataclass(frozen=True)
 class Columns:
     """One run's points as parallel arrays, one entry per (step, metric) value, in logging order.
 
     ``wall_time`` is the unix time (seconds) of the entry; a step's wall time is the latest of its
-    entries. Loaders that read stores in bulk (MLflow's SQL store) hand these to
-    ``RunSet.from_points`` instead of ``Point`` objects.
+    entries; ``metric`` the key of each entry (an object array), or ``MetricCodes``. Loaders that
+    read stores in bulk (MLflow's SQL store, the journal) hand these to ``RunSet.from_points``
+    instead of ``Point`` objects.
     """
 
     step: np.ndarray
     wall_time: np.ndarray
-    metric: np.ndarray
+    metric: np.ndarray | MetricCodes
     value: np.ndarray
+
+    def metric_keys(self) -> np.ndarray:
+        """The key of each entry, as an object array."""
+        if isinstance(self.metric, MetricCodes):
+            return self.metric.names[self.metric.codes]
+        return np.asarray(self.metric, dtype=object)
 
 
 def build_frame(info: LoadedRun, points: Iterable[Point] | Columns) -> pd.DataFrame:
@@ -152,15 +167,25 @@ Coded = tuple[np.ndarray, pd.Index]
 
 
 def _coded(cols: Columns) -> Coded:
+    if isinstance(cols.metric, MetricCodes):
+        return cols.metric.codes, pd.Index(cols.metric.names)
     codes, names = pd.factorize(np.asarray(cols.metric, dtype=object))
     return codes, pd.Index(names)
 
 
 def _entry_keys(step: np.ndarray, codes: np.ndarray, n_names: int) -> np.ndarray:
-    """One int64 per (step, metric) pair (equal pairs, equal keys): a fast stand-in for the pair."""
+    """One int64 >= 0 per (step, metric) pair (equal pairs, equal keys): a fast stand-in for the
+    pair. Steps span the whole int64 range: when ``(max - min) * n_names`` would not fit an int64,
+    the steps are first replaced by their rank among the run's distinct steps."""
     step = np.asarray(step, dtype=np.int64)
-    low = int(step.min()) if step.size else 0
-    return (step - low) * max(n_names, 1) + codes
+    width = max(n_names, 1)
+    if not step.size:
+        return step.copy()
+    low, high = int(step.min()), int(step.max())
+    if (high - low + 1) * width < 2**62:
+        return (step - low) * width + codes
+    rank = pd.factorize(step, sort=True)[0].astype(np.int64)
+    return rank * width + codes
 
 
 def _repeated(key: np.ndarray) -> np.ndarray | None:
@@ -186,10 +211,10 @@ def _step_starts(step: np.ndarray) -> np.ndarray | None:
     runs); None when it is not."""
     if step.size == 0:
         return np.zeros(0, dtype=np.intp)
-    change = np.diff(step)
-    if (change < 0).any():
+    before, after = step[:-1], step[1:]  # compared, not subtracted: steps span the int64 range
+    if (after < before).any():
         return None
-    return np.flatnonzero(np.concatenate(([True], change != 0)))
+    return np.flatnonzero(np.concatenate(([True], after != before)))
 
 
 def _positions(starts: np.ndarray, size: int) -> np.ndarray:
@@ -356,16 +381,19 @@ def _assemble(parts: list[_Part]) -> pd.DataFrame:
     def labels(i: int) -> np.ndarray:
         return np.repeat(np.array([p.labels[i] for p in parts], dtype=object), sizes)
 
+    def joined(arrays: list[np.ndarray]) -> np.ndarray:
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # one run: no copy
+
     columns = {
         "run": labels(0),
         "run_id": labels(1),
         "backend": labels(2),
-        "step": np.concatenate([p.step for p in parts]),
-        "tokens_seen": np.concatenate([p.tokens_seen for p in parts]),
-        "wall_time": np.concatenate([p.wall_time for p in parts]),
-        "elapsed_s": np.concatenate([p.elapsed_s for p in parts]),
-        "metric": np.concatenate([p.names[p.codes] for p in parts]),
-        "value": np.concatenate([p.value for p in parts]),
+        "step": joined([p.step for p in parts]),
+        "tokens_seen": joined([p.tokens_seen for p in parts]),
+        "wall_time": joined([p.wall_time for p in parts]),
+        "elapsed_s": joined([p.elapsed_s for p in parts]),
+        "metric": joined([p.names[p.codes] for p in parts]),
+        "value": joined([p.value for p in parts]),
     }
     # the arrays as they are: no copy into consolidated blocks, the label columns kept as objects
     return pd.DataFrame(
@@ -400,12 +428,14 @@ class RunSet:
         for (info, _), name in zip(pairs, names, strict=True):
             label = name if names.count(name) == 1 else f"{name} ({info.run.run_id})"
             infos.append(replace(info, run=replace(info.run, config=dict(info.run.config)), label=label))
-        columns = [as_columns(info, points) for info, (_, points) in zip(infos, pairs, strict=True)]
-        entries = [_entries(c) for c in columns]  # each run's metric names factorised once
-        infos = [
-            replace(info, duplicates=duplicated_values(e)) for info, e in zip(infos, entries, strict=True)
-        ]
-        parts = [_part(info, c, e) for info, c, e in zip(infos, columns, entries, strict=True)]
+        parts = []
+        for index, (_, points) in enumerate(pairs):  # one run at a time: its points dropped once parted
+            columns = as_columns(infos[index], points)
+            pairs[index] = (pairs[index][0], [])
+            entries = _entries(columns)  # the run's metric names factorised once
+            infos[index] = replace(infos[index], duplicates=duplicated_values(entries))
+            parts.append(_part(infos[index], columns, entries))
+            del columns, entries, points
         runset = cls(frame=_assemble(parts), runs=infos)
         start = 0
         for info, part in zip(infos, parts, strict=True):  # each run's rows, in load order
@@ -467,7 +497,9 @@ def _sorted_codes(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.
     """Metric codes and names recoded so that the names present are sorted (absent ones dropped),
     as ``pd.factorize(..., sort=True)`` gives them."""
     present = np.flatnonzero(np.bincount(codes, minlength=len(names)))
-    order = present[np.argsort(names[present].astype(str), kind="stable")]
+    order = np.asarray(
+        sorted(present.tolist(), key=lambda i: str(names[i])), dtype=np.intp
+    )  # no fixed-width copy
     rank = np.full(len(names), -1, dtype=np.intp)
     rank[order] = np.arange(order.size)
     return rank[codes], names[order]

@@ -25,7 +25,7 @@ from tracking import journal, keys
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
 from tracking.compare.catalog import RunNotFoundError, choose_by_name, mlflow_entry, spool_entry
-from tracking.compare.frame import Columns, LoadedRun, Point, RunSet
+from tracking.compare.frame import Columns, LoadedRun, MetricCodes, Point, RunSet
 from tracking.compare.preflight import StoreError, resolve_tracking_uri
 from tracking.records import RunInfo
 from tracking.sinks import _compat_wandb as compat_wandb
@@ -58,8 +58,9 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``).
 
     ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory. Points are
-    read by ``RunDir.load_points``: a torn last line is skipped with a warning, any other bad line
-    raises ValueError naming the file and line.
+    read by ``journal.load_columns``: a damaged line (torn, not JSON, over the reader's limits) is
+    skipped with a warning naming the file and line; a line that is not a point raises ValueError
+    naming it. A run id claimed by two directories is refused (``spool.DuplicateRunId``).
     """
     root = Path(directory)
     found = []
@@ -76,42 +77,18 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
 
 
-def _spool_columns(run_dir: RunDir) -> Columns | list[Point]:
-    """A run's points.jsonl as ``Columns``, from ``journal.load_records`` (one ``json.loads`` of
-    all its lines).
-
-    A file that does not read as well-formed points that way (a torn last line, a bad line) is
-    read by ``RunDir.load_points`` instead, which skips a torn last line with a warning and names
-    any other bad line.
-    """
-    records = journal.load_records(run_dir.points_path)
-    if records is None:
-        return run_dir.load_points()
-    try:
-        steps: list[int] = []
-        walls: list[float] = []
-        names: list[str] = []
-        values: list[Any] = []
-        for record in records:
-            metrics = record["metrics"]
-            if not isinstance(metrics, dict) or isinstance(record["step"], bool):
-                raise ValueError("not a point")
-            count = len(metrics)
-            steps.extend([int(record["step"])] * count)
-            walls.extend([float(record["wall_time"])] * count)
-            names.extend(metrics)
-            values.extend(metrics.values())
-        kinds = set(map(type, values))
-        if not kinds <= {int, float}:
-            raise ValueError("a non-numeric value")
-        return Columns(
-            np.asarray(steps, dtype=np.int64),
-            np.asarray(walls, dtype=np.float64),
-            np.asarray(names, dtype=object),
-            np.asarray(values, dtype=np.float64),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return run_dir.load_points()
+def _spool_columns(run_dir: RunDir) -> Columns:
+    """A run's points.jsonl as ``Columns``, streamed by ``journal.load_columns`` into compact
+    arrays (no point objects): a bad line is skipped with a warning naming the file and line, a
+    line that is not a point or holds a non-numeric value raises ValueError naming it, a FIFO or a
+    device is refused (``SpecialFileError``)."""
+    cols = journal.load_columns(run_dir.points_path)
+    return Columns(
+        np.frombuffer(cols.step, dtype=np.int64),
+        np.frombuffer(cols.wall_time, dtype=np.float64),
+        MetricCodes(np.frombuffer(cols.code, dtype=np.int32), np.asarray(cols.names, dtype=object)),
+        np.frombuffer(cols.value, dtype=np.float64),
+    )
 
 
 def _choose(
@@ -301,7 +278,7 @@ def _points_of(columns: Columns) -> list[Point]:
     for step, when, name, value in zip(
         columns.step.tolist(),
         columns.wall_time.tolist(),
-        columns.metric.tolist(),
+        columns.metric_keys().tolist(),
         columns.value.tolist(),
         strict=True,
     ):
