@@ -6,6 +6,8 @@ module that runs it (``run(args) -> int``); both are imported only for the comma
 ``tracking.compare.cli`` (no numpy or pandas).
 
 A failure is one line on stderr and exit code 2; ``--debug`` shows the traceback instead.
+Everything a command prints on stdout and stderr is redacted (``tracking.secrets``: no password,
+token or API key of a store address or the environment is shown).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tracking.secrets import redacted_output
+from tracking.text import printable
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
     """A warning as ``cliptrack: warning: ...`` on one line (no source file and line)."""
-    return f"cliptrack: warning: {' '.join(str(message).split())}\n"
+    return f"cliptrack: warning: {printable(' '.join(str(message).split()))}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(selected_command(argv)).parse_args(argv)
+    with redacted_output():  # no credential in anything a command prints (tracking.secrets)
+        return _guarded(args)
+
+
+def _guarded(args: argparse.Namespace) -> int:
     shown = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
     try:
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the command line's one boundary: one line, or the traceback with --debug
         if args.debug:
             raise
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = printable(" ".join(str(exc).split())) or type(exc).__name__
         print(f"cliptrack {args.command}: {message} (--debug shows the traceback)", file=sys.stderr)
         return EXIT_USAGE
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 from tracking.compare.catalog import mlflow_entries, spool_entries
 from tracking.compare.options import add_source_arguments
+from tracking.text import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,7 @@ def wandb_entries(directory: str) -> list[Any]:
 
 
 def _table(entries: list[Any]) -> str:
+    """The runs as aligned columns; every cell ``printable`` (a run name is one line, no escape codes)."""
     header = ("started (UTC)", "status", "steps", "name", "backend", "cliptrack id", "store id", "experiment")
     rows = [header] + [
         (
@@ -55,6 +57,7 @@ def _table(entries: list[Any]) -> str:
         )
         for e in entries
     ]
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
@@ -69,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
             entries = wandb_entries(args.wandb_dir)
         else:
             entries = mlflow_entries(args.tracking_uri, args.experiment, args.all)
-    except (LookupError, FileNotFoundError) as exc:
+    except (LookupError, FileNotFoundError, ValueError) as exc:  # ValueError: a hostile store (two
+        # directories claiming one run id, a special file)
         if getattr(args, "debug", False):
             raise
-        print(f"cliptrack runs: {exc}", file=sys.stderr)
+        print(f"cliptrack runs: {printable(exc)}", file=sys.stderr)
         return 2
     entries.sort(key=lambda e: -e.started)
     if args.json:

@@ -21,6 +21,7 @@ from tracking.compare.align import parse_window
 from tracking.compare.options import ALIGNMENTS, add_source_arguments
 from tracking.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
 from tracking.compare.result import FAIL_ON
+from tracking.text import printable
 
 EXIT_PASSED = 0
 """Compared; the ``--fail-on`` gate, if any, passed."""
@@ -183,11 +184,16 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def format_result(result: Any) -> str:
-    """The verdict table and the plain-language summary, as printed in the terminal."""
+    """The verdict table and the plain-language summary, as printed in the terminal: every cell
+    and column name ``printable`` (the summary holds run-provided text so already)."""
     import pandas as pd
 
+    from tracking.text import printable
+
+    frame = result.formatted_table()
+    frame = frame.rename(columns=printable).map(lambda v: printable(v) if isinstance(v, str) else v)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
-        table = result.formatted_table().to_string(index=False)
+        table = frame.to_string(index=False)
     return f"{table}\n\n{result.summary()}"
 
 
@@ -216,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     except (LookupError, ValueError, FileNotFoundError) as exc:
         if getattr(args, "debug", False):
             raise
-        print(f"cliptrack compare: {exc}", file=sys.stderr)
+        print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
     if args.json == "-":
         print(result.to_json())

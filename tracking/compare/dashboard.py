@@ -2,10 +2,11 @@
 
 plotly.js is embedded inline (its *basic* bundle, vendored in ``_vendor/``: scatter traces are all
 the panels use), so the file opens with no network. Every run name and config value is escaped:
-HTML text goes through ``html.escape``; the figure data is embedded as JSON in a
+HTML text goes through ``tracking.text.html_text`` (control characters written visibly, so a
+newline in a run name cannot start a line of the summary); the figure data is embedded as JSON in a
 ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` written as ``\\u003c``,
-``\\u003e``, ``\\u0026`` so no string can close the element; trace names are HTML-escaped because
-plotly renders a subset of HTML in legends.
+``\\u003e``, ``\\u0026`` so no string can close the element; trace names, titles and notes are
+HTML-escaped too because plotly renders a subset of HTML (and a newline as a line break) in them.
 
 It reads well at 1400 px and scales: the tables wrap (long config values break anywhere), the
 figures' toolbar shows only on hover and sits above the title's line (title padded below it),
@@ -16,7 +17,6 @@ thousand points per run (``plots``, ``downsample``; the tables keep the exact nu
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Sequence
@@ -41,6 +41,8 @@ from tracking.compare.plots import (
 )
 from tracking.compare.plots import panel_figures as _panel_figures
 from tracking.compare.result import ComparisonResult
+from tracking.secrets import redact, redact_value
+from tracking.text import html_lines, html_text
 
 __all__ = ["PALETTE", "figures", "render_dashboard", "write_dashboard"]
 
@@ -78,8 +80,8 @@ def _xs(values: Any, digits: int = 7) -> list[float | None]:
 
 
 def _scatter(t: Trace, **extra: Any) -> dict[str, Any]:
-    name = html.escape(t.name)
-    group = html.escape(t.group)
+    name = html_text(t.name)
+    group = html_text(t.group)
     return {
         "type": "scatter",
         "name": name or group,
@@ -144,13 +146,17 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
     lo, hi = fig.x_range
     tick0, dtick = nice_ticks(lo, hi)
     rows = _legend_rows([t.name for t in fig.traces if t.name])
-    yaxis: dict[str, Any] = {"title": {"text": fig.y_title}, "gridcolor": "#eeeeee", "automargin": True}
+    yaxis: dict[str, Any] = {
+        "title": {"text": html_text(fig.y_title)},
+        "gridcolor": "#eeeeee",
+        "automargin": True,
+    }
     if fig.percent:
         yaxis["tickformat"] = ".1%"
     return {
         # the title on its own line, below the (hover-only) toolbar's strip at the top
         "title": {
-            "text": html.escape(fig.panel.title),
+            "text": html_text(fig.panel.title),
             "x": 0.01,
             "xanchor": "left",
             "xref": "container",
@@ -161,7 +167,7 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
             "font": {"size": 14},
         },
         "xaxis": {
-            "title": {"text": fig.x_title, "standoff": 6},
+            "title": {"text": html_text(fig.x_title), "standoff": 6},
             "automargin": True,
             "range": [lo, hi],
             "autorange": False,
@@ -187,7 +193,7 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
             "font": {"size": 11},
         },
         "annotations": [
-            {"text": html.escape(n), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False}
+            {"text": html_text(n), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False}
             for n in fig.notes
         ],
     }
@@ -203,7 +209,7 @@ def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
 
 
 def _safe_json(obj: Any) -> str:
-    text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(redact_value(obj), allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -219,7 +225,7 @@ def _runs_table(runset: RunSet, labels: Sequence[str]) -> str:
             f"{info.source}: {info.location}",
             config,
         ]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{html_text(redact(str(c)))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("run", "backend", "run id", "source", "config"))
     cols = "".join(f'<col style="width:{w}">' for w in ("14%", "8%", "14%", "24%", "40%"))
     return (
@@ -269,18 +275,22 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
     figs = figures(runset, result)
     divs = "".join(f'<div class="plot" id="plot-{key}" data-panel="{key}"></div>' for key in figs)
     verdict = result.on_policy_verdict.replace(" ", "-")
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>"
-        f'<script>{_plotly_js()}</script></head>\n<body data-rendered="0">'
-        f"<h1>{html.escape(title)}</h1>"
-        f'<p class="summary {verdict}" id="summary">{html.escape(result.summary())}</p>'
+    # what comes from the runs (names, config, store addresses) has no credential (tracking.secrets);
+    # the vendored and static scripts are left as they are
+    content = redact(
+        f"<h1>{html_text(title)}</h1>"
+        f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p>'
         f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
         f'<h2>Plots</h2><div class="grid">{divs}</div>'
         f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, [m for members in stacks(result).values() for m in members])}</div>'
         f'<script type="application/json" id="cliptrack-figures">{_safe_json(figs)}</script>'
-        f"<script>{_BOOT}</script></body></html>\n"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{redact(html_text(title))}</title><style>{_STYLE}</style>"
+        f'<script>{_plotly_js()}</script></head>\n<body data-rendered="0">'
+        f"{content}<script>{_BOOT}</script></body></html>\n"
     )
 
 

@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from tracking.compare.cli import add_comparison_arguments, add_source_arguments, load_and_compare
+from tracking.text import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,5 +87,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ncomparison run: {run_id}")
         return 0
     except (LookupError, ValueError, FileNotFoundError) as exc:
-        print(f"cliptrack panels: {exc}", file=sys.stderr)
+        print(f"cliptrack panels: {printable(exc)}", file=sys.stderr)
         return 2

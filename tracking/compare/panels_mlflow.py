@@ -28,6 +28,12 @@ the comparison's id appended to its ``cliptrack.compared_in`` tag, and a compare
 description gets one linking to the comparison run in the MLflow UI (``mlflow.note.content``). ``mlflow.parentRunId`` is not
 used: the compared runs exist before the comparison, may sit in other experiments and can take part
 in several comparisons, while a run has only one parent.
+
+The MLflow UI renders a description as markdown with HTML allowed (images, links, iframes), so
+every run-provided text in one (run names and labels, reasons and notes quoting them) goes through
+``tracking.text.markdown_text``: it renders as itself, fetches nothing and links nowhere; the one
+link is the "Compared in" link, built here from the comparison run's ids. Tags, params and
+artifacts hold no credential of a store address or the environment (``tracking.secrets``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from tracking.compare.frame import RunSet
 from tracking.compare.result import ComparisonResult
 from tracking.compare.stats import MIN_ESS, MIN_UNITS
 from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
+from tracking.secrets import redact, redact_value
+from tracking.text import markdown_lines, markdown_text
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
 COMPARISONS_SUFFIX = "-comparisons"
@@ -142,12 +150,13 @@ def comparison_metrics(result: ComparisonResult) -> dict[str, float]:
 
 
 def _describe_link(client: Any, compared_id: str, experiment_id: str, run_id: str, name: str) -> None:
-    """Give a compared run without a description one that links to its comparison run."""
+    """Give a compared run without a description one that links to its comparison run (its name
+    escaped as markdown, the link from the ids MLflow gave)."""
     note = "mlflow.note.content"
     if client.get_run(compared_id).data.tags.get(note):
         return
     link = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-    client.set_tag(compared_id, note, f"Compared in [{name}]({link}).")
+    client.set_tag(compared_id, note, f"Compared in [{markdown_text(name)}]({link}).")
 
 
 def _experiment(
@@ -210,13 +219,14 @@ def log_comparison(
     infos = [runset.info(label) for label in result.runs]
     same_store = [i for i in infos if i.source == "mlflow" and i.location == str(client.tracking_uri)]
     exp_id = _experiment(client, runset, result, experiment, artifact_dir)
-    summary = result.summary()
+    summary = markdown_lines(result.summary())
     tags = {
         keys.TAG_RUN_KIND: keys.RUN_KIND_COMPARISON,
         keys.TAG_COMPARED_RUNS: ",".join(i.run.run_id for i in infos),
         keys.TAG_VERDICT: result.on_policy_verdict,
         "mlflow.note.content": summary,
     }
+    tags = redact_value(tags)  # what goes to the store holds no credential (tracking.secrets)
     run = client.create_run(exp_id, run_name=run_name or "compare: " + " vs ".join(result.runs), tags=tags)
     run_id = run.info.run_id
     try:
@@ -230,14 +240,14 @@ def log_comparison(
         ]
         client.log_batch(
             run_id,
-            params=[Param(k, v) for k, v in comparison_params(runset, result).items()],
+            params=[Param(k, v) for k, v in redact_value(comparison_params(runset, result)).items()],
             metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in comparison_metrics(result).items()],
             tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))), *verdict_tags],
         )
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             write_figures(runset, result, root / "figures")
-            render.table(result).to_csv(root / "comparison.csv", index=False)
+            (root / "comparison.csv").write_text(redact(render.table(result).to_csv(index=False)), encoding="utf-8")
             (root / "comparison.md").write_text(render.markdown(result), encoding="utf-8")
             (root / "comparison.json").write_text(render.as_json(result), encoding="utf-8")
             if dashboard is None:

@@ -2,11 +2,17 @@
 
 Each reads the result and nothing else, so the terminal, the dashboard, the MLflow comparison run,
 the notebook and scripts (``--json``) all say the same thing.
+
+Run-provided text (labels, reasons and notes that quote them) is escaped for the medium, through
+``tracking.text``: the summary and headline hold it ``printable`` (one line each: a newline in a
+run name cannot start a forged line), ``markdown`` and ``html_table`` escape every cell for their
+medium, and the tables (data frames) hold it as given, escaped where they are printed. JSON holds
+it as given (``json.dumps`` escapes control characters). The summary, markdown and JSON hold no
+credential (``tracking.secrets.redact``, before any escaping).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from typing import Any
@@ -25,6 +31,8 @@ from tracking.compare.stats import (
     MIN_UNITS,
     Estimate,
 )
+from tracking.secrets import redact, redact_value
+from tracking.text import html_text, markdown_lines, markdown_text, printable
 
 
 def _what(result: ComparisonResult, metric: str) -> str:
@@ -325,13 +333,13 @@ def _margin_text(result: ComparisonResult, metric: str) -> str:
 
 def _subject(result: ComparisonResult) -> str:
     if result.groups:
-        names = list(result.groups)
+        names = [printable(g) for g in result.groups]
         seeds = " and ".join(str(len(result.groups[g])) for g in reversed(names[:2]))
         pair = f"{names[1]} and {names[0]}" if len(names) == 2 else f"the groups compared with {names[0]}"
         return f"{pair} ({seeds} seeds)"
     if len(result.runs) == 2:
-        return f"{result.runs[1]} and {result.runs[0]}"
-    return f"the runs compared with {result.reference}"
+        return f"{printable(result.runs[1])} and {printable(result.runs[0])}"
+    return f"the runs compared with {printable(result.reference)}"
 
 
 def _judged(result: ComparisonResult) -> list[Difference | GroupDifference]:
@@ -366,7 +374,7 @@ def headline(result: ComparisonResult) -> str:
         or "no clip counts"
     )
     if verdict == INSUFFICIENT:
-        reasons = sorted({d.reason for d in _judged(result) if d.verdict == INSUFFICIENT})
+        reasons = sorted({printable(d.reason) for d in _judged(result) if d.verdict == INSUFFICIENT})
         names = (
             " and ".join(_what(result, m).split(" (")[0] + "s" for m in result.on_policy) or "clip fractions"
         )
@@ -388,28 +396,31 @@ def _summary_line(result: ComparisonResult, d: Difference, pct: int) -> str:
         f", not within: {_spans(result, d.differing)}" if d.differing else ""
     )
     head = (
-        f"{_what(result, d.metric)}: {d.run} {_paired_value(result, d, d.run, ci=False)} vs {d.reference} "
+        f"{_what(result, d.metric)}: {printable(d.run)} {_paired_value(result, d, d.run, ci=False)} vs "
+        f"{printable(d.reference)} "
         f"{_paired_value(result, d, d.reference, ci=False)}; difference {format_difference(result, d)} "
         f"({pct}% CI, {d.estimate.n_units} paired units, lag-1 autocorrelation {_lag1(d.estimate)}, "
         f"effective sample size {_ess(d.estimate)}){sw}{segments if d.segments else ''} against a margin of "
         f"{format_margin(result, d)}"
     )
-    return f"- {head} -> {d.verdict}: {d.reason}."
+    return f"- {head} -> {d.verdict}: {printable(d.reason)}."
 
 
 def _group_line(result: ComparisonResult, d: GroupDifference, pct: int) -> str:
     e = d.estimate
     return (
-        f"- {_what(result, d.metric)}: {d.group} {_group_value(result, d.group, d.metric)} vs {d.reference} "
+        f"- {_what(result, d.metric)}: {printable(d.group)} {_group_value(result, d.group, d.metric)} vs "
+        f"{printable(d.reference)} "
         f"{_group_value(result, d.reference, d.metric)}; difference {format_difference(result, d)} ({pct}% CI "
         f"over {e.seeds_a}+{e.seeds_b} seeds, between-seed variation included) against a margin of "
         f"{format_margin(result, d)}; {d.seeds_needed} seeds per stack would settle this margin -> "
-        f"{d.verdict}: {d.reason}."
+        f"{d.verdict}: {printable(d.reason)}."
     )
 
 
 def summary(result: ComparisonResult) -> str:
-    """A plain-language summary: the answer, the method, one line per verdict quantity, warnings, notes."""
+    """A plain-language summary: the answer, the method, one line per verdict quantity, warnings,
+    notes; run-provided text in it is ``printable``, so each line is one of these."""
     pct = int(round(result.confidence * 100))
     if result.groups:
         lines = [_group_line(result, d, pct) for d in result.group_differences if d.counts_for_verdict]
@@ -425,24 +436,24 @@ def summary(result: ComparisonResult) -> str:
         f"Aligned by {axis}, {span}; {pct}% intervals: {result.method}. No verdict below {MIN_UNITS} "
         f"paired units or an effective sample size of {MIN_ESS:g}."
     )
-    warnings = [f"Warning: {n.text}" for n in result.notes if n.warning]
-    notes = [f"Note: {n.text}" for n in result.notes if not n.warning]
-    return "\n".join([headline(result), context, *lines, *warnings, *notes])
+    warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
+    notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
+    return redact("\n".join([headline(result), context, *lines, *warnings, *notes]))
 
 
 def _markdown_rows(frame: pd.DataFrame) -> list[str]:
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    header = "| " + " | ".join(markdown_text(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = [
-        "| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |"
-        for row in frame.itertuples(index=False)
+        "| " + " | ".join(markdown_text(redact(str(v))) for v in row) + " |" for row in frame.itertuples(index=False)
     ]
     return [header, rule, *body]
 
 
 def markdown(result: ComparisonResult) -> str:
-    """Summary, table and the per-segment differences as markdown."""
-    parts = [summary(result), "", *_markdown_rows(formatted_table(result))]
+    """Summary, table and the per-segment differences as markdown; every run-provided text renders
+    as itself (``tracking.text.markdown_text``: no link, image or HTML from a run name)."""
+    parts = [markdown_lines(summary(result)), "", *_markdown_rows(formatted_table(result))]
     segments = segments_table(result)
     if len(segments):
         parts += ["", "Difference over training (per segment):", "", *_markdown_rows(segments)]
@@ -450,17 +461,17 @@ def markdown(result: ComparisonResult) -> str:
 
 
 def html_table(result: ComparisonResult) -> str:
-    """The formatted table as an HTML ``<table>``; every cell is escaped."""
+    """The formatted table as an HTML ``<table>``; every cell is escaped (``tracking.text.html_text``)."""
     frame = formatted_table(result)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    head = "".join(f"<th>{html_text(c)}</th>" for c in frame.columns)
     body = []
     for row in frame.itertuples(index=False):
         cells = []
         for column, value in zip(frame.columns, row, strict=True):
             cls = ""
             if column == "verdict":
-                cls = f' class="verdict {html.escape(str(value).strip("()").replace(" ", "-"))}"'
-            cells.append(f"<td{cls}>{html.escape(str(value))}</td>")
+                cls = f' class="verdict {html_text(str(value).strip("()").replace(" ", "-"))}"'
+            cells.append(f"<td{cls}>{html_text(value)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (
         f'<table class="verdict-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
@@ -628,4 +639,4 @@ def as_dict(result: ComparisonResult) -> dict[str, Any]:
 
 
 def as_json(result: ComparisonResult) -> str:
-    return json.dumps(as_dict(result), indent=2, allow_nan=False)
+    return json.dumps(redact_value(as_dict(result)), indent=2, allow_nan=False)

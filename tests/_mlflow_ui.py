@@ -1,0 +1,92 @@
+"""A real ``mlflow server`` on 127.0.0.1 and a headless Chromium that renders its UI, for the UI tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from html import unescape
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120) -> Iterator[int]:
+    """``mlflow server`` on ``uri`` (one worker, 127.0.0.1, a free port), healthy; yields the port
+    and kills the server's process group after. Its output goes to ``log_path``."""
+    port = free_port()
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+        + ["--port", str(port), "--workers", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"mlflow server not healthy after {timeout_s:g} s"
+                time.sleep(0.3)
+        yield port
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        log.close()
+
+
+def page_dom(url: str, profile: Path, budget_ms: int = 30000) -> str:
+    """The DOM of ``url`` after ``budget_ms`` of virtual time in a fresh headless Chromium profile."""
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
+        + ["--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}"]
+        + [f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    return proc.stdout
+
+
+def dom_text(dom: str) -> str:
+    """The rendered text of a dumped DOM (scripts and styles dropped, whitespace collapsed)."""
+    dom = re.sub(r"<script.*?</script>|<style.*?</style>", " ", dom, flags=re.S)
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", dom)))
+
+
+def page_text(url: str, profile: Path) -> str:
+    """The rendered text of ``url`` in a fresh headless Chromium profile."""
+    return dom_text(page_dom(url, profile))
+
+
+def settled_text(url: str, profile: Path, settled, attempts: int = 6) -> str:
+    """The page text once ``settled(text)`` holds (a busy machine can leave the first dump half
+    rendered: the budget is virtual time, the server's answers take real time — the section's count
+    can be drawn before its charts), at most ``attempts``."""
+    text = ""
+    for attempt in range(attempts):
+        text = page_text(url, profile / str(attempt))
+        if settled(text):
+            break
+    return text
