@@ -204,16 +204,24 @@ def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
         make_sink(object())
 
 
-def test_config_mlflow_refuses_is_reported_once_not_dropped_silently(caplog):
-    sink = MlflowSink("sqlite:///unused.db")
-    params = sink._params({"ok": 1, "bad@name": 2, "nested": {"long": "x" * 7000}})
-    assert [(p.key, p.value) for p in params] == [("ok", "1")]
-    assert sorted(sink.params_refused) == ["bad@name", "nested.long"]
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cliptrack"]
-    assert warning.startswith(
-        "MLflow refuses 2 config entries as params (kept whole in run.json): 'bad@name': "
+def test_config_mlflow_refuses_is_refused_by_name_not_dropped_silently():
+    """Params MLflow refuses by its rules are refused one by one (never sent, never sinking the
+    others), each with a short reason; tags are sent."""
+    from tracking.sinks.mlflow_sink import _entries
+
+    entries, refused = _entries(
+        {
+            "param:ok": "1",
+            "param:bad@name": "2",
+            "param:nested.long": "x" * 7000,
+            "param:nul": "a\x00b",
+            "tag:t": "v",
+        }
     )
-    assert "'nested.long': value of 7000 characters, over MLflow's limit of 6000" in warning
+    assert sorted(entries) == ["param:ok", "tag:t"]
+    assert sorted(refused) == ["param:bad@name", "param:nested.long", "param:nul"]
+    assert refused["param:nested.long"] == "value of 7000 characters, over MLflow's limit of 6000"
+    assert "NUL" in refused["param:nul"]
 
 
 def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(monkeypatch):

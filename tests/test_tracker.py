@@ -87,16 +87,23 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
     assert walls == sorted(walls) and before <= walls[0] and walls[-1] <= after
 
     client, run = _mlflow_run(db_uri, tracker)
-    refused, start, summary = (r.getMessage() for r in caplog.records)  # nothing else is printed
+    messages = [r.getMessage() for r in caplog.records if not r.getMessage().startswith("log() is faster")]
+    assert len(messages) == 3, "\n".join(messages)  # nothing else is printed (backpressure aside)
+    (refused,) = [m for m in messages if m.startswith("mlflow refused")]  # from the sink's thread
+    (start,) = [m for m in messages if m.startswith(f"run {tracker.run_id} 'roundtrip'")]
+    summary = messages[-1]
     assert refused == (
-        "MLflow refuses 1 config entry as params (kept whole in run.json): "
-        "'long': value of 7000 characters, over MLflow's limit of 6000"
+        f"mlflow refused param 'long' of run {tracker.run_id}: value of 7000 characters, over "
+        "MLflow's limit of 6000; the run's other params and tags are delivered, the config is kept "
+        "whole in run.json"
     )
     assert tracker.run_id in start and db_uri in start and f"run {run.info.run_id}" in start
     assert str(run_dir) in start and "backend=megatron" in start
-    assert (
+    assert (  # the refused param is named: not "all written"
         f"run {tracker.run_id} FINISHED: 300 points (900 values)" in summary
-        and "mlflow: all written" in summary
+        and "mlflow: every point written" in summary
+        and "param 'long' refused by mlflow: value of 7000 characters, over MLflow's limit of 6000" in summary
+        and "all written" not in summary
     )
     assert run.info.status == "FINISHED"
     assert run.data.tags[keys.TAG_BACKEND] == "megatron"

@@ -6,7 +6,8 @@ the writer (``offer``) into a queue bounded in points and in bytes; a lane that 
 behind (slow or dead backend) drops its in-memory copies, which are in the journal (on disk, or
 held in memory by the writer while the disk refuses them), and reads them back from there.
 Batches go out in order through ``tracking.delivery`` (refused keys left out for this sink only);
-each success advances the acknowledgement (``tracking.acks``).
+each success advances the acknowledgement (``tracking.acks``). Params and tags go first, after
+every (re)open and config update, until the sink has taken or refused each (``tracking.params``).
 """
 
 from __future__ import annotations
@@ -18,18 +19,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tracking.acks import AckBook
 from tracking.delivery import Backlog, Batch, Refusals, Sender, rejected
-from tracking.records import FINISHED, Point, RunInfo, printable
+from tracking.params import ParamBook
+from tracking.params import summary as params_summary
+from tracking.records import FINISHED, Point, RunInfo
 from tracking.sinks.base import Sink, SinkError
 from tracking.spool import Ack, RunDir
+from tracking.text import printable
 
 LOG = logging.getLogger("cliptrack")
 
 MAX_BUFFERED_BYTES = 32 * 2**20
 """Default bytes of encoded points one lane holds in memory before reading back from the journal."""
+
+_PARAMS = Batch(b"", 0, 0, 0)
+"""What ``_next_batch`` returns when only params and tags are left to send."""
 
 ReadLines = Callable[[int, int, int], bytes]
 """``read(offset, end, limit)``: at most ``limit`` whole journal lines between byte ``offset`` and ``end``."""
@@ -77,7 +85,8 @@ class SinkLane:
         self.sink = sink
         self.name: str = sink.name
         self.run_dir = run_dir
-        self.run = run
+        self.run = replace(run, config=dict(run.config))
+        """The run, with this lane's own copy of its config (updated on the lane thread)."""
         self.freeze_gc = freeze_gc
         self.lock_wait_s = lock_wait_s
         self.max_buffered_points = max_buffered_points
@@ -101,6 +110,13 @@ class SinkLane:
         self._cond = threading.Condition()
         self._queue = Backlog(max_buffered_points, max_buffered_bytes)
         self.acks = AckBook(self.name, run_dir, durable)
+        self.params = ParamBook(self.name, run_dir)
+        self._params_due = True
+        """Params or tags may be pending: sent before the next batch (and before the sink is closed)."""
+        self.params_left: int | None = None
+        """Params and tags the sink has not taken at the last try (None: not tried yet)."""
+        self.params_refused: dict[str, str] = {}
+        """Params and tags the sink refused (name -> why), with the run's current values."""
         self.resumed_from = self.acks.current
         """Where this lane started in the journal (after reading back what the backend holds)."""
         self._journal_end = journal_end or self.acks.current
@@ -161,6 +177,8 @@ class SinkLane:
     def _apply_configs(self) -> None:
         while self._configs:
             config = self._configs.popleft()
+            self.run.config.update(config)
+            self._params_due = True
             try:
                 self.sink.log_config(config)
             except Exception as exc:  # noqa: BLE001 - config trouble never stops the metrics
@@ -296,6 +314,8 @@ class SinkLane:
         with self._cond:
             end = self._journal_end.offset
         offset = self.sink.delivered(self.run, self.run_dir.read_points(0, end))
+        if offset == 0 and (self.params.taken or self.params.refused):
+            self.params.reset()  # the backend holds nothing of the run: its params and tags neither
         if offset is None or offset == self.acks.current.offset:
             return
         ack = Ack(self.run_dir.count_points(0, offset), offset)
@@ -321,13 +341,42 @@ class SinkLane:
 
     def _caught_up(self) -> bool:
         with self._cond:
-            return self.acks.current.offset >= self._journal_end.offset and not self._queue.memory_only()
+            return (
+                self.acks.current.offset >= self._journal_end.offset
+                and not self._queue.memory_only()
+                and not self._params_due
+            )
+
+    @property
+    def params_due(self) -> bool:
+        """True while params or tags may still be pending for this sink."""
+        return self._params_due
+
+    def params_summary(self) -> str:
+        """``""`` when every param and tag is in the sink; else what is pending and each refusal
+        (``tracking.params.summary``)."""
+        with self._cond:
+            left, refused, due = self.params_left, dict(self.params_refused), self._params_due
+        text = params_summary(self.name, left or 0, refused)
+        if due and not left:  # not tried yet, or a config update waits
+            text = ", ".join(part for part in ("params and tags not all sent yet", text) if part)
+        return text
 
     def _pump(self) -> None:
         """Write batches to the sink until stopped: each acknowledged once written; a failed write
         is retried from the journal after a backoff that doubles up to ``backoff_max_s`` seconds."""
         backoff = self.backoff_initial_s
         while (batch := self._next_batch()) is not None:
+            if batch is _PARAMS:
+                done = self._deliver_params()
+                if done:
+                    self._note_recovery()
+                    backoff = self.backoff_initial_s
+                elif self.state is LaneState.REJECTED or not self._sleep(backoff):
+                    return
+                else:
+                    backoff = min(backoff * 2, self.backoff_max_s)
+                continue
             points, ends = batch.decode(self.run_dir.report_damaged)
             if not points:  # nothing readable past the acknowledged offset
                 if self._step_over_unreadable(batch, ends):
@@ -351,6 +400,8 @@ class SinkLane:
             if batch is not None:
                 return batch
             self._apply_configs()
+            if self._params_due:
+                return _PARAMS
 
     def _wait_for_work_locked(self) -> bool:
         """Wait (holding ``_cond``) for points or configs to send, dropping acknowledged batches;
@@ -359,7 +410,7 @@ class SinkLane:
             if self._from_journal and self.acks.current.offset >= self._journal_end.offset:
                 self._from_journal = False  # caught up from the journal: back to memory batches
             self._queue.drop_acknowledged(self.acks.current.offset)
-            if self._queue or self._from_journal or self._configs:
+            if self._queue or self._from_journal or self._configs or self._params_due:
                 break
             if self._stopping:
                 return False
@@ -384,6 +435,8 @@ class SinkLane:
         out, refused points isolated), and acknowledge what the sink took; on failure record it and
         resend the rest from the journal. True if the whole batch is done."""
         self._apply_configs()
+        if self._params_due and not self._deliver_params():
+            return False
         outcome = self.sender.send(points)
         if self.refusals.new:
             self.refusals.new = False
@@ -396,6 +449,30 @@ class SinkLane:
         with self._cond:
             self._drop_queue_locked()
         return False
+
+    def _deliver_params(self) -> bool:
+        """Send the params and tags the sink has not taken (``tracking.params``); True when none is
+        left pending (taken, or refused and reported), False after a failure (recorded)."""
+        wanted = self.sink.attributes(self.run)
+        pending = self.params.pending(wanted)
+        error: BaseException | None = None
+        if pending:
+            try:
+                refused = self.sink.send_attributes(pending)
+            except Exception as exc:  # noqa: BLE001 - retried like a failed batch
+                error = exc
+            else:
+                self.params.record(pending, refused, self.run.run_id)
+        left = len(self.params.pending(wanted))
+        with self._cond:
+            self.params_left = left
+            self.params_refused = self.params.refusals(wanted)
+            self._params_due = error is not None or bool(self._configs)
+            self._cond.notify_all()
+        if error is not None:
+            self._fail(error)
+            return False
+        return True
 
     def _note_recovery(self) -> None:
         """After a successful write: a failing lane is OK again (and says so)."""

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracking.lane import LOG, SinkLane
+from tracking.params import ParamBook
 from tracking.records import FAILED, RUNNING, RunInfo
-from tracking.text import printable
+from tracking.secrets import redact_value
 from tracking.sinks import Sink, sink_from_state
-from tracking.spool import Ack, DamagedLine, RunDir, run_dirs
+from tracking.spool import Ack, DamagedLine, RunDir, check_unique_ids, run_dirs
+from tracking.text import printable
 
 LOCK_WAIT_S = 30.0
 """Seconds replay waits for a sink's lock held by a tracker that was closed while a (bounded)
@@ -121,9 +123,13 @@ class Target:
 
     @staticmethod
     def moved(recorded: dict[str, Any], sink: Sink) -> bool:
-        """True when ``sink`` is set to another store than the recorded one (re-targeted)."""
+        """True when ``sink`` is set to another store than the recorded one (re-targeted). Compared
+        redacted: run.json records a URI without its password, and the same URI with it (given to
+        reach the store) names the same store."""
         settings = sink.settings()
-        return any(key in recorded and recorded[key] != value for key, value in settings.items())
+        return any(
+            key in recorded and redact_value(recorded[key]) != redact_value(value) for key, value in settings.items()
+        )
 
 
 def _replay_sink(
@@ -133,14 +139,17 @@ def _replay_sink(
     ack = run_dir.read_ack(name)
     left = max(0, end.points - ack.points)
     current = ack.offset >= end.offset and state.get("closed") and state.get("status") == status
-    if current and not target.options:
-        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
-    if dry_run and not target.options:
+    if dry_run and not target.options and not current:
         return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
     try:
         sink = target.sink()
     except Exception as exc:  # noqa: BLE001
         return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
+    current = current and not ParamBook(name, run_dir).pending(sink.attributes(run))
+    if current and not target.options:
+        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+    if dry_run and not target.options:
+        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
     resume = {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
     moved = Target.moved(resume, sink)
     if current and not moved:  # the options name the recorded target
@@ -168,7 +177,7 @@ def _replay_sink(
     done = lane.acked
     pushed = lane.sent_points
     remaining = max(0, end.points - done.points)
-    refused = lane.refusals.summary()
+    refused = ", ".join(part for part in (lane.refusals.summary(), lane.params_summary()) if part)
     if lane.closed_cleanly and done.offset >= end.offset:
         return ReplayResult(run.run_id, name, pushed, 0, status, "replayed", refused or None)
     return ReplayResult(run.run_id, name, pushed, remaining, status, "failed", lane.error or "timed out")
@@ -183,6 +192,7 @@ def _retarget(run_dir: RunDir, name: str, state: dict[str, Any], sink: Sink) -> 
     settings = sink.settings()
     run_dir.update_meta(sinks={name: {**settings, "previous": previous, "closed": False}})
     run_dir.write_ack(name, Ack())
+    ParamBook(name, run_dir).reset()  # nor any of its params and tags
     LOG.info("replay sends %s of run %s to a new target: %s", name, run_dir.run_id, printable(sink.location))
     return settings
 
@@ -221,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     from tracking.tracker import _ensure_log_handler
 
     _ensure_log_handler()
-    found = [rd for root in args.roots for rd in run_dirs(os.path.expanduser(root))]
+    found = check_unique_ids(rd for root in args.roots for rd in run_dirs(os.path.expanduser(root)))
     if args.runs:
         found = [rd for rd in found if rd.run_id in set(args.runs)]
     if not found:

@@ -2,11 +2,14 @@
 
 Layout (``root`` is the tracker's ``spool_dir``, or the directory named by a ``jsonl`` backend)::
 
-    <root>/<run_id>/run.json           run metadata (``RunInfo.to_meta``) + sinks.<name> replay state
+    <root>/<run_id>/run.json           run metadata (``RunInfo.to_meta``) + sinks.<name> replay state,
+                                       redacted (``tracking.secrets``: no password or token)
     <root>/<run_id>/points.jsonl       the journal: every point, append-only, in logging order
     <root>/<run_id>/acked-<sink>.json  {"points": n, "offset": bytes, "fingerprint": hash}: the
                                        journal up to byte ``offset`` (its first n lines) is
                                        acknowledged by <sink>
+    <root>/<run_id>/params-<sink>.json the params and tags <sink> has taken or refused
+                                       (``tracking.params``: name -> digest of the value)
     <root>/<run_id>/<sink>.lock        flock held while a process writes <sink> for this run
 
 The journal (``tracking.journal``, its only reader and writer) is the only copy of a point that is
@@ -33,7 +36,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,7 +46,9 @@ from tracking.journal import Journal as Journal  # the append side, for the trac
 from tracking.journal import Position
 from tracking.journal import encode_points as encode_points
 from tracking.journal import parse_line as parse_line
-from tracking.records import Point, RunInfo, check_run_id
+from tracking.records import Point, RunInfo, check_run_id, printable
+from tracking.storefiles import open_regular
+from tracking.secrets import redact_value
 
 try:  # POSIX advisory locks; where absent, replay cannot tell a live run and trusts the caller
     import fcntl
@@ -96,7 +101,7 @@ class RunDir:
     def read_meta(self) -> dict[str, Any]:
         """The run's metadata; ``{}`` if run.json does not exist yet."""
         try:
-            with open(self.meta_path, encoding="utf-8") as fh:
+            with open_regular(self.meta_path) as fh:
                 return dict(json.load(fh))
         except FileNotFoundError:
             return {}
@@ -117,6 +122,7 @@ class RunDir:
                     merged[name] = {**(merged.get(name) or {}), **state}
                 meta["sinks"] = merged
             self.path.mkdir(parents=True, exist_ok=True)
+            meta = redact_value(meta)  # never a credential on disk (tracking.secrets)
             write_json_atomic(self.meta_path, meta)
             return meta
 
@@ -133,7 +139,7 @@ class RunDir:
         journal does not match (see the module docstring) is reported and replaced by ``Ack()``
         (the sink starts over from what it really holds)."""
         try:
-            with open(self.ack_path(sink), encoding="utf-8") as fh:
+            with open_regular(self.ack_path(sink)) as fh:
                 obj = json.load(fh)
             ack = Ack(int(obj["points"]), int(obj["offset"]), str(obj.get("fingerprint") or ""))
         except FileNotFoundError:
@@ -156,6 +162,32 @@ class RunDir:
         write_json_atomic(
             self.ack_path(sink), {"points": ack.points, "offset": ack.offset, "fingerprint": fingerprint}
         )
+
+    # ---- params and tags taken (tracking.params) -------------------------------------------
+    def params_path(self, sink: str) -> Path:
+        return self.path / f"params-{sink}.json"
+
+    def read_params_ack(self, sink: str) -> dict[str, Any]:
+        """What ``params-<sink>.json`` records (``{}`` when absent; a damaged file is warned about
+        and read as ``{}``: every param and tag is then checked against the backend again)."""
+        try:
+            with open(self.params_path(sink), encoding="utf-8") as fh:
+                obj = json.load(fh)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            return obj
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:
+            warnings.warn(
+                f"{self.params_path(sink)} is damaged ({exc}); {sink}'s params and tags are sent again",
+                DamagedLine,
+                stacklevel=2,
+            )
+            return {}
+
+    def write_params_ack(self, sink: str, record: dict[str, Any]) -> None:
+        write_json_atomic(self.params_path(sink), record)
 
     def report_mismatch(self, what: str, problem: str) -> None:
         """Report (log line and ``JournalMismatch`` warning) a recorded position the journal does
@@ -211,12 +243,16 @@ class RunDir:
         return journal.read_lines(self.points_path, offset, end, limit)
 
     def report_damaged(self, start: int, exc: BaseException) -> None:
-        """Warn once (``DamagedLine``) about the damaged line at byte ``start``."""
+        """Warn once (``DamagedLine``) about the damaged line at byte ``start``, naming its line
+        number (counted then: damaged lines are rare) and what is wrong."""
         if start in self._reported:
             return
         self._reported.add(start)
+        line = self.count_points(0, start) + 1
         warnings.warn(
-            f"{self.points_path} at byte {start}: damaged line skipped ({exc})", DamagedLine, stacklevel=3
+            f"{printable(self.points_path)}:{line} (byte {start}): damaged line skipped ({printable(exc)})",
+            DamagedLine,
+            stacklevel=3,
         )
 
     def count_points(self, offset: int = 0, end: int | None = None) -> int:
@@ -254,9 +290,34 @@ class RunDir:
         fh.close()
 
 
+class DuplicateRunId(ValueError):
+    """Two run directories claim one run id (a copied folder): neither is read as that run."""
+
+
+def check_unique_ids(runs: Iterable[RunDir]) -> list[RunDir]:
+    """``runs`` when each run id (the one its run.json names, else its directory's) is claimed by
+    one directory; ``DuplicateRunId`` naming the id and both directories otherwise (a copied run
+    directory would be read, or replayed, as the run it copies)."""
+    unique: dict[Path, RunDir] = {}
+    for run in runs:  # a directory named twice (a root given twice) is one directory
+        unique.setdefault(run.path.resolve(), run)
+    claimed: dict[str, RunDir] = {}
+    for run in unique.values():
+        run_id = str(run.read_meta().get("run_id") or run.run_id)
+        first = claimed.setdefault(run_id, run)
+        if first is not run:
+            raise DuplicateRunId(
+                f"run id {printable(run_id)!r} is claimed by two run directories, {printable(first.path)} "
+                f"and {printable(run.path)} (run.json names it in each): refused; remove or rename the "
+                "copy (and fix the run_id in its run.json)"
+            )
+    return list(unique.values())
+
+
 def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
     """The run directories directly under the spool directory ``root`` (those holding a run.json),
-    sorted by name (the run id); ``[]`` when ``root`` is not a directory."""
+    sorted by name (the run id); ``[]`` when ``root`` is not a directory. ``DuplicateRunId`` when
+    two of them claim one run id (``check_unique_ids``)."""
     base = Path(root)
     if not base.is_dir():
         return []
@@ -267,7 +328,7 @@ def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
                 found.append(RunDir(base, p.name))
             except ValueError:
                 continue  # not a name the tracker writes
-    return sorted(found, key=lambda r: r.run_id)
+    return check_unique_ids(sorted(found, key=lambda r: r.run_id))
 
 
 def run_dirs(root: str | os.PathLike[str]) -> list[RunDir]:

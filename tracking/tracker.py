@@ -45,8 +45,11 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
 Validation at ``log`` time (errors are ValueError naming the step and key; nothing already
 logged is affected):
 
-- keys: ``str`` with exactly one colon (``name:reduction``), and acceptable to every chosen
-  backend (MLflow's character rules and 250-character limit; W&B's reserved ``_`` prefix);
+- keys: ``str`` with exactly one colon (``name:reduction``), at most
+  ``tracking.validation.MAX_KEY_CHARS`` (65,536) characters, and acceptable to every chosen
+  backend (MLflow's character rules and 250-character limit; W&B's reserved ``_`` prefix); a
+  point whose journal line could exceed ``tracking.journal.MAX_LINE_BYTES`` (16 MiB) is refused,
+  so that every line written is read back;
 - values: real numbers (int, float, numpy scalars); ``bool``, strings, None, tensors refused.
   NaN and +/-inf are **logged as such** (a diverging loss must be visible): JSONL keeps them
   exactly, W&B too, MLflow stores NaN and clamps +/-inf to +/-1.797e308 (its sqlite schema);
@@ -71,7 +74,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tracking import keys
+from tracking import journal, keys
 from tracking.counts import CLIP_VALUE_KEYS, exact_clip_metrics
 from tracking.held import MAX_HELD_BYTES, HeldTail
 from tracking.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
@@ -79,14 +82,15 @@ from tracking.limits import Limits
 from tracking.outputs import metrics_of
 from tracking.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
 from tracking.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
-from tracking.text import printable
+from tracking.secrets import redact
 from tracking.sinks import is_jsonl, jsonl_root, make_sink
 from tracking.sinks.base import Sink
 from tracking.spool import Ack, Journal, RunDir
 from tracking.stamps import StepClock
 from tracking.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
+from tracking.text import printable
 from tracking.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
-from tracking.validation import check_step, metric_value
+from tracking.validation import check_key_size, check_step, metric_value
 from tracking.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
 
 DISK_DRAIN_S = 3.0
@@ -224,7 +228,10 @@ class Tracker:
         root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, **vendor)
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
-        self._known_keys: set[str] = set()
+        self._known_keys: dict[str, int] = {}
+        """Keys checked so far -> their bytes in a journal line (``journal.encoded_key_bytes``)."""
+        self._longest_key = 64
+        """Bytes of the longest key checked so far (at least 64: keys ``exact_clip_metrics`` adds)."""
         self._clock = StepClock()
         self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
         if (
@@ -334,13 +341,14 @@ class Tracker:
 
     # ---- human lines ---------------------------------------------------------------------------
     def locations(self) -> dict[str, str]:
-        """Where this run is logged, per sink, for humans (URI, run id, W&B mode, directory)."""
+        """Where this run is logged, per sink, for humans (URI, run id, W&B mode, directory), with
+        no credential (``tracking.secrets``)."""
         out = {"jsonl": printable(f"jsonl {self.run_dir.path}")}
         for lane in self._lanes:
             where = lane.sink.location
             if lane.state in (LaneState.FAILING, LaneState.REJECTED, LaneState.OPENING):
                 where += f" [{lane.state}{': ' + lane.error if lane.error else ''}]"
-            out[lane.name] = printable(where)
+            out[lane.name] = printable(redact(where))
         return out
 
     def _start_line(self) -> str:
@@ -365,7 +373,7 @@ class Tracker:
         values = self._check_metrics(step, metrics)
         try:
             # a plain tuple (see records.RawPoint); the stamp keeps equal points distinct rows
-            self._writer.submit((step, self._clock.stamp(step), values))
+            self._writer.submit(step, values, self._clock.stamp)
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1
@@ -517,19 +525,30 @@ class Tracker:
         behind = False
         for lane in self._lanes:
             parts.append(self._lane_summary(lane))
-            behind = behind or lane.pending_points() > 0 or lane.state not in (LaneState.OK, LaneState.CLOSED)
+            behind = (
+                behind
+                or lane.pending_points() > 0
+                or lane.params_due
+                or lane.state not in (LaneState.OK, LaneState.CLOSED)
+            )
         if behind:
             parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
-        return "; ".join(parts)
+        return redact("; ".join(parts))  # a sink's error may echo its URI or a server's SQL
 
     @staticmethod
     def _lane_summary(lane: SinkLane) -> str:
+        """One sink's part of the summary: "all written" only when every point, param and tag is
+        in the sink (refused keys and params are named after it)."""
         pending = lane.pending_points()
         refused = lane.refusals.summary()
         lost = f", {lane.lost_points} points in no journal missed" if lane.lost_points else ""
-        tail = (f", {refused}" if refused else "") + lost
-        if pending == 0 and lane.state in (LaneState.OK, LaneState.CLOSED) and not lane.lost_points:
-            return f"{lane.name}: all written ({printable(lane.sink.location)}){tail}"
+        params = lane.params_summary()
+        tail = (f", {refused}" if refused else "") + lost + (f", {params}" if params else "")
+        healthy = lane.state in (LaneState.OK, LaneState.CLOSED)
+        if pending == 0 and healthy and not lane.lost_points:
+            if not params:
+                return f"{lane.name}: all written ({printable(lane.sink.location)}){tail}"
+            return f"{lane.name}: every point written ({printable(lane.sink.location)}){tail}"
         return f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'}){tail}"
 
     def pending(self) -> dict[str, int]:
@@ -572,11 +591,26 @@ class Tracker:
                 out = exact_clip_metrics(out)
             except ValueError as exc:
                 raise ValueError(f"step {step}: {exc}") from None
+        if journal.line_bytes_bound(len(out), len(out) * self._longest_key) > journal.MAX_LINE_BYTES:
+            self._check_line(step, out)  # O(1) above; the exact sum only for a point this large
         return out
+
+    def _check_line(self, step: int, values: Mapping[str, float]) -> None:
+        """ValueError when the journal line of ``values`` could exceed ``journal.MAX_LINE_BYTES``
+        (what a reader takes back)."""
+        known = self._known_keys
+        key_bytes = sum(known.get(k) or journal.encoded_key_bytes(k) for k in values)
+        size = journal.line_bytes_bound(len(values), key_bytes)
+        if size > journal.MAX_LINE_BYTES:
+            raise ValueError(
+                f"step {step}: a point of {len(values)} values takes up to {size} bytes in the journal; "
+                f"a journal line holds at most {journal.MAX_LINE_BYTES} (log fewer values per call)"
+            )
 
     def _check_new_key(self, step: int, key: Any) -> None:
         try:
             keys.split_key(key)
+            check_key_size(key)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"step {step}: {exc}") from None
         for sink in self.sinks:
@@ -584,7 +618,9 @@ class Tracker:
                 sink.check_key(key)
             except ValueError as exc:
                 raise ValueError(f"step {step}: {exc}") from None
-        self._known_keys.add(key)
+        size = journal.encoded_key_bytes(key)
+        self._known_keys[key] = size
+        self._longest_key = max(self._longest_key, size)
 
     # ---- a custom loop in a few lines (tracking.steps) -------------------------------------------
     def log_losses(

@@ -6,7 +6,11 @@
   ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` / ``_BACKOFF_JITTER``
   through ``mlflow.environment_variables`` objects on every request (``rest_utils.http_request``).
   ``bounded_requests()`` makes those objects answer cliptrack's bounds on the calling thread only:
-  the application's own MLflow calls, on its threads, keep MLflow's settings untouched;
+  the application's own MLflow calls, on its threads, keep MLflow's settings untouched. Writes
+  (the tracker) wait ``REQUEST_TIMEOUT_S`` per attempt; reads (``compare``, ``runs``:
+  ``bounded_requests(reads=True)``) connect within ``READ_CONNECT_TIMEOUT_S`` but wait
+  ``read_timeout_s()`` for a reply, so a busy server's large answer arrives while a server that is
+  not there still fails in seconds (MLflow's timeout object answers a (connect, read) pair there);
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
   experiment as a training one (``custom_model_development``) rather than a GenAI one;
 - where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
@@ -17,12 +21,14 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tracking.secrets import redact
 from tracking.versions import check_version
 
 MINIMUM = (3, 0)
@@ -62,12 +68,47 @@ REQUEST_BACKOFF_JITTER = 0.5
 REQUEST_WORST_CASE_S = (REQUEST_MAX_RETRIES + 1) * REQUEST_TIMEOUT_S + 3 * REQUEST_BACKOFF_FACTOR + 2
 """Upper bound (seconds) of one request from cliptrack's threads against an unresponsive server."""
 
+READ_CONNECT_TIMEOUT_S = 2.0
+"""Seconds a read (``compare``, ``runs``) may take to connect to a server: one that is not there
+(refused, or no answer to the connection) fails within ``READ_UNREACHABLE_WORST_CASE_S``."""
+READ_TIMEOUT_S = 60.0
+"""Seconds a read waits for a server's reply once connected (MLflow's own default: 120): a busy
+server answering a page of history (``_compat_mlflow_rest.PAGE_ROWS`` values) takes seconds to tens
+of seconds. ``MLFLOW_HTTP_REQUEST_TIMEOUT``, when set, replaces it (see ``read_timeout_s``)."""
+READ_UNREACHABLE_WORST_CASE_S = (
+    (REQUEST_MAX_RETRIES + 1) * READ_CONNECT_TIMEOUT_S
+    + 2 * REQUEST_BACKOFF_FACTOR
+    + REQUEST_MAX_RETRIES * REQUEST_BACKOFF_JITTER
+)
+"""Upper bound (seconds) of one read request against a server that cannot be reached: three
+connection attempts and urllib3's backoff between them (none, then 2 x the factor, plus jitter)."""
+
 _BOUNDS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": REQUEST_MAX_RETRIES,
     "MLFLOW_HTTP_REQUEST_TIMEOUT": REQUEST_TIMEOUT_S,
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": REQUEST_BACKOFF_FACTOR,
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": REQUEST_BACKOFF_JITTER,
 }
+_TIMEOUT_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+
+
+def read_timeout_s() -> float:
+    """Seconds a read waits for a reply: ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when the user set it to a
+    positive number (either way: it is their explicit choice), else ``READ_TIMEOUT_S``."""
+    import os
+
+    raw = os.environ.get(_TIMEOUT_VAR)
+    try:
+        value = float(raw) if raw is not None else 0.0
+    except ValueError:
+        value = 0.0
+    return value if value > 0 else READ_TIMEOUT_S
+
+
+def read_timeout() -> tuple[float, float]:
+    """The (connect, read) timeout pair, in seconds, of one read request (requests' ``timeout=``)."""
+    return (READ_CONNECT_TIMEOUT_S, read_timeout_s())
+
 
 _local = threading.local()
 _installed = False
@@ -75,13 +116,24 @@ _install_lock = threading.Lock()
 
 
 def _install() -> None:
-    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw`` (once per process)."""
+    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw``, and its timeout object a
+    thread-aware ``get`` that answers ``read_timeout()`` inside ``bounded_requests(reads=True)``
+    (once per process)."""
     global _installed
     with _install_lock:
         if _installed:
             return
         from mlflow import environment_variables as env
 
+        timeout = getattr(env, _TIMEOUT_VAR)
+        original_get = timeout.get
+
+        def get(original_get: Any = original_get) -> Any:
+            if getattr(_local, "reads", False):
+                return read_timeout()
+            return original_get()
+
+        timeout.get = get
         for name, bound in _BOUNDS.items():
             var = getattr(env, name)
             original = var.get_raw
@@ -102,15 +154,17 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def bounded_requests() -> Iterator[None]:
-    """MLflow requests made on this thread inside the block use cliptrack's bounds (see above)."""
+def bounded_requests(reads: bool = False) -> Iterator[None]:
+    """MLflow requests made on this thread inside the block use cliptrack's bounds (see above):
+    the tracker's (``REQUEST_TIMEOUT_S`` per attempt), or with ``reads`` a reader's (connect within
+    ``READ_CONNECT_TIMEOUT_S``, a reply within ``read_timeout_s()``); both retry twice."""
     _install()
-    previous = getattr(_local, "bounded", False)
-    _local.bounded = True
+    previous = (getattr(_local, "bounded", False), getattr(_local, "reads", False))
+    _local.bounded, _local.reads = True, reads
     try:
         yield
     finally:
-        _local.bounded = previous
+        _local.bounded, _local.reads = previous
 
 
 def installed_version() -> str:
@@ -165,7 +219,18 @@ def max_param_value_length() -> int:
     return int(validation().MAX_PARAM_VAL_LENGTH)
 
 
+MESSAGE_CHARS = 300
+"""Characters of a server's error message cliptrack repeats in an error line."""
+
+_SQL_ECHO = re.compile(r"\[SQL: .*|\[parameters: .*|\(Background on this error at: .*", re.DOTALL)
+_AUTOFLUSH = re.compile(r"\(raised as a result of Query-invoked autoflush;[^)]*\)\s*")
+
+
 def message(exc: BaseException) -> str:
-    """An MLflow exception's message on one line, at most 500 characters."""
-    text = getattr(exc, "message", None) or str(exc)
-    return " ".join(str(text).split())[:500]
+    """An MLflow exception's message on one line, at most ``MESSAGE_CHARS`` characters, without
+    the SQL statement and parameters a SQL store's error echoes back (SQLAlchemy's ``[SQL: ...]``,
+    ``[parameters: ...]``) and with credentials hidden (``tracking.secrets.redact``)."""
+    text = str(getattr(exc, "message", None) or exc)
+    text = _AUTOFLUSH.sub("", _SQL_ECHO.sub("", text))
+    text = " ".join(redact(text).split())
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."

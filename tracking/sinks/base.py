@@ -71,6 +71,7 @@ class Sink(ABC):
     ready object can be handed to ``Tracker(sinks=[...])``. Optional (no-ops here):
     ``check_key`` (refuse a key at ``log`` time), ``settings`` (what replay needs to reach the
     backend before the run was ever opened), ``log_config`` (config added mid-run),
+    ``attributes`` / ``send_attributes`` (params and tags, sent until acknowledged),
     ``delivered`` (what the backend really holds, read back after a crash).
     """
 
@@ -107,6 +108,19 @@ class Sink(ABC):
 
     def log_config(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
         """Add ``config`` to the run's configuration; failures only warn."""
+
+    def attributes(self, run: RunInfo) -> dict[str, str]:
+        """The params and tags this backend should hold for ``run`` beside its points: name ->
+        value, names spelled ``param:<key>`` / ``tag:<key>`` (``tracking.params``). The lane sends
+        what is not acknowledged with ``send_attributes`` after every open and config update.
+        Default ``{}``: the sink takes its config some other way (``open``, ``log_config``)."""
+        return {}
+
+    def send_attributes(self, attributes: Mapping[str, str]) -> dict[str, str]:
+        """Send ``attributes`` (a part of ``attributes(run)``) to the open run; return those the
+        backend refuses, name -> a short reason (each refused on its own: the others are taken).
+        Raise ``SinkError`` when it cannot take them now (they are sent again later)."""
+        return {}
 
     def delivered(self, run: RunInfo, journal: Iterable[tuple[Point, int]]) -> int | None:
         """The journal offset (bytes) just past the last point this backend holds for ``run``, read
