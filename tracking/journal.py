@@ -40,8 +40,9 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
-from tracking.records import Point, RawPoint, printable
+from tracking.records import Point, RawPoint
 from tracking.storefiles import open_regular
+from tracking.text import printable
 from tracking.validation import MAX_KEY_CHARS, MAX_STEP
 
 _READ_CHUNK = 1 << 20
@@ -334,7 +335,7 @@ def _line_point(
     """The point of line ``number`` (``raw``, ``size`` bytes long: ``b""`` for an oversized one);
     None for a blank or skipped line (reported), ValueError for a line that is not a point."""
     torn = not raw.endswith(b"\n")
-    if not raw and size:
+    if (not raw and size) or len(raw) > MAX_LINE_BYTES:
         return _damaged(path, number, _too_long(size), strict, torn=False)
     line = raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r")
     if not line.strip():
@@ -448,6 +449,11 @@ def load_columns(path: Path) -> JournalColumns:
                 _line_point(path, number, b"", skipping + cut + 1, False, INT64)
                 skipping, block = 0, block[cut + 1 :]
             data = carry + block if carry else block
+            first = data.find(b"\n", len(carry)) + 1 if carry else 0
+            if first > MAX_LINE_BYTES:  # only a line begun in an earlier block can be this long
+                number += 1
+                _line_point(path, number, b"", first, False, INT64)
+                data, carry = data[first:], b""
             cut = data.rfind(b"\n") + 1
             carry = data[cut:]
             if cut:

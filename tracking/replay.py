@@ -128,7 +128,8 @@ class Target:
         reach the store) names the same store."""
         settings = sink.settings()
         return any(
-            key in recorded and redact_value(recorded[key]) != redact_value(value) for key, value in settings.items()
+            key in recorded and redact_value(recorded[key]) != redact_value(value)
+            for key, value in settings.items()
         )
 
 

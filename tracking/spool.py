@@ -46,9 +46,10 @@ from tracking.journal import Journal as Journal  # the append side, for the trac
 from tracking.journal import Position
 from tracking.journal import encode_points as encode_points
 from tracking.journal import parse_line as parse_line
-from tracking.records import Point, RunInfo, check_run_id, printable
-from tracking.storefiles import open_regular
+from tracking.records import Point, RunInfo, check_run_id
 from tracking.secrets import redact_value
+from tracking.storefiles import open_regular
+from tracking.text import printable
 
 try:  # POSIX advisory locks; where absent, replay cannot tell a live run and trusts the caller
     import fcntl

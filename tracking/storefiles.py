@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from tracking.records import printable
+from tracking.text import printable
 
 __all__ = ["SpecialFileError", "open_regular"]
 

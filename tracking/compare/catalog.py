@@ -106,11 +106,7 @@ def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
 def spool_entry(run_dir: Any) -> RunEntry:
     """A spool run directory (``tracking.spool.RunDir``) as listed; steps are its points' lines."""
     info = run_dir.read_run()
-    try:
-        with run_dir.points_path.open("rb") as handle:
-            steps = sum(1 for line in handle if line.strip())
-    except FileNotFoundError:
-        steps = 0
+    steps = run_dir.count_points()  # complete lines, counted in bounded chunks (a FIFO refused)
     return RunEntry(
         cliptrack_id=info.run_id,
         store_id=info.run_id,
