@@ -395,7 +395,7 @@ def test_mlflow_ui_renders_run_descriptions_as_text(tmp_path):
             f'<iframe src="{target}/iframe"></iframe> www.evil.example @someone {target}/bare',
         )
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        megatron, miles = megatron_vs_miles(n_megatron=40, n_miles=40, miles_clip_p=0.2)
+        megatron, miles = megatron_vs_miles(miles_clip_p=0.2)
         compared = [
             write_mlflow(uri, replace(megatron, run_name=names[0])),
             write_mlflow(uri, replace(miles, run_name=names[1])),

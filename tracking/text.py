@@ -46,22 +46,24 @@ _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()!|~])")
 # Characters HTML and markdown read as markup or links: written as entities (``@`` would be a
 # GitHub mention or an e-mail link).
 _MARKDOWN_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;"}
-# An automatic link: ``scheme://`` and ``www.``.
-_AUTOLINK = re.compile(r"(:)(?=/)|(?<=www)(\.)", re.IGNORECASE)
-# A block marker at the start of a line: heading, list, setext rule, numbered list.
-_LINE_START = re.compile(r"^(\s*)([#+\-=]|\d+(?=\.))")
+# An automatic link: ``scheme://`` (its colon as an entity: showdown 1.x, which MLflow's UI uses,
+# keeps a backslash before a colon) and ``www.``.
+_AUTOLINK = re.compile(r"(?<=www)\.", re.IGNORECASE)
+_SCHEME = re.compile(r":(?=/)")
+# A block marker at the start of a line: heading, list item, setext rule, numbered item.
+_LINE_START = re.compile(r"^(\s*)([#+\-=]|\d+(?=\.(?:\s|$)))")
 
 
 def markdown_text(text: object) -> str:
     """``text`` as inline markdown that renders as the text itself (one line, as
     :func:`printable`), in a renderer that also accepts HTML: markdown punctuation escaped with a
-    backslash, ``& < > " @`` as HTML entities, ``://`` and ``www.`` broken so no URL becomes a
-    link, and a leading heading or list marker escaped."""
+    backslash, ``& < > " @`` as HTML entities, and ``://`` and ``www.`` broken so no URL becomes
+    a link. Inline: a text that starts a line goes through :func:`markdown_lines`."""
     value = printable(text)
     value = _MARKDOWN_PUNCTUATION.sub(r"\\\1", value)
     value = "".join(_MARKDOWN_ENTITIES.get(ch, ch) for ch in value)
-    value = _AUTOLINK.sub(lambda m: "\\" + m.group(0), value)
-    return _LINE_START.sub(_escape_line_start, value, count=1)
+    value = _SCHEME.sub("&#58;", value)
+    return _AUTOLINK.sub("\\\\.", value)
 
 
 def _escape_line_start(match: re.Match[str]) -> str:
@@ -70,12 +72,13 @@ def _escape_line_start(match: re.Match[str]) -> str:
 
 
 def markdown_lines(text: str) -> str:
-    """Multi-line text composed by cliptrack as markdown: each line through :func:`markdown_text`,
-    the line breaks kept and a leading ``- `` kept as a list item."""
+    """Multi-line text composed by cliptrack as markdown: each line through :func:`markdown_text`
+    with a heading or list marker at its start escaped, the line breaks kept and a leading ``- ``
+    kept as a list item."""
     out = []
     for line in text.split("\n"):
         bullet = "- " if line.startswith("- ") else ""
-        out.append(bullet + markdown_text(line[len(bullet) :]))
+        out.append(bullet + _LINE_START.sub(_escape_line_start, markdown_text(line[len(bullet) :]), count=1))
     return "\n".join(out)
 
 
