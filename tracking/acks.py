@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from tracking.text import printable
 from tracking.spool import Ack, RunDir
+from tracking.text import printable
 
 LOG = logging.getLogger("cliptrack")
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from tracking import journal
 from tracking.records import Point
-from tracking.text import printable
 from tracking.sinks.base import PartialWrite, Sink, SinkRejected
+from tracking.text import printable
 
 LOG = logging.getLogger("cliptrack")
 
