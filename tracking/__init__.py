@@ -3,10 +3,14 @@
 Importing this package never imports torch.
 """
 
+import logging
 from typing import TYPE_CHECKING
 
-from tracking import keys
+from tracking import keys, secrets
 from tracking.counts import ClipCounts, TokenCounts
+
+# every log line of cliptrack ("cliptrack" logger) is redacted, whichever handler prints it
+secrets.install_filter(logging.getLogger("cliptrack"))
 
 if TYPE_CHECKING:
     from tracking.tracker import Tracker

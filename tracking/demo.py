@@ -21,6 +21,7 @@ from typing import Any
 
 from tracking import keys
 from tracking.compare.stats import MIN_UNITS
+from tracking.secrets import redact
 
 EXPERIMENT = "cliptrack-demo"
 """The MLflow experiment of the demo's training runs (its comparison goes to its own experiment)."""
@@ -156,7 +157,7 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
 
 
 def where_everything_is(out: Path, tracking_uri: str, run_ids: dict[str, str], *, wandb: bool) -> str:
-    """The demo's outputs, one per line."""
+    """The demo's outputs, one per line (no credential of the store: ``tracking.secrets``)."""
     lines = [
         "where everything is:",
         f"  MLflow store   {tracking_uri}   (artifacts in {out / 'mlruns'})",
@@ -178,7 +179,7 @@ def where_everything_is(out: Path, tracking_uri: str, run_ids: dict[str, str], *
         f"  run {path:<9}  {run_id}   (cliptrack id, accepted by every command)"
         for path, run_id in run_ids.items()
     ]
-    return "\n".join(lines)
+    return redact("\n".join(lines))
 
 
 def next_steps(out: Path, tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
@@ -206,7 +207,7 @@ def next_steps(out: Path, tracking_uri: str, experiment_id: str, run_ids: list[s
         "  the notebook on these runs (jupyter lab notebooks/compare_backends.ipynb to open it):",
         f"    $ CLIPTRACK_DEMO_OUT={out} jupyter execute notebooks/compare_backends.ipynb",
     ]
-    return "\n".join(lines)
+    return redact("\n".join(lines))  # a store's password is never printed (tracking.secrets)
 
 
 def mlflow_ui_url(experiment_id: str, port: int | None = None) -> str:

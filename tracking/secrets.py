@@ -10,21 +10,45 @@ reports, error lines) goes through :func:`redact`. What is hidden:
   ``api_key``, ``key``, ``password``, ``secret``, ``sig``, ``signature``, ``auth`` and their
   spellings with ``-``/``_``, any case): ``?token=abc`` becomes ``?token=***``;
 - a libpq-style ``password=...`` pair (``host=h password=PW``);
-- a ``Bearer``/``Basic`` authorization value, as servers sometimes echo it back;
+- an ``Authorization: Basic/Bearer/Token`` value, or a ``Bearer`` token, as servers sometimes
+  echo them back;
 - the values of credential environment variables set in this process (``WANDB_API_KEY``,
   ``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``, ``DATABRICKS_TOKEN``, ...; see
   :data:`SECRET_ENV`), wherever they appear.
 
 The real value is still used to connect: redaction applies to what is shown and stored, never to
-what is handed to a client.
+what is handed to a client. Where a stored value is needed again (``run.json``'s tracking URI, to
+resume or replay a run), :func:`restore` finds the real one among the values the user gives
+(``MLFLOW_TRACKING_URI``, ``--tracking-uri``, the tracker's own URI).
+
+Boundaries that apply it wholesale: :class:`RedactingFilter` on the ``cliptrack`` logger (every log
+line, whatever handler prints it) and :func:`redacted_output` around a command line (everything it
+prints on stdout and stderr, warnings included).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO, TypeVar, cast
 
-__all__ = ["MASK", "SECRET_ENV", "redact", "redact_value"]
+_T = TypeVar("_T")
+
+__all__ = [
+    "MASK",
+    "SECRET_ENV",
+    "RedactingFilter",
+    "hides",
+    "install_filter",
+    "redact",
+    "redact_value",
+    "redacted_output",
+    "restore",
+]
 
 MASK = "***"
 
@@ -42,9 +66,10 @@ SECRET_ENV = (
     "HF_TOKEN",
 )
 
-# scheme://user:password@host  ->  the password part (up to the last '@' before the host's path)
+# scheme://user:password@host  ->  the password part (up to the last '@' before the host's path;
+# RFC 3986 allows ' and the other sub-delimiters in a password)
 _USERINFO = re.compile(
-    r"""(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#'"<>]*:)(?P<secret>[^\s/?#'"<>]+)"""
+    r"""(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#'"<>]*:)(?P<secret>[^\s/?#"<>]+)"""
     r"""(?=@[^\s@/?#'"<>]*(?:[/?#\s'"<>]|$))"""
 )
 _QUERY = re.compile(
@@ -52,8 +77,15 @@ _QUERY = re.compile(
     r"credential|credentials)=)(?P<secret>[^&;#\s'\"<>]+)",
     re.IGNORECASE,
 )
-_KEY_VALUE = re.compile(r"(?P<head>(?<![?&;\w])(?:password|passwd|pwd)\s*[=:]\s*)(?P<secret>[^\s&;,'\"<>]+)", re.IGNORECASE)
-_AUTH_HEADER = re.compile(r"(?P<head>\b(?:Bearer|Basic|Token)\s+)(?P<secret>[A-Za-z0-9._~+/\-]{8,}=*)")
+_KEY_VALUE = re.compile(
+    r"(?P<head>(?<![?&;\w])(?:password|passwd|pwd)\s*[=:]\s*)(?P<secret>[^\s&;,'\"<>]+)", re.IGNORECASE
+)
+# "Authorization: Basic/Bearer/Token X" (any case), or "Bearer X" alone; never "Basic settings"
+_AUTH_HEADER = re.compile(
+    r"(?P<head>\b(?:(?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|token|digest)\s+)?|(?-i:Bearer)\s+))"
+    r"(?P<secret>[A-Za-z0-9._~+/\-]{8,}=*)",
+    re.IGNORECASE,
+)
 _MIN_ENV_SECRET = 6  # shorter values would mask ordinary words
 
 
@@ -77,13 +109,89 @@ def redact(text: str) -> str:
     return out
 
 
-def redact_value(value: object) -> object:
+def redact_value(value: _T) -> _T:
     """``value`` with :func:`redact` applied to every string in it (dicts, lists and tuples walked;
     other values returned as they are): for JSON documents and parameter mappings."""
+    out: Any = value
     if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {redact(k) if isinstance(k, str) else k: redact_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(v) for v in value)
-    return value
+        out = redact(value)
+    elif isinstance(value, dict):
+        out = {redact(k) if isinstance(k, str) else k: redact_value(v) for k, v in value.items()}
+    elif isinstance(value, (list, tuple)):
+        out = type(value)(redact_value(v) for v in value)
+    return cast(_T, out)
+
+
+def hides(stored: str) -> bool:
+    """Whether ``stored`` (a value as :func:`redact` left it) has a part hidden behind ``***``."""
+    return MASK in stored
+
+
+def restore(stored: str, candidates: Iterable[str | None]) -> str | None:
+    """The real value behind ``stored``: ``stored`` itself when it hides nothing, else the first of
+    ``candidates`` that redacts to it (the same value with its secrets: the same scheme, user,
+    host, path and query apart from what is hidden); None when no candidate does."""
+    if not hides(stored):
+        return stored
+    for candidate in candidates:
+        if candidate and not hides(candidate) and redact(candidate) == stored:
+            return candidate
+    return None
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts each record's message (its arguments merged in) and its
+    formatted exception: installed on the ``cliptrack`` logger, it covers every handler that
+    prints cliptrack's records (its own stderr handler, the application's root handlers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's to report
+            return True
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+def install_filter(logger: logging.Logger) -> None:
+    """Add one :class:`RedactingFilter` to ``logger`` (idempotent)."""
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter())
+
+
+class _RedactingStream:
+    """A text stream that redacts each ``write`` before passing it on (every other attribute is the
+    wrapped stream's). ``print`` writes each argument whole, so a value is never split."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_output() -> Iterator[None]:
+    """Within the block, everything written to ``sys.stdout`` and ``sys.stderr`` (prints, warnings,
+    log handlers created inside it) is redacted; the streams are restored after."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = _RedactingStream(saved[0])  # type: ignore[assignment]
+    sys.stderr = _RedactingStream(saved[1])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

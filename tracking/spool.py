@@ -324,7 +324,10 @@ def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
         return []
     found = []
     for p in base.iterdir():
-        if (p / keys.RUN_META_FILE).is_file():
+        meta = p / keys.RUN_META_FILE
+        if not meta.is_file() and meta.exists():
+            open_regular(meta).close()  # a FIFO or a device as run.json: SpecialFileError naming it
+        if meta.is_file():
             try:
                 found.append(RunDir(base, p.name))
             except ValueError:

@@ -51,8 +51,8 @@ from tracking.compare.dashboard import write_dashboard
 from tracking.compare.frame import RunSet
 from tracking.compare.result import ComparisonResult
 from tracking.compare.stats import MIN_ESS, MIN_UNITS
-from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 from tracking.secrets import redact, redact_value
+from tracking.sinks._compat_mlflow import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 from tracking.text import markdown_lines, markdown_text
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
@@ -247,7 +247,9 @@ def log_comparison(
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
             write_figures(runset, result, root / "figures")
-            (root / "comparison.csv").write_text(redact(render.table(result).to_csv(index=False)), encoding="utf-8")
+            (root / "comparison.csv").write_text(
+                redact(render.table(result).to_csv(index=False)), encoding="utf-8"
+            )
             (root / "comparison.md").write_text(render.markdown(result), encoding="utf-8")
             (root / "comparison.json").write_text(render.as_json(result), encoding="utf-8")
             if dashboard is None:

@@ -37,6 +37,7 @@ from tracking.compare.frame import RunSet
 from tracking.compare.panels import DIFFERENCE_PREFIX, PANELS, Panel, difference_keys, sections
 from tracking.compare.plots import SegmentView, plot_series, segment_views, x_range_of
 from tracking.compare.result import ComparisonResult
+from tracking.secrets import redact, redact_value
 
 __all__ = [
     "COMPARISON_GROUP",
@@ -159,7 +160,7 @@ def save_or_write(
     if online is None:
         online = bool(os.environ.get("WANDB_API_KEY"))
     workspace = build_workspace(entity, project)
-    report = build_report(entity, project, run_ids, summary)
+    report = build_report(entity, project, run_ids, redact(summary))
     if online:
         workspace.save()
         report.save()
@@ -173,7 +174,7 @@ def save_or_write(
         }
     path = Path(out or "cliptrack-wandb-panels.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(specs, indent=2), encoding="utf-8")
+    path.write_text(json.dumps(redact_value(specs), indent=2), encoding="utf-8")
     return {"saved": False, "path": str(path)}
 
 

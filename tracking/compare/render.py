@@ -445,7 +445,8 @@ def _markdown_rows(frame: pd.DataFrame) -> list[str]:
     header = "| " + " | ".join(markdown_text(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = [
-        "| " + " | ".join(markdown_text(redact(str(v))) for v in row) + " |" for row in frame.itertuples(index=False)
+        "| " + " | ".join(markdown_text(redact(str(v))) for v in row) + " |"
+        for row in frame.itertuples(index=False)
     ]
     return [header, rule, *body]
 

@@ -10,7 +10,10 @@
   (the tracker) wait ``REQUEST_TIMEOUT_S`` per attempt; reads (``compare``, ``runs``:
   ``bounded_requests(reads=True)``) connect within ``READ_CONNECT_TIMEOUT_S`` but wait
   ``read_timeout_s()`` for a reply, so a busy server's large answer arrives while a server that is
-  not there still fails in seconds (MLflow's timeout object answers a (connect, read) pair there);
+  not there still fails in seconds (MLflow's timeout object answers a (connect, read) pair there).
+  On those threads ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` answers true as well: MLflow's
+  ``set_terminated`` would print "View run ... at: <tracking URI>" on the application's stdout,
+  the URI with its password (``tracking.secrets``: cliptrack shows it redacted, in its summary);
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
   experiment as a training one (``custom_model_development``) rather than a GenAI one;
 - where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
@@ -37,7 +40,8 @@ SUPPORTED_BELOW = (4, 0)
 """First MLflow release not verified (exclusive bound); others are refused by ``check_supported``."""
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
-    "MAX_PARAM_VAL_LENGTH), the HTTP settings of mlflow.environment_variables read per request, and the "
+    "MAX_PARAM_VAL_LENGTH), the HTTP settings and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT of "
+    "mlflow.environment_variables read per request, and the "
     "experiment tag mlflow.experimentKind"
 )
 
@@ -116,9 +120,9 @@ _install_lock = threading.Lock()
 
 
 def _install() -> None:
-    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw``, and its timeout object a
-    thread-aware ``get`` that answers ``read_timeout()`` inside ``bounded_requests(reads=True)``
-    (once per process)."""
+    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw``, its timeout object a
+    thread-aware ``get`` that answers ``read_timeout()`` inside ``bounded_requests(reads=True)``,
+    and its URL-printing switch one that answers true inside ``bounded_requests`` (once per process)."""
     global _installed
     with _install_lock:
         if _installed:
@@ -150,6 +154,13 @@ def _install() -> None:
                 return original()
 
             var.get_raw = get_raw
+        quiet: Any = env.MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
+        original_quiet = quiet.get
+
+        def quiet_get(original_quiet: Any = original_quiet) -> Any:
+            return True if getattr(_local, "bounded", False) else original_quiet()
+
+        quiet.get = quiet_get
         _installed = True
 
 

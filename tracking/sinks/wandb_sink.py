@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 from tracking import keys
 from tracking.records import Point, RunInfo
+from tracking.secrets import redact_value
 from tracking.sinks import _compat_wandb as compat
 from tracking.sinks.base import PartialWrite, Sink, SinkError, exit_code
 
@@ -118,7 +119,11 @@ class WandbSink(Sink):
         self.mode = state.get("mode") or self.mode
         self.dir = state.get("dir") or self.dir
         self._run_id = run.run_id
-        config = {**run.config, keys.TAG_BACKEND: run.backend_label, keys.TAG_RUN_ID: run.run_id}
+        config = {
+            **redact_value(run.config),
+            keys.TAG_BACKEND: run.backend_label,
+            keys.TAG_RUN_ID: run.run_id,
+        }
         compat.own_service()
         if state:
             compat.leave_the_second_of(compat.resolve_dir(self.dir), run.run_id)
@@ -153,7 +158,7 @@ class WandbSink(Sink):
     def log_config(self, config: Mapping[str, Any]) -> None:
         if self.run is None:
             raise SinkError("W&B run is not open")
-        self.run.config.update(dict(config), allow_val_change=True)
+        self.run.config.update(redact_value(dict(config)), allow_val_change=True)
 
     def write(self, points: Sequence[Point]) -> None:
         if self.run is None:

@@ -1,0 +1,370 @@
+"""No secret leaves cliptrack: credentials in store addresses and the environment are redacted in
+everything it prints or writes, while the real values are still used to connect.
+
+Unit tests of ``tracking.secrets`` (hypothesis: a URI's password never survives, a URI without a
+secret is unchanged; restoring the real URI at resume), then one end-to-end test: a password (in
+the tracking URI's user info), a token (in its query string) and a W&B key (``WANDB_API_KEY``) are
+planted; two runs are logged to a real ``mlflow server`` (behind a loopback gateway that demands
+the token and the password, so delivery proves the real values were used) and to W&B offline, one
+of them while the gateway refuses writes (the errors echo the full URL); then ``cliptrack replay``
+(the real URI from the environment), ``runs``, ``compare`` (table, ``--json``, ``--html``,
+``--markdown``), ``panels mlflow`` and ``panels wandb`` run, and every line they print and every file
+they (and the tracker) wrote is searched for the three secrets, as are the params and tags on the
+server and the comparison run's artifacts.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tracking import secrets
+from tracking.secrets import MASK, redact, redact_value
+
+REPO = Path(__file__).resolve().parents[1]
+
+PASSWORD = "Pw-s3cr3t-98712"
+TOKEN = "Tk-9f8e7d6c5b4a"
+WANDB_KEY = "c1a55ec7" * 5
+"""Planted secrets: a URI password, a query-string token, a W&B API key (40 hex characters)."""
+SECRETS = (PASSWORD, TOKEN, WANDB_KEY)
+STEPS = 40
+
+
+# ---- tracking.secrets ---------------------------------------------------------------------------
+
+_WORD = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", min_size=1, max_size=12
+)
+_PASSWORD = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~!$&'()*+,;=%:",
+    min_size=1,
+    max_size=24,
+).filter(lambda p: p.strip("*") != "")
+_SCHEME = st.sampled_from(["http", "https", "postgresql", "postgresql+psycopg2", "mysql+pymysql", "mssql"])
+_HOST = st.from_regex(r"[a-z][a-z0-9\-]{0,10}(\.[a-z]{2,5}){0,2}", fullmatch=True)
+
+
+@given(_SCHEME, _WORD, _PASSWORD, _HOST, st.integers(1, 65535), _WORD)
+def test_a_uri_password_never_survives(scheme, user, password, host, port, db):
+    uri = f"{scheme}://{user}:{password}@{host}:{port}/{db}"
+    out = redact(uri)
+    assert out == f"{scheme}://{user}:{MASK}@{host}:{port}/{db}"
+    assert redact(f"could not open the MLflow run at {uri}: refused") == (
+        f"could not open the MLflow run at {out}: refused"
+    )
+
+
+@given(_SCHEME, _WORD, _HOST, st.integers(1, 65535), _WORD, _WORD)
+def test_a_uri_without_a_secret_is_unchanged(scheme, user, host, port, db, value):
+    for uri in (
+        f"{scheme}://{host}:{port}/{db}",
+        f"{scheme}://{user}@{host}/{db}",
+        f"{scheme}://{host}/{db}?experiment={value}&step={port}",
+        f"sqlite:////data/{db}/mlflow.db",
+    ):
+        assert redact(uri) == uri
+
+
+_TOKEN = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~%+/=", min_size=1, max_size=40
+)
+"""A token as URLs carry them (unreserved characters, percent escapes, base64's ``+/=``)."""
+
+
+@given(_TOKEN, _HOST)
+def test_query_tokens_are_hidden_and_the_rest_of_the_query_kept(token, host):
+    uri = f"https://{host}/api?experiment=7&token={token}&access_token={token}&api_key={token}"
+    assert redact(uri) == f"https://{host}/api?experiment=7&token={MASK}&access_token={MASK}&api_key={MASK}"
+
+
+def test_other_credential_shapes_are_hidden(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    assert redact("host=db.internal user=ml password=hunter2-x dbname=m") == (
+        f"host=db.internal user=ml password={MASK} dbname=m"
+    )
+    assert redact("Authorization: Bearer abcdefghijkl.mnop") == f"Authorization: Bearer {MASK}"
+    assert redact(f"wandb login failed for key {WANDB_KEY}") == f"wandb login failed for key {MASK}"
+    # ordinary prose around the words is left alone
+    for text in ("Basic settings apply", "Token counts per datum", "the reward model's keyboard=3"):
+        assert redact(text) == text
+    assert redact_value({"uri": f"http://u:{PASSWORD}@h", "n": 3, "l": [f"?token={TOKEN}"]}) == {
+        "uri": f"http://u:{MASK}@h",
+        "n": 3,
+        "l": [f"?token={MASK}"],
+    }
+
+
+def test_redaction_is_idempotent():
+    uri = f"postgresql+psycopg2://ml:{PASSWORD}@db:5432/mlflow?sslmode=require&password={TOKEN}"
+    once = redact(uri)
+    assert PASSWORD not in once and TOKEN not in once
+    assert redact(once) == once
+
+
+def test_the_real_uri_is_restored_from_a_candidate_that_matches_the_stored_one():
+    real = f"http://ml:{PASSWORD}@127.0.0.1:5000?token={TOKEN}"
+    stored = redact(real)
+    assert secrets.restore(stored, [None, "http://other:5000", real]) == real
+    assert secrets.restore(stored, [stored, "http://ml:wrong@127.0.0.2:5000"]) is None  # no candidate
+    assert secrets.restore("sqlite:////data/mlflow.db", []) == "sqlite:////data/mlflow.db"  # nothing hidden
+
+
+def test_the_demo_prints_no_secret_of_its_store(tmp_path):
+    from tracking.demo import next_steps, where_everything_is
+
+    uri = f"postgresql://ml:{PASSWORD}@db/mlflow?token={TOKEN}"
+    text = next_steps(tmp_path, uri, "1", ["a", "b"]) + where_everything_is(
+        tmp_path, uri, {"x": "a"}, wandb=True
+    )
+    assert PASSWORD not in text and TOKEN not in text
+    assert f"ml:{MASK}@db/mlflow" in text
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+
+class Gateway:
+    """A loopback HTTP gateway in front of an ``mlflow server`` that, like an authenticating proxy,
+    serves only requests carrying ``?token=TOKEN`` and basic auth ``user:PASSWORD``, strips the
+    token and forwards the rest. MLflow's client appends the request path to the tracking URI
+    (``http://user:PW@host:port?token=T`` + ``/api/2.0/...``); the gateway reads it back from the
+    query. ``refuse_metrics`` answers 503 to every batch of metrics (an outage the tracker reports)."""
+
+    def __init__(self, upstream_port: int, port: int) -> None:
+        self.upstream_port, self.port = upstream_port, port
+        self.refuse_metrics = False
+        self.served = 0
+        self.rejected: list[str] = []
+        gateway = self
+        expected = "Basic " + base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                prefix = f"/?token={TOKEN}"
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if not self.path.startswith(prefix) or self.headers.get("Authorization") != expected:
+                    gateway.rejected.append(self.path)
+                    self._answer(401, b'{"error_code": "UNAUTHENTICATED", "message": "no credentials"}')
+                    return
+                path = self.path[len(prefix) :] or "/"
+                if "?" not in path and "&" in path:  # requests appended the query with '&'
+                    path = path.replace("&", "?", 1)
+                if gateway.refuse_metrics and path.endswith("runs/log-batch") and b'"metrics"' in body:
+                    self._answer(503, b"unavailable")
+                    return
+                upstream = http.client.HTTPConnection("127.0.0.1", gateway.upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")}
+                upstream.request(self.command, path, body=body or None, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                upstream.close()
+                gateway.served += 1
+                self._answer(response.status, data, response.getheader("Content-Type") or "application/json")
+
+            def _answer(self, status: int, data: bytes, kind: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Gateway:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+_LOG_RUN = """
+import sys
+from tracking import keys
+from tracking.tracker import Tracker
+import os
+uri = os.environ["CLIPTRACK_TEST_URI"]
+spool, wandb_dir, name, clipped, steps = sys.argv[1:6]
+with Tracker(name, backends=[uri, "wandb"], backend_label=name, spool_dir=spool, wandb_dir=wandb_dir,
+             experiment="secrets", config={"store": uri, "lr": 0.1}, flush_interval_s=0.05,
+             close_timeout_s=8, handle_signals=False) as t:
+    for step in range(int(steps)):
+        n = 100 + step % 7
+        c = (step * int(clipped)) % 13
+        t.log(step, {keys.LOSS_TOKENS: n, keys.CLIPPED_TOKENS: c, keys.CLIP_FRACTION: c / n,
+                     keys.REWARD: (step % 5) / 4})
+print(t.run_id)
+"""
+"""One training run (a subprocess: its stderr is what a user sees) logged to MLflow and W&B; the URI
+comes from the environment, as a job's would (W&B records a program's command line)."""
+
+
+def _cli(*args: str, env: dict[str, str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracking.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+    if check:
+        assert proc.returncode == 0, f"cliptrack {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _leaks(text: str) -> list[str]:
+    """The lines of ``text`` that hold a planted secret (the first three, cut to 300 characters)."""
+    return [line[:300] for line in text.splitlines() if any(s in line for s in SECRETS)][:3]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed")
+def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
+    from mlflow import MlflowClient
+
+    from tests._harness import free_port
+    from tests.test_tracker_mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path / "server.db", free_port(), tmp_path / "server.log")
+    server.start()
+    work = tmp_path / "work"
+    work.mkdir()
+    spool, wandb_dir = work / "spool", work / "wandb-runs"
+    outputs: dict[str, str] = {}  # what each command printed, by name
+
+    try:
+        with Gateway(server.port, free_port()) as gateway:
+            real = f"http://user:{PASSWORD}@127.0.0.1:{gateway.port}?token={TOKEN}"
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_"))}
+            env.update(
+                WANDB_API_KEY=WANDB_KEY, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONPATH=str(REPO)
+            )
+            run_ids = []
+            for name, clipped in (("alpha", "1"), ("beta", "2")):
+                gateway.refuse_metrics = name == "beta"  # beta's points wait in the spool, with errors
+                proc = subprocess.run(
+                    [sys.executable, "-c", _LOG_RUN, str(spool), str(wandb_dir), name, clipped, str(STEPS)],
+                    capture_output=True,
+                    text=True,
+                    env={**env, "CLIPTRACK_TEST_URI": real},
+                    cwd=work,
+                    timeout=300,
+                )
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+                outputs[f"tracker {name}"] = proc.stdout + proc.stderr
+                run_ids.append(proc.stdout.split()[-1])
+            gateway.refuse_metrics = False
+            assert "pending" in outputs["tracker beta"]  # the outage was reported (redacted)
+
+            # replay: run.json holds no password, so without the real URI it says where to give it
+            refused = _cli("replay", str(spool), env=env, cwd=work, check=False)
+            outputs["replay without the URI"] = refused.stdout + refused.stderr
+            assert refused.returncode == 1
+            assert "MLFLOW_TRACKING_URI" in refused.stdout and "--tracking-uri" in refused.stdout
+            replayed = _cli("replay", str(spool), env={**env, "MLFLOW_TRACKING_URI": real}, cwd=work)
+            outputs["replay"] = replayed.stdout + replayed.stderr
+            assert f"run {run_ids[1]} mlflow: replayed" in replayed.stdout
+
+            store = ("--tracking-uri", real)
+            outputs["runs"] = _cli("runs", *store, env=env, cwd=work).stdout
+            outputs["runs --json"] = _cli("runs", *store, "--json", env=env, cwd=work).stdout
+            compared = _cli(
+                "compare",
+                *run_ids,
+                *store,
+                "--json",
+                str(work / "c.json"),
+                "--html",
+                str(work / "c.html"),
+                "--markdown",
+                str(work / "c.md"),
+                env=env,
+                cwd=work,
+            )
+            outputs["compare"] = compared.stdout + compared.stderr
+            json_out = _cli("compare", *run_ids, *store, "--json", "-", env=env, cwd=work)
+            outputs["compare --json -"] = json_out.stdout + json_out.stderr
+            on_spool = _cli(
+                "compare", *run_ids, "--jsonl", str(spool), "--html", str(work / "s.html"), env=env, cwd=work
+            )
+            outputs["compare --jsonl"] = on_spool.stdout + on_spool.stderr
+            panels = _cli(
+                "panels",
+                "mlflow",
+                *run_ids,
+                *store,
+                "--artifact-dir",
+                str(work / "artifacts"),
+                env=env,
+                cwd=work,
+            )
+            outputs["panels mlflow"] = panels.stdout + panels.stderr
+            comparison_id = panels.stdout.split("comparison run:")[-1].split()[0]
+            wb = _cli(
+                "panels",
+                "wandb",
+                "--entity",
+                "team",
+                "--project",
+                "secrets",
+                "--runs",
+                *run_ids,
+                "--summary-from",
+                str(wandb_dir),
+                "--offline",
+                "--out",
+                str(work / "wandb-panels.json"),
+                env=env,
+                cwd=work,
+            )
+            outputs["panels wandb"] = wb.stdout + wb.stderr
+            assert not gateway.rejected, gateway.rejected[:3]  # every request carried the real credentials
+
+        # the runs were delivered: every point of both runs is on the server
+        client = MlflowClient(server.uri)
+        experiment = client.get_experiment_by_name("secrets")
+        runs = {r.data.tags["cliptrack.run_id"]: r for r in client.search_runs([experiment.experiment_id])}
+        for run_id in run_ids:
+            history = client.get_metric_history(runs[run_id].info.run_id, "clip_fraction:mean")
+            assert len(history) == STEPS
+        stored = [
+            str(r.data.params) + str(r.data.tags) for r in client.search_runs([experiment.experiment_id])
+        ]
+        comparison = client.get_run(comparison_id)
+        stored.append(str(comparison.data.params) + str(comparison.data.tags))
+        downloaded = Path(client.download_artifacts(comparison_id, "", str(tmp_path / "downloaded")))
+    finally:
+        server.kill()
+
+    leaks = {name: _leaks(text) for name, text in outputs.items() if _leaks(text)}
+    leaks.update({f"server params/tags {i}": _leaks(t) for i, t in enumerate(stored) if _leaks(t)})
+    files = [p for root in (work, downloaded) for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "run.json" for p in files) and any(p.name == "dashboard.html" for p in files)
+    for path in files:
+        found = _leaks(path.read_bytes().decode("utf-8", "replace"))
+        if found:
+            leaks[str(path.relative_to(tmp_path))] = found
+    assert not leaks, json.dumps(leaks, indent=1)
+    assert f"user:{MASK}@127.0.0.1" in outputs["tracker alpha"]  # redacted, not dropped
