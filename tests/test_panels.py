@@ -26,6 +26,7 @@ from tracking.compare.panels_mlflow import log_comparison
 from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
 from tracking.compare.plots import PALETTE
 from tracking.records import RunInfo
+from tracking.text import markdown_lines
 
 
 def _difference(quantity):
@@ -191,7 +192,7 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert tags[keys.TAG_COMPARED_RUNS] == ",".join(ids)
     assert tags[keys.TAG_VERDICT] == "different" == result.on_policy_verdict
     assert tags[f"{keys.TAG_VERDICT}.clip_fraction"] == "different"
-    assert tags["mlflow.note.content"] == result.summary()
+    assert tags["mlflow.note.content"] == markdown_lines(result.summary())  # the summary, as markdown
     # its own experiment, named after the compared runs' experiment, artifacts beside the store
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.name == "cliptrack-tests-comparisons"
