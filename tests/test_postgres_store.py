@@ -204,7 +204,7 @@ def test_tracker_runs_and_compare_read_and_write_postgres_directly(postgres, tmp
     assert first.returncode == 0, first.stderr
     second = _log_run(explicit, tmp_path / "spool", "pg-miles", clipped=300)  # postgresql+psycopg2://
     assert second.returncode == 0, second.stderr
-    assert "mlflow: all written" in first.stderr + second.stderr
+    assert "mlflow: all written" in first.stderr and "mlflow: all written" in second.stderr
 
     listed = _cli("runs", "--tracking-uri", explicit, "--json")
     assert listed.returncode == 0, listed.stderr
