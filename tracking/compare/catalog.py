@@ -88,9 +88,14 @@ def choose_by_name(ref: str, matches: Sequence[Any], entry: Callable[[Any], RunE
 def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
     """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key``."""
     from tracking import keys
+    from tracking.compare._compat_mlflow_rest import history_length
 
     tags = run.data.tags
-    steps = len(client.get_metric_history(run.info.run_id, count_key)) if count_key in run.data.metrics else 0
+    steps: int | None = 0
+    if count_key in run.data.metrics:  # a server's history in bounded pages, else through the client
+        steps = history_length(str(client.tracking_uri), run.info.run_id, count_key)
+        if steps is None:
+            steps = len(client.get_metric_history(run.info.run_id, count_key))
     return RunEntry(
         cliptrack_id=tags.get(keys.TAG_RUN_ID, run.info.run_id),
         store_id=run.info.run_id,
@@ -123,10 +128,11 @@ def mlflow_entries(
     tracking_uri: str | None, experiment: str | None = None, include_comparisons: bool = False
 ) -> list[RunEntry]:
     """Every run of the MLflow store (of ``experiment`` when named), as ``RunEntry``, comparison
-    runs only with ``include_comparisons``; requests to a server bounded as the tracker's are."""
+    runs only with ``include_comparisons``; requests to a server are a reader's, as ``compare``'s
+    (``_compat_mlflow.bounded_requests(reads=True)``)."""
     from tracking.sinks._compat_mlflow import bounded_requests
 
-    with bounded_requests():
+    with bounded_requests(reads=True):
         return _mlflow_entries(tracking_uri, experiment, include_comparisons)
 
 

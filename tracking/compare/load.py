@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tracking import journal, keys
+from tracking.compare._compat_mlflow_rest import http_columns
 from tracking.compare._compat_mlflow_store import bulk_columns
 from tracking.compare.aliases import canonical_points, foreign_step, needs_aliases
 from tracking.compare.catalog import RunNotFoundError, choose_by_name, mlflow_entry, spool_entry
@@ -138,16 +139,19 @@ def load_mlflow(
 ) -> RunSet:
     """Load runs from an MLflow tracking store (any URI: sqlite, file, http server).
 
-    Histories are read in bulk from SQL stores (``_compat_mlflow_store``), one metric at a time
-    through ``MlflowClient.get_metric_history`` otherwise; both give the same frame.
+    Histories are read in bulk from SQL stores (``_compat_mlflow_store``), in bounded pages from a
+    server (``_compat_mlflow_rest``), one metric at a time through
+    ``MlflowClient.get_metric_history`` otherwise; all give the same frame.
 
     ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
     ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
     (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
-    looked up inside that experiment only. Requests to a server are bounded as the tracker's are
-    (``_compat_mlflow.bounded_requests``), so a server that dies mid-read fails within seconds.
+    looked up inside that experiment only. Requests to a server are a reader's
+    (``_compat_mlflow.bounded_requests(reads=True)``): a server that cannot be reached (or dies
+    mid-read) fails within seconds, a busy one is waited for; histories are read by
+    ``_compat_mlflow_rest`` (bulk endpoint or pages, several requests at once).
     """
-    with bounded_requests():
+    with bounded_requests(reads=True):
         return _load_mlflow(refs, tracking_uri, experiment)
 
 
@@ -164,6 +168,10 @@ def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str 
     else:
         runs = _mlflow_training_runs(client, experiment_ids, f"experiment {experiment!r} in {where}")
     bulk = bulk_columns(str(client.tracking_uri), [run.info.run_id for run in runs])
+    if bulk is None:  # a server: bounded, paged, concurrent requests (_compat_mlflow_rest)
+        bulk = http_columns(
+            str(client.tracking_uri), {run.info.run_id: list(run.data.metrics) for run in runs}
+        )
     items: list[tuple[LoadedRun, list[Point] | Columns]] = []
     for run in runs:
         info = LoadedRun(mlflow_run_info(run), source="mlflow", location=str(client.tracking_uri))
