@@ -7,7 +7,7 @@ the socket. PostgreSQL refuses to run as root: as root every server command runs
 which then owns the directory.
 
 usage (the load test's tracker process):
-  python -m tests._postgres load SPOOL TRACKING_URI RUN_ID STEPS METRICS GATES OUT_JSON
+  python -m tests._postgres load SPOOL TRACKING_URI RUN_ID METRICS STOP_FILE OUT_JSON
 """
 
 from __future__ import annotations
@@ -148,12 +148,14 @@ def running(port: int, password: str) -> Iterator[Postgres]:
 
 # --- the load test's tracker process -----------------------------------------------------------
 
-PHASES = ("a", "b", "c", "d")
-"""A run's steps in four equal parts: after ``a`` the test kills the MLflow server, after ``b``
-it waits for the server to be back (``server-back``), after ``c`` PostgreSQL is restarted, and
-after ``d`` the run waits for PostgreSQL to be back (``pg-back``) before it closes."""
+PACE_S = 0.02
+"""Seconds between two steps of a load run: it logs on through every fault the test injects."""
 
-GATE_TIMEOUT_S = 600.0
+MIN_STEPS = 2000
+"""A load run logs at least this many steps (40 s at ``PACE_S``), however early it is told to stop."""
+
+MAX_STEPS = 50_000
+"""A load run stops here if it is never told to stop."""
 
 
 def metric_value(run_index: int, step: int, metric: int) -> float:
@@ -161,23 +163,14 @@ def metric_value(run_index: int, step: int, metric: int) -> float:
     return run_index * 1000.0 + metric + step / 4
 
 
-def _wait_for(gate: Path) -> None:
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not gate.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"gate {gate} never opened")
-        time.sleep(0.05)
-
-
-def load(spool: str, uri: str, run_id: str, steps: int, metrics: int, gates: str, out: str) -> None:
-    """One run of ``steps`` points of ``metrics`` values to ``uri``, paced (1 ms a step), marking
-    each phase's end in ``gates/<phase>-<run_id>``; writes what it logged and what is pending."""
+def load(spool: str, uri: str, run_id: str, metrics: int, stop_file: str, out: str) -> None:
+    """One run logging a point of ``metrics`` values to ``uri`` every ``PACE_S`` until ``stop_file``
+    exists (and at least ``MIN_STEPS``); then closes and writes how many steps it logged and what is
+    still pending."""
     from tracking.tracker import Tracker
 
     index = int(run_id.rsplit("-", 1)[1])
-    gate_dir = Path(gates)
-    waits = {"b": gate_dir / "server-back", "d": gate_dir / "pg-back"}
-    bounds = [steps * i // len(PHASES) for i in range(len(PHASES) + 1)]
+    stop = Path(stop_file)
     with Tracker(
         run_id,
         backends=(uri,),
@@ -189,17 +182,15 @@ def load(spool: str, uri: str, run_id: str, steps: int, metrics: int, gates: str
         close_timeout_s=120,
         handle_signals=False,
     ) as tracker:
-        for i, phase in enumerate(PHASES):
-            for step in range(bounds[i], bounds[i + 1]):
-                tracker.log(step, {f"m{m}:mean": metric_value(index, step, m) for m in range(metrics)})
-                time.sleep(0.001)
-            (gate_dir / f"{phase}-{run_id}").touch()
-            if phase in waits:
-                _wait_for(waits[phase])
-    Path(out).write_text(json.dumps({"run_id": run_id, "logged": steps, "pending": tracker.pending()}))
+        step = 0
+        while step < MAX_STEPS and not (step >= MIN_STEPS and step % 10 == 0 and stop.exists()):
+            tracker.log(step, {f"m{m}:mean": metric_value(index, step, m) for m in range(metrics)})
+            step += 1
+            time.sleep(PACE_S)
+    Path(out).write_text(json.dumps({"run_id": run_id, "logged": step, "pending": tracker.pending()}))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 9 or sys.argv[1] != "load":
+    if len(sys.argv) != 8 or sys.argv[1] != "load":
         sys.exit(__doc__)
-    load(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8])
+    load(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6], sys.argv[7])

@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "pg-Pa55word-4e1d"
 """The cluster's password: it is in every URI the tests hand out, and must never be printed."""
 
-RUNS, STEPS, METRICS = 4, 2000, 5
-"""The load test: concurrent tracker processes, steps each, metrics per step."""
+RUNS, METRICS = 4, 5
+"""The load test: concurrent tracker processes, metrics per step."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,67 +71,106 @@ def _rows(uri: str, experiment: str) -> dict[str, dict[tuple[str, int], list[flo
     return out
 
 
-def _wait_all(
-    gates: Path, phase: str, children: list[subprocess.Popen], logs: list[Path], timeout_s: float = 300
-):
-    deadline = time.monotonic() + timeout_s
-    while not all((gates / f"{phase}-pg-load-{i}").exists() for i in range(RUNS)):
-        for child, log in zip(children, logs, strict=True):
-            assert child.poll() is None, f"tracker exited with {child.returncode}: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, (
-            f"the runs did not reach the end of phase {phase} in {timeout_s} s"
-        )
-        time.sleep(0.05)
+def _counts(uri: str, experiment: str) -> dict[str, int]:
+    """How many ``metrics`` rows each of ``experiment``'s runs has in PostgreSQL (by cliptrack id)."""
+    import sqlalchemy as sa
 
-
-def test_mlflow_server_on_postgres_killed_and_postgres_restarted_keeps_every_point_exactly_once(
-    postgres, tmp_path
-):
-    postgres.createdb("mlflow_server")
-    store = postgres.uri(
-        "mlflow_server"
-    )  # postgresql+psycopg2://cliptrack:PASSWORD@127.0.0.1:PORT/mlflow_server
-    server = MlflowServer(store, free_port(), tmp_path / "server.log")
-    spool, gates = tmp_path / "spool", tmp_path / "gates"
-    gates.mkdir()
-    children: list[subprocess.Popen] = []
-    logs = [tmp_path / f"tracker-{i}.log" for i in range(RUNS)]
-    started = time.monotonic()
+    engine = sa.create_engine(uri)
+    query = sa.text(
+        "SELECT t.value, count(*) FROM metrics m "
+        "JOIN runs r ON r.run_uuid = m.run_uuid "
+        "JOIN experiments e ON e.experiment_id = r.experiment_id "
+        "JOIN tags t ON t.run_uuid = m.run_uuid AND t.key = :tag "
+        "WHERE e.name = :experiment GROUP BY t.value"
+    )
     try:
-        server.start(timeout_s=240)  # the first start creates MLflow's schema in PostgreSQL
+        with engine.connect() as connection:
+            found = connection.execute(query, {"tag": keys.TAG_RUN_ID, "experiment": experiment})
+            return {run_id: int(count) for run_id, count in found}
+    finally:
+        engine.dispose()
+
+
+class Load:
+    """The load test's tracker processes, and waiting on what PostgreSQL holds of their runs."""
+
+    def __init__(self, tmp_path: Path, store: str) -> None:
+        self.tmp_path, self.store = tmp_path, store
+        self.run_ids = [f"pg-load-{i}" for i in range(RUNS)]
+        self.logs = [tmp_path / f"tracker-{i}.log" for i in range(RUNS)]
+        self.stop = tmp_path / "stop"
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, server_uri: str) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        for i, log in enumerate(logs):
+        for run_id, log in zip(self.run_ids, self.logs, strict=True):
+            args = [str(self.tmp_path / "spool"), server_uri, run_id, str(METRICS), str(self.stop)]
             with open(log, "wb") as out:
-                args = [str(spool), server.uri, f"pg-load-{i}", str(STEPS), str(METRICS), str(gates)]
-                children.append(
+                self.children.append(
                     subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "tests._postgres",
-                            "load",
-                            *args,
-                            str(tmp_path / f"result-{i}.json"),
-                        ],
+                        [sys.executable, "-m", "tests._postgres", "load", *args, str(self._result(run_id))],
                         cwd=REPO,
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         env=env,
                     )
                 )
-        _wait_all(gates, "a", children, logs)
-        server.kill()  # the MLflow server dies with batches in flight
-        _wait_all(gates, "b", children, logs)
-        server.start(timeout_s=240)  # back on the same port, while the runs log on
-        (gates / "server-back").touch()
-        _wait_all(gates, "c", children, logs)
-        postgres.restart("immediate")  # PostgreSQL crash-restarts under the MLflow server
-        (gates / "pg-back").touch()
-        for child, log in zip(children, logs, strict=True):
+
+    def _result(self, run_id: str) -> Path:
+        return self.tmp_path / f"result-{run_id}.json"
+
+    def wait_rows(self, more_than: dict[str, int], what: str, timeout_s: float = 300) -> dict[str, int]:
+        """Wait until every run holds more rows in PostgreSQL than ``more_than`` says (0 if absent):
+        delivery is flowing. Returns the counts then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for child, log in zip(self.children, self.logs, strict=True):
+                assert child.poll() is None, (
+                    f"tracker exited with {child.returncode}: {log.read_text()[-3000:]}"
+                )
+            counts = _counts(self.store, "postgres-load")
+            if all(counts.get(r, 0) > more_than.get(r, 0) for r in self.run_ids):
+                return counts
+            assert time.monotonic() < deadline, f"no rows {what} after {timeout_s} s: {counts}"
+            time.sleep(0.5)
+
+    def finish(self) -> list[dict]:
+        """Tell the runs to stop, wait for them to close; what each logged and left pending."""
+        self.stop.touch()
+        for child, log in zip(self.children, self.logs, strict=True):
             assert child.wait(timeout=300) == 0, log.read_text()[-3000:]
-        results = [json.loads((tmp_path / f"result-{i}.json").read_text()) for i in range(RUNS)]
+        return [json.loads(self._result(r).read_text()) for r in self.run_ids]
+
+    def kill(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+
+
+def test_mlflow_server_on_postgres_killed_and_postgres_restarted_keeps_every_point_exactly_once(
+    postgres, tmp_path
+):
+    """Four runs log on (a point of 5 values every 20 ms each) while the MLflow server is killed
+    with requests in flight and started again, then while PostgreSQL crash-restarts under the
+    server's connections; each fault is injected once every run's rows are seen arriving."""
+    postgres.createdb("mlflow_server")
+    store = postgres.uri("mlflow_server")  # postgresql+psycopg2://cliptrack:PASSWORD@127.0.0.1:…
+    server = MlflowServer(store, free_port(), tmp_path / "server.log")
+    load = Load(tmp_path, store)
+    started = time.monotonic()
+    try:
+        server.start(timeout_s=240)  # the first start creates MLflow's schema in PostgreSQL
+        load.start(server.uri)
+        flowing = load.wait_rows({}, "at all")
+        server.kill()  # the MLflow server dies while every run is delivering
+        server.start(timeout_s=240)  # back on the same port; the runs logged on meanwhile
+        resumed = load.wait_rows(_counts(store, "postgres-load"), "after the server's restart")
+        postgres.restart("immediate")  # PostgreSQL crash-restarts under the MLflow server
+        recovered = load.wait_rows(_counts(store, "postgres-load"), "after PostgreSQL's restart")
+        results = load.finish()
         replay = subprocess.run(  # what a close left pending (if anything) is delivered by replay
-            [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+            [sys.executable, "-m", "tracking.cli", "replay", str(tmp_path / "spool")],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -141,33 +180,35 @@ def test_mlflow_server_on_postgres_killed_and_postgres_restarted_keeps_every_poi
         elapsed = time.monotonic() - started
 
         rows = _rows(store, "postgres-load")
-        assert sorted(rows) == [f"pg-load-{i}" for i in range(RUNS)]
+        assert sorted(rows) == load.run_ids
         for result in results:
             index = int(result["run_id"].rsplit("-", 1)[1])
             stored = rows[result["run_id"]]
             expected = {
                 (f"m{m}:mean", step): [_postgres.metric_value(index, step, m)]
-                for step in range(STEPS)
+                for step in range(result["logged"])
                 for m in range(METRICS)
             }
             lost = expected.keys() - stored.keys()
             duplicated = {point: values for point, values in stored.items() if len(values) > 1}
             assert not lost, f"{result['run_id']}: {len(lost)} points lost, e.g. {sorted(lost)[:5]}"
             assert not duplicated, (
-                f"{result['run_id']}: {len(duplicated)} duplicated, e.g. {list(duplicated.items())[:5]}"
+                f"{result['run_id']}: {len(duplicated)} duplicated: {list(duplicated.items())[:5]}"
             )
             assert stored == expected, result["run_id"]  # nothing else, every value exact
-        printed = "".join(log.read_text() for log in logs) + replay.stdout + replay.stderr
+        printed = "".join(log.read_text() for log in load.logs) + replay.stdout + replay.stderr
         assert PASSWORD not in printed
+        total = sum(r["logged"] for r in results) * METRICS
+        refused = server.log.read_text().count('" 500')  # requests PostgreSQL's restart cut (retried)
         print(
-            f"\n{RUNS} runs x {STEPS} steps x {METRICS} metrics = {RUNS * STEPS * METRICS} rows in PostgreSQL, "
-            f"0 lost, 0 duplicated; pending at close {[r['pending'] for r in results]}; {elapsed:.1f} s"
+            f"\n{RUNS} runs, {[r['logged'] for r in results]} steps x {METRICS} metrics = {total} rows in "
+            f"PostgreSQL, 0 lost, 0 duplicated; rows when the server was killed {sum(flowing.values())}, "
+            f"when PostgreSQL was restarted {sum(resumed.values())}, after {sum(recovered.values())} "
+            f"({refused} HTTP 500 from the server); "
+            f"pending at close {[r['pending']['mlflow'] for r in results]}; {elapsed:.1f} s"
         )
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait(10)
+        load.kill()
         server.kill()
 
 
