@@ -26,9 +26,18 @@ VALUES = st.one_of(st.integers(0, 9).map(float), st.just(math.nan))
 @st.composite
 def runs(draw: st.DrawFn) -> list[Point]:
     """Points of one run: steps in order or shuffled (a few negative or far apart, so that the keys
-    are sometimes too sparse to count), some logged again, some without metrics."""
-    step = st.one_of(st.integers(0, 29), st.integers(-3, -1), st.integers(10**9, 10**9 + 2))
+    are sometimes too sparse to count, anywhere in the int64 range, and sometimes both of its
+    extremes in one run), some logged again, some without metrics."""
+    step = st.one_of(
+        st.integers(0, 29),
+        st.integers(-3, -1),
+        st.integers(10**9, 10**9 + 2),
+        st.integers(-(2**63), 2**63 - 1),
+        st.sampled_from([-(2**63), 2**63 - 1, 2**62]),
+    )
     steps = draw(st.lists(step, min_size=1, max_size=40))
+    if draw(st.booleans()):
+        steps += [-(2**63), 2**63 - 1]
     if draw(st.booleans()):
         steps = sorted(steps)
     points = []
