@@ -5,9 +5,10 @@ fills it with empty tables, so a mistyped path would "work" and then find no run
 raises ``StoreError`` (a ``LookupError``) with one line saying what was tried and what to do.
 
 Time bound: a server is probed with one TCP connection (``PROBE_TIMEOUT_S``) before any request;
-the reads themselves run under ``_compat_mlflow.bounded_requests`` (the tracker's bounds: 2
-retries, 5 s per attempt, on the reading thread only), so a dead server costs seconds, not MLflow's
-default of minutes of retries.
+the reads themselves run under ``_compat_mlflow.bounded_requests(reads=True)`` (2 retries, a
+connection within ``READ_CONNECT_TIMEOUT_S``, a reply within ``read_timeout_s()``, on the reading
+threads only), so a server that cannot be reached costs seconds, not MLflow's default of minutes of
+retries, while a busy one is waited for.
 """
 
 from __future__ import annotations
