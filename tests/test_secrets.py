@@ -368,3 +368,47 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
             leaks[str(path.relative_to(tmp_path))] = found
     assert not leaks, json.dumps(leaks, indent=1)
     assert f"user:{MASK}@127.0.0.1" in outputs["tracker alpha"]  # redacted, not dropped
+
+
+def test_a_resumed_run_and_replay_reach_the_store_with_the_uri_run_json_does_not_hold(tmp_path, monkeypatch):
+    """run.json records ``?token=***``; a resumed tracker given the real URI, and replay given it in
+    ``MLFLOW_TRACKING_URI``, reach the store; replay without it fails saying where to give it."""
+    from mlflow import MlflowClient
+
+    from tracking import keys
+    from tracking.replay import replay_run
+    from tracking.spool import Ack, RunDir
+    from tracking.tracker import Tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    real = f"sqlite:///{tmp_path / 'mlflow.db'}?token={TOKEN}"  # SQLAlchemy's sqlite ignores the query
+    spool = tmp_path / "spool"
+
+    def log(steps: range, run_id: str | None = None) -> Tracker:
+        with Tracker(
+            "resumed", backends=[real], spool_dir=spool, run_id=run_id, handle_signals=False
+        ) as tracker:
+            for step in steps:
+                tracker.log(step, {keys.REWARD: step / 10})
+        return tracker
+
+    first = log(range(0, 5))
+    meta = (spool / first.run_id / keys.RUN_META_FILE).read_text()
+    assert TOKEN not in meta and f"?token={MASK}" in meta
+    log(range(5, 10), run_id=first.run_id)  # resumed: the real URI is this tracker's own
+    assert TOKEN not in (spool / first.run_id / keys.RUN_META_FILE).read_text()
+
+    # replay needs the store again: MLflow's acknowledgement set back to the first 5 points
+    run_dir = RunDir(spool, first.run_id)
+    fifth = [offset for _, offset in run_dir.read_points()][4]
+    run_dir.write_ack("mlflow", Ack(5, fifth))
+    [failed] = replay_run(run_dir, sinks={"mlflow"})
+    assert failed.outcome == "failed" and "MLFLOW_TRACKING_URI" in (failed.error or "")
+    assert TOKEN not in (failed.error or "") and f"token={MASK}" in (failed.error or "")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", real)
+    [done] = replay_run(run_dir, sinks={"mlflow"})
+    assert done.outcome == "replayed" and done.pushed == 5, done.line()
+
+    client = MlflowClient(real)
+    [run] = client.search_runs([client.get_experiment_by_name("cliptrack").experiment_id])
+    assert len(client.get_metric_history(run.info.run_id, keys.REWARD)) == 10
