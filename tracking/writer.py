@@ -15,12 +15,22 @@ Bounds (together the documented memory bound, ``MEMORY_BOUND_BYTES``):
 
 - *Crash window*: a batch is durable as soon as it is written, and the writer takes at most
   ``max_batch_points`` at a time, so the inbox is the only thing a crash can lose.
-- *Backpressure*: ``log`` waits (and warns once) only while the writer is behind by more than the
-  bound: more than ``max_queued_points`` points or ``max_queued_values`` metric values queued, or
-  the oldest queued point older than ``flush_interval_s + LAG_GRACE_S``. Each wait lasts until the
-  writer has written a batch. So under any load a crash loses at most about ``flush_interval_s +
-  LAG_GRACE_S`` plus one batch's write, and the inbox's memory is bounded whatever the number of
-  metrics per point.
+- *Backpressure, in seconds*: the writer times its writes (``tracking.pace.DiskPace``: this
+  disk's pace). ``log`` waits (and warns once) only while the writer is behind by more than the
+  bound: the oldest queued point would reach the disk (once the batch being written is done and
+  the queue written after it) more than ``flush_interval_s + LAG_GRACE_S`` after it was queued;
+  or more than ``max_queued_points`` points or ``max_queued_values`` metric values are queued
+  (memory). The writer also starts early when waiting for the end of the interval would pass
+  the bound, and cuts a batch to about half the bound of writing (a smaller fsync unit on a slow
+  disk), so on a slow disk it writes back to back and ``log`` runs at the disk's pace. A
+  point is stamped when ``log`` accepts it (after any wait). So under any load, on any disk
+  whose one write of a batch takes less than ``LAG_GRACE_S`` more than estimated, a crash loses
+  at most the points accepted in the last ``flush_interval_s + CRASH_GRACE_S``, and the inbox's
+  memory is bounded whatever the number of metrics per point.
+- *Bounded waits*: one ``log`` call waits at most ``flush_interval_s + CRASH_GRACE_S``. A disk
+  too slow for that (one write longer than the window, a stalled mount) is warned about once,
+  with the larger window it then holds; ``log`` then takes one point per wait, so the inbox
+  stays small and nothing is dropped.
 - *Full disk*: while the local disk refuses writes (full, read-only) ``log`` does not wait: the
   writer encodes each batch and holds it in memory at its future journal offset
   (``tracking.held.HeldTail``, at most ``max_held_bytes``), hands it to the lanes as usual (remote
@@ -39,12 +49,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tracking.delivery import NO_OFFSET, Batch
 from tracking.held import HeldTail
 from tracking.lane import LaneState, SinkLane
+from tracking.pace import DiskPace
 from tracking.records import RawPoint, printable
 from tracking.spool import Journal, encode_points
 
@@ -52,6 +63,9 @@ LOG = logging.getLogger("cliptrack")
 
 LAG_GRACE_S = 0.25
 """Seconds beyond ``flush_interval_s`` the oldest queued point may wait before ``log`` waits."""
+CRASH_GRACE_S = 0.5
+"""Seconds beyond ``flush_interval_s`` in the crash window: a crash (SIGKILL, power loss) loses at
+most the points ``log`` accepted in the last ``flush_interval_s + CRASH_GRACE_S`` seconds."""
 MAX_QUEUED_VALUES = 1_000_000
 """Default metric values ``log`` may queue ahead of the writer."""
 VALUE_OBJECT_BYTES = 60
@@ -76,6 +90,7 @@ def memory_bound(
 
 
 __all__ = [
+    "CRASH_GRACE_S",
     "LAG_GRACE_S",
     "MEMORY_BOUND_BYTES",
     "memory_bound",
@@ -135,6 +150,11 @@ class BackgroundWriter:
         self.max_queued_points = max_queued_points
         self.max_queued_values = max_queued_values
         self._max_lag_s = flush_interval_s + LAG_GRACE_S
+        self._max_wait_s = flush_interval_s + CRASH_GRACE_S
+        self.pace = DiskPace(self._max_lag_s)
+        self._flight_due = 0.0
+        """Wall time the batch being written is expected on disk (0.0 when none)."""
+        self._slow_warned = False
         self._inbox: deque[RawPoint] = deque()
         self._queued_values = 0
         self._lock = threading.RLock()  # orders submit against stop (reentrant: a signal handler may close)
@@ -160,59 +180,94 @@ class BackgroundWriter:
             lane.start()
         self._thread.start()
 
-    def submit(self, point: RawPoint) -> None:
-        """Enqueue ``point`` (training thread): O(1), no I/O; waits only while the writer is behind
-        by more than the bound (see the module docstring). Raises WriterClosed after ``stop``."""
+    def submit(self, step: int, values: dict[str, float], stamp: Callable[[int], float]) -> None:
+        """Enqueue the point ``(step, stamp(step), values)`` (training thread): O(1), no I/O; waits
+        only while the writer is behind by more than the bound (see the module docstring), and then
+        stamps the point again once it is accepted (``stamp``: unix seconds). Raises WriterClosed
+        after ``stop``."""
+        wall = stamp(step)
         inbox = self._inbox
-        if inbox and (
-            len(inbox) >= self.max_queued_points
-            or self._queued_values >= self.max_queued_values
-            or point[1] - inbox[0][1] > self._max_lag_s
-        ):
-            self._wait_for_writer(point[1])
+        if inbox:
+            queued, due = self._queued_values, self._flight_due
+            lag = (due if due > wall else wall) - inbox[0][1] + self.pace.write_s(queued)
+            if (
+                lag > self._max_lag_s
+                or len(inbox) >= self.max_queued_points
+                or queued >= self.max_queued_values
+            ):
+                if self._wait_for_writer(wall):
+                    wall = stamp(step)
+            elif lag > self.flush_interval_s and not self._wake.is_set():
+                self._wake.set()  # a slow disk: write now, not at the end of the interval
         with self._lock:
             if not self._accepting:
                 raise WriterClosed("the writer is stopped")
-            inbox.append(point)
-            self._queued_values += len(point[2])
+            inbox.append((step, wall, values))
+            self._queued_values += len(values)
             self.submitted += 1
         if len(inbox) >= self.max_batch_points:
             self._wake.set()
 
-    def _behind(self, now: float) -> bool:
-        inbox = self._inbox
-        if not inbox or not self._thread.is_alive():
-            return False
+    def lag_s(self, now: float) -> float:
+        """Seconds from when the oldest queued point was queued to when every point queued at
+        ``now`` (unix seconds) is expected on disk: after the batch being written, in one more
+        write; 0.0 when nothing is queued."""
         try:
-            oldest = inbox[0][1]
+            oldest = self._inbox[0][1]
         except IndexError:
-            return False
-        return (
-            len(inbox) >= self.max_queued_points
-            or self._queued_values >= self.max_queued_values
-            or now - oldest > self._max_lag_s
-        )
+            return 0.0
+        return max(now, self._flight_due) - oldest + self.pace.write_s(self._queued_values)
 
-    def _wait_for_writer(self, now: float) -> None:
+    def _full(self) -> bool:
+        return len(self._inbox) >= self.max_queued_points or self._queued_values >= self.max_queued_values
+
+    def _behind(self, now: float) -> bool:
+        if not self._inbox or not self._thread.is_alive():
+            return False
+        if self._full():
+            return True
+        return self.lag_s(now) > self._max_lag_s
+
+    def _wait_for_writer(self, now: float) -> bool:
+        """Wait while the writer is behind, at most ``_max_wait_s``; True when it waited."""
         if not self._behind(now):
-            return
+            return False
         if self.waits == 0:
             LOG.warning(
-                "log() is faster than points can be written to %s: it waits while more than %d points "
-                "(or %d values) or %.2f s of points are queued (backpressure keeps the crash window "
-                "and the memory bounded)",
+                "log() is faster than points can be written to %s: it waits while the points not yet "
+                "on disk span more than %.2f s (at this disk's pace), or more than %d points (or %d "
+                "values) are queued (backpressure keeps the crash window and the memory bounded)",
                 printable(self.journal.location),
+                self._max_lag_s,
                 self.max_queued_points,
                 self.max_queued_values,
-                self._max_lag_s,
             )
         self.waits += 1
+        give_up = time.monotonic() + self._max_wait_s
         while True:  # until the writer is within the bound again (each batch it writes wakes us)
             self._wake.set()
             with self._progress:
                 self._progress.wait(0.05)
             if not self._behind(time.time()):
-                return
+                return True
+            if time.monotonic() >= give_up:
+                self._warn_slow(self._max_wait_s, f"log() waited {self._max_wait_s:.1f} s for it")
+                return True
+
+    def _warn_slow(self, seconds: float, what: str) -> None:
+        """Once: the disk is too slow for the crash window; the window it holds instead."""
+        if self._slow_warned:
+            return
+        self._slow_warned = True
+        LOG.warning(
+            "%s is too slow for the crash window of %.1f s (flush_interval_s + %.1f s): %s; while "
+            "it is this slow a crash may lose the points of about the last %.1f s",
+            printable(self.journal.location),
+            self._max_wait_s,
+            CRASH_GRACE_S,
+            what,
+            seconds + self._max_lag_s,
+        )
 
     def flush(self, timeout_s: float | None) -> bool:
         """Make every point submitted so far durable in points.jsonl, then wait (up to
@@ -242,13 +297,23 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.flush_interval_s)
+            self._wake.wait(self._idle_s())
             self._wake.clear()
             self._write_pass(final=False)
             if self._stopping:
                 self._write_pass(final=True)
                 self.unwritten = len(self._inbox)
                 return
+
+    def _idle_s(self) -> float:
+        """Seconds the writer may sleep: the flush interval, or less when the queued points would
+        otherwise reach the disk later than a flush interval after the oldest (a slow disk)."""
+        try:
+            oldest = self._inbox[0][1]
+        except IndexError:
+            return self.flush_interval_s
+        due = oldest + self.flush_interval_s - self.pace.write_s(self._queued_values) - time.time()
+        return min(self.flush_interval_s, max(0.0, due))
 
     def _write_pass(self, *, final: bool) -> None:
         """Write what is queued now, one atomic batch at a time (points queued meanwhile wait for
@@ -258,10 +323,12 @@ class BackgroundWriter:
         failed = not self._drain_held()
         while inbox and (final or budget > 0):
             points: list[RawPoint] = []
-            while inbox and len(points) < self.max_batch_points:
-                points.append(inbox.popleft())
+            values, most = 0, self.pace.batch_values()  # about batch_s of writing at this disk's pace
+            while inbox and len(points) < self.max_batch_points and (not points or values < most):
+                point = inbox.popleft()
+                points.append(point)
+                values += len(point[2])
             budget -= len(points)
-            values = sum(len(p[2]) for p in points)
             with self._lock:
                 self._queued_values -= values
             batch = None if failed else self._append(points, values)
@@ -280,11 +347,19 @@ class BackgroundWriter:
     def _append(self, points: list[RawPoint], values: int) -> Batch | None:
         """``points`` appended to the journal as one batch; None when the disk refused them."""
         start, first = self.journal.offset, self.journal.points
+        began = time.monotonic()
+        self._flight_due = time.time() + self.pace.write_s(values)
         try:
             data = self.journal.append(points)
         except Exception as exc:  # noqa: BLE001 - disk trouble: the points are held, retried next pass
             self._disk_refused(exc)
             return None
+        finally:
+            self._flight_due = 0.0
+        took = time.monotonic() - began
+        self.pace.timed(took, values)
+        if took > self._max_wait_s:
+            self._warn_slow(took, f"one write of {len(points)} points took {took:.1f} s")
         self.points_journaled += len(points)
         self.values_journaled += values
         if self.journal_error is not None:
