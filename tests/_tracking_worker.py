@@ -8,6 +8,7 @@ usage:
   python -m tests._tracking_worker dist     SPOOL DB_URI RANK WORLD PORT
   python -m tests._tracking_worker resume   SPOOL DB_URI WANDB_DIR RUN_ID FIRST COUNT
   python -m tests._tracking_worker overload SPOOL
+  python -m tests._tracking_worker slowdisk SPOOL CGROUP TIMES_FILE
   python -m tests._tracking_worker wandb    SPOOL WANDB_DIR
 """
 
@@ -252,6 +253,34 @@ def overload_loop(spool: str) -> None:
             print(f"logged {step}", flush=True)
 
 
+def slow_disk_loop(spool: str, cgroup: str, times_file: str) -> None:
+    """Join the blkio cgroup CGROUP (the spool's disk is throttled for it), then log 10-metric steps
+    in a tight loop at the default flush interval until killed. Step n's call and return times
+    (unix seconds) are the doubles 2n and 2n+1 of TIMES_FILE (on another disk), appended every
+    50 ms and after any call slower than 10 ms, so that a kill loses at most 50 ms of them."""
+    from array import array
+
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+    tracker = Tracker("slow-disk", backends=("jsonl",), spool_dir=spool, handle_signals=False)
+    print(f"run {tracker.run_id}", flush=True)
+    fd = os.open(times_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    clock, times = time.time, array("d")
+    saved = clock()
+    step = 0
+    while True:
+        called = clock()
+        tracker.log(step, {f"m{i}:mean": step + i / 10 for i in range(10)})
+        returned = clock()
+        times.append(called)
+        times.append(returned)
+        step += 1
+        if returned - saved > 0.05 or returned - called > 0.01:
+            os.write(fd, times.tobytes())
+            del times[:]
+            saved = returned
+
+
 def wandb_loop(spool: str, wandb_dir: str) -> None:
     """Log to W&B offline (and the spool) until killed; report flushes."""
     tracker = Tracker(
@@ -296,6 +325,8 @@ if __name__ == "__main__":
         crash_loop(*rest)
     elif command == "dist":
         dist_run(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
+    elif command == "slowdisk":
+        slow_disk_loop(*rest)
     elif command == "resume":
         resume_run(rest[0], rest[1], rest[2], rest[3], int(rest[4]), int(rest[5]))
     elif command == "overload":
