@@ -368,21 +368,15 @@ class SinkLane:
         backoff = self.backoff_initial_s
         while (batch := self._next_batch()) is not None:
             if batch is _PARAMS:
-                done = self._deliver_params()
-                if done:
-                    self._note_recovery()
-                    backoff = self.backoff_initial_s
-                elif self.state is LaneState.REJECTED or not self._sleep(backoff):
+                written = self._deliver_params()
+            else:
+                points, ends = batch.decode(self.run_dir.report_damaged)
+                if not points:  # nothing readable past the acknowledged offset
+                    if self._step_over_unreadable(batch, ends):
+                        continue
                     return
-                else:
-                    backoff = min(backoff * 2, self.backoff_max_s)
-                continue
-            points, ends = batch.decode(self.run_dir.report_damaged)
-            if not points:  # nothing readable past the acknowledged offset
-                if self._step_over_unreadable(batch, ends):
-                    continue
-                return
-            if self._write(batch, ends, points):
+                written = self._write(batch, ends, points)
+            if written:
                 self._note_recovery()
                 backoff = self.backoff_initial_s
             elif self.state is LaneState.REJECTED or not self._sleep(backoff):
