@@ -63,6 +63,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def closed_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (a free port, released at once): a dead
+    backend's address."""
+    return free_port()
+
+
 def run_ranks(script: Path, args: list[str], world: int, tmp_path: Path, timeout_s: float) -> list[Any]:
     """Run ``script tmp_path *args`` as ``world`` gloo ranks on loopback (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR/PORT set; one OpenMP thread each); each writes ``tmp_path/rank{r}.json``. Returns

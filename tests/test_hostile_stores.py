@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._harness import closed_port
 from tracking import journal, keys
 from tracking.cli import main
 from tracking.compare import RunSet
@@ -230,10 +230,6 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
 
 
 # ---- replay ---------------------------------------------------------------------------------------
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_replay_skips_and_names_lines_its_sink_cannot_take_and_delivers_the_rest(tmp_path):
@@ -248,7 +244,7 @@ def test_replay_skips_and_names_lines_its_sink_cannot_take_and_delivers_the_rest
     spool = tmp_path / "spool"
     tracker = Tracker(
         "hostile",
-        backends=(f"http://127.0.0.1:{_closed_port()}",),  # nothing delivered: all left for replay
+        backends=(f"http://127.0.0.1:{closed_port()}",),  # nothing delivered: all left for replay
         spool_dir=spool,
         experiment="hostile",
         flush_interval_s=0.05,

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 
 from adapters.output import ForwardBackwardOutput
+from tests._harness import closed_port
 from tests._journal import run_summary
 from tracking import keys
 from tracking.tracker import Tracker, TrackerClosed
@@ -366,16 +366,10 @@ def test_ranks_other_than_zero_are_no_ops(tmp_path, monkeypatch):
     assert tracker.summary() == "rank 3: inactive (only global rank 0 logs)"
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri, monkeypatch, caplog):
     """A backend that is down for the whole run: training goes on, one warning, memory stays
     bounded, the points wait on disk, and `cliptrack replay` delivers each exactly once."""
-    dead = f"http://127.0.0.1:{_closed_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     caplog.set_level(logging.INFO, logger="cliptrack")
     tracker = Tracker(
         "dead",

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests._disk import fill
+from tests._harness import closed_port
 from tests._journal import journal_steps
 from tests._tracking_wandb_log import history
 from tracking import journal, keys
@@ -72,12 +72,6 @@ def _replay(
         timeout=timeout,
         env=env or _env(),
     )
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RecordingSink(Sink):
@@ -244,7 +238,7 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
     for name in ("a-first", "b-second"):
         tracker = Tracker(
             name,
-            backends=(f"http://127.0.0.1:{_closed_port()}",),
+            backends=(f"http://127.0.0.1:{closed_port()}",),
             spool_dir=spool_dir,
             experiment="damaged",
             flush_interval_s=0.05,
@@ -404,7 +398,7 @@ def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_i
     caplog.set_level(logging.INFO, logger="cliptrack")
     began = time.monotonic()
     tracker = Tracker(
-        backends=(f"http://127.0.0.1:{_closed_port()}",),
+        backends=(f"http://127.0.0.1:{closed_port()}",),
         spool_dir=tmp_path,
         experiment="dead",
         handle_signals=False,
@@ -440,7 +434,7 @@ def test_sigterm_with_a_dead_server_ends_the_process_within_ten_seconds(tmp_path
             "tests._tracking_worker",
             "signal",
             str(spool_dir),
-            f"http://127.0.0.1:{_closed_port()}",
+            f"http://127.0.0.1:{closed_port()}",
             "default",
             str(tmp_path / "unused"),
         ],
