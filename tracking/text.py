@@ -41,8 +41,9 @@ def printable(text: object) -> str:
 
 
 # Characters that open an inline markdown construct (escapes, code, emphasis, links and images,
-# tables, strikethrough, task lists): always escaped with a backslash.
-_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()!|~])")
+# tables, strikethrough, task lists): always escaped with a backslash. Parentheses are not: they
+# form a link or an image only after a ``]``, which is escaped.
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]!|~])")
 # Characters HTML and markdown read as markup or links: written as entities (``@`` would be a
 # GitHub mention or an e-mail link).
 _MARKDOWN_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "@": "&#64;"}
