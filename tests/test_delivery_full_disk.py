@@ -16,8 +16,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tests._disk import fill
+from tests._harness import closed_port
 from tests._journal import journal_steps, run_summary
-from tests.test_tracker_faults import _closed_port, tmpfs  # noqa: F401 - tmpfs is a fixture
+from tests.test_tracker_faults import tmpfs  # noqa: F401 - tmpfs is a fixture
 from tracking import keys
 from tracking.tracker import Tracker
 
@@ -87,7 +88,7 @@ def test_a_disk_full_until_close_is_reported_with_what_reached_no_backend(tmpfs,
     point is counted as written nowhere, never "all written"."""
     caplog.set_level(logging.INFO, logger="cliptrack")
     db = f"sqlite:///{tmpfs.parent / 'mlflow.db'}"
-    dead = f"http://127.0.0.1:{_closed_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     for uri, experiment in ((db, "stays-full"), (dead, "stays-full-dead")):
         filler = None
         tracker = Tracker(
@@ -126,7 +127,7 @@ def test_memory_stays_within_the_byte_bounds_with_200_metrics_per_point(tmpfs): 
     """Full disk and a dead server, 200 metrics per point: the held tail, the lane's buffer and the
     inbox stay within their bounds (bytes, values) whatever the number of points; what passes the
     held bound is counted as written nowhere."""
-    dead = f"http://127.0.0.1:{_closed_port()}"
+    dead = f"http://127.0.0.1:{closed_port()}"
     held_bound, lane_bound, values_bound = 400_000, 200_000, 40_000
     tracker = Tracker(
         sinks=[dead],
