@@ -4,8 +4,11 @@
 PYTHON ?= python3
 INSTALL = $(PYTHON) -m pip install torch==2.13.0
 PATHS = tracking adapters tests benchmarks
+# mypy reads the installed namespace through a tree of links: tracking/ is `cliptrack`,
+# adapters/ is `cliptrack.adapters` (the layout pyproject.toml's package-dir installs)
+TYPECHECK_TREE = build/typecheck
 
-.PHONY: demo test bench lint typecheck test-fast
+.PHONY: demo test bench lint typecheck check test-fast
 
 demo:
 	$(INSTALL) -e '.[all]' && cliptrack demo
@@ -21,7 +24,12 @@ lint:
 	$(PYTHON) -m ruff format --check $(PATHS)
 
 typecheck:
-	$(PYTHON) -m mypy tracking adapters
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/cliptrack
+	ln -s $(CURDIR)/tracking/* $(TYPECHECK_TREE)/cliptrack/
+	ln -s $(CURDIR)/adapters $(TYPECHECK_TREE)/cliptrack/adapters
+	MYPYPATH=$(TYPECHECK_TREE) $(PYTHON) -m mypy -p cliptrack
+
+check: lint typecheck
 
 test-fast:
 	$(PYTHON) -m pytest -m "not slow"

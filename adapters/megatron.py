@@ -3,17 +3,17 @@
 Two pieces, one per side of Megatron's schedule:
 
 * :func:`make_loss_func` builds the per-micro-batch loss function a ``forward_step_func`` returns.
-  It runs one of :mod:`adapters.losses` and returns Megatron's 3-tuple ``(loss, num_tokens, report)``:
+  It runs one of :mod:`cliptrack.adapters.losses.builtin` and returns Megatron's 3-tuple ``(loss, num_tokens, report)``:
   ``loss`` is the micro-batch's **sum** of per-token losses (Tinker's ``loss:sum``), ``num_tokens``
   its eligible tokens (``mask != 0``), and ``report`` a dict of 0-dim device tensors under the
-  metric keys of :mod:`tracking.keys` (plus :data:`REPORT_INVALID`). Nothing synchronises with the
+  metric keys of :mod:`cliptrack.core.keys` (plus :data:`REPORT_INVALID`). Nothing synchronises with the
   host.
 * :func:`reduce_losses` takes what ``forward_backward_func`` returned (one report per micro-batch on
   the last pipeline stage), combines the micro-batches on device, merges across the data-parallel x
   context-parallel group in **one** collective for all keys (sums and the gauge's extremes alike:
   every rank receives every rank's packed vector and combines them locally, sums added and
-  extremes by max, :func:`adapters.losses.combine_packed`), and builds the step's
-  :class:`~adapters.output.ForwardBackwardOutput`. A step costs one collective and one host read.
+  extremes by max, :func:`cliptrack.adapters.losses.builtin.combine_packed`), and builds the step's
+  :class:`~cliptrack.adapters.losses.output.ForwardBackwardOutput`. A step costs one collective and one host read.
 
 Loss scaling (what Megatron-Core 0.16.1 does with the 3-tuple, ``forward_step_calc_loss``):
 
@@ -45,10 +45,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
-
-from adapters._compat import megatron as megatron_compat
-from adapters.losses import (
+from cliptrack.adapters._compat import megatron as megatron_compat
+from cliptrack.adapters.losses.builtin import (
     GAUGE_FIELDS,
     INPUT_CHECKS,
     PACKED_DTYPE,
@@ -61,8 +59,9 @@ from adapters.losses import (
     raise_invalid,
     unpack,
 )
-from adapters.output import ForwardBackwardOutput
-from tracking import keys
+from cliptrack.adapters.losses.output import ForwardBackwardOutput
+from cliptrack.core import keys
+from torch import Tensor
 
 __all__ = [
     "AUTO",
@@ -81,10 +80,10 @@ __all__ = [
 ]
 
 REPORT_INVALID = "cliptrack/invalid"
-"""Private report key: int64 vector of bad-input counts (``adapters.losses.INPUT_CHECKS`` order)."""
+"""Private report key: int64 vector of bad-input counts (``cliptrack.adapters.losses.builtin.INPUT_CHECKS`` order)."""
 REPORT_GAUGE = "cliptrack/gauge"
 """Report key of a loss with sampling log-probs: its on-policy gauge, the float64 vector
-``LossOutput.gauge`` laid out as :data:`adapters.losses.GAUGE_FIELDS` (sums, then ``log_ratio:max``
+``LossOutput.gauge`` laid out as :data:`cliptrack.adapters.losses.builtin.GAUGE_FIELDS` (sums, then ``log_ratio:max``
 and ``-log_ratio:min``; ``-inf`` over no eligible token). One tensor, not eight: the step's
 reduction packs it as it is."""
 
@@ -117,9 +116,9 @@ def make_loss_func(
 ) -> LossFunc:
     """Build the loss function of one micro-batch for a Megatron-Core ``forward_step_func``.
 
-    ``loss_fn``: a registered loss (:func:`adapters.losses.register_loss`): its name (``"ppo"``,
-    ``"cispo"``, ...), its :class:`~adapters.losses.LossSpec` or its function; or an unregistered
-    function with the same convention returning a :class:`~adapters.losses.LossOutput` (its
+    ``loss_fn``: a registered loss (:func:`cliptrack.adapters.losses.builtin.register_loss`): its name (``"ppo"``,
+    ``"cispo"``, ...), its :class:`~cliptrack.adapters.losses.builtin.LossSpec` or its function; or an unregistered
+    function with the same convention returning a :class:`~cliptrack.adapters.losses.builtin.LossOutput` (its
     arguments are then checked only when it runs).
     ``loss_fn_inputs``: the micro-batch's per-token tensors other than the policy log-probs, named
     as the loss function's parameters (``sampling_logprobs``, ``advantages``, ``mask``, or
@@ -191,7 +190,7 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
 def sum_reports(
     losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None
 ) -> Tensor:
-    """Sum micro-batch reports on device into one vector laid out as :data:`adapters.losses.PACKED_FIELDS`.
+    """Sum micro-batch reports on device into one vector laid out as :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`.
 
     No host synchronisation. An empty list gives zeros on ``device`` (default: CPU). Raises
     ValueError naming the micro-batch and key when a report is malformed.
@@ -229,7 +228,7 @@ def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
         shape = tuple(gauge.shape) if isinstance(gauge, Tensor) else type(gauge).__name__
         raise ValueError(
             f"micro-batch {index}: report[{REPORT_GAUGE!r}] is {shape}, expected a tensor of shape "
-            f"({len(GAUGE_FIELDS)},) laid out as adapters.losses.GAUGE_FIELDS"
+            f"({len(GAUGE_FIELDS)},) laid out as cliptrack.adapters.losses.builtin.GAUGE_FIELDS"
         )
     return gauge
 
@@ -243,7 +242,7 @@ def _report_layout(index: int, report: object) -> _Layout:
     if not isinstance(report, Mapping):
         raise TypeError(
             f"micro-batch {index}: report is a {type(report).__name__}, expected the dict returned by a "
-            "loss function of adapters.megatron.make_loss_func"
+            "loss function of cliptrack.adapters.megatron.make_loss_func"
         )
     required = (keys.LOSS_SUM, keys.LOSS_TOKENS, REPORT_INVALID)
     missing = [k for k in required if k not in report]
@@ -304,7 +303,7 @@ def merged_sums(
     """Sum the reports on device, then merge them over ``group`` in one collective.
 
     ``group``: a ``torch.distributed`` process group (every rank of it must call), or ``None`` for
-    one process (no collective). Returns the vector of :data:`adapters.losses.PACKED_FIELDS`, on device.
+    one process (no collective). Returns the vector of :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`, on device.
     See :func:`merge_packed` for the collective.
     """
     if device is None and not losses_reduced and group is not None:
@@ -314,11 +313,11 @@ def merged_sums(
 
 
 def merge_packed(packed: Tensor, group: Any) -> Tensor:
-    """Combine a packed vector (:data:`adapters.losses.PACKED_FIELDS`) over the ranks of ``group``
+    """Combine a packed vector (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`) over the ranks of ``group``
     with exactly one collective: its added part summed, its extremes by max.
 
     Every rank receives every rank's vector and combines the ``world`` rows locally, in rank order
-    (:func:`adapters.losses.combine_packed`), so one collective carries the sums and the gauge's
+    (:func:`cliptrack.adapters.losses.builtin.combine_packed`), so one collective carries the sums and the gauge's
     extremes alike, with a bit-identical result on every rank. A CPU tensor on a gloo group goes
     through one ``all_to_all_single`` (gloo's ring ``all_reduce`` and ``all_gather`` need
     ``world - 1`` or more dependent rounds, the all-to-all one: ``benchmarks/merge.py``); any
@@ -359,7 +358,7 @@ def reduce_losses(
     * a process group: every rank of it must call, ``[]`` allowed (it contributes zeros).
     * ``None``: this process alone, no collective.
 
-    All keys are merged in **one** collective on one vector (:data:`adapters.losses.PACKED_FIELDS`; see
+    All keys are merged in **one** collective on one vector (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`; see
     :func:`merge_packed`), then
     synchronised with the host once. Bad loss inputs counted on any rank raise ValueError after that
     collective, on every rank alike, rather than yield a wrong number. Metrics: ``loss:sum``,
@@ -389,7 +388,7 @@ def reduce_losses(
 def output_from_sums(
     values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord"
 ) -> ForwardBackwardOutput:
-    """Build the output from the merged :data:`adapters.losses.PACKED_FIELDS` values (host numbers)."""
+    """Build the output from the merged :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS` values (host numbers)."""
     if len(values) != len(PACKED_FIELDS):
         raise ValueError(f"expected {len(PACKED_FIELDS)} merged values ({PACKED_FIELDS}), got {len(values)}")
     first = PACKED_FIELDS.index("invalid[0]")

@@ -6,10 +6,10 @@ Two pieces, for where users meet a ``ForwardBackwardOutput``:
   ``forward_backward`` / ``optim_step`` methods, sync or ``*_async``). Each ``forward_backward``
   call belongs to the optimizer step in progress; when the step's ``optim_step`` has been
   submitted and every one of its ``forward_backward`` futures has resolved, their outputs are
-  merged with :func:`adapters.output.merge_outputs` (token counts summed exactly, the on-policy
+  merged with :func:`cliptrack.adapters.losses.output.merge_outputs` (token counts summed exactly, the on-policy
   gauge's sums added and its extremes combined by max / min, ``clip_fraction:mean``,
   ``kl_k3:mean`` and ``abs_log_ratio:mean`` formed once from the sums, whatever the number of
-  calls and their order of resolution) and logged through :class:`tracking.Tracker` at that step. It observes
+  calls and their order of resolution) and logged through :class:`cliptrack.Tracker` at that step. It observes
   the futures through ``APIFuture.future()`` (a ``concurrent.futures.Future``) with a done
   callback, so it works however the caller resolves them (``.result()``, ``await``, or never)
   and hands back the very futures and outputs the client returned. Outputs carrying only the
@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.output import merge_outputs
-from tracking import keys
+from cliptrack.adapters.losses.output import merge_outputs
+from cliptrack.core import keys
 
 __all__ = ["COOKBOOK_KEYS", "TrackedTrainingClient", "cookbook_metrics"]
 
@@ -59,7 +59,7 @@ class _Step:
 class TrackedTrainingClient:
     """A tinker ``TrainingClient`` whose forward_backward outputs are logged per optimizer step.
 
-    ``client``: the training client. ``tracker``: a :class:`tracking.Tracker` (or anything with
+    ``client``: the training client. ``tracker``: a :class:`cliptrack.Tracker` (or anything with
     its ``log_output(step, output)``). ``first_step``: the step of the first optimizer step;
     each ``optim_step`` call advances :attr:`step` by one, and the caller may set :attr:`step`
     itself before a step's first ``forward_backward`` (e.g. to the cookbook's batch index).
@@ -291,7 +291,7 @@ def _define_cookbook_logger(ml_log: Any) -> type:
     class CookbookLogger(ml_log.Logger):  # type: ignore[misc,valid-type]
         """A tinker-cookbook logger writing the cookbook's metrics into a cliptrack run.
 
-        ``tracker``: the :class:`tracking.Tracker` of the run (the one a
+        ``tracker``: the :class:`cliptrack.Tracker` of the run (the one a
         :class:`TrackedTrainingClient` logs the clip series to). Metrics are renamed by
         :func:`cookbook_metrics`; a ``step`` of None logs at the last step seen (0 at first).
         ``close()`` closes the tracker only with ``close_tracker=True``; ``sync()`` flushes it.

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from tracking import keys
-from tracking.compare.frame import COLUMNS, RunSet
+from cliptrack.compare.frame import COLUMNS, RunSet
+from cliptrack.core import keys
 
 
 def build_frame(info: Any, points: list[Any]) -> pd.DataFrame:

@@ -21,9 +21,9 @@ from benchmarks._timing import Row, interleaved_medians, markdown  # noqa: E402 
 REPEATS = 9
 PREVIOUS = (
     "import argparse, importlib, sys\n"
-    "import tracking.compare\n"
-    "from tracking.cli import COMMANDS\n"
-    "[getattr(tracking.compare, name) for name in tracking.compare.__all__]\n"
+    "import cliptrack.compare\n"
+    "from cliptrack.cli.main import COMMANDS\n"
+    "[getattr(cliptrack.compare, name) for name in cliptrack.compare.__all__]\n"
     "p = argparse.ArgumentParser(prog='cliptrack')\n"
     "sub = p.add_subparsers(dest='command', required=True)\n"
     "for name, c in COMMANDS.items():\n"
@@ -33,7 +33,7 @@ PREVIOUS = (
     "p.parse_args(sys.argv[1:])\n"
 )
 """The previous start-up: every command's module imported before parsing, and with it every module
-of ``tracking.compare`` (its ``__init__`` imported them all before names were loaded on first use)."""
+of ``cliptrack.compare`` (its ``__init__`` imported them all before names were loaded on first use)."""
 
 
 def _process(*argv: str) -> object:
@@ -45,8 +45,8 @@ def _process(*argv: str) -> object:
 def run(repeats: int = REPEATS) -> list[Row]:
     fns = {
         "python -c pass": _process("-c", "pass"),
-        "cliptrack --help": _process("-m", "tracking.cli", "--help"),
-        "cliptrack compare --help": _process("-m", "tracking.cli", "compare", "--help"),
+        "cliptrack --help": _process("-m", "cliptrack.cli.main", "--help"),
+        "cliptrack compare --help": _process("-m", "cliptrack.cli.main", "compare", "--help"),
         "previous cliptrack --help (every subcommand imported)": _process("-c", PREVIOUS, "--help"),
         "previous cliptrack compare --help": _process("-c", PREVIOUS, "compare", "--help"),
     }

@@ -85,7 +85,7 @@ def _series(seed: int, steps: int) -> dict[str, object]:
 
 def prepare(steps: int = STEPS) -> Path:
     """Write (once) the JSONL spool and the sqlite MLflow store; return their directory."""
-    from tracking import keys
+    from cliptrack.core import keys
 
     root = _data_dir(steps)
     if (root / "ready").exists():
@@ -163,9 +163,8 @@ def prepare(steps: int = STEPS) -> Path:
 def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
     """``runs`` runs of ``steps`` steps x 5 series as ``Columns`` (the bulk loaders' form)."""
     import numpy as np
-
-    from tracking.compare.frame import Columns, LoadedRun
-    from tracking.records import RunInfo
+    from cliptrack.compare.frame import Columns, LoadedRun
+    from cliptrack.store.records import RunInfo
 
     items = []
     for seed in range(runs):
@@ -181,7 +180,7 @@ def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
 
 def _child_memory(what: str) -> float:
     """The in-memory measurements: build + compare; seconds."""
-    from tracking.compare import RunSet, compare
+    from cliptrack.compare import RunSet, compare
 
     runs, steps = (2, BIG) if what.startswith("big") else (2 * GROUP_RUNS, STEPS)
     items = _in_memory(runs, steps)
@@ -204,10 +203,11 @@ def _child(what: str, root: Path) -> dict[str, float]:
     if what.startswith(("big", "groups")):
         seconds = _child_memory(what.replace("-today", ""))
         return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    from cliptrack.backends import load as load_module
+    from cliptrack.compare import compare, load_jsonl, load_mlflow
+    from cliptrack.compare import frame as frame_module
+
     from benchmarks import _compare_previous as previous
-    from tracking.compare import compare, load_jsonl, load_mlflow
-    from tracking.compare import frame as frame_module
-    from tracking.compare import load as load_module
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     if what.endswith("previous") and what.startswith("load-jsonl"):

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._timing import Row, markdown  # noqa: E402 - importable once ROOT is on sys.path
 
 if TYPE_CHECKING:
-    from tracking.compare import RunSet
+    from cliptrack.compare import RunSet
 
 SIZES = (150, 1_000_000)
 """Steps per run: the demo's length and a long run."""
@@ -42,11 +42,11 @@ RUNS = ("bench-a", "bench-b")
 
 def _runset(steps: int) -> RunSet:
     import numpy as np
+    from cliptrack.compare import LoadedRun, RunSet
+    from cliptrack.compare.frame import Columns
+    from cliptrack.store.records import RunInfo
 
     from benchmarks.compare import KEYS, _series
-    from tracking.compare import LoadedRun, RunSet
-    from tracking.compare.frame import Columns
-    from tracking.records import RunInfo
 
     items = []
     for seed, name in enumerate(RUNS):
@@ -62,7 +62,7 @@ def _runset(steps: int) -> RunSet:
 
 def _child(what: str, steps: int) -> dict[str, float]:
     """One measurement in this process: render seconds, dashboard bytes, peak RSS (MiB)."""
-    from tracking.compare import compare
+    from cliptrack.compare import compare
 
     runset = _runset(steps)
     result = compare(runset)
@@ -71,7 +71,7 @@ def _child(what: str, steps: int) -> dict[str, float]:
         if what == "render-previous":
             from benchmarks._dashboard_previous import render_dashboard
         else:
-            from tracking.compare.dashboard import render_dashboard
+            from cliptrack.compare.views.dashboard import render_dashboard
         started = time.perf_counter()
         text = render_dashboard(runset, result)
         seconds = time.perf_counter() - started

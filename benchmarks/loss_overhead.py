@@ -35,7 +35,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters import formulas, fused, losses
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import formulas, fused
+
 from benchmarks._timing import Row, interleaved_medians, markdown
 from tests import reference
 
@@ -102,7 +104,7 @@ def _ppo_objective_and_gauge(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor)
 
 
 def _no_gauge(outputs: Tensor, *_: object, **__: object) -> Tensor:
-    """Stands in for ``adapters.formulas.gauge_of``: the gauge of no token, with no per-token work."""
+    """Stands in for ``cliptrack.adapters.losses.formulas.gauge_of``: the gauge of no token, with no per-token work."""
     return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
 
 

@@ -1,19 +1,19 @@
 """Merging a step's clip sums and on-policy gauge across 4 gloo ranks: one collective vs one per key.
 
 Four processes on 127.0.0.1 (gloo), each holding the reports of 4 micro-batches from
-``adapters.megatron.make_loss_func``. Per step, interleaved round-robin in one run, median seconds
+``cliptrack.adapters.megatron.make_loss_func``. Per step, interleaved round-robin in one run, median seconds
 of the slowest rank (blocks of steps start from a barrier):
 
 - anchor: sum each of the 5 keys (``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum``, low,
   high) over micro-batches and ``all_reduce`` each one (5 collectives);
-- ``adapters.megatron.merged_sums``: all keys, the gauge's sums and extremes included, packed in one
+- ``cliptrack.adapters.megatron.merged_sums``: all keys, the gauge's sums and extremes included, packed in one
   float64 vector, one collective (on gloo an ``all_to_all_single``, see
-  ``adapters.megatron.merge_packed``; target with the gauge: ratio <= 0.5), and the same for
+  ``cliptrack.adapters.megatron.merge_packed``; target with the gauge: ratio <= 0.5), and the same for
   reports without the gauge (the clip counts alone, as before the gauge);
 - the gauge merged per key: 11 sums in one ``all_reduce`` each, max and min in one ``MAX`` each;
 - the vector in one gloo ``all_reduce`` (sums only: what gloo would do without the all-to-all) and
   in one ``all_gather_into_tensor`` (the path of non-gloo backends), for the record;
-- ``adapters.megatron.reduce_losses``: the same plus the host read-back and the output built.
+- ``cliptrack.adapters.megatron.reduce_losses``: the same plus the host read-back and the output built.
 
 Run: ``python benchmarks/merge.py``. ``run()`` returns the rows as dicts for ``run_all``.
 """
@@ -51,8 +51,7 @@ def _free_port() -> int:
 
 def _reports(rank: int) -> list[dict]:
     import torch
-
-    from adapters.megatron import make_loss_func
+    from cliptrack.adapters.megatron import make_loss_func
 
     gen = torch.Generator().manual_seed(rank)
     reports = []
@@ -86,10 +85,9 @@ def _gauge_per_key(reports: list[dict], group: Any) -> Callable[[], None]:
     """The gauge merged key by key: each float sum in its own all_reduce, max and min in a MAX each."""
     import torch
     import torch.distributed as dist
-
-    from adapters.losses import GAUGE_FIELDS, GAUGE_SUM_KEYS
-    from adapters.megatron import REPORT_GAUGE
-    from tracking import keys
+    from cliptrack.adapters.losses.builtin import GAUGE_FIELDS, GAUGE_SUM_KEYS
+    from cliptrack.adapters.megatron import REPORT_GAUGE
+    from cliptrack.core import keys
 
     counts = [keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS]
     gauge_sums = range(len(GAUGE_SUM_KEYS))  # the gauge vector: its sums, then max l and -min l
@@ -113,9 +111,8 @@ def _variants(reports: list[dict], group: Any) -> dict[str, Callable[[], None]]:
     """The timed ways to merge this rank's reports across ``group``, by name."""
     import torch
     import torch.distributed as dist
-
-    from adapters.megatron import merged_sums, reduce_losses, sum_reports
-    from tracking import keys
+    from cliptrack.adapters.megatron import merged_sums, reduce_losses, sum_reports
+    from cliptrack.core import keys
 
     clip_only = [{k: v for k, v in report.items() if k not in keys.GAUGE_MEASURED_KEYS} for report in reports]
 

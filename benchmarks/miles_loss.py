@@ -3,7 +3,7 @@
 One CPU thread, [64, 2048] tokens, forward + backward over the log-probs, medians of interleaved
 repeats in one process, steady state (every compiled function is called before timing starts).
 
-Candidate: ``adapters.losses.ppo`` on the fused path (``CLIPTRACK_FUSED=1``): the loss, the clip
+Candidate: ``cliptrack.adapters.losses.builtin.ppo`` on the fused path (``CLIPTRACK_FUSED=1``): the loss, the clip
 counts and split, and every gauge measure (``log_ratio``, ``abs_log_ratio``, ``kl_k3``, extremes,
 ``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``) in one compiled pass.
 
@@ -43,7 +43,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters import fused, losses
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import fused
+
 from benchmarks._timing import Row, interleaved_medians, markdown
 
 SHAPE = (64, 2048)

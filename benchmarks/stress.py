@@ -21,7 +21,7 @@
   nor MLflow; target 0), MLflow's rows while the disk is full (target: all) and the journal's lines
   once space returns (target: all); peak memory growth (``VmHWM`` over the RSS after imports) for
   ``WIDE_POINTS`` points x 200 metrics with a dead MLflow server, the spool on a healthy disk and on
-  a full one. Target: <= the documented bound, ``tracking.writer.MEMORY_BOUND_BYTES`` (256 MB).
+  a full one. Target: <= the documented bound, ``cliptrack.log._pipeline.writer.MEMORY_BOUND_BYTES`` (256 MB).
 
 Run: ``python benchmarks/stress.py``; ``run()`` returns the rows (``benchmarks/run_all.py``);
 ``python benchmarks/stress.py delivery`` runs the delivery section alone.
@@ -159,7 +159,7 @@ def _job_worker(*args: str) -> subprocess.Popen[str]:
 
 
 def _journal_lines(spool: Path, run_id: str) -> int:
-    from tracking import journal
+    from cliptrack.store import journal
 
     return len(journal.load_points(spool / run_id / "points.jsonl", strict=True))
 
@@ -271,7 +271,7 @@ def _wait_line(proc: subprocess.Popen[str]) -> str:
 
 def delivery_rows(work: Path) -> list[Row]:
     """The rows of the delivery section (full disk, memory bound at 200 metrics per point)."""
-    from tracking.writer import MEMORY_BOUND_BYTES
+    from cliptrack.log._pipeline.writer import MEMORY_BOUND_BYTES
 
     disk = work / "disk"
     mounted = _tmpfs(disk)
@@ -329,10 +329,9 @@ def delivery_rows(work: Path) -> list[Row]:
 
 def _full_disk_worker(disk: str) -> None:
     """Spool on the tmpfs ``disk`` (filled after the first 1000 points), a healthy sqlite MLflow."""
+    from cliptrack.log.tracker import Tracker
+    from cliptrack.store import journal
     from mlflow import MlflowClient
-
-    from tracking import journal
-    from tracking.tracker import Tracker
 
     db = f"sqlite:///{Path(disk).parent / 'full-disk-mlflow.db'}"
     tracker = Tracker(
@@ -363,9 +362,8 @@ def _full_disk_worker(disk: str) -> None:
 def _wide_worker(spool: str) -> None:
     """WIDE_POINTS x 200 metrics with a dead MLflow server; the spool's disk full when it is a tmpfs."""
     import mlflow.tracking  # noqa: F401 - imported before the baseline: the import is not the tracker's memory
-
-    from tracking.sinks import mlflow_sink  # noqa: F401
-    from tracking.tracker import Tracker
+    from cliptrack.backends.mlflow import sink as mlflow_sink  # noqa: F401
+    from cliptrack.log.tracker import Tracker
 
     where = Path(spool)
     before = _rss_now()
@@ -398,7 +396,7 @@ def _ten(step: int) -> dict[str, float]:
 
 def worker(kind: str, spool: str) -> None:
     _quiet()
-    from tracking.tracker import Tracker
+    from cliptrack.log.tracker import Tracker
 
     if kind == "overload":
         tracker = Tracker("overload", backends=("jsonl",), spool_dir=spool, handle_signals=False)

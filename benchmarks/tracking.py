@@ -7,7 +7,7 @@ Side by side, in one process, medians:
 - end to end, 10,000 steps x 5 metrics into a sqlite MLflow store: from the first ``log`` to
   ``close()`` returning (everything acknowledged by MLflow and on disk) against one hand-rolled
   ``MlflowClient.log_batch`` of all 50,000 points. Target: within 1.5x.
-Run: ``python benchmarks/tracking.py``; ``run()`` returns the rows as dicts.
+Run: ``python benchmarks/cliptrack.py``; ``run()`` returns the rows as dicts.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
+
 from benchmarks._timing import Row, markdown
-from tracking import keys
-from tracking.tracker import Tracker
 
 
 def _metrics(step: int) -> dict[str, float]:

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from tracking import keys
-from tracking.compare.frame import Point
+from cliptrack.compare.frame import Point
+from cliptrack.core import keys
 
 T0 = 1_767_225_600.0
 """Wall time of the first step (unix seconds, 2026-01-01)."""
@@ -202,12 +201,12 @@ def write_wandb_offline(directory: Path, run: SyntheticRun, project: str = "clip
 
 
 def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, wandb_dir: Path) -> str:
-    """Log the run's points through ``tracking.Tracker`` to MLflow, W&B (offline) and the spool.
+    """Log the run's points through ``cliptrack.Tracker`` to MLflow, W&B (offline) and the spool.
 
     The tracker stamps its own wall times, so only steps and values match ``run.points``.
     Returns the tracker's run id (the spool directory name and the W&B run id).
     """
-    from tracking.tracker import Tracker
+    from cliptrack.log.tracker import Tracker
 
     os.environ.setdefault("WANDB_SILENT", "true")
     with Tracker(

@@ -23,7 +23,7 @@ HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "to
 @contextlib.contextmanager
 def loss_path(value: str) -> Iterator[None]:
     """Run the block with ``CLIPTRACK_FUSED=value`` (``1`` fused losses, ``0`` eager), restored after."""
-    from adapters import fused
+    from cliptrack.adapters.losses import fused
 
     saved = os.environ.get(fused.ENV_VAR)
     os.environ[fused.ENV_VAR] = value

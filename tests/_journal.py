@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracking import journal, keys
+from cliptrack.core import keys
+from cliptrack.store import journal
 
 
 def journal_steps(run_dir: Path) -> list[int]:

@@ -124,8 +124,8 @@ def loss_inputs(loss_fn: str, batch: GlobalBatch, rows: slice, cols: slice) -> d
 
 def expected_metrics(scenario: str, batch: GlobalBatch) -> dict[str, float]:
     """One process computing the whole global batch: the loss on reference log-probs."""
-    from adapters.losses import LOSSES
-    from adapters.output import loss_metrics
+    from cliptrack.adapters.losses.builtin import LOSSES
+    from cliptrack.adapters.losses.output import loss_metrics
 
     spec = SCENARIOS[scenario]
     logprobs = reference_logprobs(batch.tokens, batch.labels)
@@ -266,9 +266,8 @@ def micro_batches(scenario: str, batch: GlobalBatch, dp_rank: int, cp_rank: int,
 
 def run_step(model: Any, scenario: str, data: list[dict], seq_len: int, forward_only: bool = False) -> list:
     """One real ``get_forward_backward_func()`` step with ``make_loss_func``; returns its reports."""
+    from cliptrack.adapters.megatron import make_loss_func
     from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from adapters.megatron import make_loss_func
 
     spec = SCENARIOS[scenario]
 

@@ -2,7 +2,7 @@
 
 Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Runs every scenario of
 ``_megatron_setup.SCENARIOS`` through Megatron-Core's real schedule on gloo, reduces with
-``adapters.megatron.reduce_losses`` while counting ``torch.distributed`` collectives, hands the
+``cliptrack.adapters.megatron.reduce_losses`` while counting ``torch.distributed`` collectives, hands the
 result to every pipeline stage, and writes ``OUT_DIR/rank<RANK>.json``.
 """
 
@@ -22,8 +22,8 @@ def _explicit_group(rank: int, world: int) -> dict:
     """Without parallel_state: reports from the loss function, the world group passed in, and the
     last rank holding no report at all (it contributes zeros to the one collective)."""
     import torch.distributed as dist
+    from cliptrack.adapters.megatron import make_loss_func, reduce_losses
 
-    from adapters.megatron import make_loss_func, reduce_losses
     from tests import _megatron_setup as setup
 
     batch = setup.global_batch("ppo", world * setup.MICRO_BATCH, dp=world)
@@ -40,9 +40,9 @@ def main() -> int:
     out_dir, tp, pp, cp = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     import torch
     import torch.distributed as dist
+    from cliptrack.adapters.megatron import broadcast_from_last_stage, reduce_losses
     from megatron.core import parallel_state
 
-    from adapters.megatron import broadcast_from_last_stage, reduce_losses
     from tests import _megatron_setup as setup
     from tests.megatron_shim import cpu_megatron
 

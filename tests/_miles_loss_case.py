@@ -36,7 +36,7 @@ DELTAS = (-0.9, -0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6, 0.9)
 the gauge's ``ratio_outside_tokens``, beyond [1/2, 2] (far from every edge)."""
 ALL_MASKED = (1, 7)
 """Samples (global index) whose loss mask is all zero."""
-CUSTOM_LOSS = "adapters.miles.custom_loss.policy_loss_with_clip_counts"
+CUSTOM_LOSS = "cliptrack.adapters.miles.custom_loss.policy_loss_with_clip_counts"
 
 
 def weights() -> torch.Tensor:
@@ -212,8 +212,8 @@ def run_step(miles: Any, *, custom: bool, per_token: bool, dp: int, dp_rank: int
 def main() -> int:
     out, dp, cp = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     import torch.distributed as dist
+    from cliptrack.adapters.miles import read_train_log
 
-    from adapters.miles import read_train_log
     from tests._miles_source import import_miles
 
     warnings.filterwarnings("ignore")

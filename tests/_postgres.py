@@ -167,7 +167,7 @@ def load(spool: str, uri: str, run_id: str, metrics: int, stop_file: str, out: s
     """One run logging a point of ``metrics`` values to ``uri`` every ``PACE_S`` until ``stop_file``
     exists (and at least ``MIN_STEPS``); then closes and writes how many steps it logged and what is
     still pending."""
-    from tracking.tracker import Tracker
+    from cliptrack.log.tracker import Tracker
 
     index = int(run_id.rsplit("-", 1)[1])
     stop = Path(stop_file)

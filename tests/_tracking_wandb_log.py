@@ -1,12 +1,12 @@
 """The tests' view of a W&B ``.wandb`` transaction log, read through the vendor seam's one reader
-(``tracking.sinks._compat_wandb.records``): every history row, or every record of one type."""
+(``cliptrack.backends.wandb._compat.records``): every history row, or every record of one type."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from tracking.sinks._compat_wandb import history_rows, records
+from cliptrack.backends.wandb._compat import history_rows, records
 
 
 def history(path: Path) -> list[dict[str, Any]]:

@@ -20,8 +20,8 @@ import sys
 import time
 from typing import Any
 
-from tracking import keys
-from tracking.tracker import Tracker
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 
 
 def _metrics(step: int) -> dict[str, float]:

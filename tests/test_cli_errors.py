@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cliptrack.cli.main import main
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
-from tracking.cli import main
 
 BOUND_S = 10.0
 """The issue's bound on one failing command, timed after its imports (which a loaded machine can
@@ -30,7 +30,7 @@ def _fails_cleanly(argv: list[str], tmp_path: Path, capsys, monkeypatch, *words:
     """Run ``cliptrack ARGV`` in ``tmp_path``; assert the failure contract; return the stderr line."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for module in ("mlflow.tracking", "tracking.compare.load", "tracking.runs_cli"):
+    for module in ("mlflow.tracking", "cliptrack.backends.load", "cliptrack.cli.runs"):
         importlib.import_module(module)  # before the clock starts (see BOUND_S)
 
     capsys.readouterr()  # what setting the store up printed
@@ -139,7 +139,7 @@ def test_window_past_the_data_names_the_range(tmp_path, capsys, monkeypatch):
 def test_debug_shows_the_traceback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    from tracking.compare.preflight import StoreError
+    from cliptrack.backends.preflight import StoreError
 
     with pytest.raises(StoreError, match="does not exist"):
         main(["--debug", "compare", "a", "b"])
@@ -155,7 +155,7 @@ def test_runs_command_fails_the_same_way(tmp_path, capsys, monkeypatch):
 def test_as_a_process_the_error_is_one_line_and_exit_code_2(tmp_path):
     uri = f"sqlite:///{tmp_path / 'nope' / 'mlflow.db'}"
     proc = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "compare", "a", "b", "--tracking-uri", uri],
+        [sys.executable, "-m", "cliptrack.cli.main", "compare", "a", "b", "--tracking-uri", uri],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("numpy", "pandas", "mlflow", "torch", "wandb", "matplotlib", "plotly")
 PROBE = """
 import sys
-from tracking.cli import main
+from cliptrack.cli.main import main
 try:
     main(sys.argv[1:])
 except SystemExit as exit:
@@ -38,7 +38,7 @@ def test_help_imports_nothing_heavy(argv):
 
 
 def test_every_command_still_declares_its_arguments(capsys):
-    from tracking.cli import COMMANDS, main
+    from cliptrack.cli.main import COMMANDS, main
 
     for name in COMMANDS:
         with pytest.raises(SystemExit) as exit:

@@ -15,12 +15,12 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from cliptrack import Tracker
+from cliptrack.compare import load_runs
+from cliptrack.compare.aliases import canonical_metrics
+from cliptrack.core import keys
 from hypothesis import given
 from hypothesis import strategies as st
-
-from tracking import Tracker, keys
-from tracking.compare import load_runs
-from tracking.compare.aliases import canonical_metrics
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -36,7 +36,7 @@ GAUGE = [
     (-13.0, 20.0, 2.5, 7, 117.0, 140.0, 1.0, -2.0),
     (1.5, 3.5, 0.125, 1, 111.5, 113.0, 0.125, -0.25),
 ]
-"""The gauge per step, in the order of tracking.keys.GAUGE_MEASURED_KEYS."""
+"""The gauge per step, in the order of cliptrack.core.keys.GAUGE_MEASURED_KEYS."""
 STOCK_MISMATCH = {"train_rollout_logprob_abs_diff": 0.05, "train_rollout_kl": 0.002}
 """Miles' stock mismatch metrics at step 0 (each grows by its own value per step)."""
 VERL_MISMATCH = {"rollout_corr/k3_kl": 0.003, "rollout_corr/kl": -0.001}
@@ -230,7 +230,7 @@ def test_wandb_offline_runs_of_miles_and_verl_load_as_our_keys(stores):
 
 
 def test_miles_custom_loss_entries_read_back_as_exact_counts():
-    """``adapters.miles.custom_loss``'s entries as Miles logs them (scaled, per-token mode)."""
+    """``cliptrack.adapters.miles.custom_loss``'s entries as Miles logs them (scaled, per-token mode)."""
     scale = 0.375  # G * cp / N for some step
     logged = {
         "train/loss_tokens": 120 * 32 * scale,
@@ -292,9 +292,9 @@ def test_foreign_mismatch_metrics_alone_are_approximate_and_ours_win():
 def test_an_approximate_clip_fraction_is_marked_in_table_dashboard_and_json(stores, tmp_path):
     import json
 
-    from tracking.compare import compare
-    from tracking.compare.dashboard import write_dashboard
-    from tracking.compare.render import formatted_table
+    from cliptrack.compare import compare
+    from cliptrack.compare.views.dashboard import write_dashboard
+    from cliptrack.compare.views.render import formatted_table
 
     _, uri = stores
     runs = load_runs(["ours", "verl"], tracking_uri=uri)

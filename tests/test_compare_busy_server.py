@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cliptrack.cli.main import main
 
 from tests._compare_fixtures import synthetic_run, write_mlflow
 from tests._mlflow_ui import free_port, mlflow_server
-from tracking.cli import main
 
 pytestmark = [
     pytest.mark.slow,
@@ -193,10 +193,9 @@ def test_runs_lists_both_runs_through_the_delaying_proxy(served, capsys, monkeyp
 def test_a_server_that_cannot_be_reached_fails_within_the_bound(command, server, capsys, monkeypatch):
     """No server behind the port, or one that accepts the probe's connection and then drops every
     request: exit 2, one line naming the server, within 10 s (the read timeout is not waited)."""
+    import cliptrack.backends.load
+    import cliptrack.cli.runs  # noqa: F401
     import mlflow.tracking  # noqa: F401 - imported before the clock starts
-
-    import tracking.compare.load
-    import tracking.runs_cli  # noqa: F401
 
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
     proxy = DelayingProxy(free_port(), None) if server == "closes every connection" else None

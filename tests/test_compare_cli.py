@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from cliptrack.cli.main import main
 
 from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow
-from tracking.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_help_states_the_exit_codes():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "compare", "--help"],
+        [sys.executable, "-m", "cliptrack.cli.main", "compare", "--help"],
         capture_output=True,
         text=True,
         check=True,

@@ -13,15 +13,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from cliptrack.compare import RunSet, compare, load_jsonl
+from cliptrack.compare import quantities as qs
+from cliptrack.compare.compute import steps_text
+from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
+from cliptrack.core import keys
+from cliptrack.store.records import RunInfo
 
 from tests._compare_fixtures import _ar1, megatron_vs_miles, run_from_curves, write_jsonl
-from tracking import keys
-from tracking.compare import RunSet, compare, load_jsonl
-from tracking.compare import quantities as qs
-from tracking.compare.compute import steps_text
-from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
-from tracking.records import RunInfo
 
 KL = "kl_k3:sum"
 

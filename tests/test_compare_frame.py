@@ -11,13 +11,12 @@ import math
 
 import numpy as np
 import pandas as pd
+from cliptrack.compare import RunSet
+from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.core import keys
+from cliptrack.store.records import RunInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tracking import keys
-from tracking.compare import RunSet
-from tracking.compare.frame import LoadedRun, Point
-from tracking.records import RunInfo
 
 NAMES = (keys.LOSS_TOKENS, keys.CLIPPED_TOKENS, keys.REWARD)
 VALUES = st.one_of(st.integers(0, 9).map(float), st.just(math.nan))

@@ -7,11 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats as scipy_stats
-
-from tracking.compare.stats import (
+from cliptrack.compare.stats import (
     DIFFERENT,
     EQUIVALENT,
     LOG_RATIO,
@@ -22,7 +18,10 @@ from tracking.compare.stats import (
     paired_difference,
     seeds_needed,
 )
-from tracking.compare.tdist import f_quantile, t_quantile
+from cliptrack.compare.stats.tdist import f_quantile, t_quantile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as scipy_stats
 
 
 def _seed(rng, n, p):
@@ -165,7 +164,7 @@ def test_a_shifted_curve_is_found_with_its_lag_and_sign():
 
 
 def test_shifted_msd_matches_brute_force():
-    from tracking.compare.influence import _shifted_msd
+    from cliptrack.compare.stats.influence import _shifted_msd
 
     rng = np.random.default_rng(8)
     a, b = rng.normal(size=60), rng.normal(size=60)

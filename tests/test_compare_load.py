@@ -12,14 +12,14 @@ import warnings
 
 import pandas as pd
 import pytest
+from cliptrack.backends.load import RunNotFoundError
+from cliptrack.backends.wandb._compat import records as wandb_records
+from cliptrack.compare import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
+from cliptrack.core import keys
+from cliptrack.store.records import RunInfo
+from cliptrack.store.spool import RunDir
 
 from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow, write_wandb_offline
-from tracking import keys
-from tracking.compare import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
-from tracking.compare.load import RunNotFoundError
-from tracking.records import RunInfo
-from tracking.sinks._compat_wandb import records as wandb_records
-from tracking.spool import RunDir
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_same_frame_from_all_three_stores(stores):
         "mlflow",
     ]
     assert from_wandb.runs[1].run.config["seed"] == 2 and from_mlflow.runs[1].run.config["seed"] == "2"
-    # one run record (tracking.records.RunInfo) whatever the store; the spool's is its run.json
+    # one run record (cliptrack.store.records.RunInfo) whatever the store; the spool's is its run.json
     assert all(type(i.run) is RunInfo for rs in (from_jsonl, from_wandb, from_mlflow) for i in rs.runs)
     assert from_jsonl.runs[0].run == RunDir(stores["root"] / "spool", megatron.run_id).read_run()
     assert [i.run.run_name for i in from_wandb.runs] == [megatron.run_name, miles.run_name]
@@ -111,9 +111,8 @@ def test_runs_resolved_by_id_and_name_with_clear_errors(stores):
 
 
 def test_ambiguous_name_takes_the_latest_finished_run_and_lists_the_others(tmp_path):
+    from cliptrack.backends.catalog import RunChoiceWarning
     from mlflow.tracking import MlflowClient
-
-    from tracking.compare.catalog import RunChoiceWarning
 
     megatron, _ = megatron_vs_miles()
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -211,8 +210,9 @@ def test_wandb_online_loader(stores):
 @pytest.mark.slow
 def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
     """End to end: Tracker -> MLflow (sqlite), W&B (offline) and JSONL sinks -> the same frame."""
+    from cliptrack.compare import compare
+
     from tests._compare_fixtures import log_with_tracker
-    from tracking.compare import compare
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     megatron, miles = megatron_vs_miles(miles_clip_p=0.16, miles_missing=(2,))
@@ -255,9 +255,9 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
     and every point of both must be loaded, as one run, by id and without refs."""
     import time
 
-    from tracking.sinks.base import Point as SinkPoint
-    from tracking.sinks.base import RunInfo as SinkRun
-    from tracking.sinks.wandb_sink import WandbSink
+    from cliptrack.backends.base import Point as SinkPoint
+    from cliptrack.backends.base import RunInfo as SinkRun
+    from cliptrack.backends.wandb.sink import WandbSink
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -292,10 +292,9 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
 def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monkeypatch):
     """NaN, infinity and a value logged twice at one step read the same through the bulk SQL read
     and through ``get_metric_history`` (forced by switching the bulk read off)."""
+    from cliptrack.backends import load as load_module
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
-
-    from tracking.compare import load as load_module
 
     megatron, _ = megatron_vs_miles(n_megatron=30)
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -324,7 +323,7 @@ def test_mlflow_bulk_read_falls_back_when_the_store_schema_changed(tmp_path):
     changed) is reported in a warning and read one metric at a time, not raised."""
     import sqlite3
 
-    from tracking.compare._compat_mlflow_store import bulk_columns
+    from cliptrack.backends.mlflow._store import bulk_columns
 
     megatron, _ = megatron_vs_miles(n_megatron=12)
     db = tmp_path / "m.db"

@@ -1,4 +1,4 @@
-"""The long-memory step of the long-run variance (``tracking.compare.memory``).
+"""The long-memory step of the long-run variance (``cliptrack.compare.stats.memory``).
 
 The model's expectations are checked against a plain dense reference (the ``n x n`` ARFIMA
 covariance matrix, the residual maker and the cosine vectors formed explicitly); the estimate of
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import math
 
+import cliptrack.compare.stats.memory as memory
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import tracking.compare.memory as memory
-from tests._compare_fixtures import _ar1
-from tracking.compare import simulation as sim
-from tracking.compare.lrv import cosine_coefficients, long_run_variance, trend_basis
-from tracking.compare.memory import (
+from cliptrack.compare import simulation as sim
+from cliptrack.compare.stats.lrv import cosine_coefficients, long_run_variance, trend_basis
+from cliptrack.compare.stats.memory import (
     GRID,
     autocorrelations,
     confirm,
@@ -29,6 +25,10 @@ from tracking.compare.memory import (
     indicator_model,
     model,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests._compare_fixtures import _ar1
 
 
 def _dense(n: int, d: float, basis: np.ndarray, k: int) -> tuple[np.ndarray, float]:
@@ -189,11 +189,11 @@ def test_a_comparison_of_long_memory_runs_says_so_in_its_reason_and_json():
     """Two runs whose clip probability wanders as ARFIMA d = 0.45 noise over 1,200 steps: the
     difference's estimate carries the memory found, its JSON names it, and a gated verdict's reason
     names long memory with the d found (not the batch check's wording)."""
-    from tracking import keys
-    from tracking.compare import RunSet, compare
-    from tracking.compare.frame import LoadedRun, Point
-    from tracking.compare.render import as_dict
-    from tracking.records import RunInfo
+    from cliptrack.compare import RunSet, compare
+    from cliptrack.compare.frame import LoadedRun, Point
+    from cliptrack.compare.views.render import as_dict
+    from cliptrack.core import keys
+    from cliptrack.store.records import RunInfo
 
     rng = np.random.default_rng(21)
     n = 1200

@@ -1,15 +1,11 @@
-"""Segments, the episode scan and the throughout verdict (``tracking.compare.segments``), on
+"""Segments, the episode scan and the throughout verdict (``cliptrack.compare.stats.segments``), on
 synthetic counts whose truth is known; expected values from plain sums over the segments."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tracking.compare.segments import MAX_SEGMENTS
-from tracking.compare.stats import (
+from cliptrack.compare.stats import (
     DIFFERENT,
     EQUIVALENT,
     INCONCLUSIVE,
@@ -23,6 +19,9 @@ from tracking.compare.stats import (
     segment_differences,
     throughout_verdict,
 )
+from cliptrack.compare.stats.segments import MAX_SEGMENTS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _runs(seed: int, n: int, *, phi: float = 0.5, shift: np.ndarray | float = 0.0) -> list[np.ndarray]:

@@ -10,16 +10,10 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
-
-from tests._compare_fixtures import megatron_vs_miles, synthetic_run
-from tracking import keys
-from tracking.compare import RunSet, Window, compare, parse_window, unit_table
-from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.lrv import cosine_coefficients
-from tracking.compare.quantities import quantity
-from tracking.compare.stats import (
+from cliptrack.compare import RunSet, Window, compare, parse_window, unit_table
+from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.compare.quantities import quantity
+from cliptrack.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
     EQUIVALENT,
@@ -36,7 +30,13 @@ from tracking.compare.stats import (
     ratio_estimate,
     wilson_interval,
 )
-from tracking.records import RunInfo
+from cliptrack.compare.stats.lrv import cosine_coefficients
+from cliptrack.core import keys
+from cliptrack.store.records import RunInfo
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tests._compare_fixtures import megatron_vs_miles, synthetic_run
 
 CLIP, REWARD = quantity("clip_fraction"), quantity("reward")
 
@@ -533,7 +533,7 @@ def test_equivalence_verdict_rules(estimate, verdict):
 )
 @example(pairs=[(0, 3), (1, 1), (0, 3)], confidence=0.5)  # a tiny spread: the logit round trip
 def test_fraction_intervals_stay_within_bounds_and_step_weighting_is_the_plain_mean(pairs, confidence):
-    from tracking.compare.stats import step_weighted_estimate
+    from cliptrack.compare.stats import step_weighted_estimate
 
     tokens = np.array([t for _, t in pairs], dtype=float)
     clipped = np.array([min(c, t) for c, t in pairs], dtype=float)

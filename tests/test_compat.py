@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from adapters import _compat
-from adapters._compat import UnsupportedVersionError, parse_version
-from adapters._compat import megatron as megatron_compat
-from adapters._compat import tinker as tinker_compat
+from cliptrack.adapters import _compat
+from cliptrack.adapters._compat import UnsupportedVersionError, parse_version
+from cliptrack.adapters._compat import megatron as megatron_compat
+from cliptrack.adapters._compat import tinker as tinker_compat
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +56,7 @@ def test_tinker_seam_refuses_an_unsupported_version_by_name(monkeypatch):
     with pytest.raises(UnsupportedVersionError, match=message):
         tinker_compat.proto_module()
     # the wire code reaches the private API only through the seam
-    from adapters.miles import output_from_json, output_to_proto
+    from cliptrack.adapters.miles import output_from_json, output_to_proto
 
     payload = {
         "loss_fn_outputs": [{"loss_tokens": {"data": [3], "dtype": "int64", "shape": [1]}}],
@@ -103,8 +102,7 @@ def test_megatron_seam_refuses_an_unsupported_version_by_name(monkeypatch):
         megatron_compat.parallel_state()
     # reduce_losses looks up its groups through the seam
     import torch
-
-    from adapters import megatron as mg
+    from cliptrack.adapters import megatron as mg
 
     lp = torch.zeros(3)
     report = mg.make_loss_func("ppo", {"sampling_logprobs": lp, "advantages": torch.ones(3)})(lp)[2]
@@ -115,7 +113,7 @@ def test_megatron_seam_refuses_an_unsupported_version_by_name(monkeypatch):
 def test_megatron_seam_without_megatron_core_is_silent():
     code = (
         "import sys; sys.modules['megatron'] = None; sys.modules['megatron.core'] = None\n"
-        "from adapters._compat import megatron as m\n"
+        "from cliptrack.adapters._compat import megatron as m\n"
         "assert m.parallel_state() is None\n"
         "print('ok')\n"
     )

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cliptrack.core import keys
+from cliptrack.core.sums import ClipCounts, TokenCounts, exact_clip_metrics, sum_counts
+from cliptrack.core.validation import MAX_STEP, check_metrics, check_step
 from hypothesis import given
 from hypothesis import strategies as st
-
-from tracking import keys
-from tracking.counts import ClipCounts, TokenCounts, exact_clip_metrics, sum_counts
-from tracking.validation import MAX_STEP, check_metrics, check_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,8 +124,8 @@ def test_a_fraction_without_counts_is_kept_once_checked():
 
 
 def test_the_miles_client_shares_the_checks():
-    from adapters.miles import aggregate_datums
-    from adapters.miles.wire import count_data
+    from cliptrack.adapters.miles import aggregate_datums
+    from cliptrack.adapters.miles.wire import count_data
 
     datum = {keys.DATUM_LOSS_TOKENS: count_data(4), keys.DATUM_CLIPPED_TOKENS: count_data(1)}
     with pytest.raises(ValueError, match=r"outputs\[0\]\.metrics: clip_fraction:mean must be a fraction"):
@@ -162,10 +161,10 @@ def test_bad_steps_are_named(step, message):
 def test_validation_and_the_miles_client_import_neither_torch_nor_the_tracker():
     code = (
         "import sys\n"
-        "import tracking.validation, tracking.counts, tracking.outputs\n"
+        "import cliptrack.core.validation, cliptrack.core.sums, cliptrack.core.outputs\n"
         "assert 'torch' not in sys.modules\n"
-        "import adapters.miles.client\n"
-        "bad = sorted(m for m in ('tracking.tracker', 'tracking.writer', 'tracking.spool') if m in sys.modules)\n"
+        "import cliptrack.adapters.miles.client\n"
+        "bad = sorted(m for m in ('cliptrack.log.tracker', 'cliptrack.log._pipeline.writer', 'cliptrack.store.spool') if m in sys.modules)\n"
         "print(bad)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)

@@ -11,12 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cliptrack.compare import LoadedRun, RunSet, compare
+from cliptrack.compare.views.dashboard import render_dashboard, write_dashboard
+from cliptrack.compare.views.panels import PANELS
+from cliptrack.store.records import RunInfo
 
 from tests._compare_fixtures import megatron_vs_miles
-from tracking.compare import LoadedRun, RunSet, compare
-from tracking.compare.dashboard import render_dashboard, write_dashboard
-from tracking.compare.panels import PANELS
-from tracking.records import RunInfo
 
 CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
@@ -224,7 +224,7 @@ Plotly.newPlot('plot-b',[{x:[0,149],y:[0,1]}],{width:640,height:300},{displayMod
 @pytest.mark.slow
 def test_layout_check_sees_overflow_covered_titles_and_differing_ticks(tmp_path):
     """Control: the layout check reports what the dashboard must not do."""
-    from tracking.compare.dashboard import PLOTLY_JS
+    from cliptrack.compare.views.dashboard import PLOTLY_JS
 
     page = tmp_path / "control.html"
     js = PLOTLY_JS.read_text(encoding="utf-8").replace("</script", "<\\/script")

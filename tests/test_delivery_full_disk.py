@@ -13,14 +13,14 @@ import logging
 import time
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
 from tests._disk import fill
 from tests._harness import closed_port
 from tests._journal import journal_steps, run_summary
 from tests.test_tracker_faults import tmpfs  # noqa: F401 - tmpfs is a fixture
-from tracking import keys
-from tracking.tracker import Tracker
 
 
 def _metrics(step: int) -> dict[str, float]:
@@ -162,8 +162,8 @@ def test_memory_stays_within_the_byte_bounds_with_200_metrics_per_point(tmpfs): 
 
 
 def test_the_default_bounds_add_up_to_the_documented_memory_bound():
-    from tracking import writer
-    from tracking.limits import Limits
+    from cliptrack.log._pipeline import writer
+    from cliptrack.log.limits import Limits
 
     limits = Limits()
     total = writer.memory_bound(

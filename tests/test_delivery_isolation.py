@@ -10,10 +10,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cliptrack.backends import Sink, SinkError, SinkRejected
+from cliptrack.log.tracker import Tracker
+from cliptrack.store.records import Point, RunInfo
+
 from tests._journal import journal_steps, run_summary
-from tracking.records import Point, RunInfo
-from tracking.sinks import Sink, SinkError, SinkRejected
-from tracking.tracker import Tracker
 
 
 class PickySink(Sink):

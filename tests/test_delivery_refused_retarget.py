@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
 from tests._harness import free_port
 from tests._journal import journal_steps, run_summary
 from tests._tracking_wandb_log import history
 from tests.test_tracker_mlflow_server import MlflowServer
-from tracking import keys
-from tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 BAD = "bad!key:mean"
@@ -67,7 +67,7 @@ def _mlflow_steps(uri: str, experiment: str = "cliptrack", key: str = keys.LOSS_
 
 def _replay(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "replay", *args],
+        [sys.executable, "-m", "cliptrack.cli.main", "replay", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -1,20 +1,20 @@
 """Each point stored once per sink, exactly: repeated steps with equal values are distinct rows.
 
 MLflow's sqlite store identifies a metric row by (run, key, value, step, timestamp ms); the tracker
-stamps points so that no two of one step share a millisecond (``tracking.stamps``). Counted in the
+stamps points so that no two of one step share a millisecond (``cliptrack.store.stamps``). Counted in the
 journal and in a real sqlite MLflow store.
 """
 
 from __future__ import annotations
 
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
+from cliptrack.store.stamps import StepClock, millisecond
 from hypothesis import given
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
 from tests._journal import journal_steps
-from tracking import keys
-from tracking.stamps import StepClock, millisecond
-from tracking.tracker import Tracker
 
 
 def test_eight_identical_points_per_step_are_eight_hundred_rows_in_mlflow(tmp_path):

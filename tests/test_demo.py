@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tracking import keys
+from cliptrack.core import keys
 
 STEPS = 6
 
@@ -29,7 +28,7 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
         [
             sys.executable,
             "-m",
-            "tracking.cli",
+            "cliptrack.cli.main",
             "demo",
             "--steps",
             str(STEPS),
@@ -236,7 +235,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
 
 
 def test_miles_run_is_more_off_policy_than_megatron_run(demo):
-    from tracking.compare import load_runs
+    from cliptrack.compare import load_runs
 
     out, _ = demo
     runs = load_runs(jsonl_dir=out / "spool")
@@ -296,7 +295,8 @@ def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(d
 def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):
     """The demo's Megatron path through Megatron-Core's own schedule (CPU shim) equals the plain loop."""
     pytest.importorskip("megatron.core")
-    from adapters.demo.train import RunConfig, train
+    from cliptrack.adapters.demo.train import RunConfig, train
+
     from tests._harness import megatron_one_rank
 
     config = RunConfig(path="megatron", steps=1, epochs=1, seed=3)
@@ -313,9 +313,9 @@ def test_default_demo_trains_enough_steps_for_a_verdict():
     """The default run length reaches the comparison's minimum of paired steps, with margin."""
     import argparse
 
-    from adapters.demo.train import RunConfig
-    from tracking.compare.stats import MIN_UNITS
-    from tracking.demo import add_arguments
+    from cliptrack.adapters.demo.train import RunConfig
+    from cliptrack.cli.demo import add_arguments
+    from cliptrack.compare.stats import MIN_UNITS
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -339,10 +339,10 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     import argparse
 
     import numpy as np
-
-    from adapters.demo.train import RunConfig, train
-    from tracking.compare import DEFAULT_TOLERANCES
-    from tracking.compare.stats import (
+    from cliptrack.adapters.demo.train import RunConfig, train
+    from cliptrack.cli.demo import add_arguments
+    from cliptrack.compare import DEFAULT_TOLERANCES
+    from cliptrack.compare.stats import (
         DIFFERENT,
         INSUFFICIENT,
         MIN_ESS,
@@ -350,7 +350,6 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
         equivalence_verdict,
         paired_difference,
     )
-    from tracking.demo import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -383,7 +382,7 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
 
 
 def test_demo_refuses_bad_settings():
-    from adapters.demo.train import RunConfig
+    from cliptrack.adapters.demo.train import RunConfig
 
     with pytest.raises(ValueError, match="clipping loss"):
         RunConfig(path="miles", loss="dro")
@@ -394,7 +393,7 @@ def test_demo_refuses_bad_settings():
     with pytest.raises(ValueError, match="threads must be >= 1"):
         RunConfig(path="miles", threads=0)
     proc = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "demo", "--paths", "nope"],
+        [sys.executable, "-m", "cliptrack.cli.main", "demo", "--paths", "nope"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -403,7 +402,7 @@ def test_demo_refuses_bad_settings():
 
 
 def test_group_advantages_are_normalised_per_group():
-    from adapters.demo.task import group_advantages
+    from cliptrack.adapters.demo.task import group_advantages
 
     reward = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.4, 0.6, 0.8])
     adv = group_advantages(reward, 4).view(2, 4)

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tracking import keys
+from cliptrack.core import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "compare_backends.ipynb"
@@ -22,10 +21,10 @@ pytestmark = pytest.mark.slow
 
 
 def _cliptrack(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``cliptrack ARGV`` as a user runs it (the console script is ``tracking.cli:main``)."""
+    """``cliptrack ARGV`` as a user runs it (the console script is ``cliptrack.cli.main:main``)."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "tracking.cli", *argv],
+        [sys.executable, "-m", "cliptrack.cli.main", *argv],
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,4 +1,4 @@
-"""The fused losses (adapters.fused) against the per-token references and the eager losses.
+"""The fused losses (cliptrack.adapters.losses.fused) against the per-token references and the eager losses.
 
 Every test here runs with ``CLIPTRACK_FUSED=1`` and checks that the fused path actually served the
 call (``fused.compiled_calls``). Compiles are few and shared: float32 and bfloat16, two threshold
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import fused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters import fused, losses
 from tests import reference
 from tests._harness import loss_path
 from tests.test_losses import batches
@@ -255,7 +256,8 @@ _FAILING_COMPILER = textwrap.dedent(
     import torch
     import torch._inductor.config
     torch._inductor.config.cpp.cxx = ("/nonexistent/c++",)  # no C++ compiler: every CPU compile fails
-    from adapters import fused, losses
+    from cliptrack.adapters.losses import fused
+    from cliptrack.adapters.losses import builtin as losses
 
     def _fields(counts):
         return [counts.loss_tokens, counts.clipped_tokens, counts.clipped_low_tokens, counts.clipped_high_tokens]

@@ -9,17 +9,18 @@ import math
 
 import pytest
 import torch
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import fused
+from cliptrack.adapters.losses.output import ForwardBackwardOutput, loss_metrics, measured_sums, merge_outputs
+from cliptrack.core import keys, measures
+from cliptrack.core.sums import MeasuredSums, exact_measured_metrics
+from cliptrack.core.validation import check_metrics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 
-from adapters import fused, losses
-from adapters.output import ForwardBackwardOutput, loss_metrics, measured_sums, merge_outputs
 from tests import reference
 from tests._harness import host_sync_forbidden, loss_path
-from tracking import keys, measures
-from tracking.counts import MeasuredSums, exact_measured_metrics
-from tracking.validation import check_metrics
 
 GAUGE_LOSSES = ("ppo", "cispo", "importance_sampling", "dro")
 FLOAT_KEYS = ("log_ratio:sum", "abs_log_ratio:sum", "kl_k3:sum", "is_weight:sum", "is_weight_sq:sum")
@@ -346,7 +347,7 @@ def test_the_declaration_is_the_one_source_of_keys_fields_and_layout():
 
 
 def test_tracker_records_the_gauge_series_beside_the_clip_series(tmp_path):
-    from tracking import Tracker
+    from cliptrack import Tracker
 
     lp = -torch.rand(40)
     out = losses.ppo(lp, lp + 0.2 * torch.randn(40), torch.randn(40))

@@ -2,8 +2,8 @@
 
 - a run id claimed by two run directories (a copied folder) is refused by ``compare``, ``runs``
   and ``replay``, naming both;
-- journal lines over the reader's limits (``tracking.journal.MAX_LINE_BYTES``,
-  ``tracking.validation.MAX_KEY_CHARS``) are skipped with a note naming the file and line, never
+- journal lines over the reader's limits (``cliptrack.store.journal.MAX_LINE_BYTES``,
+  ``cliptrack.core.validation.MAX_KEY_CHARS``) are skipped with a note naming the file and line, never
   read whole; the tracker refuses at ``log`` what would break them, so the reader takes back
   everything it writes;
 - a ``points.jsonl`` that is a FIFO or a symlink to a device is refused, never read;
@@ -24,18 +24,19 @@ import warnings
 from pathlib import Path
 
 import pytest
+from cliptrack.backends.load import load_jsonl
+from cliptrack.cli.main import main
+from cliptrack.compare import RunSet
+from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.core import keys
+from cliptrack.core.validation import MAX_KEY_CHARS
+from cliptrack.log.tracker import Tracker
+from cliptrack.store import journal
+from cliptrack.store.files import SpecialFileError
+from cliptrack.store.records import FINISHED, RunInfo
+from cliptrack.store.spool import DuplicateRunId, RunDir
 
 from tests._harness import closed_port
-from tracking import journal, keys
-from tracking.cli import main
-from tracking.compare import RunSet
-from tracking.compare.frame import LoadedRun, Point
-from tracking.compare.load import load_jsonl
-from tracking.records import FINISHED, RunInfo
-from tracking.spool import DuplicateRunId, RunDir
-from tracking.storefiles import SpecialFileError
-from tracking.tracker import Tracker
-from tracking.validation import MAX_KEY_CHARS
 
 REPO = Path(__file__).resolve().parents[1]
 MEMORY_BASELINE = 64 * 2**20
@@ -133,8 +134,8 @@ def _load_in_child(root: Path, what: str) -> subprocess.CompletedProcess[str]:
         f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-        from tracking.compare.load import load_jsonl
-        from tracking.compare.catalog import spool_entries
+        from cliptrack.backends.load import load_jsonl
+        from cliptrack.backends.catalog import spool_entries
         for call in (lambda: load_jsonl([], {str(root)!r}), lambda: spool_entries({str(root)!r})):
             try:
                 call()
@@ -180,7 +181,7 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
     time and throughput at full float precision: 41 bytes a value), read by ``load_jsonl`` in a
     child: its peak resident memory (VmHWM) over what it held after the imports stays within 3x the
     journal's size plus ``MEMORY_BASELINE``."""
-    from tracking.measures import MEANS, MEASURES
+    from cliptrack.core.measures import MEANS, MEASURES
 
     names = (
         [m.key for m in MEASURES] + [m.key for m in MEANS] + [keys.REWARD, keys.STEP_TIME, keys.THROUGHPUT]
@@ -207,12 +208,12 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
         f"""
         import json
         import numpy, pandas
-        import tracking.compare.frame, tracking.compare.load
+        import cliptrack.compare.frame, cliptrack.backends.load
         def status(field):  # VmHWM: this process's own peak (ru_maxrss carries the parent's over a fork)
             with open("/proc/self/status") as fh:
                 return next(int(l.split()[1]) * 1024 for l in fh if l.startswith(field))
         base = status("VmRSS")
-        runset = tracking.compare.load.load_jsonl([], {str(root)!r})
+        runset = cliptrack.backends.load.load_jsonl([], {str(root)!r})
         peak = status("VmHWM")
         print(json.dumps({{"base": base, "peak": peak, "rows": len(runset.frame)}}))
         """
@@ -236,9 +237,8 @@ def test_replay_skips_and_names_lines_its_sink_cannot_take_and_delivers_the_rest
     """A line nested 100,000 levels deep and a point at step 2**63 (past MLflow's int64) in the
     journal: replay names both (file, line, what is wrong) and delivers every other point within
     its timeout, instead of a dead sink thread or retries until the timeout."""
+    from cliptrack.log.replay import replay_run
     from mlflow.tracking import MlflowClient
-
-    from tracking.replay import replay_run
 
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spool = tmp_path / "spool"

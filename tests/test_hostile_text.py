@@ -1,5 +1,5 @@
 """Text from a run is text: names, labels, reasons and notes are escaped for the medium they land in
-(``tracking.text``): a terminal (``cliptrack compare``, ``cliptrack runs``), markdown (the MLflow
+(``cliptrack.core.text``): a terminal (``cliptrack compare``, ``cliptrack runs``), markdown (the MLflow
 run descriptions, ``comparison.md``) and HTML (the dashboard). Stored data keeps them as given.
 
 The end-to-end checks use the real things: ``cliptrack`` as a subprocess (and inside ``tmux``,
@@ -24,12 +24,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cliptrack.core.text import html_lines, html_text, markdown_lines, markdown_text, printable
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow
 from tests._mlflow_ui import CHROMIUM, dom_text, mlflow_server, page_dom
-from tracking.text import html_lines, html_text, markdown_lines, markdown_text, printable
 
 ANSI = "\x1b[31mred\x1b[0m"
 OSC_TITLE = "\x1b]0;pwned\x07"
@@ -179,8 +179,8 @@ def hostile_spool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hostile_result(hostile_spool):
-    from tracking.compare.compute import compare
-    from tracking.compare.load import load_runs
+    from cliptrack.backends.load import load_runs
+    from cliptrack.compare.compute import compare
 
     runset = load_runs(["megatron0001", "miles0000002"], jsonl_dir=str(hostile_spool))
     return runset, compare(runset)
@@ -194,7 +194,7 @@ def test_names_are_stored_and_compared_as_given(hostile_result):
 
 
 def test_terminal_rendering_holds_no_control_character_and_no_forged_line(hostile_result):
-    from tracking.compare.cli import format_result
+    from cliptrack.cli.compare import format_result
 
     _, result = hostile_result
     out = format_result(result)
@@ -223,7 +223,7 @@ def test_markdown_artifact_renders_no_link_image_or_forged_line(hostile_result):
 
 
 def test_dashboard_summary_has_no_forged_line_and_no_raw_markup(hostile_result, tmp_path):
-    from tracking.compare.dashboard import render_dashboard
+    from cliptrack.compare.views.dashboard import render_dashboard
 
     runset, result = hostile_result
     page = render_dashboard(runset, result)
@@ -241,7 +241,7 @@ def test_dashboard_summary_has_no_forged_line_and_no_raw_markup(hostile_result, 
 
 def _cliptrack(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "tracking.cli", *args], capture_output=True, timeout=timeout, check=False
+        [sys.executable, "-m", "cliptrack.cli.main", *args], capture_output=True, timeout=timeout, check=False
     )
 
 
@@ -281,8 +281,8 @@ def test_in_a_real_terminal_the_title_and_lines_are_unchanged(hostile_spool, tmp
     session = f"cliptrack-hostile-{os.getpid()}"
     done = tmp_path / "done"
     command = (
-        f"{sys.executable} -m tracking.cli compare megatron0001 miles0000002 --jsonl {hostile_spool}; "
-        f"{sys.executable} -m tracking.cli runs --jsonl {hostile_spool}; touch {done}; sleep 600"
+        f"{sys.executable} -m cliptrack.cli.main compare megatron0001 miles0000002 --jsonl {hostile_spool}; "
+        f"{sys.executable} -m cliptrack.cli.main runs --jsonl {hostile_spool}; touch {done}; sleep 600"
     )
     tmux = ["tmux", "-L", session, "-f", "/dev/null"]
     subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "250", "-y", "200", command], check=True)
@@ -383,9 +383,8 @@ def test_mlflow_ui_renders_run_descriptions_as_text(tmp_path):
     link, an iframe, bare URLs and a mention: the descriptions cliptrack writes (``Compared in``
     on each compared run, the summary on the comparison run) fetch nothing, link only to the
     comparison run, and show the names as text."""
+    from cliptrack.cli.main import main
     from mlflow.tracking import MlflowClient
-
-    from tracking.cli import main
 
     listener = _Listener()
     try:

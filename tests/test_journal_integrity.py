@@ -12,12 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
+from cliptrack.store import journal
+from cliptrack.store.journal import Position
+from cliptrack.store.spool import JournalMismatch, RunDir
 from mlflow import MlflowClient
-
-from tracking import journal, keys
-from tracking.journal import Position
-from tracking.spool import JournalMismatch, RunDir
-from tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ def test_replay_of_a_replaced_journal_reports_it_and_starts_over(tmp_path):
     )
     run_dir.update_meta(sinks={"mlflow": {"closed": False}})
     done = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+        [sys.executable, "-m", "cliptrack.cli.main", "replay", str(spool)],
         cwd=REPO,
         capture_output=True,
         text=True,

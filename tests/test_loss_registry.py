@@ -15,12 +15,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-
-from adapters import losses
-from adapters import megatron as mg
-from adapters.miles import ClientAggregator, forward_backward_loss
-from adapters.output import loss_metrics
-from tracking import keys
+from cliptrack.adapters import megatron as mg
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses.output import loss_metrics
+from cliptrack.adapters.miles import ClientAggregator, forward_backward_loss
+from cliptrack.core import keys
 
 
 def truncated_is(logprobs, sampling_logprobs, advantages, mask=None, *, cap=2.0):

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from cliptrack.adapters.losses import builtin as losses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters import losses
 from tests import reference
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from cliptrack.adapters import megatron as mg
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses.builtin import INPUT_CHECKS, ppo
+from cliptrack.core import keys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adapters import losses
-from adapters import megatron as mg
-from adapters.losses import INPUT_CHECKS, ppo
 from tests import _harness as harness
 from tests import _megatron_setup as setup
 from tests._harness import host_sync_forbidden
 from tests.reference import objective_ppo
-from tracking import keys
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -404,7 +404,7 @@ def test_works_without_megatron_core_installed():
     code = (
         "import sys; sys.modules['megatron'] = None; sys.modules['megatron.core'] = None\n"
         "import torch\n"
-        "from adapters.megatron import make_loss_func, reduce_losses, broadcast_from_last_stage\n"
+        "from cliptrack.adapters.megatron import make_loss_func, reduce_losses, broadcast_from_last_stage\n"
         "lp = torch.tensor([-1.0, -0.5, -2.0]); slp = torch.tensor([-1.5, -0.5, -1.0])\n"
         "f = make_loss_func('ppo', {'sampling_logprobs': slp, 'advantages': torch.tensor([1.0, 1.0, -1.0])})\n"
         "fbo = broadcast_from_last_stage(reduce_losses([f(lp)[2]]))\n"
@@ -424,7 +424,7 @@ def test_works_without_megatron_core_installed():
 
 
 def test_module_does_not_import_megatron():
-    code = "import sys, adapters.megatron; print('megatron' in sys.modules)"
+    code = "import sys, cliptrack.adapters.megatron; print('megatron' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.stdout.strip() == "False", done.stderr[-2000:]
 

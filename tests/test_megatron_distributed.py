@@ -13,12 +13,13 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from adapters.losses import ppo
-from adapters.output import loss_metrics
+from cliptrack.adapters.losses.builtin import ppo
+from cliptrack.adapters.losses.output import loss_metrics
+from cliptrack.core import keys
+
 from tests import _megatron_setup as setup
 from tests._harness import run_ranks
 from tests.test_megatron import assert_gauge_close
-from tracking import keys
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_megatron_worker.py"
@@ -81,7 +82,7 @@ def test_data_parallel_2(dp2_results: list[dict]) -> None:
     _check_layout(results, dp=2)
     _check_nontrivial(results)
     assert [r["dp_cp_ranks"] for r in results] == [[0, 1], [0, 1]]
-    # on gloo the one collective is an all-to-all (one round), see adapters.megatron.merge_packed
+    # on gloo the one collective is an all-to-all (one round), see cliptrack.adapters.megatron.merge_packed
     assert all(r["steps"]["ppo"]["collectives"] == ["all_to_all_single"] for r in results)
 
 

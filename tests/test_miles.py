@@ -18,12 +18,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from tinker import types as tinker_types
-from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
-from tinker.proto.response_conv import deserialize_forward_backward_output
-
-from adapters import losses
-from adapters.miles import (
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.miles import (
     MAX_CHUNK_DATUMS,
     ClientAggregator,
     UnknownClientError,
@@ -36,8 +32,12 @@ from adapters.miles import (
     read_train_log,
     sum_train_logs,
 )
+from cliptrack.core import keys
+from tinker import types as tinker_types
+from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
+from tinker.proto.response_conv import deserialize_forward_backward_output
+
 from tests import reference
-from tracking import keys
 
 # ---- a batch of datums and its plain reference --------------------------------------------------
 
@@ -624,13 +624,13 @@ def test_the_path_works_without_tinker_installed(tmp_path):
         import json, sys
         sys.modules["tinker"] = None  # importing tinker now fails, as where it is not installed
         import torch
-        from adapters.miles import ClientAggregator, aggregate_datums, forward_backward_loss, output_to_json
-        from adapters.miles.wire import WireTensor
+        from cliptrack.adapters.miles import ClientAggregator, aggregate_datums, forward_backward_loss, output_to_json
+        from cliptrack.adapters.miles.wire import WireTensor
 
         lp = torch.tensor([-1.0, -2.0, -0.5, -1.5])
         datum = {"logprobs": [-1.5, -1.0, -0.5, -1.0], "advantages": [1.0, -1.0, 1.0, -1.0], "mask": [1, 1, 1, 0]}
         out = forward_backward_loss([datum, datum], [lp, lp], "ppo").output
-        assert type(out).__module__ == "adapters._compat.tinker", type(out)
+        assert type(out).__module__ == "cliptrack.adapters._compat.tinker", type(out)
         assert isinstance(out.loss_fn_outputs[0]["clipped_tokens"], WireTensor)
         agg = ClientAggregator()
         agg.register("run")

@@ -19,7 +19,8 @@ import torch
 
 pytest.importorskip("megatron.core")  # Miles' log-prob path uses megatron-core's fused cross entropy
 
-from adapters.miles import MilesCountWarning, read_train_log, sum_train_logs
+from cliptrack.adapters.miles import MilesCountWarning, read_train_log, sum_train_logs
+
 from tests import _miles_loss_case as case
 from tests._harness import free_port, run_ranks
 from tests._miles_source import VERSION, MilesUnavailable, import_miles
@@ -173,8 +174,8 @@ def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
 
 
 def test_the_miles_seam_refuses_an_unverified_release_and_restores_what_it_swaps(miles, monkeypatch):
-    from adapters._compat import UnsupportedVersionError
-    from adapters._compat import miles as seam
+    from cliptrack.adapters._compat import UnsupportedVersionError
+    from cliptrack.adapters._compat import miles as seam
 
     monkeypatch.setattr(seam, "installed_version", lambda: "0.2.0")
     with pytest.raises(UnsupportedVersionError, match="miles-rl 0.2.0 is not supported.*compute_policy_loss"):

@@ -14,12 +14,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
-from tinker.proto.response_conv import deserialize_forward_backward_output
-
-from adapters.miles import (
+from cliptrack.adapters.miles import (
     ClientAggregator,
     aggregate_datums,
     forward_backward_loss,
@@ -27,8 +22,12 @@ from adapters.miles import (
     output_to_json,
     output_to_proto,
 )
-from adapters.miles.wire import float_data, read_float
-from tracking import keys
+from cliptrack.adapters.miles.wire import float_data, read_float
+from cliptrack.core import keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
+from tinker.proto.response_conv import deserialize_forward_backward_output
 
 LN2 = math.log(2.0)
 GAUGE_LOSSES = {

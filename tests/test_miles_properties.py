@@ -13,19 +13,19 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
-from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
-
-from adapters.miles import (
+from cliptrack.adapters.miles import (
     ClientAggregator,
     aggregate_datums,
     forward_backward_loss,
     output_from_json,
     output_to_json,
 )
+from cliptrack.core import keys
+from hypothesis import given
+from hypothesis import strategies as st
+from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
+
 from tests import reference
-from tracking import keys
 
 token = st.tuples(
     st.one_of(st.floats(-1.0, 1.0, width=32), st.sampled_from([0.0, -0.2231435, 0.1823216])),  # log ratio

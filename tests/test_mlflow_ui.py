@@ -3,7 +3,7 @@
 MLflow 3.17's UI chooses between its GenAI view (an "Overview" of traces) and its model-training
 view from its ``workflowType`` setting — the URL parameter, else the browser's saved choice,
 GenAI by default — not from the experiment's ``mlflow.experimentKind`` tag. The address the demo
-prints (``tracking.demo.mlflow_ui_url``) names the model-training view and the charts; a fresh
+prints (``cliptrack.cli.demo.mlflow_ui_url``) names the model-training view and the charts; a fresh
 headless Chromium (no saved choice) must land there, against a real ``mlflow server``.
 """
 
@@ -14,10 +14,10 @@ import re
 import shutil
 
 import pytest
+from cliptrack.cli.demo import EXPERIMENT, _training_experiment, mlflow_ui_url
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
 from tests._mlflow_ui import CHROMIUM, mlflow_server, settled_text
-from tracking.demo import EXPERIMENT, _training_experiment, mlflow_ui_url
 
 pytestmark = [
     pytest.mark.slow,

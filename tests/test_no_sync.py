@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import fused
 
-from adapters import fused, losses
 from tests._harness import host_sync_forbidden
 
 

@@ -8,15 +8,20 @@ import math
 
 import pytest
 import torch
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses.output import (
+    ForwardBackwardOutput,
+    clip_counts,
+    loss_metrics,
+    merge_outputs,
+    validate_metrics,
+)
+from cliptrack.core import keys
+from cliptrack.core.sums import ClipCounts
 from hypothesis import given
 from hypothesis import strategies as st
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 from tinker.types import ForwardBackwardOutput as TinkerForwardBackwardOutput
-
-from adapters import losses
-from adapters.output import ForwardBackwardOutput, clip_counts, loss_metrics, merge_outputs, validate_metrics
-from tracking import keys
-from tracking.counts import ClipCounts
 
 
 def _chunk(n_datums: int, tokens_per_datum: list[int], seed: int, loss=losses.ppo):
@@ -254,7 +259,7 @@ def test_minus_inf_logprobs_are_caught_although_the_ratio_hides_them():
 
 
 def test_errors_without_the_inputs_still_say_what_is_wrong():
-    from adapters.losses import raise_invalid
+    from cliptrack.adapters.losses.builtin import raise_invalid
 
     with pytest.raises(ValueError, match="non-finite values .* of 2 loss call"):
         raise_invalid([2, 0, 0])
@@ -282,7 +287,7 @@ def test_a_stale_fraction_is_never_kept_when_no_token_was_eligible():
 
 
 def test_counts_at_2_to_the_53_are_refused_as_no_longer_exact():
-    from tracking.counts import as_count
+    from cliptrack.core.sums import as_count
 
     assert as_count("n", float(2**53 - 1)) == 2**53 - 1
     with pytest.raises(ValueError, match="reached 2\\*\\*53"):

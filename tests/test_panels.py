@@ -14,19 +14,19 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from cliptrack.backends.mlflow.panels import log_comparison
+from cliptrack.backends.wandb.panels import build_report, build_workspace, report_spec, workspace_spec
+from cliptrack.cli.main import main
+from cliptrack.compare import LoadedRun, RunSet, compare, load_mlflow
+from cliptrack.compare.views.panels import PANELS
+from cliptrack.compare.views.plots import PALETTE
+from cliptrack.core import keys
+from cliptrack.core.text import markdown_lines
+from cliptrack.store.records import RunInfo
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests._compare_fixtures import megatron_vs_miles, synthetic_run, write_mlflow
-from tracking import keys
-from tracking.cli import main
-from tracking.compare import LoadedRun, RunSet, compare, load_mlflow
-from tracking.compare.panels import PANELS
-from tracking.compare.panels_mlflow import log_comparison
-from tracking.compare.panels_wandb import build_report, build_workspace, report_spec, workspace_spec
-from tracking.compare.plots import PALETTE
-from tracking.records import RunInfo
-from tracking.text import markdown_lines
 
 
 def _difference(quantity):
@@ -120,8 +120,8 @@ LOG_TO_WANDB = """
 import sys
 from tests._compare_fixtures import megatron_vs_miles
 from tests.test_panels import _runset
-from tracking.compare import compare
-from tracking.compare.panels_wandb import log_comparison
+from cliptrack.compare import compare
+from cliptrack.backends.wandb.panels import log_comparison
 
 runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
 print(log_comparison(runset, compare(runset), project="cliptrack-tests", directory=sys.argv[1]))
@@ -136,7 +136,7 @@ def test_comparison_logged_to_wandb_offline_holds_the_difference_panels_data(tmp
     import subprocess
     import sys
 
-    from tracking.sinks._compat_wandb import history_rows
+    from cliptrack.backends.wandb._compat import history_rows
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(root)}
@@ -260,7 +260,7 @@ def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):
 
 
 def test_wandb_workspaces_version_is_checked():
-    from tracking.compare import _compat_wandb_workspaces as compat
+    from cliptrack.backends.wandb import _workspaces as compat
 
     assert compat.check_version() == compat.installed_version()  # the installed one is supported
     low, high = compat.SUPPORTED
@@ -311,7 +311,7 @@ sized = st.integers(0, 300).flatmap(lambda n: st.lists(values, min_size=n, max_s
 @settings(max_examples=40)
 @given(sized, st.integers(2, 40))
 def test_downsampled_line_keeps_each_buckets_extremes(ys, max_points):
-    from tracking.compare import downsample
+    from cliptrack.compare.views import downsample
 
     x = [float(i * 3) for i in range(len(ys))]
     ys = [v if v != math.inf else math.nan for v in ys]  # non-finite values are gaps
@@ -328,7 +328,7 @@ def test_downsampled_line_keeps_each_buckets_extremes(ys, max_points):
     st.integers(2, 40),
 )
 def test_downsampled_band_covers_the_full_band(edges, max_points):
-    from tracking.compare import downsample
+    from cliptrack.compare.views import downsample
 
     low = np.array([a for a, _ in edges], dtype=float)
     high = np.array([b for _, b in edges], dtype=float)
@@ -349,7 +349,7 @@ def test_downsampled_band_covers_the_full_band(edges, max_points):
 
 
 def test_downsampling_refuses_mismatched_input():
-    from tracking.compare import downsample
+    from cliptrack.compare.views import downsample
 
     with pytest.raises(ValueError, match="x and y differ in length: 3 x values, 2 y values"):
         downsample.line(np.zeros(3), np.zeros(2))
@@ -360,7 +360,7 @@ def test_downsampling_refuses_mismatched_input():
 @given(st.floats(-1e7, 1e7), st.floats(1e-3, 1e7))
 @example(5e-324, 9.0)  # lo / step underflows to 0: the first tick must still be at or above lo
 def test_nice_ticks(lo, width):
-    from tracking.compare.plots import nice_ticks
+    from cliptrack.compare.views.plots import nice_ticks
 
     hi = lo + width
     first, step = nice_ticks(lo, hi)
@@ -377,8 +377,8 @@ def _runset(*runs):
 
 
 def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_entry():
-    from tracking.compare.panels import DIFFERENCE, Shown, difference_panels
-    from tracking.compare.quantities import QUANTITIES
+    from cliptrack.compare.quantities import QUANTITIES
+    from cliptrack.compare.views.panels import DIFFERENCE, Shown, difference_panels
 
     compared = [q.name for q in QUANTITIES if q.verdict]
     assert sorted(p.quantity for p in PANELS if p.kind == DIFFERENCE) == sorted(compared)
@@ -396,8 +396,8 @@ def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_ent
 def test_difference_panel_draws_the_result():
     """Run b clips +10 pp more during steps 600-659 of 1200: the panel draws every segment of the
     result with its interval, shades the differing ones, and draws the margin and the average."""
-    from tracking.compare.plots import BAND, HLINE, LINE, SPAN, panel_figures
-    from tracking.compare.stats import DIFFERENT
+    from cliptrack.compare.stats import DIFFERENT
+    from cliptrack.compare.views.plots import BAND, HLINE, LINE, SPAN, panel_figures
 
     a = synthetic_run("a", "a", "megatron", seed=1, n_steps=1200, clip_sd=0.003)
     b = synthetic_run("b", "b", "miles", seed=2, n_steps=1200, clip_sd=0.003)
@@ -436,7 +436,7 @@ def test_difference_panel_draws_the_result():
 
 
 def test_seed_groups_draw_each_seed_and_the_groups_range():
-    from tracking.compare.plots import BAND, LINE, panel_figures
+    from cliptrack.compare.views.plots import BAND, LINE, panel_figures
 
     seeds = {
         "megatron": [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i) for i in range(3)],
@@ -464,8 +464,8 @@ def test_seed_groups_draw_each_seed_and_the_groups_range():
 
 
 def test_long_runs_are_downsampled_for_drawing_only():
-    from tracking.compare import downsample
-    from tracking.compare.plots import MARKERS, panel_figures
+    from cliptrack.compare.views import downsample
+    from cliptrack.compare.views.plots import MARKERS, panel_figures
 
     n = 3 * downsample.MAX_POINTS
     a = synthetic_run("a", "a", "megatron", seed=1, n_steps=n)
@@ -487,8 +487,8 @@ def test_matplotlib_draws_what_the_dashboard_draws():
     import matplotlib
 
     matplotlib.use("Agg")
-    from tracking.compare.plots import SPAN, panel_figures
-    from tracking.compare.plots_matplotlib import draw_all
+    from cliptrack.compare.views.plots import SPAN, panel_figures
+    from cliptrack.compare.views.plots_matplotlib import draw_all
 
     runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
     result = compare(runset)

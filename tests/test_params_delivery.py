@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 
 from tests import _postgres
 from tests._harness import free_port
-from tracking import keys
-from tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"lr": 3e-4, "optimizer": {"name": "adam", "beta1": 0.9}, "seed": 7}
@@ -181,7 +181,7 @@ def test_params_and_tags_arrive_through_503s_a_resumed_process_and_replay(tmp_pa
         # 3. replay, once the proxy forwards again, sends what was not acknowledged, nothing twice
         proxy.heal()
         done = subprocess.run(
-            [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+            [sys.executable, "-m", "cliptrack.cli.main", "replay", str(spool)],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -236,11 +236,10 @@ def test_params_mlflow_refuses_are_named_and_the_others_arrive(tmp_path, server,
 def test_error_lines_are_short_and_echo_no_sql():
     """A SQL store's error as the MLflow server returns it (SQLAlchemy's text, with the statement
     and its parameters) is cut to its reason; a metric key of 1 MB is not repeated whole."""
+    from cliptrack.backends.mlflow import _compat as compat
+    from cliptrack.backends.mlflow.sink import MlflowSink
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import DataError
-
-    from tracking.sinks import _compat_mlflow as compat
-    from tracking.sinks.mlflow_sink import MlflowSink
 
     statement = "INSERT INTO runs (run_uuid, name) VALUES (%(run_uuid)s, %(name)s)"
     error = DataError(statement, {"run_uuid": "a" * 32, "name": "n" * 2**20}, Exception("value too long"))

@@ -1,6 +1,6 @@
 """The Miles path and the Megatron path, fed the same global batch, emit identical clip metrics.
 
-Megatron path: ``adapters.megatron.make_loss_func`` per micro-batch and ``reduce_losses`` — once
+Megatron path: ``cliptrack.adapters.megatron.make_loss_func`` per micro-batch and ``reduce_losses`` — once
 through Megatron-Core's real ``get_forward_backward_func`` schedule (one gloo rank on 127.0.0.1,
 the tests' CPU shim), once with a hand-rolled loop over micro-batches (no megatron-core needed).
 Miles path: every sequence of the batch is a datum in Tinker's JSON form, run through
@@ -17,12 +17,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from cliptrack.adapters.megatron import make_loss_func, reduce_losses
+from cliptrack.adapters.miles import ClientAggregator, forward_backward_loss, output_to_json
+from cliptrack.core import keys
 
-from adapters.megatron import make_loss_func, reduce_losses
-from adapters.miles import ClientAggregator, forward_backward_loss, output_to_json
 from tests import _harness as harness
 from tests import _megatron_setup as setup
-from tracking import keys
 
 CLIP_METRICS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, keys.CLIP_FRACTION)
 

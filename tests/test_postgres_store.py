@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
 
 from tests import _postgres
 from tests._harness import free_port
 from tests.test_tracker_mlflow_server import MlflowServer
-from tracking import keys
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "pg-Pa55word-4e1d"
@@ -170,7 +170,7 @@ def test_mlflow_server_on_postgres_killed_and_postgres_restarted_keeps_every_poi
         recovered = load.wait_rows(_counts(store, "postgres-load"), "after PostgreSQL's restart")
         results = load.finish()
         replay = subprocess.run(  # what a close left pending (if anything) is delivered by replay
-            [sys.executable, "-m", "tracking.cli", "replay", str(tmp_path / "spool")],
+            [sys.executable, "-m", "cliptrack.cli.main", "replay", str(tmp_path / "spool")],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -214,7 +214,7 @@ def test_mlflow_server_on_postgres_killed_and_postgres_restarted_keeps_every_poi
 
 def _cli(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tracking.cli", *args],
+        [sys.executable, "-m", "cliptrack.cli.main", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -225,8 +225,8 @@ def _cli(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]
 def _log_run(uri: str, spool: Path, name: str, clipped: int) -> subprocess.CompletedProcess[str]:
     """One run of 150 steps logged straight to ``uri`` (MLflow's SQLAlchemy store), in its own process."""
     code = f"""
-from tracking import keys
-from tracking.tracker import Tracker
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 with Tracker({name!r}, backends=({uri!r},), spool_dir={str(spool)!r}, experiment="postgres-direct",
              backend_label={name!r}, handle_signals=False) as tracker:
     for step in range(150):

@@ -1,12 +1,11 @@
-"""``tracking.progress``: a bar only on a terminal, plain complete lines anywhere else."""
+"""``cliptrack.cli.progress``: a bar only on a terminal, plain complete lines anywhere else."""
 
 from __future__ import annotations
 
 import io
 
 import pytest
-
-from tracking.progress import Progress, progress
+from cliptrack.cli.progress import Progress, progress
 
 
 class Terminal(io.StringIO):

@@ -1,7 +1,7 @@
 """No secret leaves cliptrack: credentials in store addresses and the environment are redacted in
 everything it prints or writes, while the real values are still used to connect.
 
-Unit tests of ``tracking.secrets`` (hypothesis: a URI's password never survives, a URI without a
+Unit tests of ``cliptrack.core.secrets`` (hypothesis: a URI's password never survives, a URI without a
 secret is unchanged; restoring the real URI at resume), then one end-to-end test: a password (in
 the tracking URI's user info), a token (in its query string) and a W&B key (``WANDB_API_KEY``) are
 planted; two runs are logged to a real ``mlflow server`` (behind a loopback gateway that demands
@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cliptrack.core import secrets
+from cliptrack.core.secrets import MASK, redact, redact_value
 from hypothesis import given
 from hypothesis import strategies as st
-
-from tracking import secrets
-from tracking.secrets import MASK, redact, redact_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +43,7 @@ SECRETS = (PASSWORD, TOKEN, WANDB_KEY)
 STEPS = 40
 
 
-# ---- tracking.secrets ---------------------------------------------------------------------------
+# ---- cliptrack.core.secrets ---------------------------------------------------------------------------
 
 _WORD = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~", min_size=1, max_size=12
@@ -124,7 +123,7 @@ def test_the_real_uri_is_restored_from_a_candidate_that_matches_the_stored_one()
 
 
 def test_the_demo_prints_no_secret_of_its_store(tmp_path):
-    from tracking.demo import next_steps, where_everything_is
+    from cliptrack.cli.demo import next_steps, where_everything_is
 
     uri = f"postgresql://ml:{PASSWORD}@db/mlflow?token={TOKEN}"
     text = next_steps(tmp_path, uri, "1", ["a", "b"]) + where_everything_is(
@@ -201,8 +200,8 @@ class Gateway:
 
 _LOG_RUN = """
 import sys
-from tracking import keys
-from tracking.tracker import Tracker
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 import os
 uri = os.environ["CLIPTRACK_TEST_URI"]
 spool, wandb_dir, name, clipped, steps = sys.argv[1:6]
@@ -222,7 +221,7 @@ comes from the environment, as a job's would (W&B records a program's command li
 
 def _cli(*args: str, env: dict[str, str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", *args],
+        [sys.executable, "-m", "cliptrack.cli.main", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -373,12 +372,11 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
 def test_a_resumed_run_and_replay_reach_the_store_with_the_uri_run_json_does_not_hold(tmp_path, monkeypatch):
     """run.json records ``?token=***``; a resumed tracker given the real URI, and replay given it in
     ``MLFLOW_TRACKING_URI``, reach the store; replay without it fails saying where to give it."""
+    from cliptrack.core import keys
+    from cliptrack.log.replay import replay_run
+    from cliptrack.log.tracker import Tracker
+    from cliptrack.store.spool import Ack, RunDir
     from mlflow import MlflowClient
-
-    from tracking import keys
-    from tracking.replay import replay_run
-    from tracking.spool import Ack, RunDir
-    from tracking.tracker import Tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     real = f"sqlite:///{tmp_path / 'mlflow.db'}?token={TOKEN}"  # SQLAlchemy's sqlite ignores the query

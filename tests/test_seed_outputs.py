@@ -17,19 +17,23 @@ from fractions import Fraction
 
 import pytest
 import torch
+from cliptrack.adapters import megatron as mg
+from cliptrack.adapters.losses.builtin import INPUT_CHECKS
+from cliptrack.adapters.losses.output import (
+    ForwardBackwardOutput,
+    clip_counts,
+    merge_outputs,
+    validate_metrics,
+)
+from cliptrack.adapters.miles import ClientAggregator, aggregate_datums, output_from_json, output_to_json
+from cliptrack.adapters.miles.wire import count_data
+from cliptrack.compare import compare, load_jsonl
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 from hypothesis import given
 from hypothesis import strategies as st
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 from tinker.types import ForwardBackwardOutput as TinkerOutput
-
-from adapters import megatron as mg
-from adapters.losses import INPUT_CHECKS
-from adapters.miles import ClientAggregator, aggregate_datums, output_from_json, output_to_json
-from adapters.miles.wire import count_data
-from adapters.output import ForwardBackwardOutput, clip_counts, merge_outputs, validate_metrics
-from tracking import keys
-from tracking.compare import compare, load_jsonl
-from tracking.tracker import Tracker
 
 SPLIT = {keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS}
 FORMS = ["ours", "tinker", "json"]

@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cliptrack.backends import SINKS, Sink, SinkError, make_sink, register_sink
+from cliptrack.backends.mlflow.sink import MlflowSink
+from cliptrack.log.replay import replay_run
+from cliptrack.log.tracker import Tracker
+from cliptrack.store.records import Point, RunInfo
+from cliptrack.store.spool import RunDir
 from mlflow import MlflowClient
 
 from tests._journal import journal_steps
-from tracking.records import Point, RunInfo
-from tracking.replay import replay_run
-from tracking.sinks import SINKS, Sink, SinkError, make_sink, register_sink
-from tracking.sinks.mlflow_sink import MlflowSink
-from tracking.spool import RunDir
-from tracking.tracker import Tracker
 
 
 class CsvSink(Sink):
@@ -106,7 +106,7 @@ def test_ready_sink_objects_with_vendor_options_beside_mlflow(tmp_path, csv_regi
     (run,) = client.search_runs([client.get_experiment_by_name("objects").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "kl:mean")) == list(range(300))
     assert tracker.run.run_name == "objects"
-    from tracking import sinks
+    from cliptrack import backends as sinks
 
     assert sinks.MlflowSink is MlflowSink  # also reachable from the package, imported on use
 
@@ -137,7 +137,7 @@ def test_register_sink_checks_what_it_is_given(monkeypatch):
     assert isinstance(make_sink("placeholder:/tmp/p.csv"), CsvSink)
     with pytest.raises(ValueError, match="without ':'"):
         register_sink("a:b", CsvSink)
-    with pytest.raises(ValueError, match="does not derive from tracking.sinks.Sink"):
+    with pytest.raises(ValueError, match="does not derive from cliptrack.backends.Sink"):
         register_sink("placeholder", dict)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="is not 'module:Class'"):
         register_sink("placeholder", "no_class_here")

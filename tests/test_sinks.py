@@ -8,13 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-
-from tracking import keys
-from tracking.records import Point, RunInfo
-from tracking.sinks import Sink, is_jsonl, jsonl_root, make_sink
-from tracking.sinks.mlflow_sink import MlflowSink, flatten_config, resolve_tracking_uri
-from tracking.sinks.wandb_sink import WandbSink, resolve_mode
-from tracking.spool import Ack, Journal, RunDir, pending, run_dirs, spool_runs
+from cliptrack.backends import Sink, is_jsonl, jsonl_root, make_sink
+from cliptrack.backends.mlflow.sink import MlflowSink, flatten_config, resolve_tracking_uri
+from cliptrack.backends.wandb.sink import WandbSink, resolve_mode
+from cliptrack.core import keys
+from cliptrack.store.records import Point, RunInfo
+from cliptrack.store.spool import Ack, Journal, RunDir, pending, run_dirs, spool_runs
 
 
 @pytest.mark.parametrize(
@@ -175,7 +174,7 @@ def test_a_live_run_lock_excludes_a_second_writer(tmp_path):
 def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(tmp_path, monkeypatch):
     """A run that relied on WANDB_DIR must be replayed into that directory, not ./wandb of wherever
     replay runs."""
-    from tracking.sinks import sink_from_state
+    from cliptrack.backends import sink_from_state
 
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
     monkeypatch.chdir(tmp_path)
@@ -190,7 +189,7 @@ def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(t
 
 
 def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
-    from tracking.sinks import SINKS, sink_class, sink_from_state
+    from cliptrack.backends import SINKS, sink_class, sink_from_state
 
     assert {name: sink_class(name).name for name in SINKS} == {"mlflow": "mlflow", "wandb": "wandb"}
     assert sink_from_state(
@@ -207,7 +206,7 @@ def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
 def test_config_mlflow_refuses_is_refused_by_name_not_dropped_silently():
     """Params MLflow refuses by its rules are refused one by one (never sent, never sinking the
     others), each with a short reason; tags are sent."""
-    from tracking.sinks.mlflow_sink import _entries
+    from cliptrack.backends.mlflow.sink import _entries
 
     entries, refused = _entries(
         {
@@ -229,8 +228,9 @@ def test_the_sink_seams_accept_the_installed_versions_and_refuse_others_by_name(
     installed_version(), check_supported()."""
     from importlib import metadata
 
-    from tracking.sinks import _compat_mlflow, _compat_wandb
-    from tracking.versions import UnsupportedVersionError, parse_version
+    from cliptrack.backends.mlflow import _compat as _compat_mlflow
+    from cliptrack.backends.wandb import _compat as _compat_wandb
+    from cliptrack.core.versions import UnsupportedVersionError, parse_version
 
     for seam, package in ((_compat_mlflow, "mlflow"), (_compat_wandb, "wandb")):
         assert seam.installed_version() == metadata.version(package)
@@ -277,7 +277,7 @@ def test_an_experiment_the_mlflow_sink_creates_on_sqlite_keeps_artifacts_beside_
 
 
 def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
-    from tracking.sinks._compat_mlflow import artifacts_beside
+    from cliptrack.backends.mlflow._compat import artifacts_beside
 
     assert artifacts_beside("sqlite:////data/runs/m.db?timeout=20", "mlartifacts") == Path(
         "/data/runs/mlartifacts"
@@ -289,10 +289,9 @@ def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
 def test_wandb_items_have_one_decoder_nested_keys_joined_with_a_dot():
     """History rows and config updates are decoded by the seam alone (the sink's read-back, the
     comparison's loader, the tests): a nested key reads ``a.b``, W&B's own flat spelling."""
+    from cliptrack.backends import load
+    from cliptrack.backends.wandb import _compat as _compat_wandb
     from wandb.proto import wandb_internal_pb2
-
-    from tracking.compare import load
-    from tracking.sinks import _compat_wandb
 
     record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
     flat = record.history.item.add()

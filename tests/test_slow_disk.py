@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cliptrack.log._pipeline.writer import CRASH_GRACE_S
+from cliptrack.log.limits import Limits
 
 from tests._disk import SlowDisk, slow_disk, slow_disk_unavailable
 from tests._journal import journal_steps
 from tests.test_tracker_faults import REPO, _env
-from tracking.limits import Limits
-from tracking.writer import CRASH_GRACE_S
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""A custom loop's step as one point: ``tracking.steps.step_metrics`` against a plain reference,
+"""A custom loop's step as one point: ``cliptrack.log.steps.step_metrics`` against a plain reference,
 and ``Tracker.log_losses`` / ``with tracker.step(step):`` through a real tracker and its spool."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from cliptrack import Tracker
+from cliptrack.core import keys
+from cliptrack.log.steps import step_metrics
 from hypothesis import given
 from hypothesis import strategies as st
-
-from tracking import Tracker, keys
-from tracking.steps import step_metrics
 
 
 @st.composite
@@ -88,9 +88,8 @@ def test_parts_with_the_gauge_combine_as_one_pass():
     """Two loss parts of one step: counts add exactly, gauge sums add, extremes by max / min, and the
     means are formed from the combined sums — as one pass over all the tokens gives them."""
     import torch
-
-    from adapters.losses import ppo
-    from adapters.output import loss_metrics
+    from cliptrack.adapters.losses.builtin import ppo
+    from cliptrack.adapters.losses.output import loss_metrics
 
     g = torch.Generator().manual_seed(3)
     lp = torch.randn(300, generator=g, dtype=torch.float64)

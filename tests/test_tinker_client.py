@@ -1,7 +1,7 @@
 """The tinker wrapper and the tinker-cookbook logger, with the real ``tinker`` and ``tinker-cookbook``.
 
 Only tinker's network service is stood in for: :class:`InProcessService` answers
-``forward_backward`` with our Miles-runtime path (``adapters.miles.forward_backward_loss``) on a
+``forward_backward`` with our Miles-runtime path (``cliptrack.adapters.miles.forward_backward_loss``) on a
 tiny logits-table policy and ``optim_step`` with SGD, and returns real tinker types
 (``tinker.types.ForwardBackwardOutput`` decoded from the JSON a REST service would send,
 ``tinker.types.OptimStepResponse``) in tinker's own ``AwaitableConcurrentFuture``. Each future is
@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("tinker")
+from cliptrack import Tracker
+from cliptrack.adapters.miles import forward_backward_loss, output_to_json
+from cliptrack.adapters.tinker import TrackedTrainingClient, cookbook_metrics
+from cliptrack.compare import load_runs
+from cliptrack.core import keys
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
-
-from adapters.miles import forward_backward_loss, output_to_json
-from adapters.tinker import TrackedTrainingClient, cookbook_metrics
-from tracking import Tracker, keys
-from tracking.compare import load_runs
 
 VOCAB = 9
 DELTAS = (-0.6, -0.4, -0.1, 0.0, 0.1, 0.4, 0.6)
@@ -363,7 +363,7 @@ def test_cookbook_metric_names():
 
 def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeypatch):
     ml_log = pytest.importorskip("tinker_cookbook.utils.ml_log")
-    from adapters.tinker import CookbookLogger
+    from cliptrack.adapters.tinker import CookbookLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cliptrack.adapters.losses.output import ForwardBackwardOutput
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker, TrackerClosed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
-from adapters.output import ForwardBackwardOutput
 from tests._harness import closed_port
 from tests._journal import run_summary
-from tracking import keys
-from tracking.tracker import Tracker, TrackerClosed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -404,7 +404,7 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     meta = json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())
     assert meta["status"] == "FINISHED" and meta["sinks"]["mlflow"]["closed"] is False
 
-    replay = [sys.executable, "-m", "tracking.cli", "replay", str(tmp_path), "--tracking-uri", db_uri]
+    replay = [sys.executable, "-m", "cliptrack.cli.main", "replay", str(tmp_path), "--tracking-uri", db_uri]
     first = subprocess.run(replay, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"run {tracker.run_id} mlflow: replayed, 3000 points pushed, status FINISHED" in first.stdout

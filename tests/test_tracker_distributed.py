@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
 from mlflow import MlflowClient
 
 from tests._harness import free_port
-from tracking import keys
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

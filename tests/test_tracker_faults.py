@@ -24,17 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cliptrack.backends.base import Sink
+from cliptrack.core import keys
+from cliptrack.log.tracker import NullTracker, Tracker, TrackerClosed
+from cliptrack.store import journal
+from cliptrack.store.records import Point, RunInfo
+from cliptrack.store.spool import RunDir
 from mlflow import MlflowClient
 
 from tests._disk import fill
 from tests._harness import closed_port
 from tests._journal import journal_steps
 from tests._tracking_wandb_log import history
-from tracking import journal, keys
-from tracking.records import Point, RunInfo
-from tracking.sinks.base import Sink
-from tracking.spool import RunDir
-from tracking.tracker import NullTracker, Tracker, TrackerClosed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def _replay(
     *args: str, timeout: float = 180, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "replay", *args],
+        [sys.executable, "-m", "cliptrack.cli.main", "replay", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -604,7 +605,7 @@ EXIT_SCRIPTS = {
     ],
 )
 def test_a_run_left_open_gets_the_status_of_how_the_process_ended(tmp_path, script, status):
-    code = f"import sys\nfrom tracking import Tracker\nSPOOL = {str(tmp_path)!r}\n" + EXIT_SCRIPTS[script]
+    code = f"import sys\nfrom cliptrack import Tracker\nSPOOL = {str(tmp_path)!r}\n" + EXIT_SCRIPTS[script]
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, timeout=120, env=_env(), capture_output=True
     )

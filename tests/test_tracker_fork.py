@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
 from tests._journal import journal_steps
-from tracking import keys
-from tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

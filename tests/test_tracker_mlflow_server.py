@@ -13,11 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
 from tests._harness import free_port
-from tracking import keys
-from tracking.tracker import Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10_000
@@ -124,7 +124,7 @@ def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_p
 
         server.start()
         replay = subprocess.run(
-            [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+            [sys.executable, "-m", "cliptrack.cli.main", "replay", str(spool)],
             capture_output=True,
             text=True,
             cwd=REPO,

@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.process import global_rank
+from cliptrack.log.tracker import NullTracker, Tracker
 from mlflow import MlflowClient
-
-from tracking import keys
-from tracking.process import global_rank
-from tracking.tracker import NullTracker, Tracker
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_VARS = (

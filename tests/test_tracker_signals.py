@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.store import journal
 from mlflow import MlflowClient
 
 from tests._journal import journal_steps
-from tracking import journal, keys
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -187,7 +188,7 @@ def test_a_hard_kill_loses_at_most_the_last_flush_interval(tmp_path):
     assert old and len(steps) >= max(old)
     assert _status(spool, run_id) == "RUNNING"
     replay = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "replay", str(spool)],
+        [sys.executable, "-m", "cliptrack.cli.main", "replay", str(spool)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -10,10 +10,10 @@ import math
 from pathlib import Path
 
 import pytest
+from cliptrack.core import keys
+from cliptrack.log.tracker import Tracker
 
 from tests._tracking_wandb_log import history, of_type
-from tracking import keys
-from tracking.tracker import Tracker
 
 pytestmark = pytest.mark.slow
 
@@ -105,9 +105,9 @@ def test_replay_sends_what_the_wandb_file_lacks_whatever_the_acknowledgement_say
     import subprocess
     import sys
 
-    from tracking.records import Point, RunInfo
-    from tracking.sinks.wandb_sink import WandbSink
-    from tracking.spool import Ack, Journal, RunDir
+    from cliptrack.backends.wandb.sink import WandbSink
+    from cliptrack.store.records import Point, RunInfo
+    from cliptrack.store.spool import Ack, Journal, RunDir
 
     run = RunInfo("0123456789abcdef0123456789abcdef", "crashed", "megatron", {"lr": 0.5}, started=1.7e9)
     run_dir = RunDir(offline / "spool", run.run_id)
@@ -126,7 +126,7 @@ def test_replay_sends_what_the_wandb_file_lacks_whatever_the_acknowledgement_say
     run_dir.write_ack("wandb", Ack(acked, ends[acked - 1]))
 
     replay = subprocess.run(
-        [sys.executable, "-m", "tracking.cli", "replay", str(offline / "spool")],
+        [sys.executable, "-m", "cliptrack.cli.main", "replay", str(offline / "spool")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -151,7 +151,7 @@ def test_a_resume_never_starts_in_the_second_of_an_earlier_run_directory(tmp_pat
     overwrite) the crashed process's ``.wandb`` file. The resume waits for the next second."""
     import time as _time
 
-    from tracking.sinks import _compat_wandb as compat
+    from cliptrack.backends.wandb import _compat as compat
 
     run_id = "0123456789abcdef0123456789abcdef"
     for _ in range(3):

@@ -20,7 +20,7 @@ import functools
 from importlib import metadata
 from typing import Any
 
-from adapters._compat import UnsupportedVersionError, check_version
+from cliptrack.adapters._compat import UnsupportedVersionError, check_version
 
 __all__ = [
     "MINIMUM",
@@ -55,7 +55,7 @@ def installed_version() -> str | None:
 
 
 def check_supported() -> None:
-    """Raise :class:`adapters._compat.UnsupportedVersionError` unless the installed megatron-core
+    """Raise :class:`cliptrack.adapters._compat.UnsupportedVersionError` unless the installed megatron-core
     is in the verified range (nothing to check when it is absent)."""
     found = installed_version()
     if found is not None:

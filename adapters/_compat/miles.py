@@ -1,4 +1,4 @@
-"""The Miles seam: the parts of Miles' training code :mod:`adapters.miles.custom_loss` relies on.
+"""The Miles seam: the parts of Miles' training code :mod:`cliptrack.adapters.miles.custom_loss` relies on.
 
 cliptrack relies on (verified on the ``miles-rl`` release :data:`MINIMUM` .. :data:`SUPPORTED_BELOW`,
 ``miles/backends/training_utils/loss.py``):
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
-from adapters._compat import UnsupportedVersionError, check_version
+from cliptrack.adapters._compat import UnsupportedVersionError, check_version
 
 __all__ = [
     "MINIMUM",
@@ -64,7 +64,7 @@ def policy_loss() -> tuple[Callable[..., Any], dict[str, Any]]:
         from miles.backends.training_utils.loss import policy_loss_function
     except ImportError as exc:
         raise ImportError(
-            "adapters.miles.custom_loss runs inside Miles' training loop and needs Miles "
+            "cliptrack.adapters.miles.custom_loss runs inside Miles' training loop and needs Miles "
             f"(miles.backends.training_utils.loss) importable: {exc}"
         ) from exc
     namespace: dict[str, Any] = policy_loss_function.__globals__

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from adapters._compat import UnsupportedVersionError, check_version
+from cliptrack.adapters._compat import UnsupportedVersionError, check_version
 
 __all__ = [
     "HAVE_TINKER",
@@ -66,7 +66,7 @@ def installed_version() -> str:
 
 
 def check_supported() -> None:
-    """Raise :class:`adapters._compat.UnsupportedVersionError` unless the installed tinker is in
+    """Raise :class:`cliptrack.adapters._compat.UnsupportedVersionError` unless the installed tinker is in
     the verified range (ImportError without tinker)."""
     check_version("tinker", installed_version(), MINIMUM, SUPPORTED_BELOW, USES)
 

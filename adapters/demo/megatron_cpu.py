@@ -10,7 +10,7 @@ fails before the first micro-batch. The demo trains on CPU, so within :func:`cpu
 * ``torch.cuda.current_device`` returns ``"cpu"``.
 
 Nothing else changes: the schedule, its loss-function protocol and the reductions are Megatron's
-own. This is the only module that touches devices; the library (``adapters.megatron``) never
+own. This is the only module that touches devices; the library (``cliptrack.adapters.megatron``) never
 does, and on a GPU the redirect is not entered (:func:`needed`). :func:`megatron_session` sets up
 what the schedule needs around a run: a one-rank gloo process group on 127.0.0.1 (unless one is
 already initialised) and ``parallel_state`` with TP = PP = CP = 1.

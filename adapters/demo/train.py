@@ -5,15 +5,15 @@ Both paths train the same policy on the same task with the same seed. Each step 
 optimisation passes over it; every pass after the first is off-policy, so the ratio drifts and
 clipping bites. The gradient is that of the token mean over the step's batch in both paths.
 
-* Megatron path: :func:`adapters.megatron.make_loss_func` per micro-batch (micro-batches of
-  unequal sizes), the reports reduced by :func:`adapters.megatron.reduce_losses`. With
+* Megatron path: :func:`cliptrack.adapters.megatron.make_loss_func` per micro-batch (micro-batches of
+  unequal sizes), the reports reduced by :func:`cliptrack.adapters.megatron.reduce_losses`. With
   megatron-core installed, the micro-batches run through Megatron-Core's own
   ``get_forward_backward_func()`` schedule, the policy wrapped as a ``MegatronModule``, on a
-  one-rank gloo ``parallel_state`` (on CPU through :mod:`adapters.demo.megatron_cpu`, which says
+  one-rank gloo ``parallel_state`` (on CPU through :mod:`cliptrack.adapters.demo.megatron_cpu`, which says
   why); without it, through a plain micro-batch loop. :attr:`StepResult.schedule` names which ran.
-* Miles-runtime path: the runtime's :func:`adapters.miles.forward_backward_loss` per chunk of
+* Miles-runtime path: the runtime's :func:`cliptrack.adapters.miles.forward_backward_loss` per chunk of
   datums (one datum per completion, trimmed to its own length), the per-datum outputs sent over
-  JSON as a REST frontend would and summed per client by :class:`adapters.miles.ClientAggregator`.
+  JSON as a REST frontend would and summed per client by :class:`cliptrack.adapters.miles.ClientAggregator`.
 
 Every step's output carries the on-policy gauge beside the clip counts. The demo's Miles run
 samples from a policy two steps stale (``staleness=2``, ``cliptrack demo --miles-staleness``), so
@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from cliptrack.adapters.demo import megatron_cpu
+from cliptrack.adapters.demo.task import Policy, Rollout, TaskConfig, rollout
+from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_outputs
+from cliptrack.core import keys
 from torch import Tensor
-
-from adapters.demo import megatron_cpu
-from adapters.demo.task import Policy, Rollout, TaskConfig, rollout
-from adapters.output import ForwardBackwardOutput, merge_outputs
-from tracking import keys
 
 PATHS = ("megatron", "miles")
 """The two backend paths the demo trains through."""
@@ -170,7 +169,7 @@ class OnPolicy:
 
 
 SCHEDULE_LOOP = "plain micro-batch loop (megatron-core not installed)"
-SCHEDULE_MILES = "adapters.miles.forward_backward_loss (Miles runtime)"
+SCHEDULE_MILES = "cliptrack.adapters.miles.forward_backward_loss (Miles runtime)"
 
 
 StepFn = Callable[[Policy, torch.optim.Optimizer, Rollout, RunConfig, int], list[ForwardBackwardOutput]]
@@ -181,7 +180,7 @@ def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepR
 
     ``use_schedule`` (Megatron path): ``None`` picks Megatron-Core's schedule when megatron-core is
     installed, ``True`` forces it, ``False`` runs the plain loop. The schedule runs in
-    :func:`adapters.demo.megatron_cpu.megatron_session` (set up here unless already initialised).
+    :func:`cliptrack.adapters.demo.megatron_cpu.megatron_session` (set up here unless already initialised).
     torch runs ``run.threads`` intra-op threads meanwhile; the previous setting is restored after.
     """
     previous_threads = torch.get_num_threads()
@@ -251,7 +250,7 @@ def _loss_inputs(batch: Rollout, lo: int, hi: int) -> dict[str, Tensor]:
 def _megatron_loop_step(
     policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
 ) -> list[ForwardBackwardOutput]:
-    from adapters.megatron import make_loss_func, reduce_losses
+    from cliptrack.adapters.megatron import make_loss_func, reduce_losses
 
     total_tokens = float(batch.mask.sum())
     outputs = []
@@ -312,9 +311,8 @@ class _MegatronScheduleStep:
     def __call__(
         self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
     ) -> list[ForwardBackwardOutput]:
+        from cliptrack.adapters.megatron import make_loss_func, reduce_losses
         from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        from adapters.megatron import make_loss_func, reduce_losses
 
         if self.model is None or self.model.policy is not policy:
             self.model = _megatron_model(policy)
@@ -356,7 +354,7 @@ class MilesClient:
     """The Miles path: a runtime computing per-datum losses, a client summing them per run."""
 
     def __init__(self, run: RunConfig, client_id: str | None = None) -> None:
-        from adapters.miles import ClientAggregator
+        from cliptrack.adapters.miles import ClientAggregator
 
         self.client_id = client_id or f"demo-{run.path}-{run.seed}"
         self.aggregator = ClientAggregator()
@@ -365,7 +363,7 @@ class MilesClient:
     def step(
         self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
     ) -> list[ForwardBackwardOutput]:
-        from adapters.miles import forward_backward_loss, output_from_json, output_to_json
+        from cliptrack.adapters.miles import forward_backward_loss, output_from_json, output_to_json
 
         lengths = [int(n) for n in batch.mask.sum(dim=1).long()]
         total_tokens = float(sum(lengths))

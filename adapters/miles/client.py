@@ -2,9 +2,9 @@
 
 Inputs are ForwardBackwardOutputs as a Miles runtime returns them (ours, tinker's own type, their
 JSON dicts, or tinker's chunk merge of several), or bare lists of per-datum outputs. Each datum is
-a sequence; its measured fields (:data:`tracking.keys.DATUM_MEASURE_FIELDS`: ``loss_tokens``, the
+a sequence; its measured fields (:data:`cliptrack.core.keys.DATUM_MEASURE_FIELDS`: ``loss_tokens``, the
 clip counts, and the on-policy gauge's per-sequence sums and extremes) are read, summed (counts as
-Python ints, float sums with ``math.fsum``, extremes by max / min: :class:`tracking.counts.MeasuredSums`)
+Python ints, float sums with ``math.fsum``, extremes by max / min: :class:`cliptrack.core.sums.MeasuredSums`)
 and the fraction and means are formed once from the sums, so chunks of any size arriving in any
 order give the same metrics as one unchunked request.
 
@@ -16,7 +16,7 @@ Mixed losses: the counts of PPO and CISPO mean the same thing (eligible tokens w
 clipping changed), so outputs of either sum together. A loss that never clips carries no clip
 fields, a loss without sampling log-probs (cross entropy) no gauge; mixing such outputs with
 others within one request or step leaves a fraction or mean with no meaning, so it is refused
-with the one mixing error (:func:`tracking.measures.mixed_groups_error`).
+with the one mixing error (:func:`cliptrack.core.measures.mixed_groups_error`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from adapters.miles.wire import read_count, read_float
-from adapters.output import ForwardBackwardOutput, merge_metrics
-from tracking import keys, measures
-from tracking.counts import TokenCounts
-from tracking.outputs import is_output, read_output
-from tracking.validation import check_metrics, check_step
+from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_metrics
+from cliptrack.adapters.miles.wire import read_count, read_float
+from cliptrack.core import keys, measures
+from cliptrack.core.outputs import is_output, read_output
+from cliptrack.core.sums import TokenCounts
+from cliptrack.core.validation import check_metrics, check_step
 
 _FROM_DATUMS = tuple(k for k in (*keys.MEASURED_KEYS, *keys.MEAN_KEYS) if k != keys.LOSS_SUM)
 """Metric keys always formed from the per-datum sums (never from a chunk's own metrics)."""
@@ -60,7 +60,7 @@ def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
 
     ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
     (``clipped_low_tokens``, ``clipped_high_tokens``) is optional and comes as a pair. The gauge's
-    fields (:data:`tracking.keys.DATUM_GAUGE_FIELDS`) mark a loss with sampling log-probs: its sums
+    fields (:data:`cliptrack.core.keys.DATUM_GAUGE_FIELDS`) mark a loss with sampling log-probs: its sums
     come together, its extremes are optional (and ignored for a datum with no eligible token, which
     has none). Counts are int64, float measures float32 ``[hi, lo]`` pairs or single floats.
     """
@@ -390,7 +390,7 @@ class ClientAggregator:
 
 
 def _check_step(step: object) -> int:
-    """``step`` as an int (:func:`tracking.validation.check_step`), the message in the client's words."""
+    """``step`` as an int (:func:`cliptrack.core.validation.check_step`), the message in the client's words."""
     try:
         return check_step(step)
     except ValueError as exc:

@@ -3,12 +3,12 @@
 Use it from Miles' command line (the module must be importable on every training worker)::
 
     --loss-type custom_loss \\
-    --custom-loss-function-path adapters.miles.custom_loss.policy_loss_with_clip_counts
+    --custom-loss-function-path cliptrack.adapters.miles.custom_loss.policy_loss_with_clip_counts
 
 :func:`policy_loss_with_clip_counts` has Miles' custom-loss signature ``(args, batch, logits,
 sum_of_sample_mean) -> (loss, log_dict)``. It calls Miles' ``policy_loss_function`` with the same
 arguments and returns its loss unchanged (same value, same autograd graph, so the same gradients)
-and its log dict plus :data:`COUNT_ENTRIES` and :data:`adapters.miles.train_log.COUNT_SCALE`.
+and its log dict plus :data:`COUNT_ENTRIES` and :data:`cliptrack.adapters.miles.train_log.COUNT_SCALE`.
 
 How the entries survive Miles' aggregation exactly
 --------------------------------------------------
@@ -23,7 +23,7 @@ batch's ``dynamic_global_batch_size``; Miles scales its own loss by it). So, per
 
 - each count entry is ``(tokens on this rank's CP slice) * G``: the slices of the CP ranks add up
   to the sample's tokens, and the sum over the step is ``tokens * G``;
-- :data:`~adapters.miles.train_log.COUNT_SCALE` is the micro-batch's number of samples on CP rank
+- :data:`~cliptrack.adapters.miles.train_log.COUNT_SCALE` is the micro-batch's number of samples on CP rank
   0 and 0 on the other CP ranks: the sum over the step is ``G``.
 
 Both are divided by the same ``N / cp_size``, so ``entry / count_scale`` is the exact token sum in
@@ -33,7 +33,7 @@ returns, and the ``train/*`` values Miles' tracker logs. In per-sample-mean mode
 token counts. All values are whole numbers held in float64, exact while ``tokens * G < 2**53``:
 Miles builds its values tensor with ``torch.tensor([count, *log.values()])``, which becomes float64
 with these entries, so Miles' own entries are then summed in float64 too (they agree with a stock
-run's float32 sums to float32 precision). :func:`adapters.miles.read_train_log` reads them.
+run's float32 sums to float32 precision). :func:`cliptrack.adapters.miles.read_train_log` reads them.
 
 ``loss_tokens`` counts the eligible tokens (``loss_mask != 0``) without Miles' ``max(., 1)``;
 ``clipped_tokens`` the tokens where clipping bites, taken from Miles' own clip decision
@@ -45,14 +45,14 @@ The on-policy gauge (:data:`GAUGE_ENTRIES`: ``log_ratio``, ``abs_log_ratio``, ``
 ``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``) is scaled the same way, from
 ``l = -ppo_kl = log_probs - old_log_probs`` per eligible token (Miles' PPO ratio's own log;
 ``old_log_probs`` is the rollout's with ``--use-rollout-logprobs``, else the trainer's
-recomputation), with :func:`adapters.losses.gauge_of`, the formula of cliptrack's losses, bounds
+recomputation), with :func:`cliptrack.adapters.losses.builtin.gauge_of`, the formula of cliptrack's losses, bounds
 [1/2, 2] for ``ratio_outside_tokens``. ``entry / count_scale`` is the exact count or the float64
 sum (to a few roundings). Its extremes have no entry: Miles adds log values over micro-batches and
 ranks, which a max or min does not survive, so a step read back from Miles' log has no
 ``log_ratio:max`` / ``log_ratio:min``.
 
 Miles' per-token tensors are only visible inside ``policy_loss_function``; this module observes
-its call of ``compute_policy_loss`` through the Miles seam (:mod:`adapters._compat.miles`: swapped
+its call of ``compute_policy_loss`` through the Miles seam (:mod:`cliptrack.adapters._compat.miles`: swapped
 for a recording wrapper in the module that defines ``policy_loss_function`` for the duration of
 the call, restored after) and recomputes nothing. Counting adds a few integer reductions on device and no
 host synchronisation.
@@ -65,11 +65,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from cliptrack.adapters._compat import miles as miles_seam
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE, GAUGE_ENTRIES
 from torch import Tensor
-
-from adapters import losses
-from adapters._compat import miles as miles_seam
-from adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE, GAUGE_ENTRIES
 
 __all__ = [
     "COUNT_ENTRIES",

@@ -3,10 +3,10 @@
 A Miles runtime serving Tinker's API receives a request of N datums and a loss name; its model
 produces, for each datum, the current policy's log-probs of the target tokens. This module is the
 loss side of that runtime (not a model): :func:`forward_backward_loss` takes the datums' inputs and
-those log-prob tensors, computes each datum's loss with :mod:`adapters.losses`, and returns the
+those log-prob tensors, computes each datum's loss with :mod:`cliptrack.adapters.losses.builtin`, and returns the
 differentiable total loss plus the ``ForwardBackwardOutput`` the runtime sends back, whose
 ``loss_fn_outputs[i]`` carry ``logprobs`` and the datum's exact token counts (see
-:mod:`adapters.miles.wire`).
+:mod:`cliptrack.adapters.miles.wire`).
 
 All counts stay on the device until one stacked device-to-host transfer per request, where the
 loss inputs' validity (``LossOutput.invalid``) is checked too.
@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses.output import ForwardBackwardOutput
+from cliptrack.adapters.miles.client import sum_datums
+from cliptrack.adapters.miles.wire import count_data, float_data, read_array, tensor_data
+from cliptrack.core import keys, measures
+from cliptrack.core.sums import TokenCounts
 from torch import Tensor
-
-from adapters import losses
-from adapters.miles.client import sum_datums
-from adapters.miles.wire import count_data, float_data, read_array, tensor_data
-from adapters.output import ForwardBackwardOutput
-from tracking import keys, measures
-from tracking.counts import TokenCounts
 
 OUTPUT_TYPE = "ArrayRecord"
 """``loss_fn_output_type`` of the outputs built here (the class name Tinker's proto path reports)."""
@@ -69,12 +68,12 @@ def forward_backward_loss(
       one value (shape ``[]`` or ``[1]``), overriding ``loss_fn_config`` for that datum;
     - ``target_tokens`` is optional; when present its length must match ``logprobs[i]``.
 
-    Those are the fields the loss's registry entry declares (:class:`adapters.losses.TensorInput`
-    ``datum_fields``, :class:`adapters.losses.Option` ``per_datum``); a registered loss runs here
+    Those are the fields the loss's registry entry declares (:class:`cliptrack.adapters.losses.builtin.TensorInput`
+    ``datum_fields``, :class:`cliptrack.adapters.losses.builtin.Option` ``per_datum``); a registered loss runs here
     with no other change.
 
     ``logprobs[i]``: the current policy's log-probs of datum i's target tokens (floating tensor,
-    with grad; all on one device). ``loss_fn``: a registered loss name (:data:`adapters.losses.LOSSES`).
+    with grad; all on one device). ``loss_fn``: a registered loss name (:data:`cliptrack.adapters.losses.builtin.LOSSES`).
     ``loss_fn_config``: e.g. ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}`` or
     ``{"beta": 0.1}`` for ``dro`` (required there).
 
@@ -149,11 +148,11 @@ def forward_backward_loss(
 
 
 def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
-    """A datum's measured fields on the wire (:data:`tracking.keys.DATUM_MEASURE_FIELDS`, in that
+    """A datum's measured fields on the wire (:data:`cliptrack.core.keys.DATUM_MEASURE_FIELDS`, in that
     order): ``loss_tokens``; for a loss that clips, ``clipped_tokens`` and the low/high split when
     known; for a loss with sampling log-probs, the gauge of the datum's sequence. Counts are int64
     TensorData of shape ``[1]``, float measures float32 ``[hi, lo]`` pairs
-    (:func:`adapters.miles.wire.float_data`). A datum with no eligible token has no extreme: its
+    (:func:`cliptrack.adapters.miles.wire.float_data`). A datum with no eligible token has no extreme: its
     ``log_ratio_max`` / ``log_ratio_min`` are 0 on the wire and ignored by the reader (JSON has no
     infinity, and protobuf needs the same fields in every datum)."""
     values = counts.to_metrics()
@@ -295,7 +294,7 @@ def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Te
 
 
 def _to_host(outs: list[losses.LossOutput], logprobs: list[Tensor]) -> np.ndarray:
-    """Every datum's packed output (:data:`adapters.losses.PACKED_FIELDS`), then every log-prob:
+    """Every datum's packed output (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`), then every log-prob:
     ONE device-to-host copy.
 
     Values travel as float64: counts are exact below 2**53 tokens, float32 log-probs exactly.

@@ -21,7 +21,7 @@ to compensate). This module reads the summed dict, before that division.
 A cliptrack-aware Miles loss can add exact entries with :func:`log_entries` (``loss_tokens``,
 ``clipped_tokens``, ``clipped_low_tokens``, ``clipped_high_tokens``, token sums on the rank's own
 slice); with them the low/high split is known and ``loss_tokens`` does not depend on the
-``max(., 1)`` above. The ready loss :mod:`adapters.miles.custom_loss` adds them scaled, with
+``max(., 1)`` above. The ready loss :mod:`cliptrack.adapters.miles.custom_loss` adds them scaled, with
 :data:`COUNT_SCALE`, so they read back exactly from every form of the log, including the dict
 ``aggregate_train_losses`` returns and the ``train/*`` values Miles' tracker logs.
 
@@ -44,8 +44,8 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tracking import keys, measures
-from tracking.counts import TokenCounts, as_count
+from cliptrack.core import keys, measures
+from cliptrack.core.sums import TokenCounts, as_count
 
 PER_TOKEN_FLAG = "--calculate-per-token-loss"
 """The Miles flag (``args.calculate_per_token_loss``) under which the log dict's sums are token sums."""
@@ -64,7 +64,7 @@ COUNT_ENTRIES = (
 )
 """cliptrack's token-count entries in a Miles log dict, in order."""
 COUNT_SCALE = keys.MILES_COUNT_SCALE
-"""The entry dividing :data:`COUNT_ENTRIES` when they are scaled (``adapters.miles.custom_loss``)."""
+"""The entry dividing :data:`COUNT_ENTRIES` when they are scaled (``cliptrack.adapters.miles.custom_loss``)."""
 TRACKER_PREFIX = "train/"
 """Prefix Miles' ``log_train_step`` puts before each entry of the aggregated dict."""
 _EXACT_SCALED = 2**53
@@ -92,7 +92,7 @@ _GAUGE_SUMS = tuple(m for m in measures.GAUGE_MEASURES if m.miles_entry is not N
 def log_entries(out: Any) -> dict[str, Any]:
     """Entries a Miles loss adds to its reported dict for exact counts (device tensors, no sync).
 
-    ``out``: an :class:`adapters.losses.LossOutput` of a clipping loss over the micro-batch's
+    ``out``: an :class:`cliptrack.adapters.losses.builtin.LossOutput` of a clipping loss over the micro-batch's
     (CP-local) tokens. Values are float64 0-dim tensors, exact below 2**53 tokens.
     """
     if out.clipped_tokens is None:
@@ -139,7 +139,7 @@ def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]
             if abs(value) > limit:
                 raise ValueError(
                     f"{where} value {name!r} = {value:.0f} is beyond {limit} in {dtype} and no longer an exact "
-                    "count; log the counts as float64 (adapters.miles.log_entries does)"
+                    "count; log the counts as float64 (cliptrack.adapters.miles.log_entries does)"
                 )
     return names, values
 
@@ -169,12 +169,12 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
-    """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``adapters.miles.custom_loss``),
+    """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``cliptrack.adapters.miles.custom_loss``),
     and the gauge's sums from :data:`GAUGE_ENTRIES` when the log has them."""
     missing = [name for name in COUNT_ENTRIES if name not in entries]
     if missing:
         raise ValueError(
-            f"{where} has {COUNT_SCALE!r} but not {missing}: it was not written by adapters.miles.custom_loss"
+            f"{where} has {COUNT_SCALE!r} but not {missing}: it was not written by cliptrack.adapters.miles.custom_loss"
         )
     scale = entries[COUNT_SCALE]
     if not math.isfinite(scale) or scale <= 0:
@@ -248,13 +248,13 @@ def read_train_log(
 ) -> TokenCounts:
     """Exact token counts from a Miles log of one optimizer step, as a ``TokenCounts`` of a clipping
     loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it;
-    with :mod:`adapters.miles.custom_loss`'s entries also the gauge's sums, in ``gauge``).
+    with :mod:`cliptrack.adapters.miles.custom_loss`'s entries also the gauge's sums, in ``gauge``).
 
     ``log`` is one of:
 
     - the log dict summed over micro-batches and DP x CP ranks (``{"keys", "values": [count,
       *sums]}``, :func:`sum_train_logs`), before Miles' division;
-    - with the entries of :mod:`adapters.miles.custom_loss`, also the ``{entry: value}`` dict
+    - with the entries of :mod:`cliptrack.adapters.miles.custom_loss`, also the ``{entry: value}`` dict
       ``aggregate_train_losses`` returns or the ``{"train/entry": value}`` dict Miles logs. These
       read back exactly whatever the mode and CP size; the arguments below are not needed.
 
@@ -314,7 +314,7 @@ def _read_aggregated_log(log: Mapping[str, Any]) -> TokenCounts:
     raise ValueError(
         "this Miles log is already divided by Miles' count (aggregate_train_losses' output or the "
         f"logged train/* values) and has no {COUNT_SCALE!r} entry: exact counts cannot be recovered "
-        "from it. Use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss, or "
+        "from it. Use cliptrack.adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss, or "
         "read the summed log dict"
     )
 
@@ -332,7 +332,7 @@ def _require_per_token_mode(calculate_per_token_loss: bool | None) -> None:
             "values (pg_clipfrac, and train_rollout_logprob_abs_diff / train_rollout_kl for the "
             "mismatch) are sums of per-sample means and its count is a number of samples, so exact token "
             f"counts and gauge sums cannot be recovered from it. Run Miles with {PER_TOKEN_FLAG}, or take the counts "
-            "per datum (adapters.miles.forward_backward_loss / aggregate_datums)"
+            "per datum (cliptrack.adapters.miles.forward_backward_loss / aggregate_datums)"
         )
 
 
@@ -402,7 +402,7 @@ def _warn_all_masked(loss_masks: Sequence[Any] | None, loss_tokens: int) -> int:
 
     Without ``loss_masks`` the number is unknown and 0 is returned (nothing subtracted).
     """
-    fix = "use adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss for exact counts"
+    fix = "use cliptrack.adapters.miles.custom_loss.policy_loss_with_clip_counts as the Miles loss for exact counts"
     if loss_masks is None:
         warnings.warn(
             "this Miles log has no loss_tokens entry: its count adds max(loss_mask.sum(), 1) per sample, "

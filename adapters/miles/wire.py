@@ -6,7 +6,7 @@ TensorData: ``logprobs`` (float32, one entry per target token), the counts ``los
 (int64, shape ``[1]``, in tokens) and the gauge's float measures of the datum's sequence
 (``log_ratio``, ``abs_log_ratio``, ``kl_k3``, ``is_weight``, ``is_weight_sq``, ``log_ratio_max``,
 ``log_ratio_min``: float32 pairs ``[hi, lo]`` whose float64 sum is the value, :func:`float_data`;
-fields: :data:`tracking.keys.DATUM_MEASURE_FIELDS`). With tinker installed these are ``tinker.types.TensorData``; without it, the
+fields: :data:`cliptrack.core.keys.DATUM_MEASURE_FIELDS`). With tinker installed these are ``tinker.types.TensorData``; without it, the
 :class:`WireTensor` dataclass with the same ``data`` / ``dtype`` / ``shape`` fields.
 
 JSON form of one value (what a REST frontend returns, and what tinker's own pydantic
@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from adapters._compat import tinker as tinker_compat
-from adapters._compat.tinker import HAVE_TINKER
-from adapters._compat.tinker import TensorData as _TinkerTensorData
-from adapters.output import ForwardBackwardOutput
-from tracking.counts import as_count
-from tracking.outputs import read_output
+from cliptrack.adapters._compat import tinker as tinker_compat
+from cliptrack.adapters._compat.tinker import HAVE_TINKER
+from cliptrack.adapters._compat.tinker import TensorData as _TinkerTensorData
+from cliptrack.adapters.losses.output import ForwardBackwardOutput
+from cliptrack.core.outputs import read_output
+from cliptrack.core.sums import as_count
 
 WIRE_DTYPES = ("int64", "float32")
 """The dtypes of Tinker's public wire (``TensorDtype``)."""

@@ -14,52 +14,52 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
-    "ALIGNMENTS": "align",
-    "Window": "align",
-    "parse_window": "align",
-    "unit_table": "align",
-    "DEFAULT_CONFIDENCE": "compute",
-    "DEFAULT_TOLERANCES": "compute",
-    "compare": "compute",
-    "COLUMNS": "frame",
-    "LoadedRun": "frame",
-    "Point": "frame",
-    "RunSet": "frame",
-    "build_frame": "frame",
-    "load_jsonl": "load",
-    "load_mlflow": "load",
-    "load_runs": "load",
-    "load_wandb_offline": "load",
-    "load_wandb_online": "load",
-    "QUANTITIES": "quantities",
-    "Quantity": "quantities",
-    "ComparisonResult": "result",
-    "Difference": "result",
-    "DifferenceSegment": "result",
-    "GroupDifference": "result",
-    "Note": "result",
-    "RunEstimate": "result",
-    "MIN_ESS": "stats",
-    "MIN_UNITS": "stats",
-    "Estimate": "stats",
-    "wilson_interval": "stats",
+    "ALIGNMENTS": "cliptrack.compare.align",
+    "Window": "cliptrack.compare.align",
+    "parse_window": "cliptrack.compare.align",
+    "unit_table": "cliptrack.compare.align",
+    "DEFAULT_CONFIDENCE": "cliptrack.compare.compute",
+    "DEFAULT_TOLERANCES": "cliptrack.compare.compute",
+    "compare": "cliptrack.compare.compute",
+    "COLUMNS": "cliptrack.compare.frame",
+    "LoadedRun": "cliptrack.compare.frame",
+    "Point": "cliptrack.compare.frame",
+    "RunSet": "cliptrack.compare.frame",
+    "build_frame": "cliptrack.compare.frame",
+    "load_jsonl": "cliptrack.backends.load",
+    "load_mlflow": "cliptrack.backends.load",
+    "load_runs": "cliptrack.backends.load",
+    "load_wandb_offline": "cliptrack.backends.load",
+    "load_wandb_online": "cliptrack.backends.load",
+    "QUANTITIES": "cliptrack.compare.quantities",
+    "Quantity": "cliptrack.compare.quantities",
+    "ComparisonResult": "cliptrack.compare.result",
+    "Difference": "cliptrack.compare.result",
+    "DifferenceSegment": "cliptrack.compare.result",
+    "GroupDifference": "cliptrack.compare.result",
+    "Note": "cliptrack.compare.result",
+    "RunEstimate": "cliptrack.compare.result",
+    "MIN_ESS": "cliptrack.compare.stats",
+    "MIN_UNITS": "cliptrack.compare.stats",
+    "Estimate": "cliptrack.compare.stats",
+    "wilson_interval": "cliptrack.compare.stats",
 }
-"""Public name -> the module of this package that holds it (imported on first use, so that
+"""Public name -> the module that holds it (imported on first use, so that
 ``cliptrack compare --help`` does not import pandas)."""
 
 if TYPE_CHECKING:
-    from tracking.compare.align import ALIGNMENTS, Window, parse_window, unit_table
-    from tracking.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
-    from tracking.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
-    from tracking.compare.load import (
+    from cliptrack.backends.load import (
         load_jsonl,
         load_mlflow,
         load_runs,
         load_wandb_offline,
         load_wandb_online,
     )
-    from tracking.compare.quantities import QUANTITIES, Quantity
-    from tracking.compare.result import (
+    from cliptrack.compare.align import ALIGNMENTS, Window, parse_window, unit_table
+    from cliptrack.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
+    from cliptrack.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
+    from cliptrack.compare.quantities import QUANTITIES, Quantity
+    from cliptrack.compare.result import (
         ComparisonResult,
         Difference,
         DifferenceSegment,
@@ -67,14 +67,14 @@ if TYPE_CHECKING:
         Note,
         RunEstimate,
     )
-    from tracking.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
+    from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
 
 
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
-        raise AttributeError(f"module 'tracking.compare' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"tracking.compare.{home}"), name)
+        raise AttributeError(f"module 'cliptrack.compare' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Other trackers' metric names read as ours, through the one table :data:`tracking.keys.ALIASES`.
+"""Other trackers' metric names read as ours, through the one table :data:`cliptrack.core.keys.ALIASES`.
 
 Runs logged by Miles' own tracker (``train/*`` against ``train/step``, ``:`` rewritten to ``_`` in
 its MLflow backend; its mismatch metrics ``train_rollout_logprob_abs_diff`` and ``train_rollout_kl``)
@@ -14,14 +14,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tracking import keys, measures
-from tracking.sinks.base import Point
+from cliptrack.backends.base import Point
+from cliptrack.core import keys, measures
 
 __all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step", "needs_aliases"]
 
 _SCALE = f"train/{keys.MILES_COUNT_SCALE}"
 _SCALED = {**keys.MILES_SCALED_COUNTS, **keys.MILES_SCALED_GAUGE}
-"""``adapters.miles.custom_loss``'s entries as Miles' tracker logs them -> our key."""
+"""``cliptrack.adapters.miles.custom_loss``'s entries as Miles' tracker logs them -> our key."""
 _FOREIGN = frozenset(keys.ALIASES) | frozenset(_SCALED) | {_SCALE}
 _EXACT_FIRST = sorted(keys.ALIASES.items(), key=lambda item: item[1].approximate)
 _MEANS = {mean.key: mean for mean in measures.MEANS}
@@ -39,7 +39,7 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
     """Rename foreign keys to ours (see the module docstring); other keys are kept as they are.
 
     Order of precedence for one of our keys: our own spelling; the exact entries of
-    ``adapters.miles.custom_loss`` (``train/<entry> / train/count_scale``: a count rounded to the
+    ``cliptrack.adapters.miles.custom_loss`` (``train/<entry> / train/count_scale``: a count rounded to the
     token, a gauge sum as it is); a mean (``clip_fraction:mean``, ``abs_log_ratio:mean``,
     ``kl_k3:mean``) formed from those sums; an exact alias; an approximate alias.
     """
@@ -59,7 +59,7 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
 
 
 def _scaled_entries(metrics: Mapping[str, float], ours: Mapping[str, float]) -> dict[str, float]:
-    """Our sums from ``adapters.miles.custom_loss``'s entries, each divided by ``train/count_scale``;
+    """Our sums from ``cliptrack.adapters.miles.custom_loss``'s entries, each divided by ``train/count_scale``;
     our own spelling wins. Without the scale the entries are not known to be ours (Miles divides
     every logged value by its count) and are kept under their own names; with a bad scale, dropped."""
     scale = metrics.get(_SCALE)
@@ -102,6 +102,6 @@ def canonical_points(points: list[Point]) -> tuple[list[Point], tuple[str, ...]]
 
 
 def needs_aliases(columns: object) -> bool:
-    """Whether a bulk-read run (``tracking.compare.frame.Columns``) has any foreign metric name."""
+    """Whether a bulk-read run (``cliptrack.compare.frame.Columns``) has any foreign metric name."""
     names = getattr(columns, "metric", ())
     return any(str(name) in _FOREIGN for name in set(getattr(names, "tolist", lambda: list(names))()))

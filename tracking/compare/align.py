@@ -18,13 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tracking.compare.options import ALIGNMENTS  # alignment name -> frame column of its axis
+from cliptrack.backends.options import ALIGNMENTS  # alignment name -> frame column of its axis
 
 if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
     import pandas as pd
-
-    from tracking.compare.frame import RunSet
-    from tracking.compare.quantities import Quantity
+    from cliptrack.compare.frame import RunSet
+    from cliptrack.compare.quantities import Quantity
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,7 @@ def parse_window(text: str | None) -> Window:
 def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
-
-    from tracking.compare.frame import count_problems
+    from cliptrack.compare.frame import count_problems
 
     wide = runset.wide(label)
     nonfinite = runset.nonfinite(label)
@@ -115,8 +113,7 @@ tokens seen would be undercounted by more than 5 % against the other's."""
 def token_density(runset: RunSet, label: str) -> tuple[int, int]:
     """``(steps logging finite loss_tokens:sum, trainer steps from the first to the last of them)``."""
     import numpy as np
-
-    from tracking import keys
+    from cliptrack.core import keys
 
     wide = runset.wide(label)
     if keys.LOSS_TOKENS not in wide:

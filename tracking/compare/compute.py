@@ -31,16 +31,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-
-from tracking.compare import quantities as qs
-from tracking.compare import stats as st
-from tracking.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
-from tracking.compare.estimate import MIN_ESS, MIN_UNITS, counted, interval_verdict
-from tracking.compare.frame import RunSet, count_problems
-from tracking.compare.influence import ROBUST_Z
-from tracking.compare.intervals import difference_series
-from tracking.compare.quantities import Quantity
-from tracking.compare.result import (
+from cliptrack.compare import quantities as qs
+from cliptrack.compare import stats as st
+from cliptrack.compare.align import ALIGNMENTS, Window, check_token_axis, unit_table
+from cliptrack.compare.frame import RunSet, count_problems
+from cliptrack.compare.quantities import Quantity
+from cliptrack.compare.result import (
     ComparisonResult,
     Difference,
     DifferenceSegment,
@@ -49,7 +45,7 @@ from tracking.compare.result import (
     Note,
     RunEstimate,
 )
-from tracking.compare.stats import (
+from cliptrack.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
     EQUIVALENT,
@@ -61,6 +57,9 @@ from tracking.compare.stats import (
     paired_difference,
     wilson_interval,
 )
+from cliptrack.compare.stats.estimate import MIN_ESS, MIN_UNITS, counted, interval_verdict
+from cliptrack.compare.stats.influence import ROBUST_Z
+from cliptrack.compare.stats.intervals import difference_series
 
 DEFAULT_CONFIDENCE = 0.90
 """Two-sided confidence of every interval (TOST at 5 %)."""

@@ -29,9 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-
-from tracking import keys
-from tracking.records import Point, RunInfo
+from cliptrack.core import keys
+from cliptrack.store.records import Point, RunInfo
 
 COLUMNS = ("run", "run_id", "backend", "step", "tokens_seen", "wall_time", "elapsed_s", "metric", "value")
 """Column order of the tidy frame."""
@@ -47,7 +46,7 @@ class Duplicate:
 
 @dataclass(frozen=True)
 class LoadedRun:
-    """A run loaded for comparison: its ``tracking.records.RunInfo`` (the one run record, with the
+    """A run loaded for comparison: its ``cliptrack.store.records.RunInfo`` (the one run record, with the
     run.json mapping) plus where it was loaded from.
 
     ``source`` names the store (``"mlflow"``, ``"wandb"``, ``"jsonl"``), ``location`` the tracking
@@ -60,7 +59,7 @@ class LoadedRun:
     label: str = ""
     approximate: tuple[str, ...] = ()
     """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
-    means (``tracking.keys.ALIASES``): shown as approximate, never as exact."""
+    means (``cliptrack.core.keys.ALIASES``): shown as approximate, never as exact."""
     duplicates: tuple[Duplicate, ...] = ()
     """Keys logged more than once at a step with different values (the last value is kept)."""
 
@@ -94,7 +93,7 @@ def _check_numeric(info: LoadedRun, steps: list[int], names: list[str], values: 
 
 class MetricCodes(NamedTuple):
     """Metric keys as integer ``codes`` into ``names`` (distinct keys, an object array): the compact
-    form of ``Columns.metric`` a journal is read into (``tracking.journal.load_columns``)."""
+    form of ``Columns.metric`` a journal is read into (``cliptrack.store.journal.load_columns``)."""
 
     codes: np.ndarray
     names: np.ndarray

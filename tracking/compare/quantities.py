@@ -29,8 +29,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from tracking import keys
-from tracking.compare.estimate import ABSOLUTE, LOG_RATIO
+from cliptrack.compare.stats.estimate import ABSOLUTE, LOG_RATIO
+from cliptrack.core import keys
 
 AUTO = "auto"
 """Scale chosen per comparison: log-ratio when both runs are clearly away from zero, else absolute."""

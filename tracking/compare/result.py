@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tracking.compare.align import Window
-from tracking.compare.estimate import (
+from cliptrack.compare.align import Window
+from cliptrack.compare.quantities import Quantity
+from cliptrack.compare.stats.estimate import (
     DIFFERENT,
     EQUIVALENT,
     INCONCLUSIVE,
@@ -18,12 +19,10 @@ from tracking.compare.estimate import (
     LOG_RATIO,
     Estimate,
 )
-from tracking.compare.quantities import Quantity
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from tracking.compare.groups import GroupEstimate
+    from cliptrack.compare.stats.seeds import GroupEstimate
 
 FAIL_ON = ("different", "not-equivalent")
 """``--fail-on`` choices: trip the gate on a ``different`` answer, or on anything but ``equivalent``."""
@@ -185,7 +184,7 @@ def combined_verdict(verdicts: list[str]) -> str:
 
 @dataclass
 class ComparisonResult:
-    """Everything ``compare`` found. Renderings live in ``tracking.compare.render``.
+    """Everything ``compare`` found. Renderings live in ``cliptrack.compare.views.render``.
 
     ``quantities``: the registry entries compared, with the margins and estimand in use.
     ``on_policy``: names of the quantities the "equally on-policy" answer is judged on (those
@@ -270,39 +269,39 @@ class ComparisonResult:
         verdict = self.on_policy_verdict
         return verdict == DIFFERENT if fail_on == "different" else verdict != EQUIVALENT
 
-    # Renderings (each reads this result; see ``tracking.compare.render``).
+    # Renderings (each reads this result; see ``cliptrack.compare.views.render``).
 
     def table(self) -> pd.DataFrame:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.table(self)
 
     def formatted_table(self) -> pd.DataFrame:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.formatted_table(self)
 
     def summary(self) -> str:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.summary(self)
 
     def to_markdown(self) -> str:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.markdown(self)
 
     def to_html_table(self) -> str:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.html_table(self)
 
     def to_dict(self) -> dict[str, Any]:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.as_dict(self)
 
     def to_json(self) -> str:
-        from tracking.compare import render
+        from cliptrack.compare.views import render
 
         return render.as_json(self)

@@ -22,7 +22,7 @@ vectorised over replicates; segments, outliers, lags and groups through the publ
 ``method="fixed-b"`` is the previous method (Bartlett kernel at bandwidth ``n`` with
 Kiefer–Vogelsang critical values, ESS from the lag-1 autocorrelation), kept as a control.
 
-Run: ``python -m tracking.compare.simulation [--replicates N] [--quick]`` prints the table.
+Run: ``python -m cliptrack.compare.simulation [--replicates N] [--quick]`` prints the table.
 """
 
 from __future__ import annotations
@@ -34,10 +34,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 
 import numpy as np
-
-from tracking.compare.intervals import interval_rows
-from tracking.compare.lrv import autocovariances, long_run_variance
-from tracking.compare.stats import (
+from cliptrack.compare.stats import (
     EQUIVALENT,
     MIN_ESS,
     MIN_UNITS,
@@ -48,6 +45,8 @@ from tracking.compare.stats import (
     segment_differences,
     throughout_verdict,
 )
+from cliptrack.compare.stats.intervals import interval_rows
+from cliptrack.compare.stats.lrv import autocovariances, long_run_variance
 
 TOKENS = (5_000, 50_000)
 """Loss tokens per step, uniform integers in this closed range."""
@@ -377,7 +376,7 @@ def weighting(n: int, reps: int, seed: int, *, c: float = 0.5, phi: float = 0.5)
     """Tokens rise with the clip rate: ``tokens_t = T exp(c x_t / SD - c^2 / 2)``, so the token-weighted
     clip fraction is ``MEAN + c SD`` and the step-weighted one ``MEAN``. Coverage run: token-weighted
     interval covers ``MEAN + c SD``; coverage difference: step-weighted interval covers ``MEAN``."""
-    from tracking.compare.stats import ratio_estimate, step_weighted_estimate
+    from cliptrack.compare.stats import ratio_estimate, step_weighted_estimate
 
     rng = np.random.default_rng([seed, 11, n])
     x = wobble(rng, reps, n, phi)

@@ -1,0 +1,422 @@
+"""Each built-in loss written once: its loss, token counts, gauge, input checks and gradient.
+
+A *formula* (:data:`FORMULAS`) is a plain tensor function of one loss call's per-token inputs
+(1-D or ``[batch, seq]``) and its parameters. Both paths of :mod:`cliptrack.adapters.losses.builtin` run it:
+
+- **eager**: the inputs as the caller gave them, ``gradient=False``; autograd differentiates the
+  returned loss, so every input that requires grad gets its gradient as the formula implies;
+- **fused** (:mod:`cliptrack.adapters.losses.fused`): traced by ``torch.compile`` with the inputs detached and
+  flattened, ``gradient=True``: the same pass also forms the per-token gradient of the loss with
+  respect to the logprobs, term by term as autograd forms it from the eager loss (so both paths
+  agree to floating-point rounding), and backward only scales it.
+
+The clip decision, the loss, the gauge and the gradient read the same ``ratio``, so the counts
+always describe the loss actually computed. Return value of every formula:
+``(loss, grad_or_None, loss_tokens, invalid, *clip_counts, *gauge)``: ``loss`` the 0-dim sum of
+per-token losses over eligible tokens (``mask != 0``), ``loss_tokens`` and the clip counts
+(clipped, low side, high side) int64 0-dim tensors, ``invalid`` the int64 vector of
+:data:`cliptrack.adapters.losses.builtin.INPUT_CHECKS`, ``gauge`` the float64 vector of :func:`gauge_of` for a loss
+with sampling log-probs. Where eager and compiled code differ in cost, a helper chooses its form
+with ``torch.compiler.is_compiling()``; the value is the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from cliptrack.core import keys, measures
+from cliptrack.core.sums import GAUGE_EXTREME_KEYS, GAUGE_SUM_KEYS
+from torch import Tensor
+
+Threshold = float | Tensor
+"""An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
+
+GAUGE_FIELDS: tuple[str, ...] = (*GAUGE_SUM_KEYS, *(measures.by_key(k).packed for k in GAUGE_EXTREME_KEYS))
+"""Layout of ``LossOutput.gauge``: the gauge's sums, then its extremes as combined by max
+(``log_ratio:max``, ``-log_ratio:min``); float64, the same order as in the packed vector."""
+WEIGHT_SQ = GAUGE_FIELDS.index(keys.IS_WEIGHT_SQ_SUM)
+"""Index of ``is_weight_sq:sum`` in :data:`GAUGE_FIELDS` (the non-finite check reads it)."""
+
+K3_SERIES_BELOW = 0.5
+"""``|l|`` below which ``kl_k3`` is the series; from it on ``w - 1 - l`` (no cancellation there)."""
+
+
+# --- shared pieces --------------------------------------------------------------------------------
+
+
+def count(flags: Tensor, accumulate: torch.dtype = torch.int64) -> Tensor:
+    """The number of true entries, exact, int64 0-dim.
+
+    Eager: ``count_nonzero`` (no integer copy of the flags). Compiled: a sum in ``accumulate``,
+    int32 below 2**31 entries (Inductor's CPU code widens every lane to int64 otherwise, which
+    costs about 7 % of a fused PPO forward + backward).
+    """
+    if not torch.compiler.is_compiling():
+        return torch.count_nonzero(flags)
+    return flags.sum(dtype=accumulate).to(torch.int64)
+
+
+def clamp(ratio: Tensor, low: Threshold, high: Threshold) -> Tensor:
+    """``torch.clamp`` with number or tensor bounds (one call either way; a number beside a tensor
+    bound becomes a tensor, as ``torch.clamp`` takes both or neither)."""
+    if isinstance(low, Tensor) != isinstance(high, Tensor):
+        low, high = (torch.as_tensor(v, dtype=ratio.dtype, device=ratio.device) for v in (low, high))
+    return torch.clamp(ratio, low, high)  # type: ignore[arg-type]
+
+
+def mask_terms(
+    mask: Tensor | None, like: Tensor, accumulate: torch.dtype
+) -> tuple[Tensor | None, Tensor | float, Tensor, Tensor]:
+    """Eligible tokens (``None``: all), the mask as a multiplier in ``like``'s dtype (``1.0``
+    without one), the eligible count and the count of mask entries that are neither 0 nor 1."""
+    zero = torch.zeros((), dtype=torch.int64, device=like.device)
+    if mask is None:
+        return None, 1.0, zero + like.numel(), zero
+    mask = mask.detach()
+    eligible = mask if mask.dtype == torch.bool else mask != 0
+    # 0/1 entries equal their own eligibility; any other value (NaN too) differs.
+    bad = zero if mask.dtype == torch.bool else count(mask != eligible, accumulate)
+    return eligible, mask.to(like.dtype), count(eligible, accumulate), bad
+
+
+def bad_thresholds(low: object, high: object, device: torch.device) -> Tensor:
+    """Entries of tensor clip thresholds that are negative, non-finite or with low > high (int64
+    0-dim); 0 for number bounds, which the caller checked on the host."""
+    if not isinstance(low, Tensor) and not isinstance(high, Tensor):
+        return torch.zeros((), dtype=torch.int64, device=device)
+    lo, hi = (v.detach() if isinstance(v, Tensor) else torch.as_tensor(v, device=device) for v in (low, high))
+    return ((lo > hi) | (lo < 0) | ~torch.isfinite(lo) | ~torch.isfinite(hi)).sum(dtype=torch.int64)
+
+
+def checks(
+    loss: Tensor,
+    propagated: Tensor,
+    mask_bad: Tensor,
+    thresholds_bad: Tensor | None = None,
+    gauge: Tensor | None = None,
+) -> Tensor:
+    """``LossOutput.invalid``: [non-finite flag, bad mask entries, bad tensor-threshold entries].
+
+    Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum of
+    ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn into
+    a harmless 0 still shows): one extra reduction. A sum that overflows from finite inputs
+    (beyond 3.4e38, or an importance weight beyond float range: the gauge's ``is_weight_sq:sum``)
+    is flagged too.
+    """
+    total = loss.detach() + propagated.detach().sum()
+    if gauge is not None:
+        total = total + gauge[WEIGHT_SQ]
+    nonfinite = (~torch.isfinite(total)).to(torch.int64)
+    if thresholds_bad is None:
+        thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
+    return torch.stack([nonfinite, mask_bad, thresholds_bad])
+
+
+def _as(grad: Tensor, like: Tensor) -> Tensor:
+    """A gradient in ``like``'s dtype, as autograd casts it before passing it on."""
+    return grad.to(like.dtype)
+
+
+# --- the gauge ------------------------------------------------------------------------------------
+
+
+def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
+    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
+
+    Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series ``l**2/2! + ... + l**9/9!``
+    by Horner in the dtype of ``l`` (truncation below ``3e-9`` relative there, a few ulps of
+    rounding, where ``w - 1 - l`` would lose every digit to cancellation: float32 ``w`` near 1
+    carries ``6e-8`` absolute, the k3 term of ``l = 1e-4`` is ``5e-9``), from ``1/2`` on
+    ``w - 1 - l`` (the term is then at least ``0.1``); no second ``exp``, and no ``expm1``, which
+    Inductor's CPU code writes as ``exp(x) - 1``. The coefficients and the bound are literals in
+    this code: a float read from a module global becomes a runtime input of a graph compiled with
+    dynamic shapes, loaded and converted once per vector of tokens (it made the fused PPO loss with
+    the gauge about 1.6x slower). Eager: ``expm1(l) - l`` in float64 (three element-wise ops;
+    ATen's ``expm1`` is exact to an ulp). Both agree with the float64 reference to float32
+    rounding of the term (``tests/test_gauge.py``). Clamped at 0 against rounding (the term is >= 0).
+    """
+    if not torch.compiler.is_compiling():
+        wide = log_ratio.to(torch.float64)
+        return torch.expm1(wide).sub_(wide).clamp_min_(0.0)
+    x = log_ratio
+    poly = x * (1 / 362880) + 1 / 40320  # 1/9!, 1/8!
+    poly = poly * x + 1 / 5040
+    poly = poly * x + 1 / 720
+    poly = poly * x + 1 / 120
+    poly = poly * x + 1 / 24
+    poly = poly * x + 1 / 6
+    poly = poly * x + 1 / 2
+    series = x * x * poly
+    direct = weight - 1.0 - x
+    return torch.clamp_min(torch.where(x.abs() < 0.5, series, direct), 0.0)  # 0.5: K3_SERIES_BELOW
+
+
+def gauge_of(
+    log_ratio: Tensor,
+    ratio: Tensor,
+    eligible: Tensor | None,
+    low: float = measures.RATIO_OUTSIDE_LOW,
+    high: float = measures.RATIO_OUTSIDE_HIGH,
+    weight: Tensor | float | None = None,
+) -> Tensor:
+    """The on-policy gauge of one loss call: a float64 vector laid out as :data:`GAUGE_FIELDS`.
+
+    ``log_ratio``: per token ``l = logprobs - sampling_logprobs`` as the loss computed it;
+    ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
+    ``eligible``: bool tensor of eligible tokens, ``None`` for all; ``low`` / ``high``: the
+    ``ratio_outside_tokens`` bounds; ``weight``: the eligibility as a 0/1 multiplier (the loss's
+    mask in its dtype; formed from ``eligible`` when not given). Per-token terms are formed in
+    float32 or float64 (a bfloat16 or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew
+    in float32): ``|l|``, the k3 term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it
+    does not overflow before ``w``); sums accumulate in float64. The extremes are those of ``l``
+    over eligible tokens (``-inf`` over none), the min stored negated. Detached, on the input's
+    device, no host sync.
+
+    Eager, a ``where`` against a number costs about seven multiplies: ``l`` of an ineligible token
+    is zeroed by the multiply (a non-finite ``l`` is refused by the loss's own check whatever the
+    mask), ``w`` by a ``where`` (an ineligible token's ``w`` may overflow where ``l`` does not).
+    """
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        w = ratio.detach()
+        if lr.dtype not in (torch.float32, torch.float64):
+            lr = lr.float()
+            w = torch.exp(lr)
+        on = None
+        if eligible is not None:
+            on = eligible.to(lr.dtype) if not isinstance(weight, Tensor) else weight.to(lr.dtype)
+        if not torch.compiler.is_compiling():
+            return _gauge_eager(lr, w, eligible, on, low, high)
+        f64 = torch.float64
+        if eligible is None or on is None:
+            lm, wm = lr, w
+            outside = (w < low) | (w > high)
+        else:
+            lm = lr * on
+            wm = torch.where(eligible, w, 0.0)
+            outside = ((w < low) | (w > high)) & eligible
+        l64 = lm.to(f64)  # one copy, read by the sums of l and |l|
+        w64 = wm.to(f64)
+        kl = k3_terms(lm, wm)  # ineligible: l = w = 0, term 0
+        sums = [
+            l64.sum(),
+            l64.abs().sum(),
+            kl.sum(dtype=f64),
+            count(outside, torch.int32 if outside.numel() < 2**31 else torch.int64).to(f64),
+            w64.sum(),
+            torch.dot(w64.reshape(-1), w64.reshape(-1)),
+        ]
+        return torch.stack([*sums, *_extremes(lr, lm, on)])
+
+
+def _gauge_eager(
+    lr: Tensor, w: Tensor, eligible: Tensor | None, on: Tensor | None, low: float, high: float
+) -> Tensor:
+    """:func:`gauge_of` as eager ops: the same values in fewer passes over the tokens.
+
+    Each eager op is a pass over memory, so the float64 copy of ``l`` (always a copy, never the
+    caller's tensor) is overwritten by ``|l|`` once read, the comparisons combine in place, and
+    the extremes are one ``aminmax`` over ``l`` with every ineligible token replaced by the first
+    eligible one (found by ``argmax`` of the eligibility bytes and read with ``gather``: no host
+    sync).
+    """
+    f64 = torch.float64
+    outside = torch.lt(w, low).logical_or_(torch.gt(w, high))
+    if eligible is None or on is None:
+        lm, wm = lr, w
+    else:
+        lm = lr * on
+        wm = torch.where(eligible, w, 0.0)
+        outside.logical_and_(eligible)
+    l64 = lm.to(f64, copy=lm is lr)  # our own copy: it is overwritten by |l| below
+    w64 = wm.to(f64)
+    w64_flat = w64.reshape(-1)
+    log_ratio_sum = l64.sum()
+    kl = k3_terms(l64, w64)  # ineligible: l = 0, term 0
+    sums = [
+        log_ratio_sum,
+        l64.abs_().sum(),
+        kl.sum(),
+        torch.count_nonzero(outside).to(f64),
+        w64.sum(),
+        torch.dot(w64_flat, w64_flat),
+    ]
+    if lr.numel() == 0:
+        return torch.stack([*sums, *_extremes(lr, lm, on)])
+    if eligible is None or on is None:
+        low_l, high_l = torch.aminmax(lr)
+        extremes = [high_l.to(f64), low_l.neg().to(f64)]
+    else:
+        flags = eligible.reshape(-1)
+        first = flags.view(torch.uint8).argmax().reshape(1)  # the first eligible token (0 when none is)
+        filled = torch.where(eligible, lr, lr.reshape(-1).gather(0, first))
+        low_l, high_l = torch.aminmax(filled)
+        none = ~flags.gather(0, first)[0]
+        # high + 0 and 0 - low, as the compiled form's offsets give them (a zero extreme is +0.0)
+        extremes = [torch.where(none, -math.inf, v).to(f64) for v in (high_l + 0.0, 0.0 - low_l)]
+    return torch.stack([*sums, *extremes])
+
+
+def _extremes(lr: Tensor, lm: Tensor, on: Tensor | None) -> list[Tensor]:
+    """``[max l, -min l]`` over eligible tokens in float64, ``-inf`` over none.
+
+    ``on`` is the eligibility as 0/1 in ``lr``'s dtype and ``lm = lr * on``. An ineligible token
+    is pushed to the bottom by the offset ``(on - 1) * max_float`` instead of a ``where``, which
+    costs about seven multiplies eager: an eligible token's value is ``l + 0``, exactly ``l``.
+    """
+    f64 = torch.float64
+    if lr.numel() == 0:
+        return [torch.full((), -math.inf, dtype=f64, device=lr.device)] * 2
+    if on is None:
+        return [lr.amax().to(f64), lr.amin().neg().to(f64)]
+    offset = (on - 1) * torch.finfo(lr.dtype).max
+    none = on.amax() == 0  # a float max: cheaper than eligible.any() on CPU
+    top, bottom = (lm + offset).amax(), (offset - lm).amax()
+    return [torch.where(none, -math.inf, v).to(f64) for v in (top, bottom)]
+
+
+# --- the formulas ---------------------------------------------------------------------------------
+
+
+def ppo(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    low: Threshold,
+    high: Threshold,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
+    gradient: bool,
+) -> tuple:
+    """Clipped PPO, per token ``-min(r*A, clamp(r, low, high)*A)``; clipped where clipping bites,
+    ``clamp(r)*A < r*A`` (low side exactly when ``A < 0``)."""
+    log_ratio = lp - slp
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = clamp(ratio, low, high) * adv
+    eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+    loss = -(torch.minimum(unclipped, clipped) * weight).sum()
+    bites = clipped < unclipped
+    grad = None
+    if gradient:
+        # d loss / d logprobs as autograd forms it, -weight * share * A * r: torch.minimum gives
+        # the smaller side the gradient and a tie half to each side; clamp passes it inside
+        # [low, high] only. So the share is 0 where clipping bites (r is then outside the band),
+        # 1/2 for a tie outside the band (a rounding tie: the clamped side passes nothing), else 1
+        # (the two halves of a tie inside the band add up exactly, as in eager).
+        outside_tie = (unclipped == clipped) & ~((ratio >= low) & (ratio <= high))
+        share = torch.where(bites, 0.0, torch.where(outside_tie, 0.5, 1.0))
+        grad = _as(-weight * share * adv, lp) * ratio
+    if eligible is not None:
+        bites = bites & eligible
+    n_clipped = count(bites, accumulate)
+    n_low = count(bites & (adv < 0), accumulate)
+    gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
+
+
+def cispo(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    low: Threshold,
+    high: Threshold,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
+    gradient: bool,
+) -> tuple:
+    """CISPO, per token ``-(clamp(r, low, high).detach() * A * logprobs)``; clipped where the
+    coefficient departs from the ratio, ``clamp(r) != r`` (low side ``r < low``)."""
+    log_ratio = (lp - slp).detach()
+    ratio = torch.exp(log_ratio)
+    coefficient = clamp(ratio, low, high)
+    eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+    scale = coefficient * adv
+    loss = -(scale * lp * weight).sum()
+    grad = _as(-weight * scale, lp) if gradient else None
+    departs = coefficient != ratio
+    if eligible is not None:
+        departs = departs & eligible
+    n_clipped = count(departs, accumulate)
+    n_low = count(departs & (ratio < coefficient), accumulate)
+    gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
+    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
+
+
+def importance_sampling(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
+    gradient: bool,
+) -> tuple:
+    """Importance-sampled policy gradient, per token ``-(r * A)``; never clips."""
+    log_ratio = lp - slp
+    ratio = torch.exp(log_ratio)
+    eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+    loss = -(ratio * adv * weight).sum()
+    grad = _as(-weight * adv, lp) * ratio if gradient else None
+    gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    return loss, grad, tokens, checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
+
+
+def dro(
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor | None,
+    half_beta: float,
+    outside_low: float,
+    outside_high: float,
+    accumulate: torch.dtype,
+    gradient: bool,
+) -> tuple:
+    """DRO, per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)`` (``half_beta``
+    is ``beta / 2``); never clips. Its ratio ``exp(l)`` is formed for the gauge alone."""
+    log_ratio = lp - slp
+    eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+    objective = lp * adv - half_beta * log_ratio**2
+    loss = -(objective * weight).sum()
+    grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp) if gradient else None
+    ratio = torch.exp(log_ratio.detach())
+    gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    return loss, grad, tokens, checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
+
+
+def cross_entropy(
+    lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype, gradient: bool
+) -> tuple:
+    """Weighted negative log-likelihood, per token ``-(weights * logprobs)``; never clips.
+    Eligible tokens are ``mask != 0`` with a mask, else ``weights != 0``."""
+    weighted = weights * lp
+    if mask is None:
+        zero = torch.zeros((), dtype=torch.int64, device=lp.device)
+        tokens, mask_bad = count(weights.detach() != 0, accumulate), zero
+        loss = -weighted.sum()
+        grad = _as(-weights, lp) if gradient else None
+    else:
+        _, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+        loss = -(weighted * weight).sum()
+        grad = _as(-weight * weights, lp) if gradient else None
+    return loss, grad, tokens, checks(loss, lp, mask_bad)
+
+
+FORMULAS: dict[str, Callable[..., tuple]] = {
+    "ppo": ppo,
+    "cispo": cispo,
+    "importance_sampling": importance_sampling,
+    "dro": dro,
+    "cross_entropy": cross_entropy,
+}
+"""The formula of each built-in loss of :data:`cliptrack.adapters.losses.builtin.LOSSES`, by the same name."""

@@ -1,0 +1,252 @@
+"""Everything cliptrack takes from MLflow beyond its public client, in one place.
+
+- key and param rules: MLflow's private ``mlflow.utils.validation`` (``_validate_metric_name``,
+  ``_validate_param_name``, ``MAX_ENTITY_KEY_LENGTH``, ``MAX_PARAM_VAL_LENGTH``);
+- bounded HTTP requests for cliptrack's own threads: MLflow's REST client reads
+  ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` / ``_TIMEOUT`` / ``_BACKOFF_FACTOR`` / ``_BACKOFF_JITTER``
+  through ``mlflow.environment_variables`` objects on every request (``rest_utils.http_request``).
+  ``bounded_requests()`` makes those objects answer cliptrack's bounds on the calling thread only:
+  the application's own MLflow calls, on its threads, keep MLflow's settings untouched. Writes
+  (the tracker) wait ``REQUEST_TIMEOUT_S`` per attempt; reads (``compare``, ``runs``:
+  ``bounded_requests(reads=True)``) connect within ``READ_CONNECT_TIMEOUT_S`` but wait
+  ``read_timeout_s()`` for a reply, so a busy server's large answer arrives while a server that is
+  not there still fails in seconds (MLflow's timeout object answers a (connect, read) pair there).
+  On those threads ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` answers true as well: MLflow's
+  ``set_terminated`` would print "View run ... at: <tracking URI>" on the application's stdout,
+  the URI with its password (``cliptrack.core.secrets``: cliptrack shows it redacted, in its summary);
+- the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
+  experiment as a training one (``custom_model_development``) rather than a GenAI one;
+- where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
+  gives an experiment created without an artifact location ``./mlruns`` of the *working
+  directory*, so experiments cliptrack creates there get a directory beside the database instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cliptrack.core.secrets import redact
+from cliptrack.core.versions import check_version
+
+MINIMUM = (3, 0)
+"""Oldest MLflow release the seam was verified on (verified: 3.17.2)."""
+SUPPORTED_BELOW = (4, 0)
+"""First MLflow release not verified (exclusive bound); others are refused by ``check_supported``."""
+USES = (
+    "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
+    "MAX_PARAM_VAL_LENGTH), the HTTP settings and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT of "
+    "mlflow.environment_variables read per request, and the "
+    "experiment tag mlflow.experimentKind"
+)
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_EXPERIMENT_KIND = "custom_model_development"
+"""What ``mlflow ui`` shows as a classic ML training experiment (``genai_development`` is the other)."""
+
+SQLITE_PREFIX = "sqlite:///"
+"""A local sqlite store's URI: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``."""
+
+
+def artifacts_beside(tracking_uri: str, name: str) -> Path | None:
+    """The absolute directory ``name`` beside a local sqlite store's database file (the store's
+    query string, if any, left out); None for any other store (a server keeps its own default)."""
+    if not tracking_uri.startswith(SQLITE_PREFIX):
+        return None
+    database = tracking_uri.removeprefix(SQLITE_PREFIX).split("?", 1)[0]
+    return Path(database).expanduser().resolve().parent / name
+
+
+REQUEST_MAX_RETRIES = 2
+"""HTTP retries per MLflow request from cliptrack's threads (MLflow's default: 7, ~4 min when down)."""
+REQUEST_TIMEOUT_S = 5
+"""Seconds per HTTP attempt (MLflow's default: 120)."""
+REQUEST_BACKOFF_FACTOR = 1
+"""Backoff factor (seconds) between retries: 1 s, 2 s (MLflow's default: 2)."""
+REQUEST_BACKOFF_JITTER = 0.5
+REQUEST_WORST_CASE_S = (REQUEST_MAX_RETRIES + 1) * REQUEST_TIMEOUT_S + 3 * REQUEST_BACKOFF_FACTOR + 2
+"""Upper bound (seconds) of one request from cliptrack's threads against an unresponsive server."""
+
+READ_CONNECT_TIMEOUT_S = 2.0
+"""Seconds a read (``compare``, ``runs``) may take to connect to a server: one that is not there
+(refused, or no answer to the connection) fails within ``READ_UNREACHABLE_WORST_CASE_S``."""
+READ_TIMEOUT_S = 60.0
+"""Seconds a read waits for a server's reply once connected (MLflow's own default: 120): a busy
+server answering a page of history (``_compat_mlflow_rest.PAGE_ROWS`` values) takes seconds to tens
+of seconds. ``MLFLOW_HTTP_REQUEST_TIMEOUT``, when set, replaces it (see ``read_timeout_s``)."""
+READ_UNREACHABLE_WORST_CASE_S = (
+    (REQUEST_MAX_RETRIES + 1) * READ_CONNECT_TIMEOUT_S
+    + 2 * REQUEST_BACKOFF_FACTOR
+    + REQUEST_MAX_RETRIES * REQUEST_BACKOFF_JITTER
+)
+"""Upper bound (seconds) of one read request against a server that cannot be reached: three
+connection attempts and urllib3's backoff between them (none, then 2 x the factor, plus jitter)."""
+
+_BOUNDS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": REQUEST_MAX_RETRIES,
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": REQUEST_TIMEOUT_S,
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": REQUEST_BACKOFF_FACTOR,
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": REQUEST_BACKOFF_JITTER,
+}
+_TIMEOUT_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+
+
+def read_timeout_s() -> float:
+    """Seconds a read waits for a reply: ``MLFLOW_HTTP_REQUEST_TIMEOUT`` when the user set it to a
+    positive number (either way: it is their explicit choice), else ``READ_TIMEOUT_S``."""
+    import os
+
+    raw = os.environ.get(_TIMEOUT_VAR)
+    try:
+        value = float(raw) if raw is not None else 0.0
+    except ValueError:
+        value = 0.0
+    return value if value > 0 else READ_TIMEOUT_S
+
+
+def read_timeout() -> tuple[float, float]:
+    """The (connect, read) timeout pair, in seconds, of one read request (requests' ``timeout=``)."""
+    return (READ_CONNECT_TIMEOUT_S, read_timeout_s())
+
+
+_local = threading.local()
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _install() -> None:
+    """Give MLflow's four HTTP setting objects a thread-aware ``get_raw``, its timeout object a
+    thread-aware ``get`` that answers ``read_timeout()`` inside ``bounded_requests(reads=True)``,
+    and its URL-printing switch one that answers true inside ``bounded_requests`` (once per process)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        from mlflow import environment_variables as env
+
+        timeout = getattr(env, _TIMEOUT_VAR)
+        original_get = timeout.get
+
+        def get(original_get: Any = original_get) -> Any:
+            if getattr(_local, "reads", False):
+                return read_timeout()
+            return original_get()
+
+        timeout.get = get
+        for name, bound in _BOUNDS.items():
+            var = getattr(env, name)
+            original = var.get_raw
+
+            def get_raw(original: Any = original, name: str = name, bound: float = bound) -> Any:
+                if getattr(_local, "bounded", False):
+                    raw = original()
+                    try:  # the user's own, stricter setting wins
+                        if raw is not None and float(raw) < bound:
+                            return raw
+                    except ValueError:
+                        pass
+                    return str(bound)
+                return original()
+
+            var.get_raw = get_raw
+        quiet: Any = env.MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
+        original_quiet = quiet.get
+
+        def quiet_get(original_quiet: Any = original_quiet) -> Any:
+            return True if getattr(_local, "bounded", False) else original_quiet()
+
+        quiet.get = quiet_get
+        _installed = True
+
+
+@contextlib.contextmanager
+def bounded_requests(reads: bool = False) -> Iterator[None]:
+    """MLflow requests made on this thread inside the block use cliptrack's bounds (see above):
+    the tracker's (``REQUEST_TIMEOUT_S`` per attempt), or with ``reads`` a reader's (connect within
+    ``READ_CONNECT_TIMEOUT_S``, a reply within ``read_timeout_s()``); both retry twice."""
+    _install()
+    previous = (getattr(_local, "bounded", False), getattr(_local, "reads", False))
+    _local.bounded, _local.reads = True, reads
+    try:
+        yield
+    finally:
+        _local.bounded, _local.reads = previous
+
+
+def installed_version() -> str:
+    """The installed MLflow's version string."""
+    return metadata.version("mlflow")
+
+
+def check_supported() -> None:
+    """Raise ``UnsupportedVersionError`` unless the installed MLflow is in the verified range."""
+    check_version(
+        "mlflow",
+        installed_version(),
+        MINIMUM,
+        SUPPORTED_BELOW,
+        USES,
+        seam="tracking/backends/mlflow/_compat.py",
+    )
+
+
+def validation() -> Any:
+    """MLflow's private validation module (metric and param name rules, length limits)."""
+    if not _checked:
+        check_supported()
+        _checked.append(True)
+    from mlflow.utils import validation as module
+
+    return module
+
+
+_checked: list[bool] = []
+
+
+def metric_key_error(key: str) -> str | None:
+    """Why MLflow refuses ``key`` as a metric key, or None when it takes it."""
+    return _key_error("_validate_metric_name", key)
+
+
+def param_key_error(key: str) -> str | None:
+    """Why MLflow refuses ``key`` as a param name, or None when it takes it."""
+    return _key_error("_validate_param_name", key)
+
+
+def _key_error(validator: str, key: str) -> str | None:
+    """Why MLflow's private ``validator`` (or its key-length bound) refuses ``key``, or None."""
+    rules = validation()
+    try:
+        getattr(rules, validator)(key)
+    except Exception as exc:  # noqa: BLE001 - MlflowException or whatever a future version raises
+        return message(exc)
+    if len(key) > rules.MAX_ENTITY_KEY_LENGTH:
+        return f"longer than {rules.MAX_ENTITY_KEY_LENGTH} characters"
+    return None
+
+
+def max_param_value_length() -> int:
+    """Characters MLflow keeps of a param value."""
+    return int(validation().MAX_PARAM_VAL_LENGTH)
+
+
+MESSAGE_CHARS = 300
+"""Characters of a server's error message cliptrack repeats in an error line."""
+
+_SQL_ECHO = re.compile(r"\[SQL: .*|\[parameters: .*|\(Background on this error at: .*", re.DOTALL)
+_AUTOFLUSH = re.compile(r"\(raised as a result of Query-invoked autoflush;[^)]*\)\s*")
+
+
+def message(exc: BaseException) -> str:
+    """An MLflow exception's message on one line, at most ``MESSAGE_CHARS`` characters, without
+    the SQL statement and parameters a SQL store's error echoes back (SQLAlchemy's ``[SQL: ...]``,
+    ``[parameters: ...]``) and with credentials hidden (``cliptrack.core.secrets.redact``)."""
+    text = str(getattr(exc, "message", None) or exc)
+    text = _AUTOFLUSH.sub("", _SQL_ECHO.sub("", text))
+    text = " ".join(redact(text).split())
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."

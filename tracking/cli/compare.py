@@ -1,0 +1,245 @@
+"""``cliptrack compare RUN_A RUN_B [...]`` or ``cliptrack compare --group A=RUN,RUN --group B=RUN,RUN``:
+load runs, print the verdict table and summary; ``--fail-on`` makes it a CI gate.
+
+Runs are named by id or name in one store: ``--tracking-uri`` (MLflow, the default store),
+``--jsonl DIR`` (the spool) or ``--wandb-dir DIR`` (W&B run files); ``entity/project/run_id``
+references with no store named go through the W&B public API.
+
+Exit codes: 0 compared (and the gate, if any, passed); 1 the ``--fail-on`` gate tripped; 2 a usage
+or data error (bad arguments, a run not found, data that cannot be compared).
+
+Imports stay light (no pandas, no numpy) until a comparison runs, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cliptrack.backends.options import ALIGNMENTS, add_source_arguments
+from cliptrack.compare.align import parse_window
+from cliptrack.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
+from cliptrack.compare.result import FAIL_ON
+from cliptrack.core.text import printable
+
+EXIT_PASSED = 0
+"""Compared; the ``--fail-on`` gate, if any, passed."""
+EXIT_GATE = 1
+"""The ``--fail-on`` gate tripped."""
+EXIT_ERROR = 2
+"""A usage or data error."""
+
+
+def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
+    """Alignment, window, margins and confidence."""
+    parser.add_argument(
+        "--align",
+        choices=sorted(ALIGNMENTS),
+        default="step",
+        help="pair runs by trainer step, by tokens seen, or by wall time (default: step)",
+    )
+    parser.add_argument(
+        "--window", metavar="A:B", help="keep A <= x < B on the alignment axis (steps, tokens or s)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help=f"clip-fraction equivalence margin, absolute (default {CLIP_MARGIN})",
+    )
+    parser.add_argument(
+        "--reward-tolerance",
+        type=float,
+        default=None,
+        help=f"reward margin, relative (log-ratio scale) when both rewards are clearly away from "
+        f"zero (default {RELATIVE_MARGIN})",
+    )
+    parser.add_argument(
+        "--reward-abs-tolerance",
+        type=float,
+        default=REWARD_ABS_MARGIN,
+        help=f"reward margin in reward units, used when the rewards are near zero "
+        f"(default {REWARD_ABS_MARGIN})",
+    )
+    parser.add_argument(
+        "--throughput-tolerance",
+        type=float,
+        default=None,
+        help=f"throughput margin on the log-ratio scale: 0.05 means |log(B/A)| < log(1.05) "
+        f"(default {RELATIVE_MARGIN})",
+    )
+    defaults = ", ".join(f"{q.name} {q.margin:g}" for q in QUANTITIES if q.verdict)
+    parser.add_argument(
+        "--margin",
+        action="append",
+        default=[],
+        metavar="QUANTITY=VALUE",
+        help=f"margin of any compared quantity, repeatable (defaults: {defaults})",
+    )
+    parser.add_argument("--confidence", type=float, default=0.90, help="interval confidence (default 0.90)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "exit codes: 0 compared (and the --fail-on gate, if given, passed); 1 the --fail-on gate tripped; "
+        "2 usage or data error"
+    )
+    parser.add_argument(
+        "runs", nargs="*", metavar="RUN", help="run ids or names; the first is the reference (or use --group)"
+    )
+    parser.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="NAME=RUN,RUN,...",
+        help="a stack as a group of 2+ seeds, repeatable (the first group is the reference): "
+        "intervals then include the between-seed variation",
+    )
+    parser.add_argument(
+        "--fail-on",
+        choices=FAIL_ON,
+        help="CI gate on the on-policy answer: exit 1 when it is 'different', or (not-equivalent) "
+        "anything but 'equivalent'",
+    )
+    add_source_arguments(parser)
+    add_comparison_arguments(parser)
+    parser.add_argument("--html", metavar="OUT", help="also write the self-contained HTML dashboard here")
+    parser.add_argument("--markdown", metavar="OUT", help="also write summary and table as markdown here")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="every estimate, interval, effective sample size, verdict and note as JSON: "
+        "printed alone on stdout, or written to FILE",
+    )
+
+
+def parse_groups(texts: list[str]) -> dict[str, list[str]]:
+    """``["megatron=a,b", "miles=c,d"]`` -> ``{"megatron": ["a", "b"], "miles": ["c", "d"]}``;
+    ValueError naming the bad argument."""
+    groups: dict[str, list[str]] = {}
+    for text in texts:
+        name, sep, members = text.partition("=")
+        runs = [r.strip() for r in members.split(",") if r.strip()]
+        if not sep or not name.strip() or not runs:
+            raise ValueError(f"--group {text!r} must be NAME=RUN,RUN,... (e.g. megatron=run-a,run-b)")
+        if name.strip() in groups:
+            raise ValueError(f"--group {name.strip()!r} is given twice")
+        groups[name.strip()] = runs
+    return groups
+
+
+def parse_margins(args: argparse.Namespace) -> dict[str, float]:
+    """Margins by quantity name from ``--margin Q=V`` and the named margin options."""
+    margins: dict[str, float] = {}
+    for text in getattr(args, "margin", []):
+        name, sep, value = text.partition("=")
+        try:
+            margins[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ValueError(f"--margin {text!r} must be QUANTITY=NUMBER (e.g. clip_fraction=0.01)")
+    for name, value in (
+        ("clip_fraction", args.tolerance),
+        ("reward", args.reward_tolerance),
+        ("throughput", args.throughput_tolerance),
+    ):
+        if value is not None:
+            margins[name] = value
+    return margins
+
+
+def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Load the named runs (or groups) and compare them as the arguments say; return (runset, result)."""
+    from cliptrack.backends.load import load_runs
+    from cliptrack.backends.preflight import check_window
+    from cliptrack.compare.compute import compare
+
+    groups = parse_groups(getattr(args, "group", []))
+    if groups and args.runs:
+        raise ValueError("name runs either as RUN arguments or with --group, not both")
+    refs = [r for members in groups.values() for r in members] if groups else args.runs
+    margins, window = parse_margins(args), parse_window(args.window)  # usage errors before any loading
+    runset = load_runs(
+        refs,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        jsonl_dir=args.jsonl,
+        wandb_dir=args.wandb_dir,
+    )
+    check_window(runset, args.align, window)
+    result = compare(
+        runset,
+        groups=groups or None,
+        align=args.align,
+        window=window,
+        tolerances=margins,
+        reward_abs_tolerance=args.reward_abs_tolerance,
+        confidence=args.confidence,
+    )
+    return runset, result
+
+
+def format_result(result: Any) -> str:
+    """The verdict table and the plain-language summary, as printed in the terminal: every cell
+    and column name ``printable`` (the summary holds run-provided text so already)."""
+    import pandas as pd
+    from cliptrack.core.text import printable
+
+    frame = result.formatted_table()
+    frame = frame.rename(columns=printable).map(lambda v: printable(v) if isinstance(v, str) else v)
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
+        table = frame.to_string(index=False)
+    return f"{table}\n\n{result.summary()}"
+
+
+def _gate(args: argparse.Namespace, result: Any) -> int:
+    if not getattr(args, "fail_on", None):
+        return EXIT_PASSED
+    if result.gate_tripped(args.fail_on):
+        print(
+            f"cliptrack compare: gate --fail-on {args.fail_on} tripped: the on-policy answer is "
+            f"{result.on_policy_verdict!r}",
+            file=sys.stderr,
+        )
+        return EXIT_GATE
+    return EXIT_PASSED
+
+
+def run(args: argparse.Namespace) -> int:
+    if len(args.runs) < 2 and not args.group and not args.experiment:
+        print(
+            "cliptrack compare: name at least two runs (RUN_A RUN_B ...) or two groups (--group NAME=RUN,RUN)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    try:
+        runset, result = load_and_compare(args)
+    except (LookupError, ValueError, FileNotFoundError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json == "-":
+        print(result.to_json())
+        return _gate(args, result)
+    print(format_result(result))
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(result.to_json() + "\n", encoding="utf-8")
+        print(f"json: {args.json}")
+    if args.html:
+        from cliptrack.compare.views.dashboard import write_dashboard
+
+        path = write_dashboard(args.html, runset, result)
+        print(f"\ndashboard: {path}")
+    if args.markdown:
+        from pathlib import Path
+
+        Path(args.markdown).write_text(result.to_markdown(), encoding="utf-8")
+        print(f"markdown: {args.markdown}")
+    return _gate(args, result)

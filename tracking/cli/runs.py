@@ -1,0 +1,90 @@
+"""``cliptrack runs``: list a store's runs, latest first, with both ids, status, start time and steps.
+
+The ids listed are the ones every command accepts: cliptrack's id (what the tracker and the demo
+print) and, for MLflow, MLflow's run id (what the MLflow UI shows). Comparison runs are left out
+unless ``--all``. ``--json`` prints the listing as a JSON array instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from cliptrack.backends.catalog import mlflow_entries, spool_entries
+from cliptrack.backends.options import add_source_arguments
+from cliptrack.core.text import printable
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_source_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the runs as a JSON array")
+    parser.add_argument("--all", action="store_true", help="include comparison runs (MLflow)")
+
+
+def wandb_entries(directory: str) -> list[Any]:
+    """Every run found in W&B run files under ``directory`` (W&B files keep no status: ``-``)."""
+    from cliptrack.backends.catalog import RunEntry
+    from cliptrack.backends.load import load_wandb_offline
+
+    runset = load_wandb_offline([], directory)
+    entries = []
+    for info in runset.runs:
+        steps = runset.frame.loc[runset.frame["run_id"] == info.run.run_id, "step"].nunique()
+        run = info.run
+        entries.append(
+            RunEntry(
+                run.run_id, run.run_id, run.run_name, run.backend_label or "", "-", run.started, int(steps)
+            )
+        )
+    return entries
+
+
+def _table(entries: list[Any]) -> str:
+    """The runs as aligned columns; every cell ``printable`` (a run name is one line, no escape codes)."""
+    header = ("started (UTC)", "status", "steps", "name", "backend", "cliptrack id", "store id", "experiment")
+    rows = [header] + [
+        (
+            e.started_text(),
+            e.status,
+            "?" if e.steps is None else str(e.steps),
+            e.name,
+            e.backend,
+            e.cliptrack_id,
+            "=" if e.store_id == e.cliptrack_id else e.store_id,
+            e.experiment,
+        )
+        for e in entries
+    ]
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.jsonl:
+            entries = spool_entries(args.jsonl)
+        elif args.wandb_dir:
+            entries = wandb_entries(args.wandb_dir)
+        else:
+            entries = mlflow_entries(args.tracking_uri, args.experiment, args.all)
+    except (LookupError, FileNotFoundError, ValueError) as exc:  # ValueError: a hostile store (two
+        # directories claiming one run id, a special file)
+        if getattr(args, "debug", False):
+            raise
+        print(f"cliptrack runs: {printable(exc)}", file=sys.stderr)
+        return 2
+    entries.sort(key=lambda e: -e.started)
+    if args.json:
+        print(json.dumps([e.as_dict() for e in entries], indent=1))
+        return 0
+    if not entries:
+        print("no runs")
+        return 0
+    print(_table(entries))
+    print("\nany id above (or a name: the latest FINISHED run of that name) is accepted by cliptrack compare")
+    return 0

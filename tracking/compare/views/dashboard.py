@@ -1,0 +1,303 @@
+"""A self-contained HTML dashboard: interactive plotly figures, the verdict table and the runs.
+
+plotly.js is embedded inline (its *basic* bundle, vendored in ``_vendor/``: scatter traces are all
+the panels use), so the file opens with no network. Every run name and config value is escaped:
+HTML text goes through ``cliptrack.core.text.html_text`` (control characters written visibly, so a
+newline in a run name cannot start a line of the summary); the figure data is embedded as JSON in a
+``<script type="application/json">`` element with ``<``, ``>`` and ``&`` written as ``\\u003c``,
+``\\u003e``, ``\\u0026`` so no string can close the element; trace names, titles and notes are
+HTML-escaped too because plotly renders a subset of HTML (and a newline as a line break) in them.
+
+It reads well at 1400 px and scales: the tables wrap (long config values break anywhere), the
+figures' toolbar shows only on hover and sits above the title's line (title padded below it),
+every panel has the same x range and ticks, and lines are downsampled for drawing beyond a few
+thousand points per run (``plots``, ``downsample``; the tables keep the exact numbers), so the
+150-step demo's dashboard is about 1.3 MB and two runs of a million steps stay a few MB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cliptrack.compare.frame import RunSet
+from cliptrack.compare.result import ComparisonResult
+from cliptrack.compare.views.plots import (
+    BAND,
+    HLINE,
+    LINE,
+    MARKERS,
+    PALETTE,
+    SPAN,
+    PanelFigure,
+    Trace,
+    nice_ticks,
+    stacks,
+)
+from cliptrack.compare.views.plots import panel_figures as _panel_figures
+from cliptrack.core.secrets import redact, redact_value
+from cliptrack.core.text import html_lines, html_text
+
+__all__ = ["PALETTE", "figures", "render_dashboard", "write_dashboard"]
+
+PLOTLY_JS = Path(__file__).with_name("_vendor") / "plotly-basic.min.js"
+"""The plotly.js basic bundle (scatter, bar, pie), MIT licence beside it."""
+PANEL_HEIGHT = 380
+"""Height of one panel in pixels."""
+LEGEND_WIDTH = 600
+"""Pixels of legend row assumed when counting legend rows (a half-width panel at 1400 px)."""
+LEGEND_ROW = 20
+"""Pixels per legend row."""
+
+
+def _legend_rows(names: list[str]) -> int:
+    """Rows a horizontal legend of ``names`` takes at ``LEGEND_WIDTH`` (about 6 px a character
+    at 11 px, 46 px of symbol and gap per entry), for the bottom margin."""
+    rows, used = 0, LEGEND_WIDTH
+    for name in names:
+        width = 46 + 6 * len(name)
+        if used + width > LEGEND_WIDTH:
+            rows, used = rows + 1, 0
+        used += width
+    return rows
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _xs(values: Any, digits: int = 7) -> list[float | None]:
+    """Finite values rounded to ``digits`` significant digits (plenty for a plot); NaN, inf -> null (a gap)."""
+    arr = np.asarray(values, dtype=float)
+    return [float(f"{v:.{digits}g}") if math.isfinite(v) else None for v in arr.tolist()]
+
+
+def _scatter(t: Trace, **extra: Any) -> dict[str, Any]:
+    name = html_text(t.name)
+    group = html_text(t.group)
+    return {
+        "type": "scatter",
+        "name": name or group,
+        "legendgroup": group,
+        "showlegend": bool(t.name),
+        **extra,
+    }
+
+
+def _plotly_trace(t: Trace) -> dict[str, Any] | None:
+    """The plotly trace of ``t`` (None for a span, drawn as a layout shape)."""
+    if t.kind == BAND:
+        assert t.y2 is not None
+        x = _xs(t.x)
+        return _scatter(
+            t,
+            x=x + x[::-1],
+            y=_xs(t.y) + _xs(t.y2)[::-1],
+            fill="toself",
+            fillcolor=_rgba(t.color, t.opacity),
+            line={"width": 0},
+            mode="lines",
+            hoverinfo="skip",
+        )
+    if t.kind == MARKERS:
+        return _scatter(
+            t,
+            x=_xs(t.x),
+            y=_xs(t.y),
+            mode="markers",
+            marker={"size": t.width, "color": t.color, "opacity": t.opacity},
+        )
+    if t.kind in (LINE, HLINE):
+        y = _xs(t.y) if t.kind == LINE else _xs(np.repeat(t.y[:1], len(t.x)))
+        return _scatter(
+            t,
+            x=_xs(t.x),
+            y=y,
+            mode="lines",
+            opacity=t.opacity,
+            line={"color": t.color, "dash": t.dash, "width": t.width},
+        )
+    return None
+
+
+def _shape(t: Trace) -> dict[str, Any]:
+    return {
+        "type": "rect",
+        "xref": "x",
+        "yref": "paper",
+        "x0": float(t.x[0]),
+        "x1": float(t.x[1]),
+        "y0": 0,
+        "y1": 1,
+        "fillcolor": _rgba(t.color, t.opacity),
+        "line": {"width": 0},
+        "layer": "below",
+    }
+
+
+def _layout(fig: PanelFigure) -> dict[str, Any]:
+    lo, hi = fig.x_range
+    tick0, dtick = nice_ticks(lo, hi)
+    rows = _legend_rows([t.name for t in fig.traces if t.name])
+    yaxis: dict[str, Any] = {
+        "title": {"text": html_text(fig.y_title)},
+        "gridcolor": "#eeeeee",
+        "automargin": True,
+    }
+    if fig.percent:
+        yaxis["tickformat"] = ".1%"
+    return {
+        # the title on its own line, below the (hover-only) toolbar's strip at the top
+        "title": {
+            "text": html_text(fig.panel.title),
+            "x": 0.01,
+            "xanchor": "left",
+            "xref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "yref": "container",
+            "pad": {"t": 34},
+            "font": {"size": 14},
+        },
+        "xaxis": {
+            "title": {"text": html_text(fig.x_title), "standoff": 6},
+            "automargin": True,
+            "range": [lo, hi],
+            "autorange": False,
+            "tickmode": "linear",
+            "tick0": tick0,
+            "dtick": dtick,
+            "gridcolor": "#eeeeee",
+            "zeroline": False,
+        },
+        "yaxis": yaxis,
+        "shapes": [_shape(t) for t in fig.traces if t.kind == SPAN],
+        "margin": {"l": 64, "r": 16, "t": 64, "b": 44 + LEGEND_ROW * rows},
+        "height": PANEL_HEIGHT,
+        "paper_bgcolor": "white",
+        "plot_bgcolor": "white",
+        # the legend at the figure's foot, below the x axis title, its rows counted into the margin
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+            "font": {"size": 11},
+        },
+        "annotations": [
+            {"text": html_text(n), "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False}
+            for n in fig.notes
+        ],
+    }
+
+
+def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
+    """Plotly figures (as plain dicts) keyed by panel id, one per entry of ``panels.PANELS``."""
+    out = {}
+    for fig in _panel_figures(runset, result):
+        data = [d for d in (_plotly_trace(t) for t in fig.traces) if d is not None]
+        out[fig.panel.id] = {"data": data, "layout": _layout(fig)}
+    return out
+
+
+def _safe_json(obj: Any) -> str:
+    text = json.dumps(redact_value(obj), allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _runs_table(runset: RunSet, labels: Sequence[str]) -> str:
+    rows = []
+    for label in labels:
+        info = runset.info(label)
+        config = "; ".join(f"{k}={v}" for k, v in sorted(info.run.config.items(), key=lambda kv: str(kv[0])))
+        cells = [
+            info.display,
+            info.run.backend_label or "",
+            info.run.run_id,
+            f"{info.source}: {info.location}",
+            config,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html_text(redact(str(c)))}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("run", "backend", "run id", "source", "config"))
+    cols = "".join(f'<col style="width:{w}">' for w in ("14%", "8%", "14%", "24%", "40%"))
+    return (
+        f'<table class="runs"><colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+_STYLE = """
+*,*::before,*::after{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;padding:20px 24px;
+color:#222;max-width:1400px}
+h1{font-size:1.5em;margin:0 0 4px} h2{font-size:1.15em;margin-top:28px}
+.summary{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-left:4px solid #888;
+padding:10px 14px}
+.summary.equivalent{border-color:#2ca02c} .summary.different{border-color:#d62728}
+.summary.inconclusive{border-color:#ff7f0e} .summary.insufficient-data{border-color:#7f7f7f}
+.table-wrap{max-width:100%;overflow-x:auto}
+table{border-collapse:collapse;font-size:0.9em;margin:8px 0;max-width:100%}
+table.runs{width:100%;table-layout:fixed}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+table.runs td{overflow-wrap:anywhere}
+th{background:#f0f0f0}
+td.verdict.equivalent{background:#e6f4ea} td.verdict.different{background:#fce8e6}
+td.verdict.inconclusive{background:#fff4e5} td.verdict.insufficient-data{background:#eeeeee}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(560px,100%),1fr));gap:12px}
+.plot{min-height:380px;min-width:0;border:1px solid #eee}
+"""
+
+
+@lru_cache(maxsize=1)
+def _plotly_js() -> str:
+    return PLOTLY_JS.read_text(encoding="utf-8").replace("</script", "<\\/script")
+
+
+_BOOT = (
+    "(function(){var figs=JSON.parse(document.getElementById('cliptrack-figures').textContent);"
+    "var keys=Object.keys(figs),done=0;keys.forEach(function(k){var f=figs[k];"
+    "Plotly.newPlot('plot-'+k,f.data,f.layout,{responsive:true,displaylogo:false,"
+    "displayModeBar:'hover',modeBarButtonsToRemove:['select2d','lasso2d']}).then(function(){"
+    "done+=1;document.body.setAttribute('data-rendered',String(done));});});})();"
+)
+
+
+def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison") -> str:
+    """The dashboard as one HTML string (plotly.js basic inline, ~1.2 MB, plus the figures' data)."""
+    figs = figures(runset, result)
+    divs = "".join(f'<div class="plot" id="plot-{key}" data-panel="{key}"></div>' for key in figs)
+    verdict = result.on_policy_verdict.replace(" ", "-")
+    # what comes from the runs (names, config, store addresses) has no credential (cliptrack.core.secrets);
+    # the vendored and static scripts are left as they are
+    content = redact(
+        f"<h1>{html_text(title)}</h1>"
+        f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p>'
+        f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
+        f'<h2>Plots</h2><div class="grid">{divs}</div>'
+        f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, [m for members in stacks(result).values() for m in members])}</div>'
+        f'<script type="application/json" id="cliptrack-figures">{_safe_json(figs)}</script>'
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{redact(html_text(title))}</title><style>{_STYLE}</style>"
+        f'<script>{_plotly_js()}</script></head>\n<body data-rendered="0">'
+        f"{content}<script>{_BOOT}</script></body></html>\n"
+    )
+
+
+def write_dashboard(
+    path: str | Path, runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison"
+) -> Path:
+    """Write ``render_dashboard`` to ``path`` (UTF-8) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_dashboard(runset, result, title), encoding="utf-8")
+    return path

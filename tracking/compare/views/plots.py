@@ -1,0 +1,335 @@
+"""What each panel of ``panels.PANELS`` draws, in data units and independent of any plotting library.
+
+``panel_figures(runset, result)`` returns one :class:`PanelFigure` per panel: its traces (lines,
+markers, bands, shaded x spans, horizontal lines), axis titles and the x range shared by every
+panel (so every panel has the same x ticks). The dashboard turns these into plotly figures and
+``draw_matplotlib`` into matplotlib axes (the MLflow figures, the notebook), so every rendering
+draws the same thing.
+
+- Series panels: each run's per-step series (``series.run_series``). When the comparison has seed
+  groups, every seed is drawn thin in its group's colour and the group's band is the range across
+  its seeds at each step (the rolling clip fraction's band: from the lowest seed's lower edge to
+  the highest seed's upper edge); without groups each run is drawn as itself.
+- Difference panels ("difference over training"): for every compared run (or group) against the
+  reference, the difference per segment of the window as a step line with its interval as a band,
+  the whole window's difference as a dotted line, the ± margin as dashed lines, zero, and the
+  segments whose verdict is *different* shaded in the run's colour. A result without segments is
+  drawn as one segment spanning the paired window.
+
+Lines longer than ``downsample.MAX_POINTS`` are downsampled (min and max per bucket) for drawing;
+the result's tables keep the exact numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from cliptrack.compare.frame import RunSet
+from cliptrack.compare.result import ComparisonResult, Difference, GroupDifference
+from cliptrack.compare.stats import DIFFERENT, LOG_RATIO
+from cliptrack.compare.views import downsample
+from cliptrack.compare.views.panels import PANELS, Panel
+from cliptrack.compare.views.series import AXIS_TITLES, run_series
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+"""Colours of the runs (or seed groups), in the comparison's order."""
+
+LINE, MARKERS, BAND, SPAN, HLINE = "line", "markers", "band", "span", "hline"
+"""Trace kinds: ``band`` fills between ``y2`` (lower) and ``y`` (upper); ``span`` shades the x
+range ``x[0]..x[1]`` over the full height; ``hline`` is a horizontal line at ``y[0]``."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One drawn element of a panel. ``name``: legend label (empty: not in the legend);
+    ``group``: legend group (the run or seed group it belongs to); ``width`` in pixels."""
+
+    kind: str
+    x: np.ndarray
+    y: np.ndarray
+    color: str
+    name: str = ""
+    group: str = ""
+    y2: np.ndarray | None = None
+    dash: str = "solid"
+    width: float = 1.5
+    opacity: float = 1.0
+
+
+@dataclass(frozen=True)
+class PanelFigure:
+    """One panel as drawn: its traces, axis titles, y format, and the x range shared by all panels."""
+
+    panel: Panel
+    traces: list[Trace]
+    x_title: str
+    y_title: str
+    percent: bool
+    x_range: tuple[float, float]
+    notes: list[str] = field(default_factory=list)
+
+
+def _arr(values: Any) -> np.ndarray:
+    return np.asarray(values, dtype=float)
+
+
+def stacks(result: ComparisonResult) -> dict[str, list[str]]:
+    """The drawn stacks: each seed group with its runs when the result has groups (``groups``:
+    group name to run labels), else each run as its own stack."""
+    if result.groups:
+        return {name: list(members) for name, members in result.groups.items()}
+    return {label: [label] for label in result.runs}
+
+
+def _colors(names: Sequence[str]) -> dict[str, str]:
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
+def _stack_name(result: ComparisonResult, stack: str, members: list[str]) -> str:
+    if members == [stack]:
+        return f"{stack} [{result.backends.get(stack, '')}]"
+    return f"{stack} ({len(members)} seeds)"
+
+
+def _line(x: np.ndarray, y: np.ndarray, color: str, **kw: Any) -> Trace:
+    dx, dy = downsample.line(x, y)
+    return Trace(LINE, dx, dy, color, **kw)
+
+
+def _band(x: np.ndarray, low: np.ndarray, high: np.ndarray, color: str, group: str) -> Trace:
+    dx, lo, hi = downsample.band(x, low, high)
+    return Trace(BAND, dx, hi, color, group=group, y2=lo, opacity=0.18)
+
+
+def _single_run(panel: Panel, s: pd.DataFrame, color: str, name: str) -> list[Trace]:
+    x = _arr(s["x"])
+    out = []
+    if panel.band:
+        out.append(_band(x, _arr(s["band_low"]), _arr(s["band_high"]), color, name))
+        mx, my = downsample.line(x, _arr(s["clip_fraction"]))
+        out.append(Trace(MARKERS, mx, my, color, group=name, width=4, opacity=0.45))
+    for line in panel.lines:
+        label = f"{name} {line.label}".strip()
+        width = 2.0 if panel.band else 1.5
+        out.append(_line(x, _arr(s[line.column]), color, name=label, group=name, dash=line.dash, width=width))
+    return out
+
+
+def _seed_group(panel: Panel, seeds: list[pd.DataFrame], color: str, name: str) -> list[Trace]:
+    """Each seed thin, the group's band: the across-seed range (of the band edges on a band panel)."""
+    steps = seeds[0].index
+    for s in seeds[1:]:
+        steps = steps.union(s.index)
+    aligned = [s.reindex(steps) for s in seeds]
+    x = _nan_reduce(np.column_stack([_arr(s["x"]) for s in aligned]), np.nanmean)
+    out = []
+    for line in panel.lines:
+        low_col, high_col = ("band_low", "band_high") if panel.band else (line.column, line.column)
+        low = _nan_reduce(np.column_stack([_arr(s[low_col]) for s in aligned]), np.nanmin)
+        high = _nan_reduce(np.column_stack([_arr(s[high_col]) for s in aligned]), np.nanmax)
+        out.append(_band(x, low, high, color, name))
+    for i, s in enumerate(aligned):
+        for line in panel.lines:
+            label = f"{name} {line.label}".strip() if i == 0 else ""
+            out.append(
+                _line(
+                    x,
+                    _arr(s[line.column]),
+                    color,
+                    name=label,
+                    group=name,
+                    dash=line.dash,
+                    width=1,
+                    opacity=0.6,
+                )
+            )
+    return out
+
+
+def _nan_reduce(values: np.ndarray, fn: Any) -> np.ndarray:
+    """Row-wise ``fn`` ignoring NaN; NaN where a row has no finite value."""
+    finite = np.isfinite(values).any(axis=1)
+    out = np.full(values.shape[0], np.nan)
+    if finite.any():
+        out[finite] = fn(values[finite], axis=1)
+    return out
+
+
+def _series_traces(
+    panel: Panel, result: ComparisonResult, series: dict[str, pd.DataFrame], colors: dict[str, str]
+) -> list[Trace]:
+    out: list[Trace] = []
+    for stack, members in stacks(result).items():
+        name = _stack_name(result, stack, members)
+        frames = [series[m] for m in members if m in series]
+        if len(frames) == 1:
+            out.extend(_single_run(panel, frames[0], colors[stack], name))
+        elif frames:
+            out.extend(_seed_group(panel, frames, colors[stack], name))
+    return out
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    """One segment of a difference as drawn: x range, the difference with its interval, verdict."""
+
+    start: float
+    stop: float
+    value: float
+    low: float
+    high: float
+    verdict: str
+
+
+def segment_views(d: Difference, x_range: tuple[float, float]) -> list[SegmentView]:
+    """The difference's segments in x order (each from ``start`` to ``end`` on the alignment axis;
+    episodes found by the scan are segments of their own); without segments, the whole window as
+    one segment spanning ``x_range``."""
+    if not d.segments:
+        e = d.estimate
+        return [SegmentView(x_range[0], x_range[1], e.value, e.low, e.high, d.verdict)]
+    return [
+        SegmentView(seg.start, seg.end, seg.estimate.value, seg.estimate.low, seg.estimate.high, seg.verdict)
+        for seg in sorted(d.segments, key=lambda seg: (seg.start, seg.end))
+    ]
+
+
+def _tiled(views: list[SegmentView]) -> list[SegmentView]:
+    """Segments drawn edge to edge: each held until the next one starts (a segment's last step
+    lasts until the next step), so no gap shows between consecutive segments."""
+    out = []
+    for view, following in zip(views, views[1:] + [None], strict=True):
+        stop = following.start if following is not None and following.start > view.stop else view.stop
+        out.append(replace(view, stop=stop))
+    return out
+
+
+def _steps(views: list[SegmentView], attr: str) -> tuple[np.ndarray, np.ndarray]:
+    """A step line through the segments: each segment's value held over its x range."""
+    x = np.array([v for seg in views for v in (seg.start, seg.stop)], dtype=float)
+    y = np.array([getattr(seg, attr) for seg in views for _ in (0, 1)], dtype=float)
+    return x, y
+
+
+def _pair_traces(d: Difference, color: str, x_range: tuple[float, float]) -> list[Trace]:
+    """One pair's difference: differing segments and episodes shaded, the per-segment step line
+    with its band, the whole window's difference dotted."""
+    name = f"{d.run} − {d.reference}"
+    views = _tiled(segment_views(d, x_range))
+    shaded = [v for v in views if v.verdict == DIFFERENT]
+    out = [Trace(SPAN, _arr([v.start, v.stop]), _arr([0.0]), color, group=name, opacity=0.12) for v in shaded]
+    x, low = _steps(views, "low")
+    _, high = _steps(views, "high")
+    out.append(Trace(BAND, x, high, color, group=name, y2=low, opacity=0.2))
+    x, value = _steps(views, "value")
+    out.append(Trace(LINE, x, value, color, name=f"{name} per segment", group=name, width=2))
+    whole = _arr([d.estimate.value, d.estimate.value])
+    edges = _arr(x_range)
+    out.append(Trace(LINE, edges, whole, color, name=f"{name} whole window", group=name, dash="dot"))
+    return out
+
+
+def _group_traces(d: GroupDifference, color: str, x_range: tuple[float, float]) -> list[Trace]:
+    """One group's difference over seeds (the whole window; its interval includes the between-seed
+    variation): a band over the window and its value, dashed."""
+    name = f"{d.group} − {d.reference} (over seeds)"
+    edges = _arr(x_range)
+    e = d.estimate
+    return [
+        Trace(BAND, edges, _arr([e.high, e.high]), color, group=name, y2=_arr([e.low, e.low]), opacity=0.12),
+        Trace(LINE, edges, _arr([e.value, e.value]), color, name=name, group=name, dash="dash", width=2),
+    ]
+
+
+def _difference_traces(
+    panel: Panel, result: ComparisonResult, colors: dict[str, str], x_range: tuple[float, float]
+) -> list[Trace]:
+    out: list[Trace] = []
+    tolerances: set[float] = set()
+    if result.groups:
+        for g in result.group_differences:
+            if g.metric == panel.quantity:
+                out += _group_traces(g, colors.get(g.group, PALETTE[1]), x_range)
+                tolerances.add(g.tolerance)
+    else:
+        for d in result.differences:
+            if d.metric == panel.quantity:
+                out += _pair_traces(d, colors.get(d.run, PALETTE[1]), x_range)
+                tolerances.add(d.tolerance)
+    edges = _arr(x_range)
+    for tol in sorted(t for t in tolerances if math.isfinite(t)):
+        for sign in (-1.0, 1.0):
+            label = f"± margin {tol:.3g}" if sign > 0 else ""
+            out.append(Trace(HLINE, edges, _arr([sign * tol]), "#555555", name=label, dash="dash", width=1))
+    out.append(Trace(HLINE, edges, _arr([0.0]), "#999999", width=0.8))
+    return out
+
+
+def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
+    rows: list[Any] = result.group_differences if result.groups else result.differences
+    scales = {d.scale for d in rows if d.metric == panel.quantity}
+    if scales == {LOG_RATIO}:
+        return "log(run / reference)"
+    return "run − reference (percentage points)" if panel.percent else "run − reference"
+
+
+def x_range_of(series: dict[str, pd.DataFrame]) -> tuple[float, float]:
+    """The x range every panel shares: from the lowest to the highest finite x of any drawn run."""
+    lows, highs = [], []
+    for s in series.values():
+        x = _arr(s["x"])
+        x = x[np.isfinite(x)]
+        if len(x):
+            lows.append(x.min())
+            highs.append(x.max())
+    if not lows:
+        return (0.0, 1.0)
+    lo, hi = min(lows), max(highs)
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+def plot_series(runset: RunSet, result: ComparisonResult) -> dict[str, pd.DataFrame]:
+    """``series.run_series`` of every drawn run (the compared runs, or every seed of every group)."""
+    labels = [m for members in stacks(result).values() for m in members]
+    return {label: run_series(runset, label, result.align, result.window) for label in labels}
+
+
+def panel_figures(
+    runset: RunSet, result: ComparisonResult, panels: Sequence[Panel] = PANELS
+) -> list[PanelFigure]:
+    """What every panel draws, in ``panels`` order (see the module docstring)."""
+    series = plot_series(runset, result)
+    colors = _colors(list(stacks(result)))
+    x_range = x_range_of(series)
+    x_title = AXIS_TITLES[result.align]
+    out = []
+    for panel in panels:
+        if panel.quantity:
+            traces = _difference_traces(panel, result, colors, x_range)
+            y_title = _difference_y_title(result, panel)
+            notes = [] if traces[:-1] else ["not compared: no run pair logged this quantity"]
+        else:
+            traces, y_title = _series_traces(panel, result, series, colors), panel.y_title
+            drawn = [t for t in traces if t.kind in (LINE, MARKERS) and np.isfinite(t.y).any()]
+            notes = [] if drawn else ["not logged by the compared runs"]
+        out.append(PanelFigure(panel, traces, x_title, y_title, panel.percent, x_range, notes))
+    return out
+
+
+def nice_ticks(lo: float, hi: float, target: int = 8) -> tuple[float, float]:
+    """``(first tick, tick spacing)`` for about ``target`` ticks over ``[lo, hi]``: spacing 1, 2 or
+    5 times a power of ten; the first tick the first multiple of the spacing at or above ``lo``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        raise ValueError(f"x range must be finite and increasing, got [{lo}, {hi}]")
+    raw = (hi - lo) / max(1, target)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    if first < lo:  # lo / step underflowed (a subnormal lo) or rounded down
+        first += step
+    return first, step

@@ -1,0 +1,259 @@
+"""The one home of every metric key name cliptrack reads or writes (meanings: docs/CONTRACT.md).
+
+Keys follow the Tinker convention ``name:reduction`` with exactly one colon. Values are plain
+floats; token counts are integers carried as floats (exact below 2**53 tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cliptrack.core import measures as _measures
+
+LOSS_SUM = "loss:sum"
+"""Sum of per-token losses over eligible tokens (unchanged by cliptrack)."""
+LOSS_TOKENS = "loss_tokens:sum"
+"""Number of eligible tokens (``mask != 0``), in tokens."""
+CLIPPED_TOKENS = "clipped_tokens:sum"
+"""Eligible tokens where clipping bites (PPO) or the coefficient departs from the ratio (CISPO)."""
+CLIPPED_LOW_TOKENS = "clipped_low_tokens:sum"
+"""Clipped tokens on the low side of the band (ratio < clip_low_threshold); optional, with its pair."""
+CLIPPED_HIGH_TOKENS = "clipped_high_tokens:sum"
+"""Clipped tokens on the high side of the band (ratio > clip_high_threshold); optional, with its pair."""
+CLIP_FRACTION = "clip_fraction:mean"
+"""``clipped_tokens:sum / loss_tokens:sum``; absent when no token was eligible."""
+
+REWARD = "reward:mean"
+"""Mean sequence reward of the step's sampled completions."""
+THROUGHPUT = "tokens_per_second:mean"
+"""Training throughput of the step, in loss tokens per second of wall time."""
+STEP_TIME = "step_time_s:mean"
+"""Wall time of the step, in seconds."""
+
+SPLIT_KEYS = (CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+"""The low/high split of ``clipped_tokens:sum``: optional (absent from the stacks' own outputs),
+both or neither, and only beside ``clipped_tokens:sum``."""
+CLIP_COUNT_KEYS = (CLIPPED_TOKENS, *SPLIT_KEYS)
+"""Integer count keys of a loss that clips (``clipped_tokens:sum`` always, the split when known)."""
+TOKEN_COUNT_KEYS = (LOSS_TOKENS, *CLIP_COUNT_KEYS)
+"""Every key holding an exact token count (summed, never averaged)."""
+CLIP_SERIES_KEYS = (CLIP_FRACTION, CLIPPED_TOKENS, LOSS_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+"""The per-step clip series the tracker records, in display order."""
+
+# ---- The on-policy gauge (cliptrack.core.measures, group "gauge"; docs/CONTRACT.md) -------------------
+# Over eligible tokens, l = logprobs - sampling_logprobs (the trained policy against the sampler).
+LOG_RATIO_SUM = "log_ratio:sum"
+"""Sum of l over eligible tokens, in nats."""
+ABS_LOG_RATIO_SUM = "abs_log_ratio:sum"
+"""Sum of |l| over eligible tokens, in nats."""
+KL_K3_SUM = "kl_k3:sum"
+"""Sum of exp(l) - 1 - l (the k3 estimator of KL(sampler || trainer)) over eligible tokens, in nats."""
+LOG_RATIO_MAX = "log_ratio:max"
+"""Largest l over eligible tokens (merged by max); absent when no token was eligible."""
+LOG_RATIO_MIN = "log_ratio:min"
+"""Smallest l over eligible tokens (merged by min); absent when no token was eligible."""
+RATIO_OUTSIDE_TOKENS = "ratio_outside_tokens:sum"
+"""Eligible tokens with exp(l) outside [ratio_outside_low, ratio_outside_high] (default [1/2, 2])."""
+IS_WEIGHT_SUM = "is_weight:sum"
+"""Sum of the importance weights exp(l) over eligible tokens."""
+IS_WEIGHT_SQ_SUM = "is_weight_sq:sum"
+"""Sum of exp(2 l) over eligible tokens (ESS = is_weight:sum**2 / (loss_tokens:sum * is_weight_sq:sum))."""
+ABS_LOG_RATIO_MEAN = "abs_log_ratio:mean"
+"""``abs_log_ratio:sum / loss_tokens:sum``, formed once from merged sums; absent when no token was eligible."""
+KL_K3_MEAN = "kl_k3:mean"
+"""``kl_k3:sum / loss_tokens:sum``, formed once from merged sums; absent when no token was eligible."""
+
+GAUGE_MEASURED_KEYS = tuple(m.key for m in _measures.GAUGE_MEASURES)
+"""The gauge's measured keys (sums and extremes), in declaration order; all present or none."""
+GAUGE_MEAN_KEYS = tuple(m.key for m in _measures.GAUGE_MEANS)
+"""The gauge's derived means."""
+GAUGE_KEYS = (*GAUGE_MEASURED_KEYS, *GAUGE_MEAN_KEYS)
+"""Every key of the on-policy gauge."""
+GAUGE_SERIES_KEYS = (KL_K3_MEAN, ABS_LOG_RATIO_MEAN, RATIO_OUTSIDE_TOKENS, LOG_RATIO_MAX, LOG_RATIO_MIN)
+"""The per-step gauge series the tracker records beside the clip series, in display order."""
+MEASURED_KEYS = tuple(m.key for m in _measures.MEASURES)
+"""Every measured key (:data:`cliptrack.core.measures.MEASURES`), ``loss:sum`` first."""
+MEAN_KEYS = tuple(m.key for m in _measures.MEANS)
+"""Every derived mean (``clip_fraction:mean`` and the gauge's), formed from merged sums."""
+EXTREME_KEYS = tuple(m.key for m in _measures.MEASURES if m.reduction != _measures.SUM)
+"""Measured keys merged by max or min, never added."""
+
+# Keys of the per-datum Miles/Tinker wire form (``loss_fn_outputs[i]``), without reduction suffix.
+DATUM_LOSS_TOKENS = "loss_tokens"
+DATUM_CLIPPED_TOKENS = "clipped_tokens"
+DATUM_CLIPPED_LOW_TOKENS = "clipped_low_tokens"
+DATUM_CLIPPED_HIGH_TOKENS = "clipped_high_tokens"
+DATUM_LOGPROBS = "logprobs"
+DATUM_CLIP_FIELDS = (DATUM_CLIPPED_TOKENS, DATUM_CLIPPED_LOW_TOKENS, DATUM_CLIPPED_HIGH_TOKENS)
+"""Per-datum count fields of a loss that clips (``clipped_tokens`` always, the split when known)."""
+DATUM_GAUGE_FIELDS = tuple(m.field for m in _measures.GAUGE_MEASURES)
+"""Per-datum gauge fields of a loss with sampling log-probs (``log_ratio``, ``abs_log_ratio``,
+``kl_k3``, ``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``, ``log_ratio_max``,
+``log_ratio_min``): each datum's own sums and extremes (a datum is a sequence)."""
+DATUM_MEASURE_FIELDS = tuple(m.field for m in _measures.DATUM_MEASURES)
+"""Every per-datum measured field, in declaration order."""
+MILES_GAUGE_ENTRIES = tuple(m.miles_entry for m in _measures.GAUGE_MEASURES if m.miles_entry is not None)
+"""The gauge's entries in a Miles log dict (sums only: Miles adds its log values)."""
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Split ``name:reduction``; raise ValueError naming the key unless it has exactly one colon."""
+    if not isinstance(key, str):
+        raise TypeError(f"metric key {key!r} is a {type(key).__name__}, expected str 'name:reduction'")
+    parts = key.split(":")
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise ValueError(
+            f"metric key {key!r} must have exactly one colon, as 'name:reduction' (e.g. 'loss:sum'); "
+            f"it has {key.count(':')}"
+        )
+    return parts[0], parts[1]
+
+
+# ---- Run metadata: how a run's backend and time axis are stored in each sink -------------------
+TAG_BACKEND = "cliptrack.backend"
+"""MLflow tag, W&B config key and W&B group naming the training stack (e.g. "megatron", "miles")."""
+TAG_RUN_KIND = "cliptrack.kind"
+"""MLflow tag: :data:`RUN_KIND_TRAINING` for logged runs, :data:`RUN_KIND_COMPARISON` for comparisons."""
+RUN_KIND_TRAINING = "training"
+RUN_KIND_COMPARISON = "comparison"
+WANDB_STEP_METRIC = "trainer/step"
+"""W&B column holding the trainer's own step; every metric is declared against it."""
+WANDB_WALL_TIME = "trainer/wall_time"
+"""W&B column holding the point's wall time (unix seconds) as handed to the tracker."""
+
+# ---- JSONL spool / local run layout -------------------------------------------------------------
+# <dir>/<run_id>/run.json     {"run_id", "run_name", "backend", "config", "started", "status"}
+# <dir>/<run_id>/points.jsonl one line per point: {"step": int, "wall_time": float, "metrics": {...}}
+RUN_META_FILE = "run.json"
+POINTS_FILE = "points.jsonl"
+
+# ---- Miles' own train-step log dict (``{"keys": [...], "values": [count, *sums]}``) -----------
+MILES_PG_CLIPFRAC = "pg_clipfrac"
+"""Miles' log-dict key for PPO clipping: per token ``clamp(r)*A < r*A``, reduced by Miles' loss
+reducer (a token sum with ``--calculate-per-token-loss``, a sum of per-sample means without)."""
+MILES_COUNT_SCALE = "count_scale"
+"""Entry of cliptrack's Miles loss (``cliptrack.adapters.miles.custom_loss``): per micro-batch its samples on
+CP rank 0, 0 elsewhere; each count entry divided by it is the exact token sum, in any form of the log."""
+
+# ---- tinker-cookbook's own metric names (``rl/metric_util.py``, ``utils/trace.py``) --------------
+COOKBOOK_REWARD = "env/all/reward/total"
+"""The cookbook's mean total reward of the step's trajectories (logged by cliptrack as :data:`REWARD`)."""
+COOKBOOK_STEP_TIME = "time/total"
+"""The cookbook's wall time of the step, in seconds (logged as :data:`STEP_TIME`)."""
+COOKBOOK_AC_TOKENS = "env/all/total_ac_tokens"
+"""The cookbook's sampled action tokens of the step (with :data:`COOKBOOK_STEP_TIME`: :data:`THROUGHPUT`)."""
+
+# ---- Other trackers' spellings: the one table of aliases the comparison loads through -----------
+DUAL_CLIP_FRACTION = "dual_clip_fraction:mean"
+"""verl's ``pg_clipfrac_lower``: tokens with A < 0 where dual-clip PPO's bound ``clip_ratio_c``
+bites (a different rule from the low side of the band), as a fraction of eligible tokens."""
+KL_K1 = "kl_k1:mean"
+"""verl's ``rollout_corr/kl``: the k1 estimator of KL(sampler || trainer), the mean over eligible
+tokens of ``log pi_sampler - log pi_trainer = -l``; with cliptrack's sums it is
+``-log_ratio:sum / loss_tokens:sum`` (it may be negative, unlike ``kl_k3:mean``). Never produced by
+cliptrack's losses: the key under which a verl run's value is read."""
+
+# Miles' mismatch metrics (``policy_loss_function``, logged when the batch has rollout log-probs):
+# sample means (``sum_of_sample_mean``) of the trainer's pre-update log-probs against the rollout's.
+MILES_ABS_DIFF = "train_rollout_logprob_abs_diff"
+"""Miles' mean of ``|log pi_old - log pi_rollout|`` (per-sample means in its default mode)."""
+MILES_ROLLOUT_KL = "train_rollout_kl"
+"""Miles' mean of the k3 KL(rollout || trainer), each token's term clamped to [-10, 10]."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """How another tracker spells one of our keys.
+
+    ``approximate``: the logged value is a mean of per-sample or per-micro-batch means (or a token
+    fraction over a count that is not the eligible tokens), never the ratio of token sums our key
+    means; the comparison shows it as approximate. ``source``: who logs it.
+    """
+
+    key: str
+    approximate: bool
+    source: str
+
+
+MILES_STEP = "train/step"
+"""Miles' tracker: the step column its ``train/*`` series are plotted against (W&B)."""
+FOREIGN_STEP_COLUMNS = (MILES_STEP, "_step")
+"""W&B step columns tried, in order, for rows without :data:`WANDB_STEP_METRIC` (``_step``: verl)."""
+
+
+def _miles_spellings() -> dict[str, Alias]:
+    """Our keys logged through Miles' tracker: ``train/<key>`` (W&B keeps ``:``, its MLflow backend
+    rewrites every character outside ``[A-Za-z0-9_-./ ]`` to ``_``). Exact: they are our numbers."""
+    ours = (LOSS_SUM, *TOKEN_COUNT_KEYS, CLIP_FRACTION, *GAUGE_KEYS, REWARD, THROUGHPUT, STEP_TIME)
+    table = {}
+    for key in ours:
+        table[f"train/{key}"] = Alias(key, False, "miles tracker")
+        table[f"train/{key.replace(':', '_')}"] = Alias(key, False, "miles tracker")
+    return table
+
+
+ALIASES: dict[str, Alias] = {
+    **_miles_spellings(),
+    f"train/{MILES_PG_CLIPFRAC}": Alias(CLIP_FRACTION, True, "miles"),  # per-sample means, or clipped / count
+    "actor/pg_clipfrac": Alias(CLIP_FRACTION, True, "verl"),  # mean of micro-batch token means
+    "actor/pg_clipfrac_lower": Alias(DUAL_CLIP_FRACTION, True, "verl"),
+    "critic/score/mean": Alias(REWARD, False, "verl"),  # mean sequence score of the step's batch
+    # The gauge's means. Approximate: Miles' are means of per-sample means (its default mode) or
+    # token means over a count with one token per all-masked sample; verl's are means of
+    # micro-batch means in its bypass mode. And none sees the step's own drift: both compare the
+    # trainer's log-probs before the update (old_log_probs) with the rollout's, where cliptrack's
+    # l uses the log-probs of each pass (docs/CONTRACT.md, "The on-policy gauge").
+    f"train/{MILES_ABS_DIFF}": Alias(ABS_LOG_RATIO_MEAN, True, "miles"),
+    f"train/{MILES_ROLLOUT_KL}": Alias(KL_K3_MEAN, True, "miles"),  # k3, clamped to [-10, 10] per token
+    "rollout_corr/k3_kl": Alias(KL_K3_MEAN, True, "verl"),
+    "rollout_corr/kl": Alias(KL_K1, True, "verl"),  # k1: mean of log pi_rollout - log pi_old
+}
+"""Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
+key wins over an alias, an exact alias over an approximate one."""
+
+MILES_SCALED_COUNTS = {
+    f"train/{name}": key
+    for name, key in (
+        ("loss_tokens", LOSS_TOKENS),
+        ("clipped_tokens", CLIPPED_TOKENS),
+        ("clipped_low_tokens", CLIPPED_LOW_TOKENS),
+        ("clipped_high_tokens", CLIPPED_HIGH_TOKENS),
+    )
+}
+"""The count entries of ``cliptrack.adapters.miles.custom_loss`` as Miles' tracker logs them; each divided by
+``train/count_scale`` (:data:`MILES_COUNT_SCALE`) is the exact token count of our key."""
+MILES_SCALED_GAUGE = {
+    f"train/{m.miles_entry}": m.key for m in _measures.GAUGE_MEASURES if m.miles_entry is not None
+}
+"""The gauge's sum entries of ``cliptrack.adapters.miles.custom_loss`` as Miles' tracker logs them; each
+divided by ``train/count_scale`` is our sum (a count rounded to the token, a float sum as it is).
+Extremes have no entry: Miles adds its log values over micro-batches and ranks."""
+
+# ---- Appended by the tracking layer -------------------------------------------------------------
+TAG_RUN_ID = "cliptrack.run_id"
+"""MLflow tag (and W&B run id) holding cliptrack's own run id: the JSONL run directory's name."""
+
+# ---- Comparison runs (MLflow) ---------------------------------------------------------------------
+TAG_COMPARED_RUNS = "cliptrack.compared_runs"
+"""MLflow tag on a comparison run: comma-separated run ids of the compared runs, reference first."""
+TAG_COMPARED_IN = "cliptrack.compared_in"
+"""MLflow tag on a compared training run: comma-separated ids of the comparison runs that include it."""
+TAG_VERDICT = "cliptrack.verdict"
+"""MLflow tag on a comparison run: the clip-fraction verdict ("equivalent", "different", "inconclusive")."""
+
+
+def _check_declared() -> None:
+    """The named constants above agree with the declaration (cliptrack.core.measures)."""
+    named = (LOSS_SUM, *TOKEN_COUNT_KEYS, LOG_RATIO_SUM, ABS_LOG_RATIO_SUM, KL_K3_SUM, RATIO_OUTSIDE_TOKENS)
+    named_extra = (IS_WEIGHT_SUM, IS_WEIGHT_SQ_SUM, LOG_RATIO_MAX, LOG_RATIO_MIN)
+    if (*named, *named_extra) != MEASURED_KEYS or (
+        CLIP_FRACTION,
+        ABS_LOG_RATIO_MEAN,
+        KL_K3_MEAN,
+    ) != MEAN_KEYS:
+        raise AssertionError("cliptrack.core.keys and cliptrack.core.measures disagree on the measured keys")
+    if (DATUM_LOSS_TOKENS, *DATUM_CLIP_FIELDS, *DATUM_GAUGE_FIELDS) != DATUM_MEASURE_FIELDS:
+        raise AssertionError("cliptrack.core.keys and cliptrack.core.measures disagree on the datum fields")
+
+
+_check_declared()

@@ -1,0 +1,732 @@
+"""``Tracker``: log the clip series (and any metric) to MLflow / W&B / JSONL without ever
+blocking, dropping or killing training.
+
+One tracker per run, opened once (context manager or ``close()``)::
+
+    with Tracker("ppo-7b", backends=("mlflow", "wandb"), backend_label="megatron", config=cfg) as t:
+        for step in range(steps):
+            fbo = train_step(...)
+            t.log_output(step, fbo, extra={keys.REWARD: reward})
+
+Guarantees and choices (each point = one ``log`` call = step + wall time + metrics):
+
+- The training thread only validates and enqueues (microseconds); a background writer appends
+  to ``<spool_dir>/<run_id>/points.jsonl`` every ``flush_interval_s`` seconds (sooner once
+  ``max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
+  sink from its own thread, in batches (``cliptrack.log._pipeline.writer``).
+- Backpressure: ``log`` waits only while the writer is behind by more than the bound (more than
+  ``max_queued_points`` points or ``max_queued_values`` values queued, or the oldest queued point
+  older than ``flush_interval_s`` + 0.25 s) and warns once; so a crash (SIGKILL, power loss) loses
+  at most the points of the last ``flush_interval_s`` + 0.5 s, at any load. Memory for points is
+  bounded in bytes (``cliptrack.log.limits``; 256 MB at the defaults with one remote sink).
+- A full or read-only spool disk: remote sinks keep receiving every point from memory (held at
+  its journal offset, up to ``max_held_bytes``), the journal catches up when space returns, and
+  ``close`` counts what reached neither the disk nor any backend (``cliptrack.log._pipeline.held``).
+- A key or value one sink refuses is reported once and left out for that sink only
+  (``cliptrack.log._pipeline.delivery``). Each point is one row per sink: points of one step never share a
+  millisecond stamp (``cliptrack.store.stamps``).
+- A failing backend is isolated: one warning within seconds (MLflow requests from cliptrack are
+  bounded: 2 retries, 5 s each), retries with exponential backoff (1 s .. 30 s); what it has not
+  acknowledged stays in points.jsonl and ``cliptrack replay`` pushes it later, without
+  duplicates. ``close()`` returns within ``timeout_s``: everything reaches disk, remote sinks
+  get what they take in that time, the rest is left for replay. A signal that ends the process
+  closes the run KILLED at exit within ``process.SIGNAL_CLOSE_S`` seconds; the application's own
+  SIGTERM/SIGINT handlers are chained, never replaced (``cliptrack.log.process``).
+- Resuming: a ``run_id`` whose directory exists continues that run (new points are appended;
+  each backend goes on from its acknowledged journal offset, or from what it holds).
+- One run per job: only global rank 0 writes (torch.distributed, torchrun, srun, MPI: see
+  ``cliptrack.log.process.global_rank``; ``rank=`` or ``CLIPTRACK_RANK`` force it); other ranks get a
+  ``NullTracker`` whose methods return at once (``run_id`` is None there).
+- A run belongs to the process that opened it: a forked child never writes, closes or unlocks
+  it, and warns once if it calls ``log()`` (``cliptrack.log.process``).
+- Run status: FINISHED on a clean exit, FAILED on an exception or a non-zero ``sys.exit``,
+  KILLED on SIGTERM/SIGINT (MLflow RunStatus names; W&B exit code 0 / 1 / 143).
+
+Validation at ``log`` time (errors are ValueError naming the step and key; nothing already
+logged is affected):
+
+- keys: ``str`` with exactly one colon (``name:reduction``), at most
+  ``cliptrack.core.validation.MAX_KEY_CHARS`` (65,536) characters, and acceptable to every chosen
+  backend (MLflow's character rules and 250-character limit; W&B's reserved ``_`` prefix); a
+  point whose journal line could exceed ``cliptrack.store.journal.MAX_LINE_BYTES`` (16 MiB) is refused,
+  so that every line written is read back;
+- values: real numbers (int, float, numpy scalars); ``bool``, strings, None, tensors refused.
+  NaN and +/-inf are **logged as such** (a diverging loss must be visible): JSONL keeps them
+  exactly, W&B too, MLflow stores NaN and clamps +/-inf to +/-1.797e308 (its sqlite schema);
+- clip counts (``loss_tokens:sum``, ``clipped_tokens:sum``, low/high) must be whole, finite,
+  non-negative token counts; ``clip_fraction:mean`` is recomputed from them whenever
+  ``clipped_tokens:sum`` is present, and must lie in [0, 1] when given without counts;
+- steps: non-negative ints. Decreasing or repeated steps are **allowed** and every point is
+  kept (a resumed run re-logs steps): JSONL and MLflow store each point, W&B rows are keyed by
+  the declared step metric ``trainer/step``, never by W&B's own monotonic step.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from cliptrack.backends import is_jsonl, jsonl_root, make_sink
+from cliptrack.backends.base import Sink
+from cliptrack.core import keys
+from cliptrack.core.outputs import metrics_of
+from cliptrack.core.secrets import redact
+from cliptrack.core.sums import CLIP_VALUE_KEYS, exact_clip_metrics
+from cliptrack.core.text import printable
+from cliptrack.core.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
+from cliptrack.core.validation import check_key_size, check_step, metric_value
+from cliptrack.log._pipeline.held import MAX_HELD_BYTES, HeldTail
+from cliptrack.log._pipeline.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
+from cliptrack.log._pipeline.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
+from cliptrack.log.limits import Limits
+from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
+from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
+from cliptrack.store import journal
+from cliptrack.store.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
+from cliptrack.store.spool import Ack, Journal, RunDir
+from cliptrack.store.stamps import StepClock
+
+DISK_DRAIN_S = 3.0
+"""Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
+timeout is shorter (a healthy disk takes milliseconds; a refusing one gets one more try)."""
+
+__all__ = ["MAX_STEP", "NullTracker", "Tracker", "TrackerClosed", "global_rank"]
+
+
+class TrackerClosed(ValueError):
+    """``log`` on a tracker that was closed (explicitly, at exit or by a signal)."""
+
+
+def _ensure_log_handler() -> None:
+    """Make the start/summary lines visible when the application has not configured logging."""
+    if LOG.level == logging.NOTSET:
+        LOG.setLevel(logging.INFO)
+    if not LOG.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("cliptrack: %(message)s"))
+        LOG.addHandler(handler)
+        LOG.propagate = False
+
+
+class Tracker:
+    """One run, logged to every backend in ``backends``; see the module docstring for guarantees.
+
+    On a global rank other than 0, ``Tracker(...)`` is a ``NullTracker`` (every method a no-op).
+
+    Args:
+        run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
+        backends: names or URIs, see ``cliptrack.backends`` ("mlflow", "wandb", "jsonl",
+            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", any name in
+            ``cliptrack.backends.SINKS``, or Sink objects). The JSONL run directory is always written:
+            it is the spool. Default ``("mlflow",)``.
+        sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
+            vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
+        backend_label: the training stack ("megatron", "miles"), stored as ``keys.TAG_BACKEND``.
+        config: run configuration (nested dicts allowed): MLflow params, W&B config, run.json.
+        tracking_uri: MLflow tracking URI for the "mlflow" backend (default
+            ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory).
+        experiment: MLflow experiment name.
+        spool_dir: where run directories live (unless a "jsonl:/dir" backend names another).
+        flush_interval_s: seconds between writes of queued points (the most a crash can lose,
+            plus 0.5 s under overload).
+        max_batch_points: points per batch; the writer also wakes when this many are queued.
+        max_queued_points: points ``log`` may queue ahead of the writer before it waits.
+        max_queued_values: metric values ``log`` may queue ahead of the writer before it waits.
+        max_buffered_points: points a lagging sink may hold in memory before reading back from disk.
+        max_buffered_bytes: bytes of encoded points a lagging sink may hold in memory.
+        max_held_bytes: bytes of encoded points held in memory while the local disk refuses them
+            (remote sinks are fed from there; see ``cliptrack.log._pipeline.writer`` and ``cliptrack.log.limits``).
+        wandb_project, wandb_mode, wandb_dir: W&B project, mode (default: online with
+            credentials, else offline) and directory (default ``WANDB_DIR``, else the working
+            directory; recorded for replay).
+        open_timeout_s: how long the constructor waits for backends to open (they keep trying
+            in the background after that).
+        close_timeout_s: how long ``close`` waits for remote backends to drain.
+        handle_signals: on SIGTERM/SIGINT (main thread only), chain to the application's handler,
+            or end the process and close the run KILLED at exit (``cliptrack.log.process``); False
+            leaves the signal handlers alone.
+        run_id: cliptrack run id (default: 32 fresh hex digits); letters, digits, ``_``, ``-``.
+            An existing run's id resumes it.
+        freeze_gc: opt in to ``gc.freeze()`` once the backends are imported: every object alive
+            then (modules, clients, usually the model) is left out of later garbage collections,
+            so a full collection no longer walks them during ``log`` (a 150 ms pause with MLflow
+            imported). Process-wide: cyclic garbage among those objects is then never freed.
+            Default False (the collector's default behaviour).
+        patch_sys_exit: opt in to wrapping ``sys.exit`` process-wide, so that a run left open (no
+            ``with`` block, no ``close()``) learns a non-zero exit code and is marked FAILED.
+        rank: force this process's global rank (0 logs the job's run); default: detected, see
+            ``cliptrack.log.process.global_rank``.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
+        if cls is Tracker:
+            rank = _rank(kwargs.get("rank"))
+            if rank != 0:
+                return object.__new__(NullTracker)
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        run_name: str | None = None,
+        backends: Iterable[Any] | str | None = None,
+        *,
+        sinks: Iterable[Any] | None = None,
+        backend_label: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        tracking_uri: str | None = None,
+        experiment: str = "cliptrack",
+        spool_dir: str | os.PathLike[str] = ".cliptrack",
+        flush_interval_s: float = 1.0,
+        max_batch_points: int = 2000,
+        max_queued_points: int = 20_000,
+        max_queued_values: int = MAX_QUEUED_VALUES,
+        max_buffered_points: int = 50_000,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        max_held_bytes: int = MAX_HELD_BYTES,
+        wandb_project: str | None = None,
+        wandb_mode: str | None = None,
+        wandb_dir: str | os.PathLike[str] | None = None,
+        open_timeout_s: float = 5.0,
+        close_timeout_s: float = 30.0,
+        handle_signals: bool = True,
+        run_id: str | None = None,
+        freeze_gc: bool = False,
+        patch_sys_exit: bool = False,
+        rank: int | None = None,
+    ) -> None:
+        self.owner = Owner()
+        self._foreign_warned: int | None = None
+        self.rank = 0
+        self.active = True
+        self.status: str | None = None
+        self.points_logged = 0
+        self._closed = False
+        self.close_timeout_s = close_timeout_s
+        limits = Limits(
+            flush_interval_s,
+            max_batch_points,
+            max_queued_points,
+            max_queued_values,
+            max_buffered_points,
+            max_buffered_bytes,
+            max_held_bytes,
+        )
+        vendor = {
+            "tracking_uri": tracking_uri,
+            "experiment": experiment,
+            "wandb_project": wandb_project,
+            "wandb_mode": wandb_mode,
+            "wandb_dir": wandb_dir,
+        }
+        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, **vendor)
+        self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
+        self.run_dir = RunDir(root, self.run_id)
+        self._known_keys: dict[str, int] = {}
+        """Keys checked so far -> their bytes in a journal line (``journal.encoded_key_bytes``)."""
+        self._longest_key = 64
+        """Bytes of the longest key checked so far (at least 64: keys ``exact_clip_metrics`` adds)."""
+        self._clock = StepClock()
+        self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
+        if (
+            freeze_gc
+        ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
+            gc.freeze()
+        self._writer.start()
+        deadline = time.monotonic() + open_timeout_s
+        for lane in self._lanes:
+            lane.opened.wait(max(0.0, deadline - time.monotonic()))
+        LOG.info("%s", self._start_line())
+        HOOKS.register(self, handle_signals=handle_signals, patch_sys_exit=patch_sys_exit)
+
+    def _open(
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
+        limits: Limits,
+        freeze_gc: bool,
+    ) -> None:
+        """Take the run's lock, open (or resume) the run and its journal, build a lane per sink
+        and the writer; the lock is released again if any of it fails."""
+        if not self.run_dir.lock_sink("jsonl"):  # also tells `cliptrack replay` that this run is live
+            raise ValueError(
+                f"run {self.run_id} in {printable(self.run_dir.root)} is being logged by another process"
+            )
+        try:
+            self.run, states = self._open_run(run_name, backend_label, config, experiment)
+            self.run_name: str = self.run.run_name
+            _ensure_log_handler()
+            self.journal = Journal(self.run_dir)
+            self.journal.open()
+            self.run_dir.check_journal()  # reported; each sink's acknowledgement is checked too
+            held = HeldTail(self.journal, limits.max_held_bytes)
+            self._lanes = [
+                self._lane(sink, states.get(sink.name), held, limits, freeze_gc) for sink in self.sinks
+            ]
+            self._writer = BackgroundWriter(
+                self.journal,
+                self._lanes,
+                flush_interval_s=limits.flush_interval_s,
+                max_batch_points=limits.max_batch_points,
+                max_queued_points=limits.max_queued_points,
+                max_queued_values=limits.max_queued_values,
+                held=held,
+            )
+        except BaseException:
+            self.run_dir.unlock_sink("jsonl")
+            raise
+
+    def _lane(
+        self, sink: Sink, state: dict[str, Any] | None, held: HeldTail, limits: Limits, freeze_gc: bool
+    ) -> SinkLane:
+        return SinkLane(
+            sink,
+            self.run_dir,
+            self.run,
+            max_buffered_points=limits.max_buffered_points,
+            max_buffered_bytes=limits.max_buffered_bytes,
+            max_batch_points=limits.max_batch_points,
+            state=state,
+            journal_end=Ack(self.journal.points, self.journal.offset),
+            freeze_gc=freeze_gc,
+            read_lines=held.read,
+            durable=held.durable,
+        )
+
+    def _open_run(
+        self,
+        run_name: str | None,
+        backend_label: str | None,
+        config: Mapping[str, Any] | None,
+        experiment: str,
+    ) -> tuple[RunInfo, dict[str, dict[str, Any]]]:
+        """The run to log: a new one, or the one run.json records for this id (resumed: its start
+        time and config kept, the new config merged in); with the sinks' recorded replay states."""
+        if config is not None and not isinstance(config, Mapping):
+            raise ValueError(f"config must be a mapping, got {type(config).__name__}")
+        meta = self.run_dir.read_meta()
+        states: dict[str, dict[str, Any]] = {}
+        if meta:
+            run = RunInfo.from_meta(meta, self.run_id)
+            run.config.update(dict(config or {}))
+            run.run_name = run_name or run.run_name
+            run.backend_label = backend_label if backend_label is not None else run.backend_label
+            run.status, run.ended = RUNNING, None
+            states = {
+                name: {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
+                for name, state in self.run_dir.sink_states().items()
+            }
+        else:
+            run = RunInfo(
+                run_id=self.run_id,
+                run_name=run_name or f"{backend_label or 'run'}-{self.run_id[:8]}",
+                backend_label=backend_label,
+                config=dict(config or {}),
+                started=time.time(),
+                experiment=experiment,
+            )
+        fields = run.to_meta()
+        if not meta:
+            fields.pop("ended", None)
+        self.run_dir.update_meta(**fields)
+        return run, states
+
+    # ---- human lines ---------------------------------------------------------------------------
+    def locations(self) -> dict[str, str]:
+        """Where this run is logged, per sink, for humans (URI, run id, W&B mode, directory), with
+        no credential (``cliptrack.core.secrets``)."""
+        out = {"jsonl": printable(f"jsonl {self.run_dir.path}")}
+        for lane in self._lanes:
+            where = lane.sink.location
+            if lane.state in (LaneState.FAILING, LaneState.REJECTED, LaneState.OPENING):
+                where += f" [{lane.state}{': ' + lane.error if lane.error else ''}]"
+            out[lane.name] = printable(redact(where))
+        return out
+
+    def _start_line(self) -> str:
+        label = f" backend={printable(self.run.backend_label)}" if self.run.backend_label else ""
+        places = "; ".join(f"{where}" for where in self.locations().values() if where)
+        return f"run {self.run_id} {printable(repr(self.run_name))}{label} -> {places}"
+
+    # ---- logging -------------------------------------------------------------------------------
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` (``name:reduction`` -> number) at the trainer's ``step``.
+
+        Validates on the calling thread (ValueError naming step and key), stamps the wall time
+        (unix seconds) and enqueues; never waits on a backend (only, under overload, on the local
+        writer: see the module docstring). A point ``log`` accepted is never lost by ``close``.
+        """
+        if self._closed:
+            raise self._closed_error(step)
+        if not self.owner.is_current():
+            self._warn_foreign("log")
+            return
+        step = self._check_step(step)
+        values = self._check_metrics(step, metrics)
+        try:
+            # a plain tuple (see records.RawPoint); the stamp keeps equal points distinct rows
+            self._writer.submit(step, values, self._clock.stamp)
+        except WriterClosed:
+            raise self._closed_error(step) from None
+        self.points_logged += 1
+
+    def _warn_foreign(self, what: str) -> None:
+        """Once per forked child: its ``log()`` calls are not logged (the run is the parent's)."""
+        pid = os.getpid()
+        if self._foreign_warned == pid:
+            return
+        self._foreign_warned = pid
+        LOG.warning(
+            "%s() in process %d, forked from process %d that owns run %s: not logged (a forked child "
+            "never writes its parent's run; log from the parent, or open a tracker in the child)",
+            what,
+            pid,
+            self.owner.pid,
+            self.run_id,
+        )
+
+    def _closed_error(self, step: object) -> TrackerClosed:
+        return TrackerClosed(
+            f"tracker for run {self.run_id} is closed ({self.status}); step {step!r} was not logged"
+        )
+
+    def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
+        """Log a ForwardBackwardOutput's metrics (its clip series: ``clip_fraction:mean`` recomputed
+        from the summed counts; a loss that never clips logs no clip keys) plus ``extra``."""
+        try:
+            metrics = dict(metrics_of(output))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"step {step!r}: {exc}") from None
+        if extra:
+            clash = sorted(set(extra) & set(metrics))
+            if clash:
+                raise ValueError(f"step {step!r}: extra metrics {clash} are already in the output's metrics")
+            metrics.update(extra)
+        self.log(step, metrics)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Add to the run's config: run.json, MLflow params (flattened), W&B config."""
+        if self._closed:
+            raise TrackerClosed(f"tracker for run {self.run_id} is closed ({self.status})")
+        if not self.owner.is_current():
+            self._warn_foreign("log_config")
+            return
+        if not isinstance(config, Mapping):
+            raise ValueError(f"config must be a mapping, got {type(config).__name__}")
+        config = dict(config)
+        self.run.config.update(config)
+        try:
+            self.run_dir.update_meta(config=self.run.config)
+        except OSError as exc:
+            LOG.warning("cannot save the config to %s: %s", printable(self.run_dir.meta_path), printable(exc))
+        for lane in self._lanes:
+            lane.offer_config(config)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Write every point logged so far to disk, then wait up to ``timeout_s`` seconds (default
+        ``close_timeout_s``) for the healthy backends to take them. True when every backend has;
+        False when one is failing (its points are safe on disk, retried in the background) or when
+        the local disk itself refuses the points (they are held in memory and retried)."""
+        if self._closed:
+            return True
+        if not self.owner.is_current():
+            return False
+        return self._writer.flush(self.close_timeout_s if timeout_s is None else timeout_s)
+
+    # ---- closing -------------------------------------------------------------------------------
+    def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None:
+        """End the run with ``status`` (FINISHED by default): drain to disk, give remote backends
+        until ``timeout_s`` seconds (default ``close_timeout_s``) have passed, mark the run, print a
+        summary. Idempotent; never raises for a backend or disk failure (warned); anything a
+        backend could not take stays spooled for ``cliptrack replay``. In a forked child it does
+        nothing (the run is the parent's). Interrupted (a second Ctrl-C, a SIGTERM), it saves the
+        status KILLED before the interrupt goes on."""
+        if self._closed or not self.owner.is_current():
+            return
+        self._closed = True
+        self.status = status or FINISHED
+        timeout = self.close_timeout_s if timeout_s is None else timeout_s
+        try:
+            writing = self._drain(time.monotonic() + timeout, timeout)
+            if not writing:
+                self.journal.close()
+            self._mark(self.status)
+        except (KeyboardInterrupt, Terminated):
+            self.status = KILLED
+            self._mark(KILLED)
+            raise
+        finally:
+            self.run_dir.unlock_sink("jsonl")
+            HOOKS.unregister(self)
+        LOG.info("%s", self.summary())
+
+    def _drain(self, deadline: float, timeout: float) -> bool:
+        """Drain the writer to disk (at least ``DISK_DRAIN_S`` seconds) and the lanes until
+        ``deadline``; True when the journal is still being written."""
+        writing = self._writer.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
+        if writing:
+            LOG.warning(
+                "%s is still being written after %.0f s (a stalled disk?)",
+                printable(self.journal.location),
+                max(DISK_DRAIN_S, timeout),
+            )
+        elif self._writer.held or self._writer.not_journaled:
+            LOG.warning(
+                "%d points could not be written to %s (%s); they go to the remote backends from memory",
+                self._writer.held.points + self._writer.not_journaled,
+                printable(self.journal.location),
+                printable(self._writer.journal_error),
+            )
+        for lane in self._lanes:
+            lane.stop(self.status or FINISHED, deadline)
+        for lane in self._lanes:
+            lane.join(max(0.0, deadline - time.monotonic()))
+        return writing
+
+    def _mark(self, status: str) -> None:
+        """Save the run's final ``status`` in run.json (warned, never raised, when the disk refuses)."""
+        try:
+            self.run.status, self.run.ended = status, time.time()
+            end = self.journal.position()
+            recorded = {"points": end.points, "offset": end.offset, "fingerprint": end.fingerprint}
+            self.run_dir.update_meta(status=self.run.status, ended=self.run.ended, journal=recorded)
+        except OSError as exc:
+            LOG.warning(
+                "cannot mark run %s %s in %s: %s; `cliptrack replay` will mark it FAILED",
+                self.run_id,
+                status,
+                printable(self.run_dir.meta_path),
+                printable(exc),
+            )
+
+    def summary(self) -> str:
+        """One line: status, points and values written, what the local disk could not take and what
+        reached no backend either, and per backend what is still pending or was refused."""
+        writer = self._writer
+        parts = [
+            f"run {self.run_id} {self.status or RUNNING}: {writer.points_journaled} points "
+            f"({writer.values_journaled} values) in {printable(self.run_dir.path)}"
+        ]
+        off_disk = writer.held.points + writer.not_journaled + writer.unwritten
+        if off_disk:
+            parts.append(
+                f"{off_disk} points NOT in the journal (the disk refused them: "
+                f"{printable(writer.journal_error or 'stalled')}), {writer.lost_points()} of them "
+                "written nowhere (lost)"
+            )
+        behind = False
+        for lane in self._lanes:
+            parts.append(self._lane_summary(lane))
+            behind = (
+                behind
+                or lane.pending_points() > 0
+                or lane.params_due
+                or lane.state not in (LaneState.OK, LaneState.CLOSED)
+            )
+        if behind:
+            parts.append(f"push them with `cliptrack replay {printable(self.run_dir.root)}`")
+        return redact("; ".join(parts))  # a sink's error may echo its URI or a server's SQL
+
+    @staticmethod
+    def _lane_summary(lane: SinkLane) -> str:
+        """One sink's part of the summary: "all written" only when every point, param and tag is
+        in the sink (refused keys and params are named after it)."""
+        pending = lane.pending_points()
+        refused = lane.refusals.summary()
+        lost = f", {lane.lost_points} points in no journal missed" if lane.lost_points else ""
+        params = lane.params_summary()
+        tail = (f", {refused}" if refused else "") + lost + (f", {params}" if params else "")
+        healthy = lane.state in (LaneState.OK, LaneState.CLOSED)
+        if pending == 0 and healthy and not lane.lost_points:
+            if not params:
+                return f"{lane.name}: all written ({printable(lane.sink.location)}){tail}"
+            return f"{lane.name}: every point written ({printable(lane.sink.location)}){tail}"
+        return f"{lane.name}: {pending} points pending ({lane.state}: {lane.error or 'not drained'}){tail}"
+
+    def pending(self) -> dict[str, int]:
+        """Points each remote backend has not acknowledged yet."""
+        return {lane.name: lane.pending_points() for lane in self._lanes}
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        status = HOOKS.status_for(value)
+        self.close(status, timeout_s=min(SIGNAL_CLOSE_S, self.close_timeout_s) if status == KILLED else None)
+
+    # ---- validation (training thread; cheap: new keys are checked once) -------------------------
+    @staticmethod
+    def _check_step(step: Any) -> int:
+        return check_step(step)
+
+    def _check_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        if not isinstance(metrics, Mapping):
+            raise ValueError(
+                f"step {step}: metrics must be a mapping of 'name:reduction' -> number, "
+                f"got {type(metrics).__name__}"
+            )
+        if not metrics:
+            raise ValueError(f"step {step}: no metrics to log")
+        out: dict[str, float] = {}
+        known = self._known_keys
+        for key, value in metrics.items():
+            if key not in known:
+                self._check_new_key(step, key)
+            try:
+                out[key] = value if type(value) is float else metric_value(key, value)
+            except ValueError as exc:
+                raise ValueError(f"step {step}: {exc}") from None
+        if not CLIP_VALUE_KEYS.isdisjoint(out):
+            try:
+                out = exact_clip_metrics(out)
+            except ValueError as exc:
+                raise ValueError(f"step {step}: {exc}") from None
+        if journal.line_bytes_bound(len(out), len(out) * self._longest_key) > journal.MAX_LINE_BYTES:
+            self._check_line(step, out)  # O(1) above; the exact sum only for a point this large
+        return out
+
+    def _check_line(self, step: int, values: Mapping[str, float]) -> None:
+        """ValueError when the journal line of ``values`` could exceed ``journal.MAX_LINE_BYTES``
+        (what a reader takes back)."""
+        known = self._known_keys
+        key_bytes = sum(known.get(k) or journal.encoded_key_bytes(k) for k in values)
+        size = journal.line_bytes_bound(len(values), key_bytes)
+        if size > journal.MAX_LINE_BYTES:
+            raise ValueError(
+                f"step {step}: a point of {len(values)} values takes up to {size} bytes in the journal; "
+                f"a journal line holds at most {journal.MAX_LINE_BYTES} (log fewer values per call)"
+            )
+
+    def _check_new_key(self, step: int, key: Any) -> None:
+        try:
+            keys.split_key(key)
+            check_key_size(key)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"step {step}: {exc}") from None
+        for sink in self.sinks:
+            try:
+                sink.check_key(key)
+            except ValueError as exc:
+                raise ValueError(f"step {step}: {exc}") from None
+        size = journal.encoded_key_bytes(key)
+        self._known_keys[key] = size
+        self._longest_key = max(self._longest_key, size)
+
+    # ---- a custom loop in a few lines (cliptrack.log.steps) -------------------------------------------
+    def log_losses(
+        self,
+        step: int,
+        *losses: object,
+        reward: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Log one step of a custom loop: ``losses`` are what ``cliptrack.adapters.losses.output.loss_metrics``
+        returns (or ``ForwardBackwardOutput``s), their counts summed exactly; ``reward`` is the
+        step's mean reward. Inside ``with tracker.step(step):`` the point is logged when the block
+        ends, with the step time and tokens per second; outside it, now."""
+        open_step: OpenStep | None = getattr(self, "_open_step", None)
+        if open_step is not None and open_step.step == step:
+            open_step.add(losses, reward, extra)
+            return
+        self.log(step, step_metrics(*losses, reward=reward, extra=extra))
+
+    def step(self, step: int) -> AbstractContextManager[OpenStep]:
+        """Time the block as trainer step ``step``: on a normal exit, log what ``log_losses`` gave
+        inside it plus ``keys.STEP_TIME`` (seconds) and ``keys.THROUGHPUT`` (loss tokens/s)."""
+        return timed_step(self, self._check_step(step))
+
+
+class NullTracker(Tracker):
+    """The tracker of a process whose global rank is not 0: it accepts every call and does nothing
+    (``run_id`` is None, ``active`` False). One run per job is written by rank 0."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.rank = _rank(kwargs.get("rank"))
+        self.active = False
+        self.run_id = None  # type: ignore[assignment]
+        self.run_name = None  # type: ignore[assignment]
+        self.status = None
+        self.points_logged = 0
+        self.sinks = []
+        self.close_timeout_s = 0.0
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        return None
+
+    def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
+        return None
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        return None
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return True
+
+    def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None:
+        return None
+
+    def locations(self) -> dict[str, str]:
+        return {}
+
+    def pending(self) -> dict[str, int]:
+        return {}
+
+    def summary(self) -> str:
+        return f"rank {self.rank}: inactive (only global rank 0 logs)"
+
+
+def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -> Iterable[Any] | str:
+    """The sinks a tracker writes: ``sinks`` (Sink objects, names, URIs) or its older spelling
+    ``backends``; ``("mlflow",)`` when neither is given."""
+    if sinks is not None and backends is not None:
+        raise ValueError("give the sinks once: sinks=[...] or backends=[...], not both")
+    chosen = sinks if sinks is not None else backends
+    return ("mlflow",) if chosen is None else chosen
+
+
+def _rank(forced: object) -> int:
+    """The rank a ``rank=`` argument forces (a non-negative int), else the detected global rank."""
+    if forced is None:
+        return global_rank()
+    if isinstance(forced, bool) or not isinstance(forced, int) or forced < 0:
+        raise ValueError(f"rank={forced!r} is not a global rank (an integer >= 0)")
+    return forced
+
+
+def _sinks(
+    backends: Iterable[Any] | str,
+    spool_dir: str | os.PathLike[str],
+    **options: Any,
+) -> tuple[Path, list[Sink]]:
+    """The spool root and the remote sinks a ``backends`` argument names (duplicates refused)."""
+    if isinstance(backends, str):
+        backends = (backends,)
+    backends = list(backends)
+    root: str | os.PathLike[str] = spool_dir
+    remote = []
+    for spec in backends:
+        if is_jsonl(spec):
+            root = jsonl_root(spec) or spool_dir
+        else:
+            remote.append(make_sink(spec, **options))
+    names = [sink.name for sink in remote]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"backends {backends!r} name the sink(s) {duplicates} more than once")
+    return Path(root), remote
