@@ -19,9 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cliptrack.cli.compare import format_result
+from cliptrack.cli.progress import Progress
 from cliptrack.compare.stats import MIN_UNITS
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact
+from cliptrack.log.tracker import Tracker
 
 EXPERIMENT = "cliptrack-demo"
 """The MLflow experiment of the demo's training runs (its comparison goes to its own experiment)."""
@@ -94,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
-    from cliptrack import Tracker
     from cliptrack.adapters.demo.train import OnPolicy, RunConfig, train
-    from cliptrack.cli.progress import Progress
 
     tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
     backends = ["mlflow", "jsonl"] + (["wandb"] if args.wandb else [])
@@ -308,7 +309,6 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     """Compare the runs: print the table and verdict, write the dashboard and the panels."""
     from cliptrack.backends.mlflow.panels import log_comparison
     from cliptrack.backends.wandb.panels import save_or_write
-    from cliptrack.cli.compare import format_result
     from cliptrack.compare import compare, load_runs
     from cliptrack.compare.views.dashboard import write_dashboard
 
