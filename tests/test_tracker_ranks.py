@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import subprocess
 import sys
+import threading
+import typing
 from pathlib import Path
 
+import mlflow
 import pytest
 from cliptrack.core import keys
-from cliptrack.log.process import global_rank
+from cliptrack.log.process import global_rank, rank_zero_only
 from cliptrack.log.tracker import NullTracker, Tracker
 from mlflow import MlflowClient
 
@@ -80,6 +85,122 @@ def test_a_null_tracker_lets_an_interrupt_through_its_with_block(clean_env, tmp_
             tracker.log(0, {"a:mean": 1.0})
             raise KeyboardInterrupt
     assert not tracker.active and not any(tmp_path.iterdir())
+
+
+def _public_api() -> dict[str, object]:
+    """Tracker's public methods and properties, found on the class (a new one is covered at once),
+    with the context-manager protocol."""
+    return {
+        name: inspect.getattr_static(Tracker, name)
+        for name, value in inspect.getmembers(Tracker)
+        if (not name.startswith("_") or name in ("__enter__", "__exit__"))
+        and (callable(value) or isinstance(value, property))
+    }
+
+
+def _call_anything(method: typing.Callable[..., object], owner: object) -> object:
+    """Call a bound method with ``object()`` for every required argument (and one extra positional):
+    an inactive rank must not even look at them."""
+    args: list[object] = []
+    kwargs: dict[str, object] = {}
+    for param in inspect.signature(method).parameters.values():
+        if param.kind is param.VAR_POSITIONAL:
+            args.append(object())
+        elif param.default is not param.empty or param.kind is param.VAR_KEYWORD:
+            continue
+        elif param.kind is param.KEYWORD_ONLY:
+            kwargs[param.name] = object()
+        else:
+            args.append(object())
+    return method(*args, **kwargs)
+
+
+def _expects(result: object, hint: object, tracker: object) -> None:
+    """``result`` is what a caller of a method annotated ``-> hint`` can use; a context manager is
+    entered and left, its value checked the same way."""
+    if hint is type(None):
+        assert result is None
+        return
+    origin = typing.get_origin(hint) or hint
+    assert isinstance(result, origin), (result, hint)  # type: ignore[arg-type]
+    if origin is contextlib.AbstractContextManager:
+        with result as entered:  # type: ignore[attr-defined]
+            (inner,) = typing.get_args(hint) or (object,)
+            _expects(entered, inner, tracker)
+    if origin is Tracker:
+        assert result is tracker
+
+
+def test_every_public_method_of_a_tracker_on_another_rank_writes_nothing(clean_env, tmp_path):
+    """RANK=1 (torchrun) and SLURM_PROCID=1 (srun): every public method and property of Tracker,
+    walked by introspection, returns what its annotation promises and writes nothing: no spool
+    directory, no MLflow store, no background thread."""
+    clean_env.setenv("RANK", "1")
+    clean_env.setenv("SLURM_PROCID", "1")
+    clean_env.chdir(tmp_path)  # MLflow's default store would be ./mlflow.db
+    store = tmp_path / "store"
+    clean_env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
+    threads = threading.active_count()
+    api = _public_api()
+    assert {"log", "log_output", "log_losses", "log_config", "step", "flush", "close", "summary"} <= set(api)
+    with Tracker("r1", backends=("mlflow", "jsonl"), spool_dir=tmp_path / "spool") as tracker:
+        assert isinstance(tracker, NullTracker) and (tracker.active, tracker.rank) == (False, 1)
+        for name, member in api.items():
+            if name in ("__enter__", "__exit__"):
+                continue  # the with block itself
+            if isinstance(member, property):
+                result = getattr(tracker, name)
+                hint = typing.get_type_hints(member.fget)["return"]
+            else:
+                result = _call_anything(getattr(tracker, name), tracker)
+                hint = typing.get_type_hints(getattr(Tracker, name))["return"]
+            _expects(result, hint, tracker)
+        with pytest.raises(TypeError):  # a wrong call fails on every rank alike
+            tracker.log(0)
+    assert threading.active_count() == threads
+    assert list(tmp_path.iterdir()) == []  # no spool directory, no MLflow store, no ./mlflow.db
+    assert mlflow.active_run() is None
+
+
+class _Real:
+    def write(self, value: int) -> None:
+        raise AssertionError("the real method ran")
+
+    def count(self) -> int:
+        raise AssertionError("the real method ran")
+
+    @property
+    def size(self) -> int:
+        raise AssertionError("the real property ran")
+
+    def __enter__(self) -> _Real:
+        raise AssertionError("the real method ran")
+
+    def __exit__(self, *exc: object) -> None:
+        raise AssertionError("the real method ran")
+
+
+def test_a_stand_in_covers_methods_and_properties_and_every_value_has_an_answer():
+    answers = {"count": lambda self: 0, "size": lambda self: 7, "__enter__": lambda self: self}
+    null = rank_zero_only(_Real, answers)(type("Null", (_Real,), {}))()
+    with null as entered:
+        assert entered is null
+        assert (null.write(3), null.count(), null.size) == (None, 0, 7)
+        with pytest.raises(TypeError):
+            null.write()
+    with pytest.raises(TypeError, match=r"_Real.count returns a value: give Null an answer"):
+        rank_zero_only(_Real, {"size": lambda self: 7, "__enter__": lambda self: self})(
+            type("Null", (_Real,), {})
+        )
+    with pytest.raises(TypeError, match=r"_Real.size returns a value"):
+        rank_zero_only(_Real, {"count": lambda self: 0, "__enter__": lambda self: self})(
+            type("Null", (_Real,), {})
+        )
+    with pytest.raises(TypeError, match=r"answers for \['counts'\]: not public"):
+        rank_zero_only(_Real, {**answers, "counts": lambda self: 0})(type("Null", (_Real,), {}))
+    own = type("Null", (_Real,), {"write": lambda self, value: None})
+    with pytest.raises(TypeError, match=r"Null defines \['write'\] itself"):
+        rank_zero_only(_Real, answers)(own)
 
 
 def _launch(tmp_path: Path, db: Path, env_per_rank: list[dict[str, str]], *run_id: str) -> list[str]:

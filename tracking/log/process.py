@@ -13,7 +13,9 @@
   process group is initialised (torch is never imported here); then ``RANK`` (torchrun),
   ``SLURM_PROCID`` (srun), ``PMI_RANK`` (MPICH / Intel MPI), ``OMPI_COMM_WORLD_RANK`` (Open MPI),
   and ``LOCAL_RANK`` only when the world is one node (``LOCAL_WORLD_SIZE == WORLD_SIZE``);
-  else 0. A value that is not a non-negative integer is an error naming the variable.
+  else 0. A value that is not a non-negative integer is an error naming the variable. A process
+  whose rank is not 0 gets an inactive stand-in (``rank_zero_only``): every public method and
+  property of the real class, found by introspection, replaced by one that does nothing.
 - *Signals* (main thread only, and only with ``handle_signals=True``): the handler never closes
   the run nor takes a lock. With an application handler installed before the tracker (or
   ``SIG_IGN``), that handler alone decides: the run goes on (``log()`` keeps working) and is closed
@@ -34,14 +36,16 @@
 from __future__ import annotations
 
 import atexit
+import functools
+import inspect
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from cliptrack.store.records import FAILED, FINISHED, KILLED
 
@@ -134,6 +138,80 @@ def global_rank() -> int:
             return rank
     local = _one_node_local_rank()
     return 0 if local is None else local
+
+
+CONTEXT_METHODS = ("__enter__", "__exit__")
+"""The dunder methods that belong to a class's public API: a stand-in still works in ``with``."""
+
+_Class = TypeVar("_Class", bound=type)
+
+
+def public_api(cls: type) -> dict[str, object]:
+    """``cls``'s public methods and properties (names without a leading ``_``, plus
+    ``CONTEXT_METHODS``), inherited ones included, as found on the class (functions, properties)."""
+    return {
+        name: inspect.getattr_static(cls, name)
+        for name in dir(cls)
+        if (not name.startswith("_") or name in CONTEXT_METHODS)
+        and (callable(getattr(cls, name)) or isinstance(inspect.getattr_static(cls, name), property))
+    }
+
+
+def _returns_none(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is annotated to return None (a string under postponed annotations)."""
+    return inspect.signature(function).return_annotation in (None, "None")
+
+
+def _stand_in(function: Callable[..., Any], answer: Callable[..., Any] | None) -> Callable[..., Any]:
+    """A method that checks its arguments against ``function``'s signature (the TypeError a wrong
+    call gets on every rank alike), does nothing else and returns ``answer(self, *args, **kwargs)``,
+    or None without an answer."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def inactive(*args: Any, **kwargs: Any) -> Any:
+        signature.bind(*args, **kwargs)
+        return None if answer is None else answer(*args, **kwargs)
+
+    return inactive
+
+
+def rank_zero_only(real: type, answers: Mapping[str, Callable[..., Any]]) -> Callable[[_Class], _Class]:
+    """A class decorator: the decorated subclass of ``real`` becomes ``real``'s stand-in on a rank
+    other than 0. Every public method of ``real`` (``public_api``) is replaced by one that does
+    nothing but check its arguments against ``real``'s signature and returns
+    ``answers[name](self, *args, **kwargs)``, or None; every public property returns
+    ``answers[name](self)``, or None. A method added to ``real`` is covered with no change here.
+
+    TypeError, at import: an answer naming no public method or property of ``real``; a method or
+    property not annotated to return None with no answer (a caller would get None where it
+    expects a value); a public method the decorated class defines itself (its answer goes in
+    ``answers``, the one place)."""
+
+    def decorate(null: _Class) -> _Class:
+        api = public_api(real)
+        unknown = sorted(set(answers) - set(api))
+        if unknown:
+            raise TypeError(f"answers for {unknown}: not public methods or properties of {real.__name__}")
+        own = sorted(set(api) & set(vars(null)))
+        if own:
+            raise TypeError(f"{null.__name__} defines {own} itself: give their answers to rank_zero_only")
+        for name, member in api.items():
+            answer = answers.get(name)
+            kind: Callable[[Any], Any] | None = None  # how the stand-in is put on the class
+            original: Any = member
+            if isinstance(member, (property, staticmethod, classmethod)):
+                kind = type(member)
+                original = member.fget if isinstance(member, property) else member.__func__
+            if answer is None and not _returns_none(original):
+                raise TypeError(
+                    f"{real.__name__}.{name} returns a value: give {null.__name__} an answer for it"
+                )
+            stand_in = _stand_in(original, answer)
+            setattr(null, name, stand_in if kind is None else kind(stand_in))
+        return null
+
+    return decorate
 
 
 # ---- the process's hooks -----------------------------------------------------------------------

@@ -36,7 +36,8 @@ Guarantees and choices (each point = one ``log`` call = step + wall time + metri
   each backend goes on from its acknowledged journal offset, or from what it holds).
 - One run per job: only global rank 0 writes (torch.distributed, torchrun, srun, MPI: see
   ``cliptrack.log.process.global_rank``; ``rank=`` or ``CLIPTRACK_RANK`` force it); other ranks get a
-  ``NullTracker`` whose methods return at once (``run_id`` is None there).
+  ``NullTracker``: every public method and property of ``Tracker`` returns at once, writing nothing
+  (``run_id`` is None there).
 - A run belongs to the process that opened it: a forked child never writes, closes or unlocks
   it, and warns once if it calls ``log()`` (``cliptrack.log.process``).
 - Run status: FINISHED on a clean exit, FAILED on an exception or a non-zero ``sys.exit``,
@@ -63,13 +64,15 @@ logged is affected):
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import inspect
 import logging
 import os
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -87,7 +90,7 @@ from cliptrack.log._pipeline.held import MAX_HELD_BYTES, HeldTail
 from cliptrack.log._pipeline.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
 from cliptrack.log._pipeline.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
 from cliptrack.log.limits import Limits
-from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank
+from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank, rank_zero_only
 from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
 from cliptrack.store import journal
 from cliptrack.store.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
@@ -647,11 +650,40 @@ class Tracker:
         return timed_step(self, self._check_step(step))
 
 
+_TRACKER_INIT = inspect.signature(Tracker.__init__)
+"""What ``NullTracker(...)`` checks its arguments against: a wrong call fails on every rank alike."""
+
+
+def _inactive_summary(tracker: NullTracker, *args: Any, **kwargs: Any) -> str:
+    return f"rank {tracker.rank}: inactive (only global rank 0 logs)"
+
+
+def _inactive_step(tracker: NullTracker, step: int) -> AbstractContextManager[OpenStep]:
+    return contextlib.nullcontext(OpenStep(step))
+
+
+NULL_ANSWERS: dict[str, Callable[..., Any]] = {
+    "__enter__": lambda tracker: tracker,
+    "flush": lambda tracker, *args, **kwargs: True,  # nothing is waiting on this rank
+    "locations": lambda tracker: {},
+    "pending": lambda tracker: {},
+    "summary": _inactive_summary,
+    "step": _inactive_step,
+}
+"""What ``NullTracker``'s stand-ins return where ``Tracker``'s methods return a value (the others
+return None): ``rank_zero_only`` refuses a value-returning public method without an answer here."""
+
+
+@rank_zero_only(Tracker, NULL_ANSWERS)
 class NullTracker(Tracker):
     """The tracker of a process whose global rank is not 0: it accepts every call and does nothing
-    (``run_id`` is None, ``active`` False). One run per job is written by rank 0."""
+    (``run_id`` is None, ``active`` False). One run per job is written by rank 0. Every public
+    method and property of ``Tracker`` is a stand-in (``cliptrack.log.process.rank_zero_only``): it
+    checks its arguments against ``Tracker``'s signature, validates no value, writes nothing and
+    returns ``NULL_ANSWERS[name]``'s answer or None (``with`` and ``step()`` blocks still work)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _TRACKER_INIT.bind(self, *args, **kwargs)
         self.rank = _rank(kwargs.get("rank"))
         self.active = False
         self.run_id = None  # type: ignore[assignment]
@@ -660,35 +692,6 @@ class NullTracker(Tracker):
         self.points_logged = 0
         self.sinks = []
         self.close_timeout_s = 0.0
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        return None
-
-    def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
-        return None
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        return None
-
-    def flush(self, timeout_s: float | None = None) -> bool:
-        return True
-
-    def close(self, status: str | None = None, *, timeout_s: float | None = None) -> None:
-        return None
-
-    def locations(self) -> dict[str, str]:
-        return {}
-
-    def pending(self) -> dict[str, int]:
-        return {}
-
-    def summary(self) -> str:
-        return f"rank {self.rank}: inactive (only global rank 0 logs)"
 
 
 def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -> Iterable[Any] | str:
