@@ -18,7 +18,7 @@ from cliptrack.compare.stats import (
     paired_difference,
     seeds_needed,
 )
-from cliptrack.compare.stats.tdist import f_quantile, t_quantile
+from cliptrack.compare.stats.quantiles import f_quantile, t_criticals, t_quantile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
@@ -122,6 +122,55 @@ def test_t_and_f_quantiles_match_scipy():
             assert f_quantile(p, 2.0, df) == pytest.approx(scipy_stats.f.ppf(p, 2.0, df), rel=1e-7)
     with pytest.raises(ValueError, match="degrees of freedom must be > 0"):
         t_quantile(0.9, 0.0)
+
+
+T_BEFORE = {  # (p, df): the quantile of the former incomplete-beta continued fraction, bisected
+    (0.95, 1.5): 3.7051808200966434,
+    (0.95, 4.0): 2.131846786326662,
+    (0.95, 7.3): 1.8829300179564257,
+    (0.95, 25.5): 1.706853695866755,
+    (0.95, 198.0): 1.652585783618008,
+    (0.975, 2.0): 4.302652729749411,
+    (0.975, 3.7): 2.8675207071911473,
+    (0.975, 10.0): 2.22813885198633,
+    (0.975, 60.0): 2.000297822014261,
+    (0.975, 1000.0): 1.962339080826439,
+    (0.99, 1.5): 11.197316179568134,
+    (0.99, 4.0): 3.746947387979276,
+    (0.99, 25.5): 2.4818011132914535,
+    (0.995, 2.0): 9.92484320091853,
+    (0.995, 7.3): 3.4510316556221596,
+    (0.995, 198.0): 2.6008872779904095,
+    (0.9975, 3.7): 5.9875151388939685,
+    (0.9975, 60.0): 2.914552575419407,
+    (0.99875, 1.5): 44.968113168271884,
+    (0.99875, 10.0): 4.004530447671073,
+    (0.99875, 1000.0): 3.0310239471963314,
+}
+"""Two-sided critical values at 90 % to 99.75 % (segments widen by their count) and the degrees of
+freedom the intervals use (EWC terms, Welch, seeds)."""
+F_BEFORE = {  # (p, d1, d2): the trend test's F quantiles (1 - 0.01 / degree, d terms, K cosines)
+    (0.99, 1.0, 4.0): 21.1976895843909,
+    (0.99, 1.0, 30.0): 7.56247609464117,
+    (0.99, 2.0, 4.0): 17.999999999992724,
+    (0.99, 2.0, 120.0): 4.786509739662506,
+    (0.975, 2.0, 9.0): 5.714705386382775,
+    (0.95, 1.0, 120.0): 3.920124408969059,
+}
+
+
+def test_quantiles_from_scipy_agree_with_the_former_ones_at_the_values_used():
+    for (p, df), before in T_BEFORE.items():
+        assert t_quantile(p, df) == pytest.approx(before, rel=1e-9, abs=0)
+        assert t_quantile(1 - p, df) == pytest.approx(-before, rel=1e-9, abs=0)
+        assert scipy_stats.t.ppf(p, df) == pytest.approx(before, rel=1e-9, abs=0)
+    for (p, d1, d2), before in F_BEFORE.items():
+        assert f_quantile(p, d1, d2) == pytest.approx(before, rel=1e-9, abs=0)
+        assert scipy_stats.f.ppf(p, d1, d2) == pytest.approx(before, rel=1e-9, abs=0)
+    dfs = np.array([4.0, 7.3, 0.0, np.nan, np.inf])
+    crit = t_criticals(0.90, dfs)
+    assert crit[:2] == pytest.approx([T_BEFORE[0.95, 4.0], T_BEFORE[0.95, 7.3]], rel=1e-9)
+    assert np.isnan(crit[2]) and np.isnan(crit[3]) and crit[4] == pytest.approx(scipy_stats.norm.ppf(0.95))
 
 
 # ----------------------------------------------------------------------------- influential units

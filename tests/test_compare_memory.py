@@ -14,7 +14,8 @@ import cliptrack.compare.stats.memory as memory
 import numpy as np
 import pytest
 from cliptrack.compare import simulation as sim
-from cliptrack.compare.stats.lrv import cosine_coefficients, long_run_variance, trend_basis
+from cliptrack.compare.stats.cosines import cosine_coefficients, trend_basis
+from cliptrack.compare.stats.lrv import long_run_variance
 from cliptrack.compare.stats.memory import (
     GRID,
     autocorrelations,

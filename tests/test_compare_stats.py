@@ -30,7 +30,7 @@ from cliptrack.compare.stats import (
     ratio_estimate,
     wilson_interval,
 )
-from cliptrack.compare.stats.lrv import cosine_coefficients
+from cliptrack.compare.stats.cosines import cosine_coefficients
 from cliptrack.core import keys
 from cliptrack.store.records import RunInfo
 from hypothesis import example, given, settings

@@ -5,6 +5,8 @@ window, ``R = sum(num) / sum(den)``; a run's smooth trend over the window is par
 Parts (each documented in its module; the method in docs/STATISTICS.md):
 
 - ``estimate``: ``Estimate``, the verdict names, ``equivalence_verdict`` (TOST on the interval);
+- ``cosines``: the orthonormal cosines and the Legendre trend basis ``lrv`` and ``memory`` share;
+- ``quantiles``: Student t and F quantiles (scipy, imported on first use);
 - ``lrv``: the long-run variance around each run's trend (equal-weighted cosine estimate, t
   degrees of freedom, long-memory check); the effective sample size comes from the same estimate;
 - ``intervals``: ``ratio_estimate``, ``step_weighted_estimate``, ``paired_difference``;

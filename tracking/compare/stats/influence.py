@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cliptrack.compare.stats.estimate import ABSOLUTE, equivalence_verdict
-from cliptrack.compare.stats.intervals import _as_arrays, difference_series, paired_difference
+from cliptrack.compare.stats.intervals import as_arrays, difference_series, paired_difference
 
 CANDIDATES = 16
 """Units tried one by one by ``influential_units`` (those furthest from the median, robustly)."""
@@ -43,7 +43,7 @@ def influential_units(
     linearised series left out alone, and all robust outliers (z > ``ROBUST_Z``) left out together
     (returned together when that set changes it). Sorted; empty when no unit decides the verdict.
     Above ``EXACT_UNITS`` units only the ``LONG_CANDIDATES`` most extreme units are tried alone."""
-    arrays = _as_arrays("influential_units", num_a, den_a, num_b, den_b)
+    arrays = as_arrays("influential_units", num_a, den_a, num_b, den_b)
     n = arrays[0].size
     value, z = difference_series(arrays[0], arrays[1], arrays[2], arrays[3], scale)
     if n < 3 or not np.all(np.isfinite(z)):

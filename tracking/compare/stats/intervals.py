@@ -18,10 +18,11 @@ import math
 import numpy as np
 from cliptrack.compare.stats.estimate import ABSOLUTE, SCALES, Estimate
 from cliptrack.compare.stats.lrv import LongRunVariance, long_run_variance
-from cliptrack.compare.stats.tdist import t_critical
+from cliptrack.compare.stats.quantiles import t_criticals
 
 
-def _as_arrays(name: str, *arrays: np.ndarray) -> list[np.ndarray]:
+def as_arrays(name: str, *arrays: np.ndarray) -> list[np.ndarray]:
+    """The series as flat float64 arrays of one length; ValueError naming ``name`` otherwise."""
     out = [np.asarray(a, dtype=float).reshape(-1) for a in arrays]
     n = out[0].size
     if any(a.size != n for a in out):
@@ -83,7 +84,7 @@ def interval_rows(
     """``(low, high)`` per row: ``values ± t_df sqrt(lrv / n)``, on the logit scale of ``bounds`` when
     given. Vectorised over rows, so the simulation measures exactly this code."""
     values = np.asarray(values, dtype=float).reshape(-1)
-    crit = np.array([t_critical(confidence, float(df)) if df > 0 else np.nan for df in v.df])
+    crit = t_criticals(confidence, v.df)
     half = crit * np.sqrt(np.maximum(v.lrv, 0.0) / n)
     if bounds is None:
         return values - half, values + half
@@ -144,7 +145,7 @@ def ratio_estimate(
 ) -> Estimate:
     """``sum(num) / sum(den)`` over units with its interval (NaN when ``sum(den) == 0``); within
     ``bounds`` (e.g. ``(0, 1)`` for a fraction) when given."""
-    num, den = _as_arrays("ratio_estimate", num, den)
+    num, den = as_arrays("ratio_estimate", num, den)
     _check_bounds(bounds)
     ratio, z = linearised(num, den)
     return mean_estimate(z, ratio, confidence, bounds)
@@ -160,7 +161,7 @@ def step_weighted_estimate(
     """The mean over units of the per-unit ratios ``num_t / den_t`` (every unit weighs the same,
     whatever its denominator), over units with ``den_t != 0``; compare with the token-weighted
     ``ratio_estimate`` to see whether large steps behave differently."""
-    num, den = _as_arrays("step_weighted_estimate", num, den)
+    num, den = as_arrays("step_weighted_estimate", num, den)
     _check_bounds(bounds)
     keep = den != 0
     per_unit = num[keep] / den[keep]
@@ -202,6 +203,6 @@ def paired_difference(
     ``s * log(R_b / R_a)`` with ``s = sign(R_a)`` (``"log-ratio"``; NaN unless both ratios are
     non-zero with one sign). Swapping a and b negates the value and mirrors the interval exactly.
     """
-    arrays = _as_arrays("paired_difference", num_a, den_a, num_b, den_b)
+    arrays = as_arrays("paired_difference", num_a, den_a, num_b, den_b)
     value, z = difference_series(arrays[0], arrays[1], arrays[2], arrays[3], scale)
     return mean_estimate(z, value, confidence)

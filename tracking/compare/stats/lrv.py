@@ -42,11 +42,11 @@ window length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
+from cliptrack.compare.stats.cosines import cosine_coefficients, polynomial_overlap, trend_basis
 from cliptrack.compare.stats.memory import measure
-from cliptrack.compare.stats.tdist import f_quantile
+from cliptrack.compare.stats.quantiles import f_quantile
 
 TREND_DEGREE = 2
 """Highest Legendre degree of the smooth trend removed before the variance (linear + quadratic)."""
@@ -101,52 +101,6 @@ class LongRunVariance:
     memory: np.ndarray
     ess: np.ndarray
     memory_tested: np.ndarray
-
-
-def cosine_coefficients(x: np.ndarray, k: int) -> np.ndarray:
-    """``phi_j' x`` for ``j = 1 .. k`` along the last axis: one real FFT of length ``n`` of the
-    series reordered (even indices, then odd ones reversed; Makhoul's DCT-II), or of length ``2n``
-    zero-padded when ``k > n / 2``."""
-    n = x.shape[-1]
-    if k <= n // 2:
-        reordered = np.concatenate((x[..., ::2], x[..., 1::2][..., ::-1]), axis=-1)
-        f = np.fft.rfft(reordered, axis=-1)[..., 1 : k + 1]
-    else:
-        f = np.fft.rfft(x, 2 * n, axis=-1)[..., 1 : k + 1]
-    j = np.arange(1, f.shape[-1] + 1)
-    return np.sqrt(2.0 / n) * (f * np.exp(-1j * np.pi * j / (2.0 * n))).real
-
-
-def trend_basis(n: int, degree: int, extra: np.ndarray | None = None) -> np.ndarray:
-    """Orthonormal columns (``n x q``) spanning the Legendre polynomials of degree ``0 .. degree``
-    over the unit index, plus the columns of ``extra`` (``n x r``) if given (read-only; the basis
-    without ``extra`` is cached per ``(n, degree)``)."""
-    if extra is None:
-        return _polynomial_basis(n, degree)
-    return _orthonormal(np.column_stack([_polynomial_basis(n, degree), extra]))
-
-
-def _orthonormal(v: np.ndarray) -> np.ndarray:
-    q, r = np.linalg.qr(v)
-    diag = np.abs(np.diag(r))
-    keep = diag > 1e-10 * max(1.0, float(diag.max()))
-    out = np.ascontiguousarray(q[:, keep])
-    out.setflags(write=False)
-    return out
-
-
-@lru_cache(maxsize=8)
-def _polynomial_basis(n: int, degree: int) -> np.ndarray:
-    x = (2.0 * np.arange(n) + 1.0) / n - 1.0
-    return _orthonormal(np.polynomial.legendre.legvander(x, degree))
-
-
-@lru_cache(maxsize=8)
-def _polynomial_overlap(n: int, degree: int, k: int) -> np.ndarray:
-    """``phi_j' basis_i`` (``q x k``) of the cached polynomial basis (read-only)."""
-    out = cosine_coefficients(_polynomial_basis(n, degree).T, k)
-    out.setflags(write=False)
-    return out
 
 
 def choose_terms(n: int, lag1: np.ndarray, q: int) -> np.ndarray:
@@ -282,7 +236,7 @@ def _fixed_degree(
     kmax = int(terms.max())
     k_over = max(kmax, min(n - q, 4 * K_MIN))
     overlap = (  # (q, k): phi_j' basis_i
-        _polynomial_overlap(n, degree, k_over) if extra is None else cosine_coefficients(basis.T, k_over)
+        polynomial_overlap(n, degree, k_over) if extra is None else cosine_coefficients(basis.T, k_over)
     )
     low_k = _low_terms(overlap, n, q)
     need = max(kmax, low_k)

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from cliptrack.compare.stats.cosines import cosine_coefficients, polynomial_overlap, trend_basis
 from cliptrack.compare.stats.windows import scan_windows
 
 GRID_STEP = 0.01
@@ -138,7 +139,6 @@ class _ModelTerms:
 
 
 def _model_terms(basis: np.ndarray, kmax: int) -> _ModelTerms:
-    from cliptrack.compare.stats.lrv import cosine_coefficients
 
     n = basis.shape[0]
     kmax = min(kmax, n - 1)
@@ -173,7 +173,6 @@ def _model_terms(basis: np.ndarray, kmax: int) -> _ModelTerms:
 @lru_cache(maxsize=2)
 def _polynomial_terms(n: int, degree: int) -> _ModelTerms:
     """``_model_terms`` of the Legendre basis of ``degree`` over every cosine ``j = 1 .. n - 1``."""
-    from cliptrack.compare.stats.lrv import trend_basis
 
     return _model_terms(trend_basis(n, degree), n - 1)
 
@@ -212,7 +211,6 @@ def _outside_trend(
 def indicator_model(n: int, degree: int, start: int, stop: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``model(trend_basis(n, degree, 1_[start, stop)), kmax)``, from the cached polynomial terms and
     one cosine transform per grid value for the indicator (``confirm`` calls it once per row)."""
-    from cliptrack.compare.stats.lrv import cosine_coefficients
 
     kmax = min(kmax, n - 1)
     terms = _polynomial_terms(n, degree)
@@ -370,14 +368,13 @@ def confirm(
     does not. The indicator's part ``u`` outside the trend is removed by linearity (``e`` is
     orthogonal to the trend, so the new residual is ``e - (u' e) u`` and its coefficients
     ``coef - (u' e) phi' u``, ``phi' u`` in closed form): no transform of the window per row."""
-    from cliptrack.compare.stats.lrv import _polynomial_overlap, cosine_coefficients, trend_basis
 
     rows, n = e.shape
     if coef is None:
         coef = cosine_coefficients(e, k)
     small = min(n, EXACT_UNITS)
     p = trend_basis(n, degree)
-    overlap = _polynomial_overlap(n, degree, k)  # (q, k): phi' p
+    overlap = polynomial_overlap(n, degree, k)  # (q, k): phi' p
     start, stop = excursions(e)
     d, se = np.zeros(rows), np.zeros(rows)
     for i in range(rows):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from cliptrack.compare.stats.estimate import ABSOLUTE, SCALES
-from cliptrack.compare.stats.tdist import t_critical, t_quantile
+from cliptrack.compare.stats.quantiles import t_critical, t_quantile
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ from cliptrack.compare.stats.estimate import (
     equivalence_verdict,
     interval_verdict,
 )
-from cliptrack.compare.stats.intervals import _as_arrays, difference_series, nan_estimate
+from cliptrack.compare.stats.intervals import as_arrays, difference_series, nan_estimate
 from cliptrack.compare.stats.lrv import LongRunVariance, long_run_variance
-from cliptrack.compare.stats.tdist import t_critical, t_quantile
+from cliptrack.compare.stats.quantiles import t_critical, t_quantile
 from cliptrack.compare.stats.windows import scan_windows
 
 MAX_SEGMENTS = 8
@@ -212,7 +212,7 @@ def segment_differences(
         raise ValueError(f"scale {scale!r} is not one of {SCALES}")
     if not tolerance > 0:
         raise ValueError(f"tolerance must be > 0, got {tolerance}")
-    arrays = _as_arrays("segment_differences", num_a, den_a, num_b, den_b)
+    arrays = as_arrays("segment_differences", num_a, den_a, num_b, den_b)
     n = arrays[0].size
     bounds = segment_bounds(n, min_units=min_units)
     if not bounds:
