@@ -203,18 +203,20 @@ def _child(what: str, root: Path) -> dict[str, float]:
     if what.startswith(("big", "groups")):
         seconds = _child_memory(what.replace("-today", ""))
         return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    from cliptrack.backends import load as load_module
-    from cliptrack.compare import compare, load_jsonl, load_mlflow
+    from cliptrack.backends import load_jsonl, load_mlflow
+    from cliptrack.backends.jsonl import reader as jsonl_reader
+    from cliptrack.backends.mlflow import reader as mlflow_reader
+    from cliptrack.compare import compare
     from cliptrack.compare import frame as frame_module
 
     from benchmarks import _compare_previous as previous
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
     if what.endswith("previous") and what.startswith("load-jsonl"):
-        load_module._spool_columns = lambda run_dir: run_dir.load_points()  # type: ignore[assignment]
+        jsonl_reader._spool_columns = lambda run_dir: run_dir.load_points()  # type: ignore[assignment]
         frame_module.build_frame = previous.build_frame  # type: ignore[assignment]
     if what == "load-mlflow-previous":
-        load_module.bulk_columns = lambda uri, ids: None  # type: ignore[assignment]
+        mlflow_reader.bulk_columns = lambda uri, ids: None  # type: ignore[assignment]
     if what.startswith("load-mlflow"):
         import mlflow  # noqa: F401 - imported first: its import time is not the loader's
     started = time.perf_counter()

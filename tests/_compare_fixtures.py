@@ -214,12 +214,12 @@ def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, w
         backends=["mlflow", "wandb"],
         backend_label=run.backend,
         config=run.config,
-        tracking_uri=tracking_uri,
+        sink_options={
+            "mlflow": {"tracking_uri": tracking_uri},
+            "wandb": {"mode": "offline", "dir": wandb_dir, "project": "cliptrack-tests"},
+        },
         experiment="cliptrack-tests",
         spool_dir=spool_dir,
-        wandb_mode="offline",
-        wandb_dir=wandb_dir,
-        wandb_project="cliptrack-tests",
         handle_signals=False,
     ) as tracker:
         for p in run.points:

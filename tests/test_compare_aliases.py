@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cliptrack import Tracker
-from cliptrack.compare import load_runs
+from cliptrack.backends import load_runs
 from cliptrack.compare.aliases import canonical_metrics
 from cliptrack.core import keys
 from hypothesis import given
@@ -110,9 +110,7 @@ def stores(tmp_path_factory, monkeypatch_module):
             backends=[uri, "wandb"],
             experiment="aliases",
             spool_dir=tmp_path / "spool",
-            wandb_project="aliases",
-            wandb_dir=tmp_path / "wandb-ours",
-            wandb_mode="offline",
+            sink_options={"wandb": {"project": "aliases", "dir": tmp_path / "wandb-ours", "mode": "offline"}},
             handle_signals=False,
         ) as tracker:
             for step in range(STEPS):

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cliptrack.compare import RunSet, compare, load_jsonl
+from cliptrack.backends import load_jsonl
+from cliptrack.compare import RunSet, compare
 from cliptrack.compare import quantities as qs
 from cliptrack.compare.compute import steps_text
 from cliptrack.compare.frame import LoadedRun, Point

@@ -12,9 +12,9 @@ import warnings
 
 import pandas as pd
 import pytest
+from cliptrack.backends import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
 from cliptrack.backends.load import RunNotFoundError
 from cliptrack.backends.wandb._compat import records as wandb_records
-from cliptrack.compare import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
 from cliptrack.core import keys
 from cliptrack.store.records import RunInfo
 from cliptrack.store.spool import RunDir
@@ -292,7 +292,7 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
 def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monkeypatch):
     """NaN, infinity and a value logged twice at one step read the same through the bulk SQL read
     and through ``get_metric_history`` (forced by switching the bulk read off)."""
-    from cliptrack.backends import load as load_module
+    from cliptrack.backends.mlflow import reader as load_module
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 

@@ -20,7 +20,7 @@ from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
-from tests._harness import free_port
+from tests._harness import free_port, needs_mlflow_command
 from tests._journal import journal_steps, run_summary
 from tests._tracking_wandb_log import history
 from tests.test_tracker_mlflow_server import MlflowServer
@@ -52,7 +52,11 @@ def _metrics(step: int) -> dict[str, float]:
 
 def _wandb_only_run(root: Path) -> str:
     with Tracker(
-        "refused", sinks=["wandb"], spool_dir=root / "spool", wandb_dir=root, handle_signals=False
+        "refused",
+        sinks=["wandb"],
+        spool_dir=root / "spool",
+        sink_options={"wandb": {"dir": root}},
+        handle_signals=False,
     ) as t:
         for step in range(POINTS):
             t.log(step, _metrics(step))
@@ -104,7 +108,7 @@ def test_replay_completes_past_a_refused_key_and_re_targets_mlflow_and_wandb(off
     run_id = _wandb_only_run(offline)
     dead = f"http://127.0.0.1:{free_port()}"
     tracker = Tracker(
-        run_id=run_id, sinks=[dead, "wandb"], spool_dir=offline / "spool", wandb_dir=offline,
+        run_id=run_id, sinks=[dead, "wandb"], spool_dir=offline / "spool", sink_options={"wandb": {"dir": offline}},
         open_timeout_s=0, close_timeout_s=1, handle_signals=False,
     )  # fmt: skip
     tracker.close()
@@ -127,6 +131,7 @@ def test_replay_completes_past_a_refused_key_and_re_targets_mlflow_and_wandb(off
     assert again.returncode == 0 and f"run {run_id} mlflow: up to date" in again.stdout, again.stdout
 
 
+@needs_mlflow_command
 def test_replay_delivers_every_point_to_a_server_restarted_on_an_empty_store(tmp_path):
     server = MlflowServer(tmp_path / "server.db", free_port(), tmp_path / "server.log")
     server.start()

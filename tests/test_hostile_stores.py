@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cliptrack.backends.load import load_jsonl
+from cliptrack.backends import load_jsonl
 from cliptrack.cli.main import main
 from cliptrack.compare import RunSet
 from cliptrack.compare.frame import LoadedRun, Point
@@ -134,8 +134,8 @@ def _load_in_child(root: Path, what: str) -> subprocess.CompletedProcess[str]:
         f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-        from cliptrack.backends.load import load_jsonl
-        from cliptrack.backends.catalog import spool_entries
+        from cliptrack.backends.jsonl.reader import load_jsonl
+        from cliptrack.backends.jsonl.listing import spool_entries
         for call in (lambda: load_jsonl([], {str(root)!r}), lambda: spool_entries({str(root)!r})):
             try:
                 call()
@@ -208,12 +208,12 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
         f"""
         import json
         import numpy, pandas
-        import cliptrack.compare.frame, cliptrack.backends.load
+        import cliptrack.compare.frame, cliptrack.backends.jsonl.reader
         def status(field):  # VmHWM: this process's own peak (ru_maxrss carries the parent's over a fork)
             with open("/proc/self/status") as fh:
                 return next(int(l.split()[1]) * 1024 for l in fh if l.startswith(field))
         base = status("VmRSS")
-        runset = cliptrack.backends.load.load_jsonl([], {str(root)!r})
+        runset = cliptrack.backends.jsonl.reader.load_jsonl([], {str(root)!r})
         peak = status("VmHWM")
         print(json.dumps({{"base": base, "peak": peak, "rows": len(runset.frame)}}))
         """

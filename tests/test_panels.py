@@ -14,10 +14,11 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from cliptrack.backends import load_mlflow
 from cliptrack.backends.mlflow.panels import log_comparison
 from cliptrack.backends.wandb.panels import build_report, build_workspace, report_spec, workspace_spec
 from cliptrack.cli.main import main
-from cliptrack.compare import LoadedRun, RunSet, compare, load_mlflow
+from cliptrack.compare import LoadedRun, RunSet, compare
 from cliptrack.compare.views.panels import PANELS
 from cliptrack.compare.views.plots import PALETTE
 from cliptrack.core import keys

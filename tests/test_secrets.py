@@ -205,7 +205,8 @@ from cliptrack.log.tracker import Tracker
 import os
 uri = os.environ["CLIPTRACK_TEST_URI"]
 spool, wandb_dir, name, clipped, steps = sys.argv[1:6]
-with Tracker(name, backends=[uri, "wandb"], backend_label=name, spool_dir=spool, wandb_dir=wandb_dir,
+with Tracker(name, backends=[uri, "wandb"], backend_label=name, spool_dir=spool,
+             sink_options={"wandb": {"dir": wandb_dir}},
              experiment="secrets", config={"store": uri, "lr": 0.1}, flush_interval_s=0.05,
              close_timeout_s=8, handle_signals=False) as t:
     for step in range(int(steps)):

@@ -27,7 +27,8 @@ from cliptrack.adapters.losses.output import (
 )
 from cliptrack.adapters.miles import ClientAggregator, aggregate_datums, output_from_json, output_to_json
 from cliptrack.adapters.miles.wire import count_data
-from cliptrack.compare import compare, load_jsonl
+from cliptrack.backends import load_jsonl
+from cliptrack.compare import compare
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from hypothesis import given

@@ -191,12 +191,16 @@ def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(t
 def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
     from cliptrack.backends import SINKS, sink_class, sink_from_state
 
-    assert {name: sink_class(name).name for name in SINKS} == {"mlflow": "mlflow", "wandb": "wandb"}
+    assert {name: sink_class(name).name for name in SINKS} == {
+        "mlflow": "mlflow",
+        "wandb": "wandb",
+        "csv": "csv",
+    }
     assert sink_from_state(
         "mlflow", {"tracking_uri": "sqlite:////x/m.db", "experiment": "e"}
     ).location.startswith("mlflow sqlite:////x/m.db experiment 'e'")
     with pytest.raises(
-        ValueError, match=r"unknown sink 'neptune': registered sinks are \['mlflow', 'wandb'\]"
+        ValueError, match=r"unknown sink 'neptune': registered sinks are \['csv', 'mlflow', 'wandb'\]"
     ):
         sink_class("neptune")
     with pytest.raises(ValueError, match="neither a name, a URI nor a Sink"):
@@ -289,8 +293,8 @@ def test_only_a_local_sqlite_store_gets_an_artifact_directory_beside_it():
 def test_wandb_items_have_one_decoder_nested_keys_joined_with_a_dot():
     """History rows and config updates are decoded by the seam alone (the sink's read-back, the
     comparison's loader, the tests): a nested key reads ``a.b``, W&B's own flat spelling."""
-    from cliptrack.backends import load
     from cliptrack.backends.wandb import _compat as _compat_wandb
+    from cliptrack.backends.wandb import reader as load
     from wandb.proto import wandb_internal_pb2
 
     record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]

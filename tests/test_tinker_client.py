@@ -28,7 +28,7 @@ pytest.importorskip("tinker")
 from cliptrack import Tracker
 from cliptrack.adapters.miles import forward_backward_loss, output_to_json
 from cliptrack.adapters.tinker import TrackedTrainingClient, cookbook_metrics
-from cliptrack.compare import load_runs
+from cliptrack.backends import load_runs
 from cliptrack.core import keys
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture

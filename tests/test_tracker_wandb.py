@@ -50,7 +50,7 @@ def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offlin
         backend_label="miles",
         config={"lr": 0.1},
         spool_dir=offline / "spool",
-        wandb_dir=offline,
+        sink_options={"wandb": {"dir": offline}},
         flush_interval_s=0.05,
     ) as tracker:
         assert "wandb offline" in tracker.locations()["wandb"]
@@ -86,7 +86,10 @@ def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offlin
 def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(offline):
     with pytest.raises(RuntimeError, match="diverged"):
         with Tracker(
-            "wb-fail", backends=("wandb",), spool_dir=offline / "spool", wandb_dir=offline
+            "wb-fail",
+            backends=("wandb",),
+            spool_dir=offline / "spool",
+            sink_options={"wandb": {"dir": offline}},
         ) as tracker:
             tracker.log(0, {keys.REWARD: 1.0})
             raise RuntimeError("diverged")

@@ -13,9 +13,10 @@ from cliptrack.core.sums import ClipCounts, TokenCounts
 secrets.install_filter(logging.getLogger("cliptrack"))
 
 if TYPE_CHECKING:
+    from cliptrack.backends.load import load_runs
     from cliptrack.log.tracker import Tracker
 
-__all__ = ["ClipCounts", "TokenCounts", "Tracker", "keys"]
+__all__ = ["ClipCounts", "TokenCounts", "Tracker", "keys", "load_runs"]
 
 
 def __getattr__(name: str) -> object:
@@ -23,4 +24,8 @@ def __getattr__(name: str) -> object:
         from cliptrack.log.tracker import Tracker
 
         return Tracker
+    if name == "load_runs":  # the comparison's reader imports numpy and pandas: on first use only
+        from cliptrack.backends.load import load_runs
+
+        return load_runs
     raise AttributeError(f"module 'cliptrack' has no attribute {name!r}")

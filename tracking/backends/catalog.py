@@ -1,5 +1,8 @@
 """A store's runs as one listing (``cliptrack runs``) and the choice among runs sharing a name.
 
+Each backend lists its own runs (its folder's ``listing``); ``list_runs`` reaches the one a store
+option names through the registry. ``choose_runs`` picks runs by id or name for every reader.
+
 Each run has two ids where a store mints its own (MLflow): cliptrack's id (printed by the tracker
 and the demo, the spool's folder name, tag ``cliptrack.run_id``) and the store's id (MLflow's run
 id, shown by the MLflow UI). Both are listed and both are accepted wherever a run is named.
@@ -14,8 +17,11 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from cliptrack.backends.options import choose_backend
+from cliptrack.backends.registry import resolve
 
 FINISHED = "FINISHED"
 
@@ -85,94 +91,47 @@ def choose_by_name(ref: str, matches: Sequence[Any], entry: Callable[[Any], RunE
     return chosen
 
 
-def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
-    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key``."""
-    from cliptrack.backends.mlflow._rest import history_length
-    from cliptrack.core import keys
-
-    tags = run.data.tags
-    steps: int | None = 0
-    if count_key in run.data.metrics:  # a server's history in bounded pages, else through the client
-        steps = history_length(str(client.tracking_uri), run.info.run_id, count_key)
-        if steps is None:
-            steps = len(client.get_metric_history(run.info.run_id, count_key))
-    return RunEntry(
-        cliptrack_id=tags.get(keys.TAG_RUN_ID, run.info.run_id),
-        store_id=run.info.run_id,
-        name=run.info.run_name or "",
-        backend=tags.get(keys.TAG_BACKEND, ""),
-        status=run.info.status,
-        started=(run.info.start_time or 0) / 1000.0,
-        steps=steps,
-        experiment=run.info.experiment_id,
-    )
-
-
-def spool_entry(run_dir: Any) -> RunEntry:
-    """A spool run directory (``cliptrack.store.spool.RunDir``) as listed; steps are its points' lines."""
-    info = run_dir.read_run()
-    steps = run_dir.count_points()  # complete lines, counted in bounded chunks (a FIFO refused)
-    return RunEntry(
-        cliptrack_id=info.run_id,
-        store_id=info.run_id,
-        name=info.run_name,
-        backend=info.backend_label or "",
-        status=info.status,
-        started=info.started,
-        steps=steps,
-        experiment=info.experiment,
-    )
-
-
-def mlflow_entries(
-    tracking_uri: str | None, experiment: str | None = None, include_comparisons: bool = False
-) -> list[RunEntry]:
-    """Every run of the MLflow store (of ``experiment`` when named), as ``RunEntry``, comparison
-    runs only with ``include_comparisons``; requests to a server are a reader's, as ``compare``'s
-    (``_compat_mlflow.bounded_requests(reads=True)``)."""
-    from cliptrack.backends.mlflow._compat import bounded_requests
-
-    with bounded_requests(reads=True):
-        return _mlflow_entries(tracking_uri, experiment, include_comparisons)
-
-
-def _mlflow_entries(
-    tracking_uri: str | None, experiment: str | None, include_comparisons: bool
-) -> list[RunEntry]:
-    from cliptrack.backends.preflight import resolve_tracking_uri
-    from cliptrack.core import keys
-    from mlflow.entities import ViewType
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
-    experiments = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
-    if experiment is not None:
-        experiments = [e for e in experiments if experiment in (e.name, e.experiment_id)]
-        if not experiments:
-            raise LookupError(
-                f"no experiment named or with id {experiment!r} in MLflow store {client.tracking_uri}"
-            )
-    names = {e.experiment_id: e.name for e in experiments}
-    runs = client.search_runs(list(names), max_results=50000) if names else []
-    entries = []
-    for run in runs:
-        if not include_comparisons and run.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_COMPARISON:
+def choose_runs(
+    refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: str, entry: Any = None
+) -> list[Any]:
+    """Pick candidates (item, id, name) by id first, then by name, in the order of ``refs`` (no
+    refs: every candidate). Several runs of one name: the latest FINISHED (``entry`` lists an item
+    as a ``RunEntry``), or an error without ``entry``; a ref matching nothing is an error listing
+    the runs of ``where``."""
+    if not refs:
+        if not candidates:
+            raise RunNotFoundError(f"no runs in {where}")
+        return [item for item, _, _ in candidates]
+    chosen = []
+    for ref in refs:
+        by_id = [item for item, run_id, _ in candidates if run_id == ref]
+        if by_id:
+            chosen.append(by_id[0])
             continue
-        entry = mlflow_entry(client, run, keys.LOSS_TOKENS)
-        entries.append(replace(entry, experiment=names[run.info.experiment_id]))
+        by_name = [(item, run_id) for item, run_id, name in candidates if name == ref]
+        if len(by_name) > 1 and entry is not None:
+            chosen.append(choose_by_name(ref, [item for item, _ in by_name], entry, where))
+            continue
+        if len(by_name) > 1:
+            ids = ", ".join(run_id for _, run_id in by_name)
+            raise RunNotFoundError(
+                f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id"
+            )
+        if not by_name:
+            known = ", ".join(f"{run_id} ({name})" for _, run_id, name in candidates[:20]) or "none"
+            raise RunNotFoundError(f"no run with id or name {ref!r} in {where}; runs there: {known}")
+        chosen.append(by_name[0][0])
+    return chosen
+
+
+def list_runs(*, include_comparisons: bool = False, **store: Any) -> list[RunEntry]:
+    """Every run of the store the ``store`` keywords name (``load_runs``'s: ``tracking_uri``,
+    ``experiment``, ``jsonl_dir``, ``wandb_dir``, ``csv_dir``, or a registered backend's own), as
+    listed by that backend's listing; comparison runs only with ``include_comparisons``."""
+    found, own = choose_backend((), store)
+    listing = resolve(found, "listing")
+    entries: list[RunEntry] = listing(include_comparisons=include_comparisons, **own)
     return entries
-
-
-def spool_entries(directory: str) -> list[Any]:
-    """Every run of a JSONL spool directory, as ``catalog.RunEntry``."""
-    from pathlib import Path
-
-    from cliptrack.store.spool import spool_runs
-
-    root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"JSONL run directory {directory!r} does not exist")
-    return [spool_entry(run_dir) for run_dir in spool_runs(root)]
 
 
 def latest_by_backend(entries: Sequence[RunEntry]) -> list[RunEntry]:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
+from cliptrack.compare.align import ALIGNMENTS
+
 if TYPE_CHECKING:
     from cliptrack.compare.align import Window
     from cliptrack.compare.frame import RunSet
@@ -115,8 +117,6 @@ def _plain_path_message(uri: str) -> str:
 def check_window(runset: RunSet, align: str, window: Window) -> None:
     """Every run has data inside ``window`` on the ``align`` axis; StoreError naming the run and its
     range otherwise (an empty window would compare nothing and report NaN)."""
-    from cliptrack.backends.options import ALIGNMENTS
-
     if window.start is None and window.end is None:
         return
     axis = ALIGNMENTS[align]

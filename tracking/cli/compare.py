@@ -1,9 +1,10 @@
 """``cliptrack compare RUN_A RUN_B [...]`` or ``cliptrack compare --group A=RUN,RUN --group B=RUN,RUN``:
 load runs, print the verdict table and summary; ``--fail-on`` makes it a CI gate.
 
-Runs are named by id or name in one store: ``--tracking-uri`` (MLflow, the default store),
-``--jsonl DIR`` (the spool) or ``--wandb-dir DIR`` (W&B run files); ``entity/project/run_id``
-references with no store named go through the W&B public API.
+Runs are named by id or name in one store, by any registered backend's store flag:
+``--tracking-uri`` (MLflow, the default store), ``--jsonl DIR`` (the spool), ``--wandb-dir DIR``
+(W&B run files) or ``--csv DIR`` (the CSV backend); ``entity/project/run_id`` references with no
+store named go through the W&B public API.
 
 Exit codes: 0 compared (and the gate, if any, passed); 1 the ``--fail-on`` gate tripped; 2 a usage
 or data error (bad arguments, a run not found, data that cannot be compared).
@@ -17,8 +18,9 @@ import argparse
 import sys
 from typing import Any
 
-from cliptrack.backends.options import ALIGNMENTS, add_source_arguments
-from cliptrack.compare.align import parse_window
+from cliptrack.backends.options import add_source_arguments, source_arguments
+from cliptrack.backends.preflight import check_window
+from cliptrack.compare.align import ALIGNMENTS, parse_window
 from cliptrack.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
 from cliptrack.compare.result import FAIL_ON
 from cliptrack.core.text import printable
@@ -155,7 +157,6 @@ def parse_margins(args: argparse.Namespace) -> dict[str, float]:
 def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the named runs (or groups) and compare them as the arguments say; return (runset, result)."""
     from cliptrack.backends.load import load_runs
-    from cliptrack.backends.preflight import check_window
     from cliptrack.compare.compute import compare
 
     groups = parse_groups(getattr(args, "group", []))
@@ -163,13 +164,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         raise ValueError("name runs either as RUN arguments or with --group, not both")
     refs = [r for members in groups.values() for r in members] if groups else args.runs
     margins, window = parse_margins(args), parse_window(args.window)  # usage errors before any loading
-    runset = load_runs(
-        refs,
-        tracking_uri=args.tracking_uri,
-        experiment=args.experiment,
-        jsonl_dir=args.jsonl,
-        wandb_dir=args.wandb_dir,
-    )
+    runset = load_runs(refs, **source_arguments(args))
     check_window(runset, args.align, window)
     result = compare(
         runset,
@@ -187,7 +182,6 @@ def format_result(result: Any) -> str:
     """The verdict table and the plain-language summary, as printed in the terminal: every cell
     and column name ``printable`` (the summary holds run-provided text so already)."""
     import pandas as pd
-    from cliptrack.core.text import printable
 
     frame = result.formatted_table()
     frame = frame.rename(columns=printable).map(lambda v: printable(v) if isinstance(v, str) else v)

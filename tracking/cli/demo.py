@@ -121,11 +121,12 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
                 backends=backends,
                 backend_label=path,
                 config=config.as_config(),
-                tracking_uri=tracking_uri,
+                sink_options={
+                    "mlflow": {"tracking_uri": tracking_uri},
+                    "wandb": {"project": "cliptrack-demo", "dir": out},
+                },
                 experiment=EXPERIMENT,
                 spool_dir=out / "spool",
-                wandb_project="cliptrack-demo",
-                wandb_dir=out,
             ) as tracker,
             Progress(config.steps, f"{path:>8}", enabled=not args.no_progress) as bar,
         ):

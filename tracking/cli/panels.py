@@ -2,7 +2,7 @@
 
 - ``cliptrack panels wandb --entity E --project P [--runs ID ...] [--out specs.json]``: the W&B
   workspace and report; saved when ``WANDB_API_KEY`` is set, written as specs (model JSON) otherwise.
-- ``cliptrack panels mlflow RUN_A RUN_B [...] [--tracking-uri URI | --jsonl DIR | --wandb-dir DIR]``:
+- ``cliptrack panels mlflow RUN_A RUN_B [...] [--tracking-uri URI | --jsonl DIR | --wandb-dir DIR | --csv DIR]``:
   the MLflow comparison run (figures, table, JSON, dashboard as artifacts) in ``--log-uri``
   (default: the tracking URI the runs came from), in its own ``<experiment>-comparisons``
   experiment, artifacts under ``--artifact-dir``.
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
             summary = ""
             if args.summary_from and len(args.runs) >= 2:
-                from cliptrack.backends.load import load_wandb_offline
+                from cliptrack.backends.wandb.reader import load_wandb_offline
                 from cliptrack.compare.compute import compare
 
                 summary = compare(load_wandb_offline(args.runs, args.summary_from)).summary()

@@ -2,7 +2,9 @@
 
 The ids listed are the ones every command accepts: cliptrack's id (what the tracker and the demo
 print) and, for MLflow, MLflow's run id (what the MLflow UI shows). Comparison runs are left out
-unless ``--all``. ``--json`` prints the listing as a JSON array instead.
+unless ``--all``. ``--json`` prints the listing as a JSON array instead. The store is named by any
+registered backend's store flag (``--tracking-uri``, ``--jsonl``, ``--wandb-dir``, ``--csv``) and
+listed by that backend's listing (``cliptrack.backends.registry``).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import json
 import sys
 from typing import Any
 
-from cliptrack.backends.catalog import mlflow_entries, spool_entries
-from cliptrack.backends.options import add_source_arguments
+from cliptrack.backends.catalog import list_runs
+from cliptrack.backends.options import add_source_arguments, source_arguments
 from cliptrack.core.text import printable
 
 
@@ -21,24 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_source_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the runs as a JSON array")
     parser.add_argument("--all", action="store_true", help="include comparison runs (MLflow)")
-
-
-def wandb_entries(directory: str) -> list[Any]:
-    """Every run found in W&B run files under ``directory`` (W&B files keep no status: ``-``)."""
-    from cliptrack.backends.catalog import RunEntry
-    from cliptrack.backends.load import load_wandb_offline
-
-    runset = load_wandb_offline([], directory)
-    entries = []
-    for info in runset.runs:
-        steps = runset.frame.loc[runset.frame["run_id"] == info.run.run_id, "step"].nunique()
-        run = info.run
-        entries.append(
-            RunEntry(
-                run.run_id, run.run_id, run.run_name, run.backend_label or "", "-", run.started, int(steps)
-            )
-        )
-    return entries
 
 
 def _table(entries: list[Any]) -> str:
@@ -66,12 +50,7 @@ def _table(entries: list[Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.jsonl:
-            entries = spool_entries(args.jsonl)
-        elif args.wandb_dir:
-            entries = wandb_entries(args.wandb_dir)
-        else:
-            entries = mlflow_entries(args.tracking_uri, args.experiment, args.all)
+        entries = list_runs(include_comparisons=args.all, **source_arguments(args))
     except (LookupError, FileNotFoundError, ValueError) as exc:  # ValueError: a hostile store (two
         # directories claiming one run id, a special file)
         if getattr(args, "debug", False):

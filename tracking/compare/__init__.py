@@ -1,7 +1,7 @@
-"""Run comparison: load runs from MLflow, W&B or the JSONL spool into one tidy frame, align them,
-estimate token-weighted clip fractions, reward and throughput with intervals that stay honest under
-autocorrelation (``stats``), state an equivalence verdict — or ``insufficient data`` — and show it
-all as a table, a summary, JSON, panels or a dashboard.
+"""Run comparison: runs in one tidy frame (loaded by a backend's reader, ``cliptrack.backends.load_runs``)
+are aligned; token-weighted clip fractions, reward and throughput are estimated with intervals that
+stay honest under autocorrelation (``stats``); an equivalence verdict — or ``insufficient data`` — is stated and shown
+as a table, a summary, JSON, panels or a dashboard.
 
 Parts: ``result`` (the model), ``compute`` (``compare``), ``render`` (text, markdown, HTML, JSON),
 ``panels`` (the one panel list) drawn by ``dashboard``, ``panels_mlflow`` and ``panels_wandb``.
@@ -26,11 +26,6 @@ _HOMES = {
     "Point": "cliptrack.compare.frame",
     "RunSet": "cliptrack.compare.frame",
     "build_frame": "cliptrack.compare.frame",
-    "load_jsonl": "cliptrack.backends.load",
-    "load_mlflow": "cliptrack.backends.load",
-    "load_runs": "cliptrack.backends.load",
-    "load_wandb_offline": "cliptrack.backends.load",
-    "load_wandb_online": "cliptrack.backends.load",
     "QUANTITIES": "cliptrack.compare.quantities",
     "Quantity": "cliptrack.compare.quantities",
     "ComparisonResult": "cliptrack.compare.result",
@@ -48,13 +43,6 @@ _HOMES = {
 ``cliptrack compare --help`` does not import pandas)."""
 
 if TYPE_CHECKING:
-    from cliptrack.backends.load import (
-        load_jsonl,
-        load_mlflow,
-        load_runs,
-        load_wandb_offline,
-        load_wandb_online,
-    )
     from cliptrack.compare.align import ALIGNMENTS, Window, parse_window, unit_table
     from cliptrack.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
     from cliptrack.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
@@ -99,11 +87,6 @@ __all__ = [
     "Window",
     "build_frame",
     "compare",
-    "load_jsonl",
-    "load_mlflow",
-    "load_runs",
-    "load_wandb_offline",
-    "load_wandb_online",
     "parse_window",
     "unit_table",
     "wilson_interval",

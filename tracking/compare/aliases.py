@@ -14,13 +14,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cliptrack.backends.base import Point
 from cliptrack.core import keys, measures
+from cliptrack.store.records import Point
 
 __all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step", "needs_aliases"]
 
-_SCALE = f"train/{keys.MILES_COUNT_SCALE}"
-_SCALED = {**keys.MILES_SCALED_COUNTS, **keys.MILES_SCALED_GAUGE}
+_SCALE = keys.SCALED_ALIASES_DIVISOR
+_SCALED = dict(keys.SCALED_ALIASES)
 """``cliptrack.adapters.miles.custom_loss``'s entries as Miles' tracker logs them -> our key."""
 _FOREIGN = frozenset(keys.ALIASES) | frozenset(_SCALED) | {_SCALE}
 _EXACT_FIRST = sorted(keys.ALIASES.items(), key=lambda item: item[1].approximate)

@@ -18,12 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cliptrack.backends.options import ALIGNMENTS  # alignment name -> frame column of its axis
+from cliptrack.compare.columns import N_STEPS, UNIT, X, Columns
 
 if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
     import pandas as pd
     from cliptrack.compare.frame import RunSet
     from cliptrack.compare.quantities import Quantity
+
+
+ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
+"""Alignment name -> the frame column that is its axis (trainer steps, tokens, seconds)."""
 
 
 @dataclass(frozen=True)
@@ -50,18 +54,21 @@ class Window:
         return f"{fmt(self.start)}:{fmt(self.end)}"
 
 
+def _bound(text: str, side: str) -> float | None:
+    """One side of a window (None when empty); ValueError naming the window when not a number."""
+    try:
+        return float(side) if side else None
+    except ValueError as exc:
+        raise ValueError(f"window {text!r}: START and END must be numbers ({exc})") from exc
+
+
 def parse_window(text: str | None) -> Window:
     """Parse ``"A:B"``, ``"A:"``, ``":B"`` (numbers on the alignment axis) into a Window."""
     if text is None or text.strip() in ("", ":"):
         return Window()
     if text.count(":") != 1:
         raise ValueError(f"window {text!r} must be 'START:END' (either side may be empty), e.g. '100:500'")
-    left, right = (part.strip() for part in text.split(":"))
-    try:
-        start = float(left) if left else None
-        end = float(right) if right else None
-    except ValueError as exc:
-        raise ValueError(f"window {text!r}: START and END must be numbers ({exc})") from exc
+    start, end = (_bound(text, part.strip()) for part in text.split(":"))
     if start is not None and end is not None and end <= start:
         raise ValueError(f"window {text!r} is empty: END must be greater than START")
     return Window(start, end)
@@ -75,7 +82,7 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) 
     wide = runset.wide(label)
     nonfinite = runset.nonfinite(label)
     out = pd.DataFrame(index=wide.index)
-    out["x"] = wide.index.to_numpy(dtype=float) if axis == "step" else wide[axis]
+    out[X] = wide.index.to_numpy(dtype=float) if axis == "step" else wide[axis]
     missing = pd.Series(np.nan, index=wide.index)
     for spec in specs:
         num = wide[spec.numerator] if spec.numerator in wide else missing
@@ -96,11 +103,12 @@ def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) 
             for _, _, mask in count_problems(wide, spec.numerator, spec.denominator):
                 invalid |= mask
         valid &= ~invalid
-        out[f"{spec.name}.num"] = num.where(valid)
-        out[f"{spec.name}.den"] = den.where(valid)
-        out[f"{spec.name}.bad"] = bad.astype(float)
-        out[f"{spec.name}.invalid"] = invalid.astype(float)
-        out[f"{spec.name}.logged"] = logged.astype(float)
+        columns = Columns.of(spec.name)
+        out[columns.num] = num.where(valid)
+        out[columns.den] = den.where(valid)
+        out[columns.bad] = bad.astype(float)
+        out[columns.invalid] = invalid.astype(float)
+        out[columns.logged] = logged.astype(float)
     return out
 
 
@@ -149,6 +157,53 @@ def check_token_axis(runset: RunSet, labels: Sequence[str]) -> str:
     )
 
 
+def _step_tables(
+    runset: RunSet, labels: Sequence[str], specs: Sequence[Quantity], by: str, window: Window
+) -> dict[str, pd.DataFrame]:
+    """Per run, the per-step table cut to the window (steps with an axis value only)."""
+    steps = {}
+    for label in labels:
+        table = _per_step(runset, label, specs, ALIGNMENTS[by])
+        if by != "step" and table[X].isna().all():
+            what = "loss_tokens:sum" if by == "tokens" else "wall times"
+            raise ValueError(f"run {label!r} logs no {what}: it cannot be aligned by {by}")
+        table = table[window.mask(table[X]) & table[X].notna()]
+        table.insert(1, N_STEPS, 1)
+        steps[label] = table
+    return steps
+
+
+def _shared_range(steps: dict[str, pd.DataFrame], by: str, window: Window) -> tuple[float, float]:
+    """The axis range every run covers: ``(lo, hi)``; ValueError when the runs share none."""
+    import numpy as np
+
+    lo = max((t[X].min() for t in steps.values() if len(t)), default=np.nan)
+    hi = min((t[X].max() for t in steps.values() if len(t)), default=np.nan)
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+        raise ValueError(
+            f"the runs {list(steps)} share no range of {ALIGNMENTS[by]} to align on (window {window})"
+        )
+    return float(lo), float(hi)
+
+
+def _binned(steps: dict[str, pd.DataFrame], lo: float, hi: float) -> dict[str, pd.DataFrame]:
+    """Each run's steps in ``[lo, hi]`` summed into equal-width bins, as many as the sparsest run has steps."""
+    import numpy as np
+
+    inside = {label: t[(t[X] >= lo) & (t[X] <= hi)] for label, t in steps.items()}
+    n_bins = max(1, min(len(t) for t in inside.values()))
+    edges = np.linspace(lo, hi, n_bins + 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    out = {}
+    for label, table in inside.items():
+        unit = np.clip(np.searchsorted(edges, table[X].to_numpy(), side="right") - 1, 0, n_bins - 1)
+        sums = table.drop(columns=X).groupby(unit).sum(min_count=1)
+        sums.index.name = UNIT
+        sums.insert(0, X, centres[sums.index.to_numpy()])
+        out[label] = sums
+    return out
+
+
 def unit_table(
     runset: RunSet,
     labels: Sequence[str],
@@ -156,47 +211,20 @@ def unit_table(
     by: str = "step",
     window: Window | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """Per run, a unit-indexed table with ``x``, ``n_steps`` and per quantity ``<spec>.num`` /
-    ``<spec>.den`` sums, ``<spec>.bad`` (steps where a key of it was logged non-finite: NaN or
-    infinite), ``<spec>.invalid`` (steps whose exact counts were refused: negative, fractional or a
-    count above its total, ``frame.count_problems``) and ``<spec>.logged`` (steps where all its
-    keys were logged, finite or not).
+    """Per run, a unit-indexed table with ``columns.X``, ``columns.N_STEPS`` and per quantity the
+    columns of ``columns.Columns.of(name)``: ``num`` / ``den`` sums, ``bad`` (steps where a key of
+    it was logged non-finite: NaN or infinite), ``invalid`` (steps whose exact counts were refused:
+    negative, fractional or a count above its total, ``frame.count_problems``) and ``logged``
+    (steps where all its keys were logged, finite or not).
 
     A numerator/denominator pair counts at a step only when both were logged there with finite
     values (a loss that does not clip logs no clip counts; nothing is invented). Index: the step (``by="step"``) or
     the bin number (``"tokens"``, ``"time"``); ``x`` is the step or the bin centre.
     """
-    import numpy as np
-
     if by not in ALIGNMENTS:
         raise ValueError(f"alignment {by!r} is not one of {sorted(ALIGNMENTS)}")
     window = window or Window()
-    axis = ALIGNMENTS[by]
-    steps = {}
-    for label in labels:
-        table = _per_step(runset, label, specs, axis)
-        if by != "step" and table["x"].isna().all():
-            what = "loss_tokens:sum" if by == "tokens" else "wall times"
-            raise ValueError(f"run {label!r} logs no {what}: it cannot be aligned by {by}")
-        table = table[window.mask(table["x"]) & table["x"].notna()]
-        table.insert(1, "n_steps", 1)
-        steps[label] = table
+    steps = _step_tables(runset, labels, specs, by, window)
     if by == "step":
-        return {label: table.rename_axis("unit") for label, table in steps.items()}
-
-    lo = max((t["x"].min() for t in steps.values() if len(t)), default=np.nan)
-    hi = min((t["x"].max() for t in steps.values() if len(t)), default=np.nan)
-    if not np.isfinite(lo) or not np.isfinite(hi) or hi <= lo:
-        raise ValueError(f"the runs {list(labels)} share no range of {axis} to align on (window {window})")
-    inside = {label: t[(t["x"] >= lo) & (t["x"] <= hi)] for label, t in steps.items()}
-    n_bins = max(1, min(len(t) for t in inside.values()))
-    edges = np.linspace(lo, hi, n_bins + 1)
-    centres = (edges[:-1] + edges[1:]) / 2
-    out = {}
-    for label, table in inside.items():
-        unit = np.clip(np.searchsorted(edges, table["x"].to_numpy(), side="right") - 1, 0, n_bins - 1)
-        sums = table.drop(columns="x").groupby(unit).sum(min_count=1)
-        sums.index.name = "unit"
-        sums.insert(0, "x", centres[sums.index.to_numpy()])
-        out[label] = sums
-    return out
+        return {label: table.rename_axis(UNIT) for label, table in steps.items()}
+    return _binned(steps, *_shared_range(steps, by, window))

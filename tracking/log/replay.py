@@ -22,10 +22,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from cliptrack.backends import Sink, sink_from_state
+from cliptrack.backends import SINKS, Sink, sink_from_state
+from cliptrack.backends.options import add_target_arguments, target_arguments
 from cliptrack.core.secrets import redact_value
 from cliptrack.core.text import printable
 from cliptrack.log._pipeline.lane import LOG, SinkLane
+from cliptrack.log.tracker import _ensure_log_handler
 from cliptrack.store.params import ParamBook
 from cliptrack.store.records import FAILED, RUNNING, RunInfo
 from cliptrack.store.spool import Ack, DamagedLine, RunDir, check_unique_ids, run_dirs
@@ -112,7 +114,8 @@ def replay_run(
 @dataclass
 class Target:
     """Where replay sends one sink's points: its recorded replay ``state`` and the ``options`` given
-    on the command line (``tracking_uri``; W&B ``project``, ``entity``, ``mode``, ``dir``)."""
+    on the command line (each backend's ``TARGET_OPTIONS``: MLflow ``tracking_uri``; W&B
+    ``project``, ``entity``, ``mode``, ``dir``; CSV ``dir``)."""
 
     name: str
     state: dict[str, Any]
@@ -213,24 +216,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="sinks",
         metavar="NAME",
-        help="only this sink: mlflow or wandb (repeatable)",
+        help=f"only this sink: {', '.join(SINKS)} (repeatable)",
     )
-    parser.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI to deliver to instead of the recorded one (a new or emptied store: "
-        "the run is created there and the mapping recorded in run.json)",
-    )
-    parser.add_argument("--wandb-project", help="W&B project to deliver to instead of the recorded one")
-    parser.add_argument("--wandb-entity", help="W&B entity to deliver to instead of the recorded one")
-    parser.add_argument("--wandb-dir", help="W&B directory to deliver to instead of the recorded one")
-    parser.add_argument("--wandb-mode", help="W&B mode (online, offline) instead of the recorded one")
+    add_target_arguments(parser)  # each backend's re-target flags: --tracking-uri, --wandb-project, ...
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")
     parser.add_argument("--dry-run", action="store_true", help="only say what is pending")
 
 
 def run(args: argparse.Namespace) -> int:
-    from cliptrack.log.tracker import _ensure_log_handler
-
     _ensure_log_handler()
     found = check_unique_ids(rd for root in args.roots for rd in run_dirs(os.path.expanduser(root)))
     if args.runs:
@@ -246,10 +239,9 @@ def run(args: argparse.Namespace) -> int:
                 results = replay_run(
                     run_dir,
                     sinks=set(args.sinks) if args.sinks else None,
-                    tracking_uri=args.tracking_uri,
                     timeout_s=args.timeout,
                     dry_run=args.dry_run,
-                    targets=_wandb_target(args),
+                    targets=target_arguments(args),
                 )
             except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
                 results = [
@@ -261,15 +253,3 @@ def run(args: argparse.Namespace) -> int:
             print(printable(result.line()))
             ok = ok and result.ok
     return 0 if ok else 1
-
-
-def _wandb_target(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """The W&B options given on the command line (none: the recorded target)."""
-    options = {
-        "project": args.wandb_project,
-        "entity": args.wandb_entity,
-        "dir": os.path.abspath(os.path.expanduser(args.wandb_dir)) if args.wandb_dir else None,
-        "mode": args.wandb_mode,
-    }
-    chosen = {k: v for k, v in options.items() if v is not None}
-    return {"wandb": chosen} if chosen else {}

@@ -72,12 +72,13 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cliptrack.backends import is_jsonl, jsonl_root, make_sink
+from cliptrack.backends import SINKS, is_jsonl, jsonl_root, make_sink
 from cliptrack.backends.base import Sink
 from cliptrack.core import keys
 from cliptrack.core.outputs import metrics_of
@@ -132,11 +133,16 @@ class Tracker:
             it is the spool. Default ``("mlflow",)``.
         sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
             vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
+        sink_options: per sink name, the vendor options of a sink named in ``backends``: its
+            constructor's arguments, e.g. ``{"mlflow": {"tracking_uri": ...}, "wandb": {"project":
+            ..., "mode": ..., "dir": ..., "entity": ...}, "csv": {"dir": ...}}``. MLflow's default
+            store is ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory;
+            W&B's mode is online with credentials, else offline, its directory ``WANDB_DIR``, else
+            the working directory (recorded for replay).
         backend_label: the training stack ("megatron", "miles"), stored as ``keys.TAG_BACKEND``.
         config: run configuration (nested dicts allowed): MLflow params, W&B config, run.json.
-        tracking_uri: MLflow tracking URI for the "mlflow" backend (default
-            ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory).
-        experiment: MLflow experiment name.
+        experiment: the run's experiment (run.json; MLflow's experiment unless
+            ``sink_options["mlflow"]["experiment"]`` names another).
         spool_dir: where run directories live (unless a "jsonl:/dir" backend names another).
         flush_interval_s: seconds between writes of queued points (the most a crash can lose,
             plus 0.5 s under overload).
@@ -147,9 +153,9 @@ class Tracker:
         max_buffered_bytes: bytes of encoded points a lagging sink may hold in memory.
         max_held_bytes: bytes of encoded points held in memory while the local disk refuses them
             (remote sinks are fed from there; see ``cliptrack.log._pipeline.writer`` and ``cliptrack.log.limits``).
-        wandb_project, wandb_mode, wandb_dir: W&B project, mode (default: online with
-            credentials, else offline) and directory (default ``WANDB_DIR``, else the working
-            directory; recorded for replay).
+        tracking_uri, wandb_project, wandb_mode, wandb_dir: deprecated (a DeprecationWarning);
+            ``sink_options={"mlflow": {"tracking_uri": ...}, "wandb": {"project": ..., "mode": ...,
+            "dir": ...}}`` says the same.
         open_timeout_s: how long the constructor waits for backends to open (they keep trying
             in the background after that).
         close_timeout_s: how long ``close`` waits for remote backends to drain.
@@ -182,6 +188,7 @@ class Tracker:
         backends: Iterable[Any] | str | None = None,
         *,
         sinks: Iterable[Any] | None = None,
+        sink_options: Mapping[str, Mapping[str, Any]] | None = None,
         backend_label: str | None = None,
         config: Mapping[str, Any] | None = None,
         tracking_uri: str | None = None,
@@ -222,14 +229,14 @@ class Tracker:
             max_buffered_bytes,
             max_held_bytes,
         )
-        vendor = {
-            "tracking_uri": tracking_uri,
-            "experiment": experiment,
-            "wandb_project": wandb_project,
-            "wandb_mode": wandb_mode,
-            "wandb_dir": wandb_dir,
-        }
-        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, **vendor)
+        vendor = _sink_options(
+            sink_options,
+            tracking_uri=tracking_uri,
+            wandb_project=wandb_project,
+            wandb_mode=wandb_mode,
+            wandb_dir=wandb_dir,
+        )
+        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, vendor, experiment=experiment)
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
         self._known_keys: dict[str, int] = {}
@@ -712,12 +719,54 @@ def _rank(forced: object) -> int:
     return forced
 
 
+_DEPRECATED_OPTIONS = {
+    "tracking_uri": ("mlflow", "tracking_uri"),
+    "wandb_project": ("wandb", "project"),
+    "wandb_mode": ("wandb", "mode"),
+    "wandb_dir": ("wandb", "dir"),
+}
+"""``Tracker`` keyword argument (deprecated) -> the sink and option of ``sink_options`` it sets."""
+
+
+def _sink_options(
+    given: Mapping[str, Mapping[str, Any]] | None, **deprecated: Any
+) -> dict[str, dict[str, Any]]:
+    """``sink_options`` checked (a mapping of registered sink names to mappings), with the
+    deprecated keyword arguments given moved in (each with a DeprecationWarning naming the new
+    form; an option given both ways is refused)."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ValueError(f"sink_options={given!r} must map sink names to their options")
+    options: dict[str, dict[str, Any]] = {}
+    for name, own in (given or {}).items():
+        if name not in SINKS:
+            raise ValueError(f"sink_options names {name!r}, which is no registered sink: {sorted(SINKS)}")
+        if not isinstance(own, Mapping):
+            raise ValueError(f"sink_options[{name!r}]={own!r} must be a mapping of option names to values")
+        options[name] = dict(own)
+    for keyword, value in deprecated.items():
+        if value is None:
+            continue
+        name, option = _DEPRECATED_OPTIONS[keyword]
+        warnings.warn(
+            f"Tracker({keyword}=...) is deprecated and goes in the next release: pass "
+            f"sink_options={{{name!r}: {{{option!r}: ...}}}} (or a ready sink in sinks=[...])",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if option in options.get(name, {}):
+            raise ValueError(f"give {name} {option!r} once: sink_options or {keyword}=, not both")
+        options.setdefault(name, {})[option] = value
+    return options
+
+
 def _sinks(
     backends: Iterable[Any] | str,
     spool_dir: str | os.PathLike[str],
-    **options: Any,
+    options: Mapping[str, Mapping[str, Any]],
+    **common: Any,
 ) -> tuple[Path, list[Sink]]:
-    """The spool root and the remote sinks a ``backends`` argument names (duplicates refused)."""
+    """The spool root and the remote sinks a ``backends`` argument names (duplicates refused):
+    ``options`` per sink name, ``common`` offered to every sink (``cliptrack.backends.make_sink``)."""
     if isinstance(backends, str):
         backends = (backends,)
     backends = list(backends)
@@ -727,7 +776,7 @@ def _sinks(
         if is_jsonl(spec):
             root = jsonl_root(spec) or spool_dir
         else:
-            remote.append(make_sink(spec, **options))
+            remote.append(make_sink(spec, options, **common))
     names = [sink.name for sink in remote]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -138,7 +138,9 @@ class MlflowSink(Sink):
 
     @classmethod
     def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> MlflowSink:
-        """``"mlflow"`` (the ``tracking_uri`` option or the default), ``"mlflow:<URI>"`` or a bare URI."""
+        """``"mlflow"`` (the ``tracking_uri`` option or the default), ``"mlflow:<URI>"`` or a bare URI;
+        the ``experiment`` option names the experiment (``Tracker(sink_options={"mlflow": {...}})``,
+        else the tracker's ``experiment``)."""
         return cls(argument or options.get("tracking_uri"), options.get("experiment"))
 
     @classmethod

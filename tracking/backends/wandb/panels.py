@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cliptrack.core import keys
+from cliptrack.backends.wandb import _compat as _compat_wandb
 from cliptrack.backends.wandb._workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
 from cliptrack.compare.frame import RunSet
 from cliptrack.compare.views.panels import DIFFERENCE_PREFIX, PANELS, Panel, difference_keys, sections
@@ -243,8 +244,6 @@ def log_comparison(
     import os
 
     import wandb
-
-    from cliptrack.backends.wandb import _compat as _compat_wandb
 
     _compat_wandb.check_supported()
     _compat_wandb.own_service()  # not a service another process started (it may outlive this run)

@@ -77,14 +77,14 @@ class WandbSink(Sink):
 
     @classmethod
     def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> WandbSink:
-        """``"wandb"`` (the ``wandb_project`` option), ``"wandb:project"`` or ``"wandb:entity/project"``."""
-        project, entity = options.get("wandb_project"), None
+        """``"wandb"`` (the ``project`` option), ``"wandb:project"`` or ``"wandb:entity/project"``;
+        the options ``project``, ``entity``, ``mode``, ``dir`` are the constructor's
+        (``Tracker(sink_options={"wandb": {...}})``)."""
+        project, entity = options.get("project"), options.get("entity")
         rest = (argument or "").strip("/")
         if rest:
             entity, _, project = rest.rpartition("/")
-        return cls(
-            project, entity=entity or None, mode=options.get("wandb_mode"), dir=options.get("wandb_dir")
-        )
+        return cls(project, entity=entity or None, mode=options.get("mode"), dir=options.get("dir"))
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], **overrides: Any) -> WandbSink:

@@ -1,0 +1,65 @@
+"""Runs read back from the JSONL spool (``<dir>/<run_id>/run.json`` + ``points.jsonl``) for the
+comparison: the same frame as from any other store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from cliptrack.backends.catalog import choose_runs
+from cliptrack.backends.jsonl.listing import spool_entry
+from cliptrack.compare.frame import Columns, LoadedRun, MetricCodes, RunSet
+from cliptrack.store import journal
+from cliptrack.store.spool import RunDir, spool_runs
+
+__all__ = ["load_jsonl", "read"]
+
+
+def _jsonl_runs(directory: Path) -> list[RunDir]:
+    """The run directories of the spool ``directory``, by name (the first is the comparison's reference)."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"JSONL run directory {str(directory)!r} does not exist")
+    return spool_runs(directory)
+
+
+def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
+    """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``).
+
+    ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory. Points are
+    read by ``journal.load_columns``: a damaged line (torn, not JSON, over the reader's limits) is
+    skipped with a warning naming the file and line; a line that is not a point raises ValueError
+    naming it. A run id claimed by two directories is refused (``spool.DuplicateRunId``).
+    """
+    root = Path(directory)
+    found = []
+    for run_dir in _jsonl_runs(root):
+        info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
+        found.append((info, run_dir))
+    by_id = {info.run.run_id: run_dir for info, run_dir in found}
+    chosen = choose_runs(
+        refs,
+        [(info, info.run.run_id, info.run.run_name) for info, _ in found],
+        f"JSONL dir {root}",
+        entry=lambda info: spool_entry(by_id[info.run.run_id]),
+    )
+    return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
+
+
+def _spool_columns(run_dir: RunDir) -> Columns:
+    """A run's points.jsonl as ``Columns``, streamed by ``journal.load_columns`` into compact
+    arrays (no point objects): a bad line is skipped with a warning naming the file and line, a
+    line that is not a point or holds a non-numeric value raises ValueError naming it, a FIFO or a
+    device is refused (``SpecialFileError``)."""
+    cols = journal.load_columns(run_dir.points_path)
+    return Columns(
+        np.frombuffer(cols.step, dtype=np.int64),
+        np.frombuffer(cols.wall_time, dtype=np.float64),
+        MetricCodes(np.frombuffer(cols.code, dtype=np.int32), np.asarray(cols.names, dtype=object)),
+        np.frombuffer(cols.value, dtype=np.float64),
+    )
+
+
+def read(refs: Sequence[str], *, jsonl_dir: str | Path) -> RunSet:
+    """The registry's reader: ``load_jsonl`` of the spool ``jsonl_dir``."""
+    return load_jsonl(refs, jsonl_dir)

@@ -1,0 +1,75 @@
+"""MLflow runs as ``cliptrack runs`` lists them (``RunEntry``): both ids, name, backend, status,
+start time, steps, experiment."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from cliptrack.backends.catalog import RunEntry
+from cliptrack.backends.mlflow._compat import bounded_requests
+from cliptrack.backends.mlflow._rest import history_length
+from cliptrack.backends.preflight import resolve_tracking_uri
+from cliptrack.core import keys
+
+
+def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
+    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key``."""
+    tags = run.data.tags
+    steps: int | None = 0
+    if count_key in run.data.metrics:  # a server's history in bounded pages, else through the client
+        steps = history_length(str(client.tracking_uri), run.info.run_id, count_key)
+        if steps is None:
+            steps = len(client.get_metric_history(run.info.run_id, count_key))
+    return RunEntry(
+        cliptrack_id=tags.get(keys.TAG_RUN_ID, run.info.run_id),
+        store_id=run.info.run_id,
+        name=run.info.run_name or "",
+        backend=tags.get(keys.TAG_BACKEND, ""),
+        status=run.info.status,
+        started=(run.info.start_time or 0) / 1000.0,
+        steps=steps,
+        experiment=run.info.experiment_id,
+    )
+
+
+def mlflow_entries(
+    tracking_uri: str | None, experiment: str | None = None, include_comparisons: bool = False
+) -> list[RunEntry]:
+    """Every run of the MLflow store (of ``experiment`` when named), as ``RunEntry``, comparison
+    runs only with ``include_comparisons``; requests to a server are a reader's, as ``compare``'s
+    (``_compat_mlflow.bounded_requests(reads=True)``)."""
+    with bounded_requests(reads=True):
+        return _mlflow_entries(tracking_uri, experiment, include_comparisons)
+
+
+def _mlflow_entries(
+    tracking_uri: str | None, experiment: str | None, include_comparisons: bool
+) -> list[RunEntry]:
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    experiments = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
+    if experiment is not None:
+        experiments = [e for e in experiments if experiment in (e.name, e.experiment_id)]
+        if not experiments:
+            raise LookupError(
+                f"no experiment named or with id {experiment!r} in MLflow store {client.tracking_uri}"
+            )
+    names = {e.experiment_id: e.name for e in experiments}
+    runs = client.search_runs(list(names), max_results=50000) if names else []
+    entries = []
+    for run in runs:
+        if not include_comparisons and run.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_COMPARISON:
+            continue
+        entry = mlflow_entry(client, run, keys.LOSS_TOKENS)
+        entries.append(replace(entry, experiment=names[run.info.experiment_id]))
+    return entries
+
+
+def list_runs(
+    *, include_comparisons: bool = False, tracking_uri: str | None = None, experiment: str | None = None
+) -> list[RunEntry]:
+    """The registry's listing: ``mlflow_entries`` of the store ``tracking_uri`` names."""
+    return mlflow_entries(tracking_uri, experiment, include_comparisons)
