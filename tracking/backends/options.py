@@ -80,7 +80,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     """The store flags of every registered backend (``compare``, ``runs``, ``panels mlflow``):
     flags that name a store exclude each other; scope flags stand beside them."""
     source = parser.add_mutually_exclusive_group()
-    scopes = []
+    scopes: list[tuple[str, StoreOption]] = []
     for found in BACKENDS.values():
         for option in store_options(found):
             if option.flag is None:
@@ -90,9 +90,9 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
                     option.flag, dest=option.attribute, metavar=option.metavar, help=option.help
                 )
             else:
-                scopes.append(option)
-    for option in scopes:
-        parser.add_argument(option.flag, dest=option.attribute, metavar=option.metavar, help=option.help)
+                scopes.append((option.flag, option))
+    for flag, option in scopes:
+        parser.add_argument(flag, dest=option.attribute, metavar=option.metavar, help=option.help)
 
 
 def source_arguments(args: argparse.Namespace) -> dict[str, Any]:
