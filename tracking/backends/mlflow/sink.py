@@ -105,7 +105,7 @@ def real_tracking_uri(recorded: str, given: str | None) -> str:
         raise SinkRejected(
             f"run.json stores the MLflow tracking URI without its password or token ({recorded}); "
             "set MLFLOW_TRACKING_URI to the full URI, or pass it (cliptrack replay --tracking-uri URI, "
-            "Tracker(tracking_uri=URI))"
+            "Tracker(sink_options={'mlflow': {'tracking_uri': URI}}))"
         )
     return real
 
