@@ -16,8 +16,8 @@ import pytest
 from cliptrack.backends import load_jsonl
 from cliptrack.compare import RunSet, compare
 from cliptrack.compare import quantities as qs
-from cliptrack.compare.compute import steps_text
 from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.compare.notes import steps_text
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
 from cliptrack.core import keys
 from cliptrack.store.records import RunInfo

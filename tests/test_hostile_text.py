@@ -180,7 +180,7 @@ def hostile_spool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hostile_result(hostile_spool):
     from cliptrack.backends import load_runs
-    from cliptrack.compare.compute import compare
+    from cliptrack.compare.engine import compare
 
     runset = load_runs(["megatron0001", "miles0000002"], jsonl_dir=str(hostile_spool))
     return runset, compare(runset)

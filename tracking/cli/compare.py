@@ -157,7 +157,7 @@ def parse_margins(args: argparse.Namespace) -> dict[str, float]:
 def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the named runs (or groups) and compare them as the arguments say; return (runset, result)."""
     from cliptrack.backends.load import load_runs
-    from cliptrack.compare.compute import compare
+    from cliptrack.compare.engine import compare
 
     groups = parse_groups(getattr(args, "group", []))
     if groups and args.runs:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             summary = ""
             if args.summary_from and len(args.runs) >= 2:
                 from cliptrack.backends.wandb.reader import load_wandb_offline
-                from cliptrack.compare.compute import compare
+                from cliptrack.compare.engine import compare
 
                 summary = compare(load_wandb_offline(args.runs, args.summary_from)).summary()
             outcome = save_or_write(

@@ -3,8 +3,10 @@ are aligned; token-weighted clip fractions, reward and throughput are estimated 
 stay honest under autocorrelation (``stats``); an equivalence verdict — or ``insufficient data`` — is stated and shown
 as a table, a summary, JSON, panels or a dashboard.
 
-Parts: ``result`` (the model), ``compute`` (``compare``), ``render`` (text, markdown, HTML, JSON),
-``panels`` (the one panel list) drawn by ``dashboard``, ``panels_mlflow`` and ``panels_wandb``.
+Parts: ``engine`` (``compare``, drawing on ``estimates``, ``pairs``, ``verdicts`` and ``groups``),
+``reasons`` (why, as data) and ``notes`` (reasons into sentences), ``findings`` and ``result`` (the
+model; ``ComparisonResult``), ``report`` (text, markdown, HTML, JSON), ``views.panels`` (the one
+panel list) drawn by ``views.dashboard`` and the backends' panels.
 
 Nothing here imports torch. Plotting libraries, MLflow and wandb are imported only by the modules
 that need them.
@@ -18,9 +20,9 @@ _HOMES = {
     "Window": "cliptrack.compare.align",
     "parse_window": "cliptrack.compare.align",
     "unit_table": "cliptrack.compare.align",
-    "DEFAULT_CONFIDENCE": "cliptrack.compare.compute",
-    "DEFAULT_TOLERANCES": "cliptrack.compare.compute",
-    "compare": "cliptrack.compare.compute",
+    "DEFAULT_CONFIDENCE": "cliptrack.compare.engine",
+    "DEFAULT_TOLERANCES": "cliptrack.compare.engine",
+    "compare": "cliptrack.compare.engine",
     "COLUMNS": "cliptrack.compare.frame",
     "LoadedRun": "cliptrack.compare.frame",
     "Point": "cliptrack.compare.frame",
@@ -44,7 +46,7 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from cliptrack.compare.align import ALIGNMENTS, Window, parse_window, unit_table
-    from cliptrack.compare.compute import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
+    from cliptrack.compare.engine import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
     from cliptrack.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
     from cliptrack.compare.quantities import QUANTITIES, Quantity
     from cliptrack.compare.result import (

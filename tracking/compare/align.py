@@ -18,7 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cliptrack.compare.columns import N_STEPS, UNIT, X, Columns
+from cliptrack.compare.columns import N_STEPS, UNIT, Columns, X
+from cliptrack.compare.notes import densities_text
+from cliptrack.compare.reasons import SparseTokenAxis, TokenDensity
+from cliptrack.core import keys
 
 if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
     import pandas as pd
@@ -121,7 +124,6 @@ tokens seen would be undercounted by more than 5 % against the other's."""
 def token_density(runset: RunSet, label: str) -> tuple[int, int]:
     """``(steps logging finite loss_tokens:sum, trainer steps from the first to the last of them)``."""
     import numpy as np
-    from cliptrack.core import keys
 
     wide = runset.wide(label)
     if keys.LOSS_TOKENS not in wide:
@@ -132,29 +134,23 @@ def token_density(runset: RunSet, label: str) -> tuple[int, int]:
     return int(steps.size), int(steps.max() - steps.min() + 1)
 
 
-def check_token_axis(runset: RunSet, labels: Sequence[str]) -> str:
+def token_axis(runset: RunSet, labels: Sequence[str]) -> SparseTokenAxis | None:
     """Tokens seen is the running sum of every step's ``loss_tokens:sum``, so it is complete only
     when each run logs it at every trainer step. Raise ValueError naming the runs when their step
     grids differ in density (one run's tokens seen would be undercounted against the other's);
-    return a note ("" when none) when every run skips steps alike (the axis is then scaled alike)."""
-    densities = {label: token_density(runset, label) for label in labels}
-    if all(span and logged == span for logged, span in densities.values()):
-        return ""
-    ratio = {label: logged / span for label, (logged, span) in densities.items() if span}
-    described = ", ".join(
-        f"{label} logs loss_tokens:sum at {logged} of {span} steps"
-        for label, (logged, span) in densities.items()
-    )
-    if ratio and max(ratio.values()) - min(ratio.values()) > DENSITY_TOLERANCE * max(ratio.values()):
+    return the reason to note (None when none) when every run skips steps alike (the axis is then
+    scaled alike)."""
+    densities = tuple(TokenDensity(label, *token_density(runset, label)) for label in labels)
+    if all(d.span and d.logged == d.span for d in densities):
+        return None
+    ratio = [d.logged / d.span for d in densities if d.span]
+    if ratio and max(ratio) - min(ratio) > DENSITY_TOLERANCE * max(ratio):
         raise ValueError(
-            f"cannot align by tokens seen: the runs' step grids differ in density ({described}), so tokens "
-            "seen would count only the logged steps and undercount the sparser run; align by step (--align "
-            "step) or log loss_tokens:sum at every step"
+            f"cannot align by tokens seen: the runs' step grids differ in density ({densities_text(densities)}), "
+            "so tokens seen would count only the logged steps and undercount the sparser run; align by step "
+            "(--align step) or log loss_tokens:sum at every step"
         )
-    return (
-        f"tokens seen counts only the steps that logged loss_tokens:sum ({described}); every run skips steps "
-        "alike, so the axis is scaled alike in all runs, but its values are below the tokens trained on"
-    )
+    return SparseTokenAxis(densities)
 
 
 def _step_tables(

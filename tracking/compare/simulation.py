@@ -42,7 +42,9 @@ from cliptrack.compare.stats import (
     influential_units,
     lead_lag,
     paired_difference,
+    ratio_estimate,
     segment_differences,
+    step_weighted_estimate,
     throughout_verdict,
 )
 from cliptrack.compare.stats.intervals import interval_rows
@@ -376,8 +378,6 @@ def weighting(n: int, reps: int, seed: int, *, c: float = 0.5, phi: float = 0.5)
     """Tokens rise with the clip rate: ``tokens_t = T exp(c x_t / SD - c^2 / 2)``, so the token-weighted
     clip fraction is ``MEAN + c SD`` and the step-weighted one ``MEAN``. Coverage run: token-weighted
     interval covers ``MEAN + c SD``; coverage difference: step-weighted interval covers ``MEAN``."""
-    from cliptrack.compare.stats import ratio_estimate, step_weighted_estimate
-
     rng = np.random.default_rng([seed, 11, n])
     x = wobble(rng, reps, n, phi)
     tokens = np.round(20_000 * np.exp(c * x / SD - c * c / 2))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cliptrack.compare.quantities import QUANTITIES
 from cliptrack.core import keys
 
 SERIES = "series"
@@ -172,8 +173,6 @@ def difference_panel(quantity: Shown) -> Panel:
 
 def compared_quantities() -> list[Shown]:
     """The compared quantities that count for a verdict, from the registry (``quantities.QUANTITIES``)."""
-    from cliptrack.compare.quantities import QUANTITIES
-
     return [Shown(q.name, q.label[:1].upper() + q.label[1:], q.percent) for q in QUANTITIES if q.verdict]
 
 

@@ -1,0 +1,644 @@
+"""Renderings of what a comparison found (``findings.Findings``, and so a ``ComparisonResult``):
+tables, the plain-language summary, markdown, HTML, JSON. ``result.ComparisonResult`` offers them
+as methods; ``views.render`` re-exports them for the views.
+
+Each reads the result and nothing else, so the terminal, the dashboard, the MLflow comparison run,
+the notebook and scripts (``--json``) all say the same thing.
+
+Run-provided text (labels, reasons and notes that quote them) is escaped for the medium, through
+``cliptrack.core.text``: the summary and headline hold it ``printable`` (one line each: a newline in a
+run name cannot start a forged line), ``markdown`` and ``html_table`` escape every cell for their
+medium, and the tables (data frames) hold it as given, escaped where they are printed. JSON holds
+it as given (``json.dumps`` escapes control characters). The summary, markdown and JSON hold no
+credential (``cliptrack.core.secrets.redact``, before any escaping).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference
+from cliptrack.compare.stats import (
+    DIFFERENT,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    INSUFFICIENT,
+    LOG_RATIO,
+    MIN_ESS,
+    MIN_UNITS,
+    Estimate,
+)
+from cliptrack.compare.stats.estimate import counted
+from cliptrack.core.secrets import redact, redact_value
+from cliptrack.core.text import html_text, markdown_lines, markdown_text, printable
+
+
+def _what(result: Findings, metric: str) -> str:
+    """The quantity's label from the registry (``quantities.Quantity.label``)."""
+    return result.quantity(metric).label
+
+
+# ------------------------------------------------------------------------------------- numbers
+
+
+def _pct(x: float, digits: int = 3) -> str:
+    return f"{x * 100:.{digits}f}%"
+
+
+def _value(e: Estimate, fraction: bool, ci: bool = True) -> str:
+    if not math.isfinite(e.value):
+        return "n/a"
+    if fraction:
+        text = _pct(e.value)
+        bounds = f" [{e.low * 100:.3f}, {e.high * 100:.3f}]%" if e.has_interval else ""
+    else:
+        text = f"{e.value:.4g}"
+        bounds = f" [{e.low:.4g}, {e.high:.4g}]" if e.has_interval else ""
+    return text + (bounds if ci else "")
+
+
+def _paired_value(result: Findings, d: Difference, run: str, ci: bool = True) -> str:
+    """A run's value over the paired units (with its effective sample size when ``ci``); its
+    full-window value beside it when that used more units."""
+    percent = result.quantity(d.metric).percent
+    paired = d.reference_paired if run == d.reference else d.run_paired
+    text = _value(paired, percent, ci)
+    if ci and math.isfinite(paired.ess):
+        text += f" ESS {paired.ess:.0f}"
+    full = result.run_estimate(d.metric, run)
+    if full.units != paired.n_units and math.isfinite(full.estimate.value):
+        text += f" (all {full.units} units: {_value(full.estimate, percent, ci=False)})"
+    return f"≈{text} approx." if full.approximate else text
+
+
+def relative_change(log_ratio: float) -> float:
+    """A log-ratio difference as a relative change: ``exp(d) - 1``."""
+    return math.expm1(log_ratio) if math.isfinite(log_ratio) else float("nan")
+
+
+def format_difference(result: Findings, d: Difference | GroupDifference, e: Any = None) -> str:
+    """The difference (``e``, default ``d.estimate``) and its interval, in pp (fractions), %
+    (log-ratio) or the quantity's units."""
+    e = d.estimate if e is None else e
+    if not math.isfinite(e.value):
+        return "n/a"
+    if d.scale == LOG_RATIO:
+        text = f"{relative_change(e.value) * 100:+.2f}%"
+        bounds = (
+            f" [{relative_change(e.low) * 100:+.2f}, {relative_change(e.high) * 100:+.2f}]%"
+            if e.has_interval
+            else " [no interval]"
+        )
+    elif result.quantity(d.metric).percent:
+        text = f"{e.value * 100:+.3f} pp"
+        bounds = f" [{e.low * 100:+.3f}, {e.high * 100:+.3f}] pp" if e.has_interval else " [no interval]"
+    else:
+        text = f"{e.value:+.4g}"
+        bounds = f" [{e.low:+.4g}, {e.high:+.4g}]" if e.has_interval else " [no interval]"
+    return text + bounds
+
+
+def format_margin(result: Findings, d: Difference | GroupDifference) -> str:
+    if d.scale == LOG_RATIO:
+        return f"±{d.margin * 100:.3g}% (|log ratio| < {d.tolerance:.4f})"
+    if result.quantity(d.metric).percent:
+        return f"±{d.margin * 100:.3g} pp"
+    return f"±{d.margin:.4g}"
+
+
+def _verdict_cell(d: Difference | GroupDifference) -> str:
+    return d.verdict if d.counts_for_verdict else f"({d.verdict})"
+
+
+def _ess(e: Estimate) -> str:
+    return "n/a" if not math.isfinite(e.ess) else f"{e.ess:.1f}"
+
+
+def _lag1(e: Estimate) -> str:
+    return "n/a" if not math.isfinite(e.lag1) else f"{e.lag1:.2f}"
+
+
+# -------------------------------------------------------------------------------------- tables
+
+
+def _spans(result: Findings, segments: tuple[DifferenceSegment, ...], verdicts: bool = True) -> str:
+    what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[result.align]
+    return "; ".join(
+        f"{what} {s.start:g}-{s.end:g}" + (f" {s.verdict}" if verdicts else "") for s in segments
+    )
+
+
+def _step_weighted_columns(sw: Estimate | None, value_column: str) -> dict[str, float]:
+    """The step-weighted estimate as table columns (value, interval); NaN where there is none."""
+    nan = float("nan")
+    return {
+        value_column: nan if sw is None else sw.value,
+        "step_weighted_ci_low": nan if sw is None else sw.low,
+        "step_weighted_ci_high": nan if sw is None else sw.high,
+    }
+
+
+def _pair_row(result: Findings, d: Difference) -> dict[str, Any]:
+    return {
+        "metric": d.metric,
+        "reference": d.reference,
+        "reference_value": d.reference_paired.value,
+        "reference_full_value": result.run_estimate(d.metric, d.reference).estimate.value,
+        "run": d.run,
+        "run_value": d.run_paired.value,
+        "run_full_value": result.run_estimate(d.metric, d.run).estimate.value,
+        "difference": d.estimate.value,
+        "ci_low": d.estimate.low,
+        "ci_high": d.estimate.high,
+        **_step_weighted_columns(d.step_weighted, "step_weighted_difference"),
+        "scale": d.scale,
+        "margin": d.margin,
+        "tolerance": d.tolerance,
+        "paired_units": d.estimate.n_units,
+        "lag1": d.estimate.lag1,
+        "ess": d.estimate.ess,
+        "reference_lag1": d.reference_paired.lag1,
+        "reference_ess": d.reference_paired.ess,
+        "run_lag1": d.run_paired.lag1,
+        "run_ess": d.run_paired.ess,
+        "segments": len(d.segments),
+        "differing": _spans(result, d.differing),
+        "influential": ", ".join(f"{x:g}" for x in d.influential),
+        "average_verdict": d.average_verdict,
+        "verdict": _verdict_cell(d),
+        "reason": d.reason,
+    }
+
+
+def _group_row(d: GroupDifference) -> dict[str, Any]:
+    e = d.estimate
+    return {
+        "metric": d.metric,
+        "reference": d.reference,
+        "run": d.group,
+        "difference": e.value,
+        "ci_low": e.low,
+        "ci_high": e.high,
+        "scale": d.scale,
+        "margin": d.margin,
+        "tolerance": d.tolerance,
+        "reference_seeds": e.seeds_a,
+        "run_seeds": e.seeds_b,
+        "reference_between_sd": e.between_sd_a,
+        "run_between_sd": e.between_sd_b,
+        "df": e.df,
+        "seeds_needed": d.seeds_needed,
+        "verdict": _verdict_cell(d),
+        "reason": d.reason,
+    }
+
+
+def table(result: Findings) -> pd.DataFrame:
+    """One row per quantity and compared run (or group, when groups were compared): paired-window
+    estimates, token- and step-weighted differences with intervals, ESS, segments, verdict."""
+    if result.groups:
+        return pd.DataFrame([_group_row(d) for d in result.group_differences])
+    return pd.DataFrame([_pair_row(result, d) for d in result.differences])
+
+
+def segments_table(result: Findings) -> pd.DataFrame:
+    """One row per quantity, compared run and segment of the window: the difference over training."""
+    rows = []
+    for d in result.differences:
+        for s in d.segments:
+            rows.append(
+                {
+                    "metric": d.metric,
+                    "reference": d.reference,
+                    "run": d.run,
+                    "start": s.start,
+                    "end": s.end,
+                    "units": s.estimate.n_units,
+                    "difference": s.estimate.value,
+                    "ci_low": s.estimate.low,
+                    "ci_high": s.estimate.high,
+                    "verdict": s.verdict,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def estimates_table(result: Findings) -> pd.DataFrame:
+    """One row per quantity and run over the whole window: estimate, interval, step-weighted
+    estimate, units, ESS, totals."""
+    rows = []
+    for e in result.estimates:
+        rows.append(
+            {
+                "metric": e.metric,
+                "run": e.run,
+                "group": e.group,
+                "backend": e.backend,
+                "estimate": e.estimate.value,
+                "ci_low": e.estimate.low,
+                "ci_high": e.estimate.high,
+                **_step_weighted_columns(e.step_weighted, "step_weighted"),
+                "wilson_low": e.wilson_low,
+                "wilson_high": e.wilson_high,
+                "units": e.units,
+                "lag1": e.estimate.lag1,
+                "ess": e.estimate.ess,
+                "nonfinite": e.nonfinite,
+                "invalid": e.invalid,
+                "missing": e.missing,
+                "numerator": e.total_numerator,
+                "denominator": e.total_denominator,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _segments_cell(result: Findings, d: Difference) -> str:
+    if not d.segments:
+        return "-"
+    if not d.differing:
+        return f"{len(d.segments)}, all within"
+    return f"{len(d.segments)}: {_spans(result, d.differing)}"
+
+
+def _group_value(result: Findings, group: str, metric: str) -> str:
+    members = result.groups[group]
+    values = [result.run_estimate(metric, r).estimate.value for r in members]
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "n/a"
+    percent = result.quantity(metric).percent
+    mean = sum(finite) / len(finite)
+    text = _pct(mean) if percent else f"{mean:.4g}"
+    return f"{text} (mean of {len(finite)} seeds)"
+
+
+def _formatted_groups(result: Findings) -> pd.DataFrame:
+    rows = []
+    for d in result.group_differences:
+        rows.append(
+            {
+                "metric": d.metric,
+                "reference": f"{d.reference}: {_group_value(result, d.reference, d.metric)}",
+                "group": f"{d.group}: {_group_value(result, d.group, d.metric)}",
+                "difference [CI]": ("≈" if d.approximate else "") + format_difference(result, d),
+                "margin": format_margin(result, d),
+                "seeds": f"{d.estimate.seeds_a}+{d.estimate.seeds_b}",
+                "seeds needed": d.seeds_needed,
+                "verdict": _verdict_cell(d),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def formatted_table(result: Findings) -> pd.DataFrame:
+    """``table`` formatted for people (percent for fractions and relative differences)."""
+    if result.groups:
+        return _formatted_groups(result)
+    two = len(result.runs) == 2
+    rows = []
+    for d in result.differences:
+        sw = "-" if d.step_weighted is None else format_difference(result, d, d.step_weighted)
+        rows.append(
+            {
+                "metric": d.metric,
+                d.reference if two else "reference": _paired_value(result, d, d.reference),
+                d.run if two else "run": _paired_value(result, d, d.run),
+                "difference [CI]": ("≈" if d.approximate else "") + format_difference(result, d),
+                "step-weighted": sw,
+                "margin": format_margin(result, d),
+                "paired": d.estimate.n_units,
+                "lag-1": _lag1(d.estimate),
+                "ESS": _ess(d.estimate),
+                "segments": _segments_cell(result, d),
+                "verdict": _verdict_cell(d),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------- summary
+
+
+def _margin_text(result: Findings, metric: str) -> str:
+    q = result.quantity(metric)
+    if q.percent:
+        return f"±{q.margin * 100:.3g} pp"
+    if q.scale == LOG_RATIO:
+        return f"±{q.margin * 100:.3g}%"
+    return f"±{q.margin:.4g}"
+
+
+def _subject(result: Findings) -> str:
+    if result.groups:
+        names = [printable(g) for g in result.groups]
+        seeds = " and ".join(str(len(result.groups[g])) for g in reversed(names[:2]))
+        pair = f"{names[1]} and {names[0]}" if len(names) == 2 else f"the groups compared with {names[0]}"
+        return f"{pair} ({seeds} seeds)"
+    if len(result.runs) == 2:
+        return f"{printable(result.runs[1])} and {printable(result.runs[0])}"
+    return f"the runs compared with {printable(result.reference)}"
+
+
+def _judged(result: Findings) -> list[Difference | GroupDifference]:
+    rows: list[Difference | GroupDifference] = list(
+        result.group_differences if result.groups else result.differences
+    )
+    return [d for d in rows if d.metric in result.on_policy]
+
+
+def _what_differs(result: Findings, verdict: str) -> str:
+    """Which quantities (and steps) carry ``verdict``, as words."""
+    parts = []
+    for d in _judged(result):
+        if d.verdict != verdict:
+            continue
+        where = ""
+        if isinstance(d, Difference) and d.differing and d.average_verdict != verdict:
+            spans = [s for s in d.differing if s.verdict == verdict] or list(d.differing)
+            average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
+            where = f" at {_spans(result, tuple(spans), verdicts=False)}{average}"
+        parts.append(f"{_what(result, d.metric)} beyond {_margin_text(result, d.metric)}{where}")
+    return "; ".join(dict.fromkeys(parts))
+
+
+def headline(result: Findings) -> str:
+    """The one-sentence answer: are the runs equally on-policy? "Equally on-policy" only when every
+    judged quantity is equivalent throughout the window."""
+    verdict = result.on_policy_verdict
+    subject = _subject(result)
+    margins = (
+        ", ".join(f"{_what(result, m)} {_margin_text(result, m)}" for m in result.on_policy)
+        or "no clip counts"
+    )
+    if verdict == INSUFFICIENT:
+        reasons = sorted({printable(d.reason) for d in _judged(result) if d.verdict == INSUFFICIENT})
+        names = (
+            " and ".join(_what(result, m).split(" (")[0] + "s" for m in result.on_policy) or "clip fractions"
+        )
+        return f"Insufficient data: the {names} of {subject} cannot be compared ({'; '.join(reasons) or 'no clip counts'})."
+    if verdict == EQUIVALENT:
+        return f"Equally on-policy: {subject} agree throughout the window within {margins}."
+    if verdict == DIFFERENT:
+        return f"Not equally on-policy: {subject} differ in {_what_differs(result, DIFFERENT)}."
+    return (
+        f"Inconclusive: {subject} cannot be shown equal or different within {margins}"
+        + (f" ({_what_differs(result, INCONCLUSIVE)})" if _what_differs(result, INCONCLUSIVE) else "")
+        + "."
+    )
+
+
+def _summary_line(result: Findings, d: Difference, pct: int) -> str:
+    sw = "" if d.step_weighted is None else f"; step-weighted {format_difference(result, d, d.step_weighted)}"
+    segments = f"; {counted(len(d.segments), 'segment')}" + (
+        f", not within: {_spans(result, d.differing)}" if d.differing else ""
+    )
+    head = (
+        f"{_what(result, d.metric)}: {printable(d.run)} {_paired_value(result, d, d.run, ci=False)} vs "
+        f"{printable(d.reference)} "
+        f"{_paired_value(result, d, d.reference, ci=False)}; difference {format_difference(result, d)} "
+        f"({pct}% CI, {d.estimate.n_units} paired units, lag-1 autocorrelation {_lag1(d.estimate)}, "
+        f"effective sample size {_ess(d.estimate)}){sw}{segments if d.segments else ''} against a margin of "
+        f"{format_margin(result, d)}"
+    )
+    return f"- {head} -> {d.verdict}: {printable(d.reason)}."
+
+
+def _group_line(result: Findings, d: GroupDifference, pct: int) -> str:
+    e = d.estimate
+    return (
+        f"- {_what(result, d.metric)}: {printable(d.group)} {_group_value(result, d.group, d.metric)} vs "
+        f"{printable(d.reference)} "
+        f"{_group_value(result, d.reference, d.metric)}; difference {format_difference(result, d)} ({pct}% CI "
+        f"over {e.seeds_a}+{e.seeds_b} seeds, between-seed variation included) against a margin of "
+        f"{format_margin(result, d)}; {d.seeds_needed} seeds per stack would settle this margin -> "
+        f"{d.verdict}: {printable(d.reason)}."
+    )
+
+
+def summary(result: Findings) -> str:
+    """A plain-language summary: the answer, the method, one line per verdict quantity, warnings,
+    notes; run-provided text in it is ``printable``, so each line is one of these."""
+    pct = int(round(result.confidence * 100))
+    if result.groups:
+        lines = [_group_line(result, d, pct) for d in result.group_differences if d.counts_for_verdict]
+    else:
+        lines = [_summary_line(result, d, pct) for d in result.differences if d.counts_for_verdict]
+    axis = {"step": "step", "tokens": "tokens seen", "time": "wall time"}[result.align]
+    span = (
+        "all steps"
+        if result.window.start is None and result.window.end is None
+        else f"window {result.window}"
+    )
+    context = (
+        f"Aligned by {axis}, {span}; {pct}% intervals: {result.method}. No verdict below {MIN_UNITS} "
+        f"paired units or an effective sample size of {MIN_ESS:g}."
+    )
+    warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
+    notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
+    return redact("\n".join([headline(result), context, *lines, *warnings, *notes]))
+
+
+def _markdown_rows(frame: pd.DataFrame) -> list[str]:
+    header = "| " + " | ".join(markdown_text(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = [
+        "| " + " | ".join(markdown_text(redact(str(v))) for v in row) + " |"
+        for row in frame.itertuples(index=False)
+    ]
+    return [header, rule, *body]
+
+
+def markdown(result: Findings) -> str:
+    """Summary, table and the per-segment differences as markdown; every run-provided text renders
+    as itself (``cliptrack.core.text.markdown_text``: no link, image or HTML from a run name)."""
+    parts = [markdown_lines(summary(result)), "", *_markdown_rows(formatted_table(result))]
+    segments = segments_table(result)
+    if len(segments):
+        parts += ["", "Difference over training (per segment):", "", *_markdown_rows(segments)]
+    return "\n".join(parts) + "\n"
+
+
+def html_table(result: Findings) -> str:
+    """The formatted table as an HTML ``<table>``; every cell is escaped (``cliptrack.core.text.html_text``)."""
+    frame = formatted_table(result)
+    head = "".join(f"<th>{html_text(c)}</th>" for c in frame.columns)
+    body = []
+    for row in frame.itertuples(index=False):
+        cells = []
+        for column, value in zip(frame.columns, row, strict=True):
+            cls = ""
+            if column == "verdict":
+                cls = f' class="verdict {html_text(str(value).strip("()").replace(" ", "-"))}"'
+            cells.append(f"<td{cls}>{html_text(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        f'<table class="verdict-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    )
+
+
+# ---------------------------------------------------------------------------------------- JSON
+
+
+def _num(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _estimate(e: Estimate | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {
+        "value": _num(e.value),
+        "ci_low": _num(e.low),
+        "ci_high": _num(e.high),
+        "units": e.n_units,
+        "lag1": _num(e.lag1),
+        "ess": _num(e.ess),
+        "bandwidth": _num(e.bandwidth),
+        "long_memory": e.long_memory,
+        "memory_d": _num(e.memory),
+        "memory_tested": e.memory_tested,
+        "confidence": e.confidence,
+        "enough_data": e.enough_data,
+    }
+
+
+def _quantity(q: Any) -> dict[str, Any]:
+    return {
+        "metric": q.name,
+        "label": q.label,
+        "numerator": q.numerator,
+        "denominator": q.denominator,
+        "margin": q.margin,
+        "scale": q.scale,
+        "abs_margin": _num(q.abs_margin),
+        "bounds": list(q.bounds) if q.bounds else None,
+        "unit": q.unit,
+        "percent": q.percent,
+        "verdict": q.verdict,
+        "on_policy": q.on_policy,
+    }
+
+
+def _difference(d: Difference) -> dict[str, Any]:
+    return {
+        "metric": d.metric,
+        "reference": d.reference,
+        "run": d.run,
+        "scale": d.scale,
+        "margin": d.margin,
+        "tolerance": d.tolerance,
+        "verdict": d.verdict,
+        "average_verdict": d.average_verdict,
+        "reason": d.reason,
+        "counts_for_verdict": d.counts_for_verdict,
+        "approximate": d.approximate,
+        "difference": _estimate(d.estimate),
+        "step_weighted": _estimate(d.step_weighted),
+        "reference_paired": _estimate(d.reference_paired),
+        "run_paired": _estimate(d.run_paired),
+        "segments": [
+            {
+                "start": s.start,
+                "end": s.end,
+                "start_unit": s.start_unit,
+                "stop_unit": s.stop_unit,
+                "verdict": s.verdict,
+                "difference": _estimate(s.estimate),
+                "differs": s in d.differing,
+            }
+            for s in d.segments
+        ],
+        "influential": list(d.influential),
+        "lead": None
+        if d.lead is None
+        else {
+            "lag": d.lead.lag,
+            "shift": d.lead.shift,
+            "gain": _num(d.lead.gain),
+            "explained": d.lead.explained,
+        },
+    }
+
+
+def _group_difference(d: GroupDifference) -> dict[str, Any]:
+    e = d.estimate
+    return {
+        "metric": d.metric,
+        "reference": d.reference,
+        "group": d.group,
+        "scale": d.scale,
+        "margin": d.margin,
+        "tolerance": d.tolerance,
+        "verdict": d.verdict,
+        "reason": d.reason,
+        "counts_for_verdict": d.counts_for_verdict,
+        "approximate": d.approximate,
+        "seeds_needed": d.seeds_needed,
+        "difference": {
+            "value": _num(e.value),
+            "ci_low": _num(e.low),
+            "ci_high": _num(e.high),
+            "confidence": e.confidence,
+            "seeds_reference": e.seeds_a,
+            "seeds_group": e.seeds_b,
+            "between_sd_reference": _num(e.between_sd_a),
+            "between_sd_group": _num(e.between_sd_b),
+            "df": _num(e.df),
+        },
+    }
+
+
+def as_dict(result: Findings) -> dict[str, Any]:
+    """Every estimate, interval, effective sample size, segment, verdict and note as JSON-ready
+    data (NaN -> null)."""
+    return {
+        "verdict": result.on_policy_verdict,
+        "headline": headline(result),
+        "on_policy": list(result.on_policy),
+        "seeds_covered": result.seeds_covered,
+        "groups": {g: list(m) for g, m in result.groups.items()},
+        "runs": [
+            {"label": r, "backend": result.backends[r], "reference": r == result.reference}
+            for r in result.runs
+        ],
+        "align": result.align,
+        "window": str(result.window),
+        "confidence": result.confidence,
+        "method": result.method,
+        "minimum": {"units": MIN_UNITS, "ess": MIN_ESS},
+        "quantities": [_quantity(q) for q in result.quantities],
+        "estimates": [
+            {
+                "metric": e.metric,
+                "run": e.run,
+                "group": e.group,
+                "backend": e.backend,
+                **(_estimate(e.estimate) or {}),
+                "step_weighted": _estimate(e.step_weighted),
+                "units_valid": e.units,
+                "nonfinite": e.nonfinite,
+                "invalid": e.invalid,
+                "missing": e.missing,
+                "first_nonfinite": e.first_nonfinite,
+                "numerator": _num(e.total_numerator),
+                "denominator": _num(e.total_denominator),
+                "wilson_low": _num(e.wilson_low),
+                "wilson_high": _num(e.wilson_high),
+                "approximate": e.approximate,
+            }
+            for e in result.estimates
+        ],
+        "differences": [_difference(d) for d in result.differences],
+        "group_differences": [_group_difference(d) for d in result.group_differences],
+        "notes": [
+            {"metric": n.metric, "run": n.run, "text": n.text, "warning": n.warning} for n in result.notes
+        ],
+    }
+
+
+def as_json(result: Findings) -> str:
+    return json.dumps(redact_value(as_dict(result)), indent=2, allow_nan=False)
