@@ -308,9 +308,10 @@ def _training_experiment(tracking_uri: str, out: Path) -> str:
 
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     """Compare the runs: print the table and verdict, write the dashboard and the panels."""
+    from cliptrack.backends.load import load_runs
     from cliptrack.backends.mlflow.panels import log_comparison
     from cliptrack.backends.wandb.panels import save_or_write
-    from cliptrack.compare import compare, load_runs
+    from cliptrack.compare import compare
     from cliptrack.compare.views.dashboard import write_dashboard
 
     runs = load_runs(run_ids, tracking_uri=tracking_uri)
