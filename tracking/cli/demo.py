@@ -311,7 +311,7 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
     from cliptrack.backends.load import load_runs
     from cliptrack.backends.mlflow.panels import log_comparison
     from cliptrack.backends.wandb.panels import save_or_write
-    from cliptrack.compare import compare
+    from cliptrack.compare.engine import compare
     from cliptrack.compare.views.dashboard import write_dashboard
 
     runs = load_runs(run_ids, tracking_uri=tracking_uri)
