@@ -290,20 +290,9 @@ def find_output(out: str | Path = DEFAULT_OUT, *, near: Path | None = None) -> P
 def _training_experiment(tracking_uri: str, out: Path) -> str:
     """Create the demo's MLflow experiment (unless it exists) as a training experiment for ``mlflow
     ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory)."""
-    from cliptrack.backends.mlflow._compat import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND
-    from mlflow.tracking import MlflowClient
+    from cliptrack.backends.mlflow.experiments import training_experiment
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    found = client.get_experiment_by_name(EXPERIMENT)
-    if found is not None:
-        return str(found.experiment_id)
-    return str(
-        client.create_experiment(
-            EXPERIMENT,
-            artifact_location=(out / "mlruns").as_uri(),
-            tags={EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND},
-        )
-    )
+    return training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
 
 
 def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
