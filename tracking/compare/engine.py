@@ -35,7 +35,7 @@ from cliptrack.compare.estimates import (
     run_notes,
     run_weighting_note,
 )
-from cliptrack.compare.findings import Difference, Note, RunEstimate
+from cliptrack.compare.findings import Difference, GroupDifference, Note, RunEstimate
 from cliptrack.compare.frame import RunSet
 from cliptrack.compare.groups import group_differences
 from cliptrack.compare.notes import note
@@ -107,16 +107,22 @@ def _estimand(runset: RunSet, labels: Sequence[str], q: Quantity) -> qs.Estimand
     return next((e for e in q.estimands if all(set(e.keys) <= keys for keys in logged)), q.estimands[-1])
 
 
+def _wanted(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quantity]) -> list[Quantity]:
+    """Each quantity with the first estimand every run logs; an optional quantity that no run logs at
+    all (the gauge of a run without it) is left out."""
+    return [
+        q.using(_estimand(runset, labels, q))
+        for q in quantities
+        if not q.optional or any(_logs_any(runset, label, q) for label in labels)
+    ]
+
+
 def _choose_quantities(
     runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float], reward_abs_tolerance: float | None
 ) -> list[Quantity]:
     """The registry with the margins given and, per quantity, the first estimand every run logs; an
     optional quantity that no run logs at all (the gauge of a run without it) is left out."""
-    chosen = [
-        q.using(_estimand(runset, labels, q))
-        for q in qs.QUANTITIES
-        if not q.optional or any(_logs_any(runset, label, q) for label in labels)
-    ]
+    chosen = _wanted(runset, labels, qs.QUANTITIES)
     abs_margins = {}
     if reward_abs_tolerance is not None:
         abs_margins = {q.name: reward_abs_tolerance for q in chosen if q.scale == qs.AUTO}
@@ -151,6 +157,21 @@ def _seed_note(groups: dict[str, list[str]]) -> Note:
     if groups:
         return note("", "", r.SeedsCovered(tuple((g, len(m)) for g, m in groups.items())))
     return note("", "", r.OnePerStack())
+
+
+def _data_notes(
+    runset: RunSet,
+    labels: Sequence[str],
+    quantities: Sequence[Quantity],
+    approximate: Mapping[tuple[str, str], r.Approximate],
+    align: str,
+) -> list[Note]:
+    """The notes on the runs' data before any estimate: approximate quantities, values logged twice,
+    refused counts, and a tokens-seen axis that counts only some steps."""
+    notes = [note(q, label, reason) for (q, label), reason in approximate.items()]
+    notes += data_notes(runset, labels, quantities)
+    axis = token_axis(runset, labels) if align == "tokens" else None
+    return notes + ([note("", "", axis)] if axis is not None else [])
 
 
 def _run_estimates(
@@ -203,16 +224,16 @@ def compare(
     units, approximate = approximate_quantities(runset, labels, quantities, units, align, window)
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
     group_of = {label: g for g, members in named.items() for label in members}
-    notes = [note(q, label, reason) for (q, label), reason in approximate.items()]
-    notes += data_notes(runset, labels, quantities)
-    axis = token_axis(runset, labels) if align == "tokens" else None
-    notes += [note("", "", axis)] if axis is not None else []
+    notes = _data_notes(runset, labels, quantities, approximate, align)
     estimates, run_notes_ = _run_estimates(
         quantities, labels, units, approximate, backends, group_of, confidence, align
     )
     notes += run_notes_
     pairs: list[Difference] = []
-    if not named:
+    found: list[GroupDifference] = []
+    if named:
+        found = group_differences(quantities, named, units, estimates, confidence)
+    else:
         pairs, pair_notes = differences(quantities, labels, units, approximate, confidence, align, estimates)
         notes += pair_notes
     notes.append(_seed_note(named))
@@ -229,5 +250,5 @@ def compare(
         notes=notes,
         on_policy=_on_policy(quantities, estimates),
         groups=named,
-        group_differences=group_differences(quantities, named, units, estimates, confidence) if named else [],
+        group_differences=found,
     )

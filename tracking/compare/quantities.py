@@ -73,6 +73,7 @@ class Quantity:
     tracker's mean of means a run may have logged instead (``keys.ALIASES``): used for that run,
     marked approximate. ``margin_of``: takes the margin given for that quantity when none is
     given for this one. ``lead_lag``: check whether one run's curve lags the other's.
+    ``plural``: what the headline calls several of it ("clip fractions"; default: ``label`` + "s").
     """
 
     name: str
@@ -90,6 +91,7 @@ class Quantity:
     approximate_key: str | None = None
     margin_of: str | None = None
     lead_lag: bool = False
+    plural: str = ""
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -122,6 +124,11 @@ class Quantity:
     def with_abs_margin(self, margin: float) -> Quantity:
         _check_margin(self.name, margin, "absolute tolerance")
         return replace(self, abs_margin=float(margin))
+
+    @property
+    def plural_label(self) -> str:
+        """The quantity in the plural, as the headline names it."""
+        return self.plural or f"{self.label}s"
 
     def relative_floor(self) -> float:
         """For ``scale="auto"``: the smallest ``|value|`` at which the relative margin applies."""
@@ -168,6 +175,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         percent=True,
         on_policy=True,
         approximate_key=keys.CLIP_FRACTION,
+        plural="clip fractions",
     ),
     Quantity(
         "clip_low_fraction",
@@ -205,6 +213,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         on_policy=True,
         optional=True,
         approximate_key=keys.KL_K3_MEAN,
+        plural="mismatch KLs",
     ),
     Quantity(
         "abs_log_ratio",

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference
 from cliptrack.compare.stats import (
     DIFFERENT,
@@ -34,6 +33,16 @@ from cliptrack.compare.stats import (
 from cliptrack.compare.stats.estimate import counted
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import html_text, markdown_lines, markdown_text, printable
+
+if TYPE_CHECKING:  # pandas is imported when a table is built, so importing the report stays light
+    import pandas as pd
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as a data frame, one column per key."""
+    import pandas as pd
+
+    return pd.DataFrame(rows)
 
 
 def _what(result: Findings, metric: str) -> str:
@@ -200,8 +209,8 @@ def table(result: Findings) -> pd.DataFrame:
     """One row per quantity and compared run (or group, when groups were compared): paired-window
     estimates, token- and step-weighted differences with intervals, ESS, segments, verdict."""
     if result.groups:
-        return pd.DataFrame([_group_row(d) for d in result.group_differences])
-    return pd.DataFrame([_pair_row(result, d) for d in result.differences])
+        return _frame([_group_row(d) for d in result.group_differences])
+    return _frame([_pair_row(result, d) for d in result.differences])
 
 
 def segments_table(result: Findings) -> pd.DataFrame:
@@ -223,7 +232,7 @@ def segments_table(result: Findings) -> pd.DataFrame:
                     "verdict": s.verdict,
                 }
             )
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def estimates_table(result: Findings) -> pd.DataFrame:
@@ -253,7 +262,7 @@ def estimates_table(result: Findings) -> pd.DataFrame:
                 "denominator": e.total_denominator,
             }
         )
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def _segments_cell(result: Findings, d: Difference) -> str:
@@ -291,7 +300,7 @@ def _formatted_groups(result: Findings) -> pd.DataFrame:
                 "verdict": _verdict_cell(d),
             }
         )
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 def formatted_table(result: Findings) -> pd.DataFrame:
@@ -317,7 +326,7 @@ def formatted_table(result: Findings) -> pd.DataFrame:
                 "verdict": _verdict_cell(d),
             }
         )
-    return pd.DataFrame(rows)
+    return _frame(rows)
 
 
 # ------------------------------------------------------------------------------------- summary
@@ -365,6 +374,19 @@ def _what_differs(result: Findings, verdict: str) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
+def _insufficient_headline(result: Findings, subject: str) -> str:
+    reasons = sorted({printable(d.reason) for d in _judged(result) if d.verdict == INSUFFICIENT})
+    names = " and ".join(result.quantity(m).plural_label for m in result.on_policy) or "clip fractions"
+    return f"Insufficient data: the {names} of {subject} cannot be compared ({'; '.join(reasons) or 'no clip counts'})."
+
+
+def _inconclusive_headline(result: Findings, subject: str, margins: str) -> str:
+    unclear = _what_differs(result, INCONCLUSIVE)
+    return f"Inconclusive: {subject} cannot be shown equal or different within {margins}" + (
+        f" ({unclear})." if unclear else "."
+    )
+
+
 def headline(result: Findings) -> str:
     """The one-sentence answer: are the runs equally on-policy? "Equally on-policy" only when every
     judged quantity is equivalent throughout the window."""
@@ -375,20 +397,12 @@ def headline(result: Findings) -> str:
         or "no clip counts"
     )
     if verdict == INSUFFICIENT:
-        reasons = sorted({printable(d.reason) for d in _judged(result) if d.verdict == INSUFFICIENT})
-        names = (
-            " and ".join(_what(result, m).split(" (")[0] + "s" for m in result.on_policy) or "clip fractions"
-        )
-        return f"Insufficient data: the {names} of {subject} cannot be compared ({'; '.join(reasons) or 'no clip counts'})."
+        return _insufficient_headline(result, subject)
     if verdict == EQUIVALENT:
         return f"Equally on-policy: {subject} agree throughout the window within {margins}."
     if verdict == DIFFERENT:
         return f"Not equally on-policy: {subject} differ in {_what_differs(result, DIFFERENT)}."
-    return (
-        f"Inconclusive: {subject} cannot be shown equal or different within {margins}"
-        + (f" ({_what_differs(result, INCONCLUSIVE)})" if _what_differs(result, INCONCLUSIVE) else "")
-        + "."
-    )
+    return _inconclusive_headline(result, subject, margins)
 
 
 def _summary_line(result: Findings, d: Difference, pct: int) -> str:
@@ -419,6 +433,20 @@ def _group_line(result: Findings, d: GroupDifference, pct: int) -> str:
     )
 
 
+AXIS_NAMES = {"step": "step", "tokens": "tokens seen", "time": "wall time"}
+"""An alignment as the summary names its axis."""
+
+
+def _context(result: Findings, pct: int) -> str:
+    """The summary's second line: axis, window, interval method and the gates of a verdict."""
+    whole = result.window.start is None and result.window.end is None
+    span = "all steps" if whole else f"window {result.window}"
+    return (
+        f"Aligned by {AXIS_NAMES[result.align]}, {span}; {pct}% intervals: {result.method}. No verdict below "
+        f"{MIN_UNITS} paired units or an effective sample size of {MIN_ESS:g}."
+    )
+
+
 def summary(result: Findings) -> str:
     """A plain-language summary: the answer, the method, one line per verdict quantity, warnings,
     notes; run-provided text in it is ``printable``, so each line is one of these."""
@@ -427,19 +455,9 @@ def summary(result: Findings) -> str:
         lines = [_group_line(result, d, pct) for d in result.group_differences if d.counts_for_verdict]
     else:
         lines = [_summary_line(result, d, pct) for d in result.differences if d.counts_for_verdict]
-    axis = {"step": "step", "tokens": "tokens seen", "time": "wall time"}[result.align]
-    span = (
-        "all steps"
-        if result.window.start is None and result.window.end is None
-        else f"window {result.window}"
-    )
-    context = (
-        f"Aligned by {axis}, {span}; {pct}% intervals: {result.method}. No verdict below {MIN_UNITS} "
-        f"paired units or an effective sample size of {MIN_ESS:g}."
-    )
     warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
     notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
-    return redact("\n".join([headline(result), context, *lines, *warnings, *notes]))
+    return redact("\n".join([headline(result), _context(result, pct), *lines, *warnings, *notes]))
 
 
 def _markdown_rows(frame: pd.DataFrame) -> list[str]:

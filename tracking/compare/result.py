@@ -8,9 +8,8 @@ here too, so a result and its parts import from one place.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from cliptrack.compare import report
 from cliptrack.compare.findings import (
     FAIL_ON,
@@ -23,6 +22,9 @@ from cliptrack.compare.findings import (
     RunEstimate,
     combined_verdict,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "FAIL_ON",
