@@ -7,7 +7,8 @@ Two pieces, one per side of Megatron's schedule:
   ``loss`` is the micro-batch's **sum** of per-token losses (Tinker's ``loss:sum``), ``num_tokens``
   its eligible tokens (``mask != 0``), and ``report`` a dict of 0-dim device tensors under the
   metric keys of :mod:`cliptrack.core.keys` (plus :data:`REPORT_INVALID`). Nothing synchronises with the
-  host.
+  host. Every measure travels under its own metric key, as the declaration names it
+  (:mod:`cliptrack.core.measures`).
 * :func:`reduce_losses` takes what ``forward_backward_func`` returned (one report per micro-batch on
   the last pipeline stage), combines the micro-batches on device, merges across the data-parallel x
   context-parallel group in **one** collective for all keys (sums and the gauge's extremes alike:
@@ -47,10 +48,8 @@ import torch
 import torch.distributed as dist
 from cliptrack.adapters._compat import megatron as megatron_compat
 from cliptrack.adapters.losses.builtin import (
-    GAUGE_FIELDS,
     INPUT_CHECKS,
     PACKED_DTYPE,
-    PACKED_FIELDS,
     LossOutput,
     LossSpec,
     combine_packed,
@@ -60,13 +59,12 @@ from cliptrack.adapters.losses.builtin import (
     unpack,
 )
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
-from cliptrack.core import keys
+from cliptrack.core import keys, measures
 from torch import Tensor
 
 __all__ = [
     "AUTO",
     "PACKED_FIELDS",
-    "REPORT_GAUGE",
     "REPORT_INVALID",
     "LossFunc",
     "broadcast_from_last_stage",
@@ -81,13 +79,18 @@ __all__ = [
 
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``cliptrack.adapters.losses.builtin.INPUT_CHECKS`` order)."""
-REPORT_GAUGE = "cliptrack/gauge"
-"""Report key of a loss with sampling log-probs: its on-policy gauge, the float64 vector
-``LossOutput.gauge`` laid out as :data:`cliptrack.adapters.losses.builtin.GAUGE_FIELDS` (sums, then ``log_ratio:max``
-and ``-log_ratio:min``; ``-inf`` over no eligible token). One tensor, not eight: the step's
-reduction packs it as it is."""
 
 _SUMMED = "summed over micro-batches and ranks"
+
+
+def __getattr__(name: str) -> object:
+    if name == "PACKED_FIELDS":  # live: the declaration in force (cliptrack.core.measures)
+        return measures.declared().packed_fields
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+PACKED_FIELDS: tuple[str, ...]
+"""The layout of the merged vector (:data:`cliptrack.core.measures.PACKED_FIELDS`, read live)."""
 
 LossFunc = Callable[[Tensor], tuple[Tensor, Tensor, dict[str, Tensor]]]
 """What Megatron-Core calls with the model's output tensor: ``(loss, num_tokens, report)``."""
@@ -130,10 +133,10 @@ def make_loss_func(
 
     Returns ``loss_func(output_tensor) -> (loss, num_tokens, report)``: ``loss`` is the summed
     per-token loss, ``num_tokens`` the int64 count of eligible tokens, ``report`` the 0-dim tensors
-    ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling), ``loss_tokens:sum``
-    and, for clipping losses, ``clipped_tokens:sum``, ``clipped_low_tokens:sum``,
-    ``clipped_high_tokens:sum``, for losses with sampling log-probs the gauge vector under
-    :data:`REPORT_GAUGE`, plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
+    ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling) and every measure the
+    loss emits under its metric key (``loss_tokens:sum``; for clipping losses the clip counts and
+    their split; for losses with sampling log-probs the gauge's sums and extremes; registered
+    measures), plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
     missing input and option names are raised here, shapes and Python-number options when the loss
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
@@ -166,20 +169,13 @@ def make_loss_func(
 
 
 def report_of(out: LossOutput) -> dict[str, Tensor]:
-    """The Megatron report of one micro-batch's :class:`LossOutput` (0-dim device tensors, no sync)."""
-    report = {
+    """The Megatron report of one micro-batch's :class:`LossOutput` (0-dim device tensors, no sync):
+    ``loss:sum``, every measured value by its metric key, the bad-input vector."""
+    return {
         keys.LOSS_SUM: out.loss.detach().clone(),  # Megatron divides the loss in place
-        keys.LOSS_TOKENS: out.loss_tokens.detach(),
+        **{key: value.detach() for key, value in out.measured.items()},
         REPORT_INVALID: out.invalid.detach(),
     }
-    if out.clipped_tokens is not None:
-        report[keys.CLIPPED_TOKENS] = out.clipped_tokens.detach()
-        if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
-            report[keys.CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.detach()
-            report[keys.CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.detach()
-    if out.gauge is not None:
-        report[REPORT_GAUGE] = out.gauge.detach()
-    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,25 +212,11 @@ def _empty(device: torch.device | str | None) -> Tensor:
     """The packed vector of no loss call (zeros, the extremes ``-inf``) on ``device``."""
     zero = torch.zeros(1, dtype=PACKED_DTYPE, device=device)
     checks = torch.zeros(1, len(INPUT_CHECKS), dtype=PACKED_DTYPE, device=device)
-    return pack_rows(zero, zero, None, None, None, checks, 0)[0]
+    return pack_rows(zero, {keys.LOSS_TOKENS: zero}, checks, 0)[0]
 
 
-def _report_gauge(index: int, report: Mapping[str, object]) -> Tensor | None:
-    """The report's :data:`REPORT_GAUGE` vector, checked; ``None`` without one."""
-    gauge = report.get(REPORT_GAUGE)
-    if gauge is None:
-        return None
-    if not isinstance(gauge, Tensor) or gauge.shape != (len(GAUGE_FIELDS),):
-        shape = tuple(gauge.shape) if isinstance(gauge, Tensor) else type(gauge).__name__
-        raise ValueError(
-            f"micro-batch {index}: report[{REPORT_GAUGE!r}] is {shape}, expected a tensor of shape "
-            f"({len(GAUGE_FIELDS)},) laid out as cliptrack.adapters.losses.builtin.GAUGE_FIELDS"
-        )
-    return gauge
-
-
-_Layout = tuple[torch.device, tuple[str, ...], bool]
-"""A report's device, the clip-count keys it holds and whether it holds the gauge."""
+_Layout = tuple[torch.device, tuple[str, ...]]
+"""A report's device and the measured keys it holds (declaration order)."""
 
 
 def _report_layout(index: int, report: object) -> _Layout:
@@ -248,20 +230,15 @@ def _report_layout(index: int, report: object) -> _Layout:
     missing = [k for k in required if k not in report]
     if missing:
         raise ValueError(f"micro-batch {index}: report lacks {missing} (has {sorted(report)})")
-    clip_present = [k for k in keys.CLIP_COUNT_KEYS if k in report]
-    split = keys.SPLIT_KEYS
-    if clip_present and keys.CLIPPED_TOKENS not in report:
-        raise ValueError(f"micro-batch {index}: report has {clip_present} but not {keys.CLIPPED_TOKENS!r}")
-    if any(k in report for k in split) and not all(k in report for k in split):
-        absent = [k for k in split if k not in report]
-        raise ValueError(f"micro-batch {index}: report has {clip_present} but not {absent}")
-    scalars = [keys.LOSS_SUM, keys.LOSS_TOKENS, *clip_present]
-    for key in (*scalars, REPORT_INVALID):
+    declaration = measures.declared()
+    measured = tuple(m.key for m in declaration.measures if m.key in report)
+    _check_report_groups(index, report, declaration)
+    for key in (*measured, REPORT_INVALID):
         if not isinstance(report[key], Tensor):
             raise TypeError(
                 f"micro-batch {index}: report[{key!r}] is a {type(report[key]).__name__}, expected a tensor"
             )
-    for key in scalars:
+    for key in measured:
         if report[key].numel() != 1:
             raise ValueError(
                 f"micro-batch {index}: report[{key!r}] has shape {tuple(report[key].shape)}, expected one value"
@@ -272,26 +249,33 @@ def _report_layout(index: int, report: object) -> _Layout:
             f"micro-batch {index}: report[{REPORT_INVALID!r}] has shape {tuple(invalid.shape)}, "
             f"expected ({len(INPUT_CHECKS)},)"
         )
-    has_gauge = _report_gauge(index, report) is not None
-    return report[keys.LOSS_SUM].device, tuple(clip_present), has_gauge
+    return report[keys.LOSS_SUM].device, measured
+
+
+def _check_report_groups(index: int, report: Mapping[str, object], declaration: measures.Declaration) -> None:
+    """ValueError naming the micro-batch when a group's sums are partly present, or a refining
+    group (the split) is present without the group it refines."""
+    for group in declaration.groups:
+        members = [m.key for m in declaration.members[group.name] if m.key != keys.LOSS_SUM]
+        present = [k for k in members if k in report]
+        if not present:
+            continue
+        sums = [m.key for m in declaration.members[group.name] if m.reduction == measures.SUM]
+        absent = [k for k in sums if k not in report and k != keys.LOSS_SUM]
+        base = [] if group.within is None else [m.key for m in declaration.members[group.within]]
+        absent += [k for k in base if k not in report][:1]
+        if absent:
+            raise ValueError(f"micro-batch {index}: report has {present} but not {absent}")
 
 
 def _packed_rows(reports: Sequence[Mapping[str, Tensor]], layout: _Layout) -> Tensor:
     """The packed rows of checked reports of one layout, ``[len(reports), len(PACKED_FIELDS)]``:
     one stack per field, whatever the number of micro-batches (no sync)."""
-    _, clip_present, has_gauge = layout
-
-    def stacked(key: str) -> Tensor | None:
-        return torch.stack([r[key].detach().reshape(()) for r in reports]) if key in clip_present else None
-
+    _, measured = layout
     return pack_rows(
         torch.stack([r[keys.LOSS_SUM].detach().reshape(()) for r in reports]),
-        torch.stack([r[keys.LOSS_TOKENS].detach().reshape(()) for r in reports]),
-        stacked(keys.CLIPPED_TOKENS),
-        stacked(keys.CLIPPED_LOW_TOKENS),
-        stacked(keys.CLIPPED_HIGH_TOKENS),
+        {key: torch.stack([r[key].detach().reshape(()) for r in reports]) for key in measured},
         torch.stack([r[REPORT_INVALID].detach() for r in reports]),
-        gauge=torch.stack([r[REPORT_GAUGE].detach() for r in reports]) if has_gauge else None,
     )
 
 
@@ -389,9 +373,10 @@ def output_from_sums(
     values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord"
 ) -> ForwardBackwardOutput:
     """Build the output from the merged :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS` values (host numbers)."""
-    if len(values) != len(PACKED_FIELDS):
-        raise ValueError(f"expected {len(PACKED_FIELDS)} merged values ({PACKED_FIELDS}), got {len(values)}")
-    first = PACKED_FIELDS.index("invalid[0]")
+    fields = measures.declared().packed_fields
+    if len(values) != len(fields):
+        raise ValueError(f"expected {len(fields)} merged values ({fields}), got {len(values)}")
+    first = fields.index("invalid[0]")
     invalid = [int(v) for v in values[first : first + len(INPUT_CHECKS)]]
     raise_invalid(invalid)  # bad inputs first: they explain any odd count
     sums = unpack(values, _SUMMED)

@@ -39,6 +39,18 @@ ALL_MASKED = (1, 7)
 CUSTOM_LOSS = "cliptrack.adapters.miles.custom_loss.policy_loss_with_clip_counts"
 
 
+def _fields(sums: Any) -> dict[str, Any]:
+    """A read-back's counts by wire field (``loss_tokens``, ``clipped_tokens``, ...) and its gauge
+    by metric key under ``"gauge"`` (JSON-ready, for a rank's report)."""
+    from cliptrack.core import measures
+
+    out: dict[str, Any] = {
+        measures.by_key(key).field: value for key, value in sums.values.items() if measures.by_key(key).exact
+    }
+    out["gauge"] = sums.group_values(measures.GAUGE)
+    return out
+
+
 def weights() -> torch.Tensor:
     return torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(5))
 
@@ -229,8 +241,8 @@ def main() -> int:
         stock = run_step(miles, custom=False, per_token=per_token, dp=dp, dp_rank=rank // cp)
         result[mode] = {
             "aggregated": ours["aggregated"],
-            "counts": vars(read_train_log(ours["aggregated"])),
-            "counts_logged": vars(read_train_log(ours["logged"])),
+            "counts": _fields(read_train_log(ours["aggregated"])),
+            "counts_logged": _fields(read_train_log(ours["logged"])),
             "same_losses": all(
                 torch.equal(a, b) for a, b in zip(ours["losses"], stock["losses"], strict=True)
             ),

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cliptrack.core import keys
-from cliptrack.core.sums import ClipCounts, TokenCounts, exact_clip_metrics, sum_counts
+import cliptrack
+from cliptrack.core.sums import MeasuredSums, exact_clip_metrics, sum_counts
 from cliptrack.core.validation import MAX_STEP, check_metrics, check_step
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,9 +24,17 @@ REPO = Path(__file__).resolve().parents[1]
 clip_terms = st.tuples(st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**9), st.booleans())
 
 
-def _counts(term: tuple[int, int, int, bool]) -> TokenCounts:
+def _sums(
+    loss_tokens: object, clipped: object = None, low: object = None, high: object = None
+) -> MeasuredSums:
+    """Measured sums from the counts by name (``None``: absent)."""
+    values = dict(zip(keys.TOKEN_COUNT_KEYS, (loss_tokens, clipped, low, high), strict=True))
+    return MeasuredSums({key: value for key, value in values.items() if value is not None})
+
+
+def _counts(term: tuple[int, int, int, bool]) -> MeasuredSums:
     low, high, rest, split = term
-    return TokenCounts(low + high + rest, low + high, low if split else None, high if split else None)
+    return _sums(low + high + rest, low + high, low if split else None, high if split else None)
 
 
 @given(st.lists(clip_terms, min_size=1, max_size=30))
@@ -33,27 +42,29 @@ def test_sums_are_exact_and_the_split_survives_only_when_every_term_has_it(terms
     total = sum_counts(_counts(t) for t in terms)
     assert total is not None
     assert total.loss_tokens == sum(t[0] + t[1] + t[2] for t in terms)
-    assert total.clipped_tokens == sum(t[0] + t[1] for t in terms)
+    assert total.get(keys.CLIPPED_TOKENS) == sum(t[0] + t[1] for t in terms)
     if all(t[3] for t in terms):
-        assert (total.clipped_low_tokens, total.clipped_high_tokens) == (
+        assert (total.get(keys.CLIPPED_LOW_TOKENS), total.get(keys.CLIPPED_HIGH_TOKENS)) == (
             sum(t[0] for t in terms),
             sum(t[1] for t in terms),
         )
     else:
-        assert total.clipped_low_tokens is None and total.clipped_high_tokens is None
+        assert total.get(keys.CLIPPED_LOW_TOKENS) is None and total.get(keys.CLIPPED_HIGH_TOKENS) is None
     metrics = total.to_metrics()
     if total.loss_tokens:
-        assert metrics[keys.CLIP_FRACTION] == float(Fraction(total.clipped_tokens, total.loss_tokens))
+        assert metrics[keys.CLIP_FRACTION] == float(Fraction(total[keys.CLIPPED_TOKENS], total.loss_tokens))
     else:
         assert keys.CLIP_FRACTION not in metrics
     assert (keys.CLIPPED_LOW_TOKENS in metrics) == total.has_split
 
 
 def test_a_loss_that_never_clips_carries_loss_tokens_alone():
-    counts = TokenCounts(12) + TokenCounts(30)
+    counts = _sums(12) + _sums(30)
     assert counts.to_metrics() == {keys.LOSS_TOKENS: 42.0}
     assert not counts.clips and counts.fraction is None
-    assert ClipCounts is TokenCounts
+    for former in ("ClipCounts", "TokenCounts"):  # kept for one release, with a warning
+        with pytest.warns(DeprecationWarning, match=f"cliptrack.{former} is renamed cliptrack.MeasuredSums"):
+            assert getattr(cliptrack, former) is MeasuredSums
     assert sum_counts([]) is None
 
 
@@ -61,11 +72,11 @@ def test_mixing_clipping_and_non_clipping_counts_is_refused_once_for_all_paths()
     with pytest.raises(
         ValueError, match="comes from a loss that never clips but earlier outputs .* one that clips"
     ):
-        TokenCounts(10, 2, 1, 1) + TokenCounts(5)
+        _sums(10, 2, 1, 1) + _sums(5)
     with pytest.raises(
         ValueError, match="comes from a loss that clips but earlier outputs .* one that never clips"
     ):
-        TokenCounts(5) + TokenCounts(10, 2)
+        _sums(5) + _sums(10, 2)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +93,7 @@ def test_mixing_clipping_and_non_clipping_counts_is_refused_once_for_all_paths()
 )
 def test_inconsistent_counts_are_named(args, message):
     with pytest.raises(ValueError, match=message):
-        TokenCounts(*args)
+        _sums(*args)
 
 
 # ---- metric validation: the bugs fixed here ------------------------------------------------------

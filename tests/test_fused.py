@@ -20,6 +20,7 @@ import pytest
 import torch
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import fused
+from cliptrack.core import keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,9 +76,9 @@ def _near_bounds(lp, slp, bounds) -> torch.Tensor:
 def _counts(out) -> tuple[int, int, int, int]:
     return (
         int(out.loss_tokens),
-        int(out.clipped_tokens),
-        int(out.clipped_low_tokens),
-        int(out.clipped_high_tokens),
+        int(out.get(keys.CLIPPED_TOKENS)),
+        int(out.get(keys.CLIPPED_LOW_TOKENS)),
+        int(out.get(keys.CLIPPED_HIGH_TOKENS)),
     )
 
 
@@ -102,8 +103,8 @@ def test_clipping_losses_match_per_token_reference_and_eager(name, dtype, data):
     assert abs(n_low - ref.low) <= n_near and abs(n_high - ref.high) <= n_near
     tol = 1e-4 if dtype == torch.float32 else 0.1  # bfloat16: eager rounds lp - slp, the kernel does not
     assert float(out.loss.detach()) == pytest.approx(ref.loss, rel=tol, abs=tol * max(1, ref.loss_tokens))
-    assert out.loss_tokens.dtype == torch.int64 and out.clipped_tokens.dim() == 0
-    assert not out.clipped_tokens.requires_grad and out.invalid.tolist() == [0, 0, 0]
+    assert out.loss_tokens.dtype == torch.int64 and out.get(keys.CLIPPED_TOKENS).dim() == 0
+    assert not out.get(keys.CLIPPED_TOKENS).requires_grad and out.invalid.tolist() == [0, 0, 0]
 
     if name == "ppo":
         # The counts follow the loss's own branch: a clipped token's gradient is exactly 0
@@ -140,7 +141,7 @@ def test_never_clipping_losses_match_per_token_reference_and_eager(data):
         out, grad = _run(name, lp, *args, **kwargs)
         ref = reference.per_token_loss(name, lp, slp, adv, mask, beta)
         assert int(out.loss_tokens) == ref.loss_tokens, name
-        assert out.clipped_tokens is None and out.clip_counts() is None
+        assert out.get(keys.CLIPPED_TOKENS) is None and out.clip_counts() is None
         assert float(out.loss.detach()) == pytest.approx(
             ref.loss, rel=1e-4, abs=1e-4 * max(1, ref.loss_tokens)
         )
@@ -260,7 +261,7 @@ _FAILING_COMPILER = textwrap.dedent(
     from cliptrack.adapters.losses import builtin as losses
 
     def _fields(counts):
-        return [counts.loss_tokens, counts.clipped_tokens, counts.clipped_low_tokens, counts.clipped_high_tokens]
+        return [counts.loss_tokens, counts.get(keys.CLIPPED_TOKENS), counts.get(keys.CLIPPED_LOW_TOKENS), counts.get(keys.CLIPPED_HIGH_TOKENS)]
 
     torch.manual_seed(0)
     lp, slp, adv = -torch.rand(4, 30), -torch.rand(4, 30), torch.randn(4, 30)

@@ -12,6 +12,7 @@ import torch
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import fused
 from cliptrack.adapters.losses.output import ForwardBackwardOutput, loss_metrics, measured_sums, merge_outputs
+from cliptrack.adapters.miles import keys as miles_keys
 from cliptrack.core import keys, measures
 from cliptrack.core.sums import MeasuredSums, exact_measured_metrics
 from cliptrack.core.validation import check_metrics
@@ -304,21 +305,23 @@ def test_measured_sums_add_by_the_declared_rules():
     metrics = [_metrics() for _ in range(3)]
     sums = [MeasuredSums.from_metrics(m) for m in metrics]
     total = sums[0] + sums[1] + sums[2]
-    assert total.gauge is not None
-    assert total.gauge[keys.LOG_RATIO_MAX] == max(m[keys.LOG_RATIO_MAX] for m in metrics)
-    assert total.gauge[keys.LOG_RATIO_MIN] == min(m[keys.LOG_RATIO_MIN] for m in metrics)
-    assert total.gauge[keys.RATIO_OUTSIDE_TOKENS] == sum(int(m[keys.RATIO_OUTSIDE_TOKENS]) for m in metrics)
+    gauge = total.group_values(measures.GAUGE)
+    assert gauge is not None
+    assert gauge[keys.LOG_RATIO_MAX] == max(m[keys.LOG_RATIO_MAX] for m in metrics)
+    assert gauge[keys.LOG_RATIO_MIN] == min(m[keys.LOG_RATIO_MIN] for m in metrics)
+    assert gauge[keys.RATIO_OUTSIDE_TOKENS] == sum(int(m[keys.RATIO_OUTSIDE_TOKENS]) for m in metrics)
     # float sums add in order, as the terms are added ((a + b) + c; fsum may differ by an ulp)
-    assert total.gauge[keys.KL_K3_SUM] == sum(m[keys.KL_K3_SUM] for m in metrics)
+    assert gauge[keys.KL_K3_SUM] == sum(m[keys.KL_K3_SUM] for m in metrics)
     assert (
         measured_sums(ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics[0]))
         == sums[0]
     )
     # a term over no eligible token has no extremes and leaves the others' in place
-    empty = MeasuredSums(0, 0, 0, 0, gauge=dict.fromkeys(keys.GAUGE_MEASURED_KEYS[:6], 0))
-    assert (empty + total).gauge == total.gauge
+    gauge_sums = [m.key for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM]
+    empty = MeasuredSums(dict.fromkeys([*keys.TOKEN_COUNT_KEYS, *gauge_sums], 0))
+    assert (empty + total).group_values(measures.GAUGE) == gauge
     with pytest.raises(ValueError, match="does not carry the gauge measures but earlier"):
-        total + total.without_gauge()
+        total + total.without(measures.GAUGE)
 
 
 def test_the_declaration_is_the_one_source_of_keys_fields_and_layout():
@@ -336,7 +339,7 @@ def test_the_declaration_is_the_one_source_of_keys_fields_and_layout():
     assert losses.PACKED_FIELDS == measures.PACKED_FIELDS
     assert measures.PACKED_FIELDS[losses.PACKED_ADDED :] == ("log_ratio:max", "-log_ratio:min")
     assert {m.field for m in measures.GAUGE_MEASURES} == set(keys.DATUM_GAUGE_FIELDS)
-    assert keys.MILES_GAUGE_ENTRIES == tuple(
+    assert miles_keys.GAUGE_ENTRIES == tuple(
         f for f in keys.DATUM_GAUGE_FIELDS if not f.endswith(("_max", "_min"))
     )
     for spec_name in GAUGE_LOSSES:
@@ -427,7 +430,8 @@ def test_the_gauge_leaves_its_input_and_the_loss_graph_untouched(dtype, masked):
         out.loss.backward()  # the log ratio DRO saved for its backward is intact
     ratio_log = (lp - slp).detach().double()
     torch.testing.assert_close(lp.grad.double(), -adv.double() + 0.1 * ratio_log)
-    top, bottom = out.gauge[-2:].tolist()
+    packed = dict(zip(losses.PACKED_FIELDS, losses.pack(out).tolist(), strict=True))
+    top, bottom = packed[keys.LOG_RATIO_MAX], packed["-" + keys.LOG_RATIO_MIN]
     assert top == pytest.approx(float(ratio_log.max())) and -bottom == pytest.approx(float(ratio_log.min()))
 
 
@@ -435,4 +439,5 @@ def test_a_zero_extreme_is_positive_zero_on_policy():
     lp = torch.tensor([-0.5, -0.5, -0.1])
     with loss_path("0"):
         out = losses.importance_sampling(lp, lp.clone(), torch.ones(3), torch.tensor([1.0, 1.0, 0.0]))
-    assert [math.copysign(1.0, v) for v in out.gauge[-2:].tolist()] == [1.0, 1.0]
+    packed = losses.pack(out).tolist()[losses.PACKED_ADDED :]  # the extremes as the collective combines them
+    assert [math.copysign(1.0, v) for v in packed] == [1.0, 1.0]

@@ -32,7 +32,8 @@ def truncated_is(logprobs, sampling_logprobs, advantages, mask=None, *, cap=2.0)
     with torch.no_grad():
         clipped = torch.count_nonzero((ratio > cap) & eligible)
     invalid = torch.zeros(len(losses.INPUT_CHECKS), dtype=torch.int64, device=logprobs.device)
-    return losses.LossOutput(loss, torch.count_nonzero(eligible), clipped, None, None, invalid)
+    measured = {keys.LOSS_TOKENS: torch.count_nonzero(eligible), keys.CLIPPED_TOKENS: clipped}
+    return losses.LossOutput(loss, measured, invalid)
 
 
 TOY = losses.LossSpec(
@@ -219,7 +220,7 @@ def checked_truncated_is(logprobs, sampling_logprobs, advantages, mask=None, *, 
     with torch.no_grad():
         clipped = torch.count_nonzero((ratio > cap) & batch.eligible)
         gauge = losses.gauge_of(log_ratio, ratio, batch.mask_eligible)
-    return batch.output(loss, log_ratio, clipped, gauge=gauge)
+    return batch.output(loss, log_ratio, {keys.CLIPPED_TOKENS: clipped, **gauge})
 
 
 def test_a_registered_loss_gets_the_input_checks_and_the_gauge():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from cliptrack.adapters.losses import builtin as losses
+from cliptrack.core import keys
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -67,10 +68,13 @@ def test_ppo_matches_per_token_reference(dtype, data, band, bool_mask):
         clip_high_threshold=high,
     )
     ref = reference.per_token_ppo(lp, slp, adv, mask, low, high)
-    assert (int(out.loss_tokens), int(out.clipped_tokens)) == (ref.loss_tokens, ref.clipped)
-    assert (int(out.clipped_low_tokens), int(out.clipped_high_tokens)) == (ref.low, ref.high)
+    assert (int(out.loss_tokens), int(out.get(keys.CLIPPED_TOKENS))) == (ref.loss_tokens, ref.clipped)
+    assert (int(out.get(keys.CLIPPED_LOW_TOKENS)), int(out.get(keys.CLIPPED_HIGH_TOKENS))) == (
+        ref.low,
+        ref.high,
+    )
     assert out.loss_tokens.dtype == torch.int64 and out.loss_tokens.dim() == 0
-    assert not out.clipped_tokens.requires_grad
+    assert not out.get(keys.CLIPPED_TOKENS).requires_grad
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     assert float(out.loss.detach()) == pytest.approx(ref.loss, rel=tol, abs=tol * max(1, ref.loss_tokens))
 
@@ -82,8 +86,11 @@ def test_cispo_matches_per_token_reference(dtype, data, band):
     low, high = band
     out = losses.cispo(_leaf(lp), slp, adv, mask, clip_low_threshold=low, clip_high_threshold=high)
     ref = reference.per_token_cispo(lp, slp, adv, mask, low, high)
-    assert (int(out.loss_tokens), int(out.clipped_tokens)) == (ref.loss_tokens, ref.clipped)
-    assert (int(out.clipped_low_tokens), int(out.clipped_high_tokens)) == (ref.low, ref.high)
+    assert (int(out.loss_tokens), int(out.get(keys.CLIPPED_TOKENS))) == (ref.loss_tokens, ref.clipped)
+    assert (int(out.get(keys.CLIPPED_LOW_TOKENS)), int(out.get(keys.CLIPPED_HIGH_TOKENS))) == (
+        ref.low,
+        ref.high,
+    )
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     assert float(out.loss.detach()) == pytest.approx(ref.loss, rel=tol, abs=tol * max(1, ref.loss_tokens))
 
@@ -148,7 +155,9 @@ def test_never_clipping_losses_count_tokens_and_emit_no_clip_fields(data):
     ):
         assert int(out.loss_tokens) == eligible
         assert (
-            out.clipped_tokens is None and out.clipped_low_tokens is None and out.clipped_high_tokens is None
+            out.get(keys.CLIPPED_TOKENS) is None
+            and out.get(keys.CLIPPED_LOW_TOKENS) is None
+            and out.get(keys.CLIPPED_HIGH_TOKENS) is None
         )
         assert out.clip_counts() is None
     ce = losses.cross_entropy(lp, weights)
@@ -161,11 +170,11 @@ def test_ppo_counts_only_where_clipping_bites():
     adv = torch.tensor([-1.0, 1.0, -1.0, 1.0, 0.0, 1.0])
     lp = torch.zeros(6)
     out = losses.ppo(lp, -torch.log(ratio), adv)
-    assert int(out.clipped_tokens) == 2
-    assert int(out.clipped_high_tokens) == 1  # r=1.5, A=+1
-    assert int(out.clipped_low_tokens) == 1  # r=0.5, A=-1
+    assert int(out.get(keys.CLIPPED_TOKENS)) == 2
+    assert int(out.get(keys.CLIPPED_HIGH_TOKENS)) == 1  # r=1.5, A=+1
+    assert int(out.get(keys.CLIPPED_LOW_TOKENS)) == 1  # r=0.5, A=-1
     cispo = losses.cispo(lp, -torch.log(ratio), adv, clip_low_threshold=0.8, clip_high_threshold=1.2)
-    assert int(cispo.clipped_tokens) == 5  # every ratio outside [0.8, 1.2], whatever the sign of A
+    assert int(cispo.get(keys.CLIPPED_TOKENS)) == 5  # every ratio outside [0.8, 1.2], whatever the sign of A
 
 
 def test_default_thresholds_are_tinkers():
@@ -207,7 +216,7 @@ def test_counts_stay_on_input_device_and_sum_across_micro_batches():
     total = outs[0] + outs[1] + outs[2]
     assert total.loss_tokens.device == outs[0].loss_tokens.device
     assert int(total.loss_tokens) == 60
-    assert int(total.clipped_tokens) == sum(int(o.clipped_tokens) for o in outs)
+    assert int(total.get(keys.CLIPPED_TOKENS)) == sum(int(o.get(keys.CLIPPED_TOKENS)) for o in outs)
     with pytest.raises(ValueError, match="never clips"):
         outs[0] + losses.importance_sampling(torch.zeros(2), torch.zeros(2), torch.ones(2))
 
@@ -239,8 +248,12 @@ def test_the_one_packing_adds_on_device_and_reads_back_the_exact_counts(sizes, n
     assert sums.counts.loss_tokens == sum(int(o.loss_tokens) for o in outs)
     assert sums.loss_sum == pytest.approx(sum(float(o.loss) for o in outs), rel=1e-5, abs=1e-4)
     if name in losses.CLIPPING_LOSSES:
-        assert sums.counts.clipped_tokens == sum(int(o.clipped_tokens) for o in outs)
-        assert sums.counts.clipped_low_tokens == sum(int(o.clipped_low_tokens) for o in outs)
-        assert sums.counts.clipped_high_tokens == sum(int(o.clipped_high_tokens) for o in outs)
+        assert sums.counts.get(keys.CLIPPED_TOKENS) == sum(int(o.get(keys.CLIPPED_TOKENS)) for o in outs)
+        assert sums.counts.get(keys.CLIPPED_LOW_TOKENS) == sum(
+            int(o.get(keys.CLIPPED_LOW_TOKENS)) for o in outs
+        )
+        assert sums.counts.get(keys.CLIPPED_HIGH_TOKENS) == sum(
+            int(o.get(keys.CLIPPED_HIGH_TOKENS)) for o in outs
+        )
     else:
         assert not sums.counts.clips

@@ -239,18 +239,14 @@ def test_loss_func_returns_megatrons_three_tuple():
     direct = ppo(logprobs, **inputs)
     assert torch.equal(loss, direct.loss) and loss.requires_grad
     assert num_tokens.dtype == torch.int64 and int(num_tokens) == int((inputs["mask"] != 0).sum())
-    assert set(report) == {
-        keys.LOSS_SUM,
-        keys.LOSS_TOKENS,
-        *keys.CLIP_COUNT_KEYS,
-        mg.REPORT_GAUGE,
-        mg.REPORT_INVALID,
-    }
-    assert report[mg.REPORT_GAUGE].dtype == torch.float64 and not report[mg.REPORT_GAUGE].requires_grad
+    assert set(report) == {keys.LOSS_SUM, *direct.measured, mg.REPORT_INVALID}
+    assert set(direct.measured) == {keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS, *keys.GAUGE_MEASURED_KEYS}
+    for key in keys.GAUGE_MEASURED_KEYS:
+        assert report[key].dtype == torch.float64 and not report[key].requires_grad
     for key in (keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS):
         assert report[key].dim() == 0 and not report[key].requires_grad
     assert report[keys.CLIPPED_TOKENS].dtype == torch.int64
-    assert int(report[keys.CLIPPED_TOKENS]) == int(direct.clipped_tokens)
+    assert int(report[keys.CLIPPED_TOKENS]) == int(direct.get(keys.CLIPPED_TOKENS))
     loss /= 7.0  # Megatron scales the returned loss in place (calculate_per_token_loss off)
     assert torch.equal(report[keys.LOSS_SUM], direct.loss.detach())
 
@@ -258,15 +254,15 @@ def test_loss_func_returns_megatrons_three_tuple():
 def test_never_clipping_loss_reports_no_clip_keys():
     logprobs, inputs = _micro()
     _, _, report = mg.make_loss_func("dro", inputs, {"beta": 0.1})(logprobs)
-    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, mg.REPORT_GAUGE, mg.REPORT_INVALID}
+    assert set(report) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_MEASURED_KEYS, mg.REPORT_INVALID}
     fbo = mg.reduce_losses([report, report], group=None)
     assert set(fbo.metrics) == {keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.GAUGE_KEYS}
     assert fbo.metrics[keys.LOSS_TOKENS] == 2 * int((inputs["mask"] != 0).sum())
     # the gauge of the same micro-batch twice: sums doubled, extremes unchanged
-    gauge = dict(zip(losses.GAUGE_FIELDS, report[mg.REPORT_GAUGE].tolist(), strict=True))
+    gauge = {key: float(report[key]) for key in keys.GAUGE_MEASURED_KEYS}
     assert fbo.metrics[keys.KL_K3_SUM] == 2 * gauge[keys.KL_K3_SUM]
     assert fbo.metrics[keys.LOG_RATIO_MAX] == gauge[keys.LOG_RATIO_MAX]
-    assert fbo.metrics[keys.LOG_RATIO_MIN] == -gauge["-" + keys.LOG_RATIO_MIN]
+    assert fbo.metrics[keys.LOG_RATIO_MIN] == gauge[keys.LOG_RATIO_MIN]
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from cliptrack.adapters.miles import (
     read_train_log,
     sum_train_logs,
 )
+from cliptrack.adapters.miles import keys as miles_keys
 from cliptrack.core import keys
 from tinker import types as tinker_types
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
@@ -516,7 +517,7 @@ def miles_micro_batch_log(datums, policy, *, per_token, extra=False):
         else:
             count += 1
             clipfrac += ref.clipped / max(eligible, 1)
-    names = ["loss", "pg_loss", keys.MILES_PG_CLIPFRAC, "ppo_kl"]
+    names = ["loss", "pg_loss", miles_keys.PG_CLIPFRAC, "ppo_kl"]
     values = [count, 0.5, 0.25, clipfrac, 0.01]
     if extra:
         mask = torch.cat([field(d, "mask") for d in datums])
@@ -544,7 +545,7 @@ def test_miles_log_dict_in_per_token_mode_gives_exact_counts():
         for a, b in [(0, 7), (7, 15), (15, 30)]
     ]
     counts = read_train_log(sum_train_logs(logs), calculate_per_token_loss=True)
-    assert (counts.loss_tokens, counts.clipped_tokens) == (loss_tokens, clipped)
+    assert (counts.loss_tokens, counts.get(keys.CLIPPED_TOKENS)) == (loss_tokens, clipped)
     assert counts.fraction == clipped / loss_tokens
     # Miles' own log has no low/high split: the clip metrics come without the split series
     assert counts.to_metrics() == {
@@ -558,7 +559,7 @@ def test_miles_log_dict_in_per_token_mode_gives_exact_counts():
         for a, b in [(0, 12), (12, 30)]
     ]
     counts = read_train_log(sum_train_logs(logs), calculate_per_token_loss=True)
-    assert (counts.clipped_low_tokens, counts.clipped_high_tokens) == (low, high)
+    assert (counts.get(keys.CLIPPED_LOW_TOKENS), counts.get(keys.CLIPPED_HIGH_TOKENS)) == (low, high)
     assert counts.to_metrics()[keys.CLIP_FRACTION] == clipped / loss_tokens
     # context parallelism: each CP rank counts the full masks but sums only its own slice
     cp_log = sum_train_logs(logs)

@@ -59,7 +59,7 @@ def _expected(dp: int) -> dict[str, int]:
 
 def _counts(counts: object) -> dict[str, int]:
     """The count fields of a read-back (a MeasuredSums or its ``vars`` from a rank)."""
-    fields = counts if isinstance(counts, dict) else vars(counts)
+    fields = counts if isinstance(counts, dict) else case._fields(counts)
     return {k: fields[k] for k in COUNT_FIELDS}
 
 
@@ -67,7 +67,7 @@ def _assert_gauge(counts: object, dp: int) -> None:
     """The gauge read back from Miles' log: the reference sums (Miles' float32 log-probs against the
     float64 log-ratios: to float32 rounding), the outside count exactly, and no extreme (Miles sums
     its log values, which no max survives)."""
-    gauge = (counts if isinstance(counts, dict) else vars(counts))["gauge"]
+    gauge = (counts if isinstance(counts, dict) else case._fields(counts))["gauge"]
     ref = case.reference_gauge(dp)
     assert ref["ratio_outside_tokens:sum"] > 0
     assert set(gauge) == set(ref)

@@ -17,7 +17,7 @@ from cliptrack.adapters.losses.output import (
     validate_metrics,
 )
 from cliptrack.core import keys
-from cliptrack.core.sums import ClipCounts
+from cliptrack.core.sums import MeasuredSums
 from hypothesis import given
 from hypothesis import strategies as st
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
@@ -56,7 +56,7 @@ def test_tinker_chunk_merger_keeps_the_exact_token_fraction_through_clip_counts(
     counts = clip_counts(merged_by_tinker)
     assert counts is not None
     assert counts.loss_tokens == whole[keys.LOSS_TOKENS]
-    assert counts.clipped_tokens == whole[keys.CLIPPED_TOKENS]
+    assert counts[keys.CLIPPED_TOKENS] == whole[keys.CLIPPED_TOKENS]
     assert counts.fraction == whole[keys.CLIP_FRACTION]
     ours = merge_outputs(chunks)
     assert ours.metrics[keys.CLIP_FRACTION] == whole[keys.CLIP_FRACTION]
@@ -125,7 +125,7 @@ def test_zero_eligible_tokens_gives_no_fraction_and_no_nan():
     assert metrics[keys.LOSS_TOKENS] == 0.0
     assert keys.CLIP_FRACTION not in metrics
     assert not any(math.isnan(v) for v in metrics.values())
-    assert ClipCounts(0, 0, 0, 0).fraction is None
+    assert MeasuredSums(dict.fromkeys(keys.TOKEN_COUNT_KEYS, 0)).fraction is None
 
 
 # ---- bad input -------------------------------------------------------------------------------------

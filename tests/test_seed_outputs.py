@@ -77,8 +77,8 @@ def test_read_and_validated_without_the_split(form):
     output = in_form(form, seed_metrics(1000, 37))
     counts = clip_counts(output)
     assert counts is not None
-    assert (counts.loss_tokens, counts.clipped_tokens) == (1000, 37)
-    assert counts.clipped_low_tokens is None and counts.clipped_high_tokens is None
+    assert (counts.loss_tokens, counts.get(keys.CLIPPED_TOKENS)) == (1000, 37)
+    assert counts.get(keys.CLIPPED_LOW_TOKENS) is None and counts.get(keys.CLIPPED_HIGH_TOKENS) is None
     assert counts.fraction == exact(37, 1000)
     checked = validate_metrics(seed_metrics(1000, 37))
     assert checked[keys.CLIP_FRACTION] == exact(37, 1000)
@@ -116,7 +116,10 @@ def test_merged_by_us_and_by_tinkers_chunk_merger(chunks, form):
         by_tinker = combine_fwd_bwd_output_results(outputs)
         assert not SPLIT & set(by_tinker.metrics)
         counts = clip_counts(by_tinker)
-        assert counts is not None and (counts.loss_tokens, counts.clipped_tokens) == (tokens, clipped)
+        assert counts is not None and (counts.loss_tokens, counts.get(keys.CLIPPED_TOKENS)) == (
+            tokens,
+            clipped,
+        )
         assert counts.fraction == (exact(clipped, tokens) if tokens else None)
         # and its JSON dict reads the same
         as_json = json.loads(json.dumps({**dataclasses.asdict(by_tinker), "loss_fn_outputs": []}))

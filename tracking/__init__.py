@@ -4,10 +4,11 @@ Importing this package never imports torch.
 """
 
 import logging
+import warnings
 from typing import TYPE_CHECKING
 
 from cliptrack.core import keys, secrets
-from cliptrack.core.sums import ClipCounts, TokenCounts
+from cliptrack.core.sums import MeasuredSums
 
 # every log line of cliptrack ("cliptrack" logger) is redacted, whichever handler prints it
 secrets.install_filter(logging.getLogger("cliptrack"))
@@ -16,7 +17,10 @@ if TYPE_CHECKING:
     from cliptrack.backends.load import load_runs
     from cliptrack.log.tracker import Tracker
 
-__all__ = ["ClipCounts", "TokenCounts", "Tracker", "keys", "load_runs"]
+__all__ = ["MeasuredSums", "Tracker", "keys", "load_runs"]
+
+_RENAMED = {"ClipCounts": "MeasuredSums", "TokenCounts": "MeasuredSums"}
+"""Former public names, kept for one release (a DeprecationWarning on use)."""
 
 
 def __getattr__(name: str) -> object:
@@ -28,4 +32,12 @@ def __getattr__(name: str) -> object:
         from cliptrack.backends.load import load_runs
 
         return load_runs
+    if name in _RENAMED:
+        warnings.warn(
+            f"cliptrack.{name} is renamed cliptrack.{_RENAMED[name]} (built from a mapping of metric "
+            "key -> value); the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return MeasuredSums
     raise AttributeError(f"module 'cliptrack' has no attribute {name!r}")

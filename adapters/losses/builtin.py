@@ -27,15 +27,7 @@ import torch
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import fused as _fused
 from cliptrack.core import keys, measures
-from cliptrack.core.sums import (
-    GAUGE_EXTREME_KEYS,
-    GAUGE_SUM_KEYS,
-    MeasuredSums,
-    TokenCounts,
-    as_count,
-    check_gauge,
-    mixed_kinds_error,
-)
+from cliptrack.core.sums import MeasuredSums, as_count, check_sums
 from torch import Tensor
 
 Threshold = formulas.Threshold
@@ -64,92 +56,90 @@ RATIO_OUTSIDE_LOW = measures.RATIO_OUTSIDE_LOW
 RATIO_OUTSIDE_HIGH = measures.RATIO_OUTSIDE_HIGH
 """Default upper ratio bound of ``ratio_outside_tokens:sum`` (keyword ``ratio_outside_high``)."""
 
-GAUGE_FIELDS = formulas.GAUGE_FIELDS
-"""Layout of ``LossOutput.gauge`` (:data:`cliptrack.adapters.losses.formulas.GAUGE_FIELDS`): the gauge's sums, then
-its extremes as combined by max; float64, the same order as in :data:`PACKED_FIELDS`."""
-_GAUGE_SUMS = len(GAUGE_SUM_KEYS)
-
 Sources = tuple[dict[str, Tensor], ...]
 """Detached inputs of each loss call, by argument name, kept to name bad entries precisely."""
 
 
 @dataclass(frozen=True)
 class LossOutput:
-    """The loss of one micro-batch (or a sum of several) and its token counts.
+    """The loss of one micro-batch (or a sum of several) and everything it measured.
 
     ``loss``: 0-dim, sum of per-token losses over eligible tokens (differentiable for one call;
-    detached in a sum). Counts are detached int64 0-dim tensors on the loss's device, in tokens;
-    the clip fields are ``None`` for losses that never clip, and the low/high pair may be ``None``
-    for a clipping loss that does not split. ``invalid``: int64 vector, the number of bad entries
-    per input of :data:`INPUT_CHECKS`. ``gauge``: the on-policy gauge of a loss with sampling
-    log-probs, a detached float64 vector laid out as :data:`GAUGE_FIELDS` (:func:`gauge_of`),
-    ``None`` otherwise. Moved to the host through one packing (:func:`pack`, :data:`PACKED_FIELDS`).
+    detached in a sum). ``measured``: every measure the loss emits under its metric key
+    (:mod:`cliptrack.core.measures`: ``loss_tokens:sum`` always, the clip counts for a loss that
+    clips, the low/high split when it reports it, the on-policy gauge for a loss with sampling
+    log-probs, registered measures), detached 0-dim tensors on the loss's device: counts int64 in
+    tokens, the gauge float64 (``log_ratio:max`` / ``:min``: ``-inf`` / ``+inf`` over no eligible
+    token). ``invalid``: int64 vector, the number of bad entries per input of
+    :data:`INPUT_CHECKS`. Moved to the host through one packing (:func:`pack`, :data:`PACKED_FIELDS`).
     """
 
     loss: Tensor
-    loss_tokens: Tensor
-    clipped_tokens: Tensor | None
-    clipped_low_tokens: Tensor | None
-    clipped_high_tokens: Tensor | None
+    measured: Mapping[str, Tensor]
     invalid: Tensor
     sources: Sources = ()
     calls: int = 1
     """Number of loss calls summed in this output."""
-    gauge: Tensor | None = None
+
+    @property
+    def loss_tokens(self) -> Tensor:
+        """Eligible tokens (``mask != 0``), int64 0-dim."""
+        return self.measured[keys.LOSS_TOKENS]
+
+    def get(self, key: str) -> Tensor | None:
+        """The measured value of ``key`` (a metric key), ``None`` when this loss does not emit it."""
+        return self.measured.get(key)
+
+    def has(self, group: str) -> bool:
+        """Whether this output carries the measures of ``group`` (:mod:`cliptrack.core.measures`)."""
+        return any(m.key in self.measured for m in measures.group_measures(group))
 
     @property
     def clips(self) -> bool:
         """Whether this loss clips (and so carries clip counts)."""
-        return self.clipped_tokens is not None
+        return self.has(measures.CLIP)
 
     @property
     def has_gauge(self) -> bool:
         """Whether this loss measures the on-policy gauge (it has sampling log-probs)."""
-        return self.gauge is not None
+        return self.has(measures.GAUGE)
 
-    def measured(self) -> dict[str, Tensor]:
-        """Every measured value under its metric key, as 0-dim device tensors (views; no sync):
-        ``loss:sum``, the counts present, the gauge when present (``log_ratio:min`` un-negated)."""
-        out = {keys.LOSS_SUM: self.loss.detach(), keys.LOSS_TOKENS: self.loss_tokens}
-        for key, value in zip(
-            keys.CLIP_COUNT_KEYS,
-            (self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens),
-            strict=True,
-        ):
-            if value is not None:
-                out[key] = value
-        if self.gauge is not None:
-            for i, key in enumerate((*GAUGE_SUM_KEYS, *GAUGE_EXTREME_KEYS)):
-                value = self.gauge[i]
-                out[key] = -value if measures.by_key(key).reduction == measures.MIN else value
-        return out
+    def metric_tensors(self) -> dict[str, Tensor]:
+        """Every measured value under its metric key, as 0-dim device tensors (no sync):
+        ``loss:sum`` and :attr:`measured`."""
+        return {keys.LOSS_SUM: self.loss.detach(), **self.measured}
 
     def __add__(self, other: LossOutput) -> LossOutput:
-        """Sum two outputs on device (no host sync); the summed ``loss`` is detached."""
+        """Sum two outputs on device (no host sync); the summed ``loss`` is detached. A measure
+        combines by its reduction; a group carried by one side only is refused
+        (:func:`cliptrack.core.measures.mixed_groups_error`) or, when declared
+        ``dropped_when_mixed`` (the split), dropped."""
         if not isinstance(other, LossOutput):
             return NotImplemented
-        if self.clips != other.clips:
-            raise mixed_kinds_error(self.clips, other.clips, "this LossOutput")
-        if self.has_gauge != other.has_gauge:
-            raise measures.mixed_groups_error(
-                measures.GAUGE, self.has_gauge, other.has_gauge, "this LossOutput"
-            )
-
-        def add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-            return None if a is None or b is None else a + b
-
+        declaration = measures.declared()
+        out: dict[str, Tensor] = {}
+        for group in declaration.groups:
+            mine, theirs = self.has(group.name), other.has(group.name)
+            if mine != theirs and not group.dropped_when_mixed:
+                raise measures.mixed_groups_error(group.name, mine, theirs, "this LossOutput")
+            if not (mine and theirs):
+                continue
+            for measure in declaration.members[group.name]:
+                a, b = self.measured.get(measure.key), other.measured.get(measure.key)
+                if a is None or b is None:
+                    continue
+                if measure.reduction == measures.SUM:
+                    out[measure.key] = a + b
+                elif measure.reduction == measures.MAX:
+                    out[measure.key] = torch.maximum(a, b)
+                else:
+                    out[measure.key] = torch.minimum(a, b)
         return LossOutput(
             loss=self.loss.detach() + other.loss.detach(),
-            loss_tokens=self.loss_tokens + other.loss_tokens,
-            clipped_tokens=add(self.clipped_tokens, other.clipped_tokens),
-            clipped_low_tokens=add(self.clipped_low_tokens, other.clipped_low_tokens),
-            clipped_high_tokens=add(self.clipped_high_tokens, other.clipped_high_tokens),
+            measured=out,
             invalid=self.invalid + other.invalid,
             sources=self.sources + other.sources,
             calls=self.calls + other.calls,
-            gauge=None
-            if self.gauge is None or other.gauge is None
-            else combine_gauges(self.gauge, other.gauge),
         )
 
     def check(self) -> None:
@@ -163,11 +153,14 @@ class LossOutput:
         sums.check(self.sources)
         return sums.counts
 
-    def clip_counts(self) -> TokenCounts | None:
-        """Exact host-side clip counts, without the gauge (synchronises once); ``None`` when the
-        loss never clips."""
+    def clip_counts(self) -> MeasuredSums | None:
+        """Exact host-side clip counts (``loss_tokens`` and the clip groups; synchronises once);
+        ``None`` when the loss never clips."""
         counts = self.token_counts()
-        return counts.without_gauge() if counts.clips else None
+        if not counts.clips:
+            return None
+        clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
+        return counts.without(*(g for g in measures.GROUPS if g not in clip))
 
 
 def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
@@ -192,11 +185,6 @@ def raise_invalid(invalid: Tensor | list[int], sources: Sources = ()) -> None:
                 "sampling_logprobs) overflows to inf although the inputs are finite"
             ]
     raise ValueError("invalid loss input: " + "; ".join(problems))
-
-
-def combine_gauges(a: Tensor, b: Tensor) -> Tensor:
-    """Two :data:`GAUGE_FIELDS` vectors of disjoint tokens as one: sums add, extremes by max (no sync)."""
-    return torch.cat([a[:_GAUGE_SUMS] + b[:_GAUGE_SUMS], torch.maximum(a[_GAUGE_SUMS:], b[_GAUGE_SUMS:])])
 
 
 K3_SERIES_BELOW = formulas.K3_SERIES_BELOW
@@ -253,25 +241,17 @@ def _evaluate(
     number parameters after its thresholds; ``bounds``: a clipping loss's thresholds.
     """
     threshold_tensors = () if bounds is None else bounds
-    out = None
+    result = None
     if _fused.wanted(logprobs) and not any(
         isinstance(t, Tensor) and t.requires_grad for t in (*others, *threshold_tensors)
     ):
         detached = tuple(None if t is None else t.detach() for t in others)
-        out = _fused.evaluate(name, logprobs, detached, constants, bounds)
-    if out is None:
-        loss, _, *counts = formulas.FORMULAS[name](
+        result = _fused.evaluate(name, logprobs, detached, constants, bounds)
+    if result is None:
+        result = formulas.FORMULAS[name](
             logprobs, *others, *threshold_tensors, *constants, torch.int64, False
         )
-        out = (loss, *counts)
-    loss, loss_tokens, invalid, *rest = out
-    if name in CLIPPING_LOSSES:
-        clipped, low, high, *rest = rest
-    else:
-        clipped = low = high = None
-    return LossOutput(
-        loss, loss_tokens, clipped, low, high, invalid, (sources,), gauge=rest[0] if rest else None
-    )
+    return LossOutput(result.loss, result.measured, result.invalid, (sources,))
 
 
 def _clipping(
@@ -441,10 +421,10 @@ class LossSpec:
     """One loss: its Tinker ``loss_fn`` name, function, whether it clips, inputs and options.
 
     The function is called as ``fn(logprobs, **tensor_inputs, **options)`` and returns a
-    :class:`LossOutput` whose clip fields are set exactly when ``clips``, whose low/high split
-    is set exactly when ``splits`` (only for a loss that clips), and whose ``gauge`` is set
-    exactly when ``gauge`` (a loss with sampling log-probs: :func:`gauge_of`; its inputs checked
-    with :func:`check_inputs`).
+    :class:`LossOutput` whose ``measured`` carries the clip counts exactly when ``clips``, the
+    low/high split exactly when ``splits`` (only for a loss that clips), and the gauge exactly
+    when ``gauge`` (a loss with sampling log-probs: :func:`gauge_of`; its inputs checked with
+    :func:`check_inputs`); a registered measure's group is the loss's own business.
     """
 
     name: str
@@ -465,7 +445,9 @@ class LossSpec:
         """``out`` if it is a :class:`LossOutput` shaped as declared, else TypeError naming the loss."""
         if not isinstance(out, LossOutput):
             raise TypeError(f"loss {self.name} returned {type(out).__name__}, expected LossOutput")
-        split = out.clipped_low_tokens is not None and out.clipped_high_tokens is not None
+        if keys.LOSS_TOKENS not in out.measured:
+            raise TypeError(f"loss {self.name} returned no {keys.LOSS_TOKENS!r} in LossOutput.measured")
+        split = out.has(measures.SPLIT)
         if out.clips != self.clips or (out.clips and split != self.splits):
 
             def shape(clips: bool, splits: bool) -> str:
@@ -484,7 +466,7 @@ class LossSpec:
         if out.has_gauge != self.gauge:
             raise TypeError(
                 f"loss {self.name} is registered {'with' if self.gauge else 'without'} the on-policy gauge "
-                f"but returned {'one' if out.has_gauge else 'none'} (LossOutput.gauge, cliptrack.adapters.losses.builtin.gauge_of)"
+                f"but returned {'one' if out.has_gauge else 'none'} (LossOutput.measured, cliptrack.adapters.losses.builtin.gauge_of)"
             )
         return out
 
@@ -653,110 +635,109 @@ del _spec
 # The packing: a LossOutput as one float64 vector, for every host transfer and the one collective.
 # ---------------------------------------------------------------------------------------------
 
-PACKED_FIELDS: tuple[str, ...] = measures.PACKED_FIELDS
-"""Layout of a packed :class:`LossOutput` (or a combination of packed ones), declared in
-:data:`cliptrack.core.measures.PACKED_FIELDS`.
-
-The added part (:data:`PACKED_ADDED` fields): ``loss:sum``; the four token counts (0 where
-absent); the gauge's sums (0 where absent); the number of loss calls summed, of those from a
-clipping loss, of those reporting the low/high split and of those with the gauge; then the
-bad-input counts of :data:`INPUT_CHECKS`. The extremes (``log_ratio:max``, ``-log_ratio:min``;
-``-inf`` where absent or over no token) are combined by max (:func:`combine_packed`). One dtype,
-:data:`PACKED_DTYPE`: every count stays exact below 2**53 tokens (checked on the host by
-:func:`unpack`), so a step's vectors combine on device and cross ranks in one collective.
-"""
 PACKED_DTYPE = torch.float64
-PACKED_ADDED = len(measures.PACKED_ADDED)
-"""Number of leading packed fields that add; the rest combine by max."""
-_COUNTERS = PACKED_FIELDS.index("calls")
-_INVALID = _COUNTERS + len(measures.CALL_COUNTERS)
+"""The one dtype of a packed vector: every count stays exact below 2**53 tokens (checked on the
+host by :func:`unpack`), so a step's vectors combine on device and cross ranks in one collective.
+
+The layout is :data:`cliptrack.core.measures.PACKED_FIELDS` (read live, a registered measure
+included): ``loss:sum`` and every sum measure (0 where absent), the call counters, the bad-input
+counts of :data:`INPUT_CHECKS`, all added; then the extremes (``log_ratio:max``,
+``-log_ratio:min``; ``-inf`` where absent or over no token), combined by max (:func:`combine_packed`).
+"""
+
+
+def __getattr__(name: str) -> object:
+    if name == "PACKED_FIELDS":  # live: the declaration in force
+        return measures.declared().packed_fields
+    if name == "PACKED_ADDED":
+        return len(measures.declared().packed_added)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+PACKED_FIELDS: tuple[str, ...]
+"""Layout of a packed :class:`LossOutput` (:data:`cliptrack.core.measures.PACKED_FIELDS`, live)."""
+PACKED_ADDED: int
+"""Number of leading packed fields that add; the rest combine by max (live)."""
 
 
 @functools.lru_cache(maxsize=256)
-def _constants(device: torch.device, calls: int, groups: tuple[bool, ...]) -> tuple[Tensor, Tensor]:
-    """``[0, calls, per-group calls...]`` and the gauge of no call (sums 0, extremes -inf) on
-    ``device``, made once per combination (fills, never a host-to-device copy); only ever read."""
-    values = (0.0, float(calls), *(float(calls if present else 0) for present in groups))
+def _constants(
+    device: torch.device, calls: int, groups: tuple[bool, ...], version: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The call counters ``[calls, per-group calls...]``, a 0 and a ``-inf`` on ``device``, made
+    once per combination (fills, never a host-to-device copy); only ever read. ``version``: the
+    declaration's (a registration changes the counters)."""
+    values = (float(calls), *(float(calls if present else 0) for present in groups))
     counters = torch.empty(len(values), dtype=PACKED_DTYPE, device=device)
     for i, value in enumerate(values):
         counters[i].fill_(value)
-    absent = torch.zeros(len(GAUGE_FIELDS), dtype=PACKED_DTYPE, device=device)
-    absent[_GAUGE_SUMS:].fill_(-math.inf)
-    return counters, absent
+    zero = torch.zeros((), dtype=PACKED_DTYPE, device=device)
+    return counters, zero, torch.full((), -math.inf, dtype=PACKED_DTYPE, device=device)
 
 
-def pack_rows(
-    loss: Tensor,
-    loss_tokens: Tensor,
-    clipped_tokens: Tensor | None,
-    clipped_low_tokens: Tensor | None,
-    clipped_high_tokens: Tensor | None,
-    invalid: Tensor,
-    calls: int = 1,
-    gauge: Tensor | None = None,
-) -> Tensor:
+def present_groups(measured: Mapping[str, object]) -> tuple[str, ...]:
+    """The optional groups ``measured`` carries whole (every sum of the group present, and the
+    group it refines too), in declaration order."""
+    declaration = measures.declared()
+    present: list[str] = []
+    for group in declaration.groups:
+        if not group.optional:
+            continue
+        sums = [m.key for m in declaration.members[group.name] if m.reduction == measures.SUM]
+        if sums and all(k in measured for k in sums) and (group.within is None or group.within in present):
+            present.append(group.name)
+    return tuple(present)
+
+
+def pack_rows(loss: Tensor, measured: Mapping[str, Tensor], invalid: Tensor, calls: int = 1) -> Tensor:
     """``[n, len(PACKED_FIELDS)]`` rows of ``n`` loss outputs of one layout, each field given for
-    all of them at once: ``[n]`` for the loss and the counts, ``[n, len(INPUT_CHECKS)]`` for
-    ``invalid``, ``[n, len(GAUGE_FIELDS)]`` for the gauge (``None``: the field is absent in every
-    output); ``calls`` per row. A few stacked ops whatever ``n``, on ``loss``'s device. No sync."""
+    all of them at once: ``loss`` ``[n]``, ``measured`` metric key -> ``[n]`` (a key absent: the
+    measure is absent in every output; only groups carried whole are packed), ``invalid``
+    ``[n, len(INPUT_CHECKS)]``; ``calls`` per row. A few stacked ops whatever ``n``, on ``loss``'s
+    device. No sync."""
+    declaration = measures.declared()
     device = loss.device
     n = loss.shape[0]
-    clipping = clipped_tokens is not None
-    split = clipping and clipped_low_tokens is not None and clipped_high_tokens is not None
-    counters, absent = _constants(device, calls, (clipping, split, gauge is not None))
-    zero = counters[0].expand(n)
+    groups = present_groups(measured)
+    optional = declaration.optional_groups
+    counters, zero, minus_inf = _constants(
+        device, calls, tuple(g in groups for g in optional), declaration.version
+    )
+    carried = {measures.EVERY, *groups}
 
-    def column(t: Tensor | None) -> Tensor:
-        return zero if t is None else t.to(device=device, dtype=PACKED_DTYPE)
+    def column(measure: measures.Measure) -> Tensor:
+        value = measured.get(measure.key) if measure.group in carried else None
+        if value is None:
+            return (zero if measure.reduction == measures.SUM else minus_inf).expand(n)
+        value = value.to(device=device, dtype=PACKED_DTYPE)
+        return -value if measure.reduction == measures.MIN else value
 
     head = torch.stack(
-        [
-            column(loss),
-            column(loss_tokens),
-            column(clipped_tokens),
-            column(clipped_low_tokens if split else None),
-            column(clipped_high_tokens if split else None),
-        ],
+        [loss.to(device=device, dtype=PACKED_DTYPE), *(column(m) for m in declaration.sum_measures[1:])],
         dim=1,
     )
-    measured = absent.expand(n, -1) if gauge is None else gauge.to(device=device, dtype=PACKED_DTYPE)
-    return torch.cat(
-        [
-            head,
-            measured[:, :_GAUGE_SUMS],
-            counters[1:].expand(n, -1),
-            invalid.to(device=device, dtype=PACKED_DTYPE),
-            measured[:, _GAUGE_SUMS:],
-        ],
-        dim=1,
-    )
+    parts = [head, counters.expand(n, -1), invalid.to(device=device, dtype=PACKED_DTYPE)]
+    if declaration.extreme_measures:
+        parts.append(torch.stack([column(m) for m in declaration.extreme_measures], dim=1))
+    return torch.cat(parts, dim=1)
 
 
 def pack(out: LossOutput) -> Tensor:
     """``out`` as one :data:`PACKED_FIELDS` vector on its device (no host sync)."""
-
-    def row(t: Tensor | None, *shape: int) -> Tensor | None:
-        return None if t is None else t.detach().reshape(1, *shape)
-
-    rows = pack_rows(
-        out.loss.detach().reshape(1),
-        out.loss_tokens.detach().reshape(1),
-        row(out.clipped_tokens),
-        row(out.clipped_low_tokens),
-        row(out.clipped_high_tokens),
-        out.invalid.detach().reshape(1, -1),
-        out.calls,
-        row(out.gauge, -1),
-    )
-    return rows[0]
+    measured = {key: value.detach().reshape(1) for key, value in out.measured.items()}
+    return pack_rows(out.loss.detach().reshape(1), measured, out.invalid.detach().reshape(1, -1), out.calls)[
+        0
+    ]
 
 
 def combine_packed(rows: Tensor) -> Tensor:
     """Combine packed vectors (the rows of ``rows``, ``[n, len(PACKED_FIELDS)]``) into one: the
     added part summed, the extremes by max (the merge rules of :mod:`cliptrack.core.measures`). No sync."""
-    if rows.dim() != 2 or rows.shape[1] != len(PACKED_FIELDS):
-        raise ValueError(f"rows must have shape [n, {len(PACKED_FIELDS)}], got {tuple(rows.shape)}")
-    return torch.cat([rows[:, :PACKED_ADDED].sum(dim=0), rows[:, PACKED_ADDED:].amax(dim=0)])
+    declaration = measures.declared()
+    width, added = len(declaration.packed_fields), len(declaration.packed_added)
+    if rows.dim() != 2 or rows.shape[1] != width:
+        raise ValueError(f"rows must have shape [n, {width}], got {tuple(rows.shape)}")
+    return torch.cat([rows[:, :added].sum(dim=0), rows[:, added:].amax(dim=0)])
 
 
 @dataclass(frozen=True)
@@ -776,57 +757,73 @@ class PackedSums:
 
 
 def _mixed_calls(group: str, present: int, calls: int) -> ValueError:
-    what = {measures.CLIP: "a clipping loss", measures.GAUGE: "a loss with the on-policy gauge"}[group]
-    rest = {measures.CLIP: "a loss that never clips", measures.GAUGE: "a loss without it (cross_entropy)"}[
-        group
-    ]
+    what = {measures.CLIP: "a clipping loss", measures.GAUGE: "a loss with the on-policy gauge"}.get(
+        group, f"a loss with the {group} measures"
+    )
+    rest = {
+        measures.CLIP: "a loss that never clips",
+        measures.GAUGE: "a loss without it (cross_entropy)",
+    }.get(group, "a loss without them")
     return ValueError(
         f"{present} of {calls} loss calls come from {what} and the rest from {rest}; one step must use "
         "one kind of loss (PPO and CISPO sum together)"
     )
 
 
-def _gauge_values(values: Sequence[float], loss_tokens: int) -> dict[str, float]:
-    """The gauge's metric values from a packed vector: sums, and extremes over some token."""
-    start = PACKED_FIELDS.index(GAUGE_SUM_KEYS[0])
-    out = dict(zip(GAUGE_SUM_KEYS, values[start : start + _GAUGE_SUMS], strict=True))
-    if loss_tokens:
-        for key, packed in zip(GAUGE_EXTREME_KEYS, values[PACKED_ADDED:], strict=True):
-            out[key] = -packed if measures.by_key(key).reduction == measures.MIN else packed
-    return out
+def _carried_groups(values: Sequence[float], slot: Mapping[str, int], calls: int) -> set[str]:
+    """The groups every call of a packed vector carried (by their call counters); ValueError for
+    a group that refuses mixing carried by some calls only."""
+    present = {measures.EVERY}
+    for group in measures.declared().groups:
+        if not group.optional:
+            continue
+        carrying = int(values[slot[group.counter]])
+        if carrying == 0 or (group.within is not None and group.within not in present):
+            continue
+        if carrying != calls:
+            if group.dropped_when_mixed:
+                continue
+            raise _mixed_calls(group.name, carrying, calls)
+        present.add(group.name)
+    return present
 
 
 def unpack(values: Sequence[float], where: str = "") -> PackedSums:
     """Read a :data:`PACKED_FIELDS` vector brought to the host (one combination of packed outputs).
 
-    Counts are checked whole, non-negative and exact (below 2**53), the gauge as in
-    :func:`cliptrack.core.sums.check_gauge`; ``where`` is appended to the name of a bad value. Raises
-    ValueError when the combination mixes clipping and non-clipping losses, or losses with and
-    without the gauge. The split is kept only when every clipping call reported it. Bad inputs
-    are left in ``invalid`` (see :meth:`PackedSums.check`); with any, the gauge is not read (its
-    values are then not meaningful).
+    Counts are checked whole, non-negative and exact (below 2**53), every value as
+    :func:`cliptrack.core.sums.check_sums` checks it; ``where`` is appended to the name of a bad
+    value. Raises ValueError when the combination mixes calls with and without a group that
+    refuses mixing (a clipping and a non-clipping loss, losses with and without the gauge). A group
+    ``dropped_when_mixed`` (the split) is kept only when every call carried it. Bad inputs are
+    left in ``invalid`` (see :meth:`PackedSums.check`); with any, a group with float values is not
+    read (its values are then not meaningful).
     """
-    if len(values) != len(PACKED_FIELDS):
-        raise ValueError(f"expected {len(PACKED_FIELDS)} packed values ({PACKED_FIELDS}), got {len(values)}")
-    invalid = [int(v) for v in values[_INVALID:PACKED_ADDED]]
-    calls, clipping, split, gauged = (int(v) for v in values[_COUNTERS:_INVALID])
-    if clipping not in (0, calls):
-        raise _mixed_calls(measures.CLIP, clipping, calls)
-    if gauged not in (0, calls):
-        raise _mixed_calls(measures.GAUGE, gauged, calls)
+    declaration = measures.declared()
+    fields = declaration.packed_fields
+    if len(values) != len(fields):
+        raise ValueError(f"expected {len(fields)} packed values ({fields}), got {len(values)}")
+    slot = declaration.slot
+    invalid = [int(values[slot[f"invalid[{i}]"]]) for i in range(measures.INVALID_SLOTS)]
+    calls = int(values[slot["calls"]])
+    present = _carried_groups(values, slot, calls)
+    if any(invalid):
+        present -= {m.group for m in declaration.datum_measures if not m.exact}
     suffix = f" ({where})" if where else ""
-    count = {key: as_count(f"{key}{suffix}", values[1 + i]) for i, key in enumerate(keys.TOKEN_COUNT_KEYS)}
-    tokens = count[keys.LOSS_TOKENS]
-    gauge = None
-    if gauged and not any(invalid):
-        gauge = check_gauge(_gauge_values(values, tokens), tokens, suffix)
-    if not clipping:
-        counts = MeasuredSums(tokens, gauge=gauge)
-    elif split == clipping:
-        counts = MeasuredSums(*(count[k] for k in keys.TOKEN_COUNT_KEYS), gauge=gauge)
-    else:
-        counts = MeasuredSums(tokens, count[keys.CLIPPED_TOKENS], gauge=gauge)
-    return PackedSums(float(values[0]), counts, calls, invalid)
+    tokens = as_count(f"{keys.LOSS_TOKENS}{suffix}", values[slot[keys.LOSS_TOKENS]])
+    sums: dict[str, float | int] = {}
+    for measure in declaration.datum_measures:
+        if measure.group not in present:
+            continue
+        value = float(values[slot[measure.key]])
+        if measure.reduction == measures.SUM:
+            sums[measure.key] = as_count(f"{measure.key}{suffix}", value) if measure.exact else value
+        elif tokens:  # an extreme over no token is none
+            sums[measure.key] = -value if measure.reduction == measures.MIN else value
+    sums[keys.LOSS_TOKENS] = tokens
+    return PackedSums(
+        float(values[slot[keys.LOSS_SUM]]), MeasuredSums(check_sums(sums, suffix)), calls, invalid
+    )
 
 
 def _check_tensor(name: str, value: object, *, like: Tensor | None = None, floating: bool = False) -> None:
@@ -895,21 +892,22 @@ class LossInputs:
         self,
         loss: Tensor,
         propagated: Tensor,
-        clipped: Tensor | None = None,
-        low: Tensor | None = None,
-        high: Tensor | None = None,
+        measured: Mapping[str, Tensor] | None = None,
         thresholds_bad: Tensor | None = None,
-        gauge: Tensor | None = None,
     ) -> LossOutput:
-        """Assemble the output (``gauge``: :func:`gauge_of`, for a loss with sampling log-probs).
+        """Assemble the output: ``measured``, the loss's measures by metric key (the clip counts
+        ``clipped_tokens:sum`` and the split for a loss that clips; ``**gauge_of(...)`` for a loss
+        with sampling log-probs), 0-dim tensors; ``loss_tokens:sum`` is the batch's own.
 
         ``propagated``: ``logprobs - sampling_logprobs`` (or the logprobs), read by the non-finite
         check (:func:`cliptrack.adapters.losses.formulas.checks`); ``thresholds_bad``: the count of bad tensor
         threshold entries (:func:`cliptrack.adapters.losses.formulas.bad_thresholds`).
         """
+        values = {keys.LOSS_TOKENS: self.loss_tokens, **(measured or {})}
+        gauge = values if keys.IS_WEIGHT_SQ_SUM in values else None
         with torch.no_grad():
             invalid = formulas.checks(loss, propagated, self.mask_bad, thresholds_bad, gauge)
-        return LossOutput(loss, self.loss_tokens, clipped, low, high, invalid, (self.sources,), gauge=gauge)
+        return LossOutput(loss, values, invalid, (self.sources,))
 
 
 def check_inputs(

@@ -11,33 +11,106 @@ A *formula* (:data:`FORMULAS`) is a plain tensor function of one loss call's per
   agree to floating-point rounding), and backward only scales it.
 
 The clip decision, the loss, the gauge and the gradient read the same ``ratio``, so the counts
-always describe the loss actually computed. Return value of every formula:
-``(loss, grad_or_None, loss_tokens, invalid, *clip_counts, *gauge)``: ``loss`` the 0-dim sum of
-per-token losses over eligible tokens (``mask != 0``), ``loss_tokens`` and the clip counts
-(clipped, low side, high side) int64 0-dim tensors, ``invalid`` the int64 vector of
-:data:`cliptrack.adapters.losses.builtin.INPUT_CHECKS`, ``gauge`` the float64 vector of :func:`gauge_of` for a loss
-with sampling log-probs. Where eager and compiled code differ in cost, a helper chooses its form
-with ``torch.compiler.is_compiling()``; the value is the same.
+always describe the loss actually computed. Every formula returns a :class:`Result`: ``loss`` the
+0-dim sum of per-token losses over eligible tokens (``mask != 0``), ``grad`` (or ``None``),
+``invalid`` the int64 vector of :data:`cliptrack.adapters.losses.builtin.INPUT_CHECKS`, and ``measured``:
+every measure the loss emits under its metric key (:mod:`cliptrack.core.measures`), 0-dim tensors
+on the input's device — counts int64, the gauge's values float64 (:func:`gauge_of`), and the
+term of every measure registered with :func:`register_term` whose inputs the loss has
+(:class:`Tokens`). Where eager and compiled code differ in cost, a helper chooses its form with
+``torch.compiler.is_compiling()``; the value is the same.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from cliptrack.core import keys, measures
-from cliptrack.core.sums import GAUGE_EXTREME_KEYS, GAUGE_SUM_KEYS
 from torch import Tensor
 
 Threshold = float | Tensor
 """An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
 
-GAUGE_FIELDS: tuple[str, ...] = (*GAUGE_SUM_KEYS, *(measures.by_key(k).packed for k in GAUGE_EXTREME_KEYS))
-"""Layout of ``LossOutput.gauge``: the gauge's sums, then its extremes as combined by max
-(``log_ratio:max``, ``-log_ratio:min``); float64, the same order as in the packed vector."""
-WEIGHT_SQ = GAUGE_FIELDS.index(keys.IS_WEIGHT_SQ_SUM)
-"""Index of ``is_weight_sq:sum`` in :data:`GAUGE_FIELDS` (the non-finite check reads it)."""
+
+class Result(NamedTuple):
+    """What a formula returns (module docstring): the loss, its per-token gradient with respect to
+    the logprobs (``None`` unless asked), the bad-input counts and the measured values by key."""
+
+    loss: Tensor
+    grad: Tensor | None
+    invalid: Tensor
+    measured: dict[str, Tensor]
+
+
+class Tokens(NamedTuple):
+    """The per-token terms of one loss call that a registered measure's term may read.
+
+    ``logprobs``: the policy's log-probs (detached); ``log_ratio`` / ``ratio``: ``l = logprobs -
+    sampling_logprobs`` and ``exp(l)`` as the loss computed them (``None`` for a loss without
+    sampling log-probs); ``advantages`` (``None`` for cross entropy); ``eligible``: bool tensor of
+    eligible tokens (``None``: every token); ``accumulate``: the integer dtype counts accumulate in
+    (pass it to :func:`count`).
+    """
+
+    logprobs: Tensor
+    log_ratio: Tensor | None
+    ratio: Tensor | None
+    advantages: Tensor | None
+    eligible: Tensor | None
+    accumulate: torch.dtype
+
+
+Term = Callable[[Tokens], "Tensor | None"]
+"""A registered measure's term: the 0-dim value of one loss call from its :class:`Tokens` (a
+count: :func:`count` of flags and'ed with ``eligible``), or ``None`` where the loss lacks an input
+it needs (the loss then does not emit the measure)."""
+
+TERMS: dict[str, Term] = {}
+"""Registered measures' terms by metric key (:func:`register_term`), computed by every formula."""
+
+
+def register_term(key: str, term: Term) -> None:
+    """Compute ``term`` in every formula (eager and fused) under the metric ``key``, a measure
+    registered with :func:`cliptrack.core.measures.register_measure`. A fused kernel compiled
+    before is rebuilt on its next call (its cache is keyed on the terms)."""
+    measure = measures.by_key(key)
+    if measure.key in measures.BUILTIN.by_key:
+        raise ValueError(f"{key!r} is a built-in measure: its term is written in its formula")
+    if measure.reduction != measures.SUM:
+        raise ValueError(f"{key!r}: a registered term is a sum (a {measure.reduction} is not supported)")
+    if not callable(term):
+        raise TypeError(f"term of {key!r} must be callable, got {type(term).__name__}")
+    TERMS[key] = term
+
+
+def unregister_term(key: str) -> None:
+    """Stop computing the term of ``key``; ValueError when none is registered."""
+    if TERMS.pop(key, None) is None:
+        raise ValueError(f"no term is registered for {key!r}")
+
+
+def count_eligible(tokens: Tokens, flags: Tensor) -> Tensor:
+    """The eligible tokens among ``flags`` (a bool tensor of the token shape), exact, int64 0-dim:
+    the usual body of a registered count's term."""
+    if tokens.eligible is not None:
+        flags = flags & tokens.eligible
+    return count(flags, tokens.accumulate)
+
+
+def extra_terms(tokens: Tokens) -> dict[str, Tensor]:
+    """The registered terms of one loss call (those its inputs allow), by key, as int64 for a
+    count and float64 otherwise."""
+    out: dict[str, Tensor] = {}
+    for key, term in TERMS.items():
+        value = term(tokens)
+        if value is not None:
+            exact = measures.by_key(key).exact
+            out[key] = value.to(torch.int64 if exact else torch.float64)
+    return out
+
 
 K3_SERIES_BELOW = 0.5
 """``|l|`` below which ``kl_k3`` is the series; from it on ``w - 1 - l`` (no cancellation there)."""
@@ -95,9 +168,10 @@ def checks(
     propagated: Tensor,
     mask_bad: Tensor,
     thresholds_bad: Tensor | None = None,
-    gauge: Tensor | None = None,
+    gauge: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """``LossOutput.invalid``: [non-finite flag, bad mask entries, bad tensor-threshold entries].
+    ``gauge``: the gauge's values by key (:func:`gauge_of`), when the loss has them.
 
     Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum of
     ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn into
@@ -107,7 +181,7 @@ def checks(
     """
     total = loss.detach() + propagated.detach().sum()
     if gauge is not None:
-        total = total + gauge[WEIGHT_SQ]
+        total = total + gauge[keys.IS_WEIGHT_SQ_SUM]
     nonfinite = (~torch.isfinite(total)).to(torch.int64)
     if thresholds_bad is None:
         thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
@@ -160,8 +234,9 @@ def gauge_of(
     low: float = measures.RATIO_OUTSIDE_LOW,
     high: float = measures.RATIO_OUTSIDE_HIGH,
     weight: Tensor | float | None = None,
-) -> Tensor:
-    """The on-policy gauge of one loss call: a float64 vector laid out as :data:`GAUGE_FIELDS`.
+) -> dict[str, Tensor]:
+    """The on-policy gauge of one loss call: its measures (:data:`cliptrack.core.measures.GAUGE_MEASURES`)
+    by metric key, float64 0-dim tensors.
 
     ``log_ratio``: per token ``l = logprobs - sampling_logprobs`` as the loss computed it;
     ``ratio``: ``exp(l)`` as the loss computed it (the ratio its clip decision read);
@@ -171,8 +246,8 @@ def gauge_of(
     float32 or float64 (a bfloat16 or float16 ``l`` is promoted and its ``w = exp(l)`` formed anew
     in float32): ``|l|``, the k3 term (:func:`k3_terms`), ``w`` and ``w**2`` (in float64, so it
     does not overflow before ``w``); sums accumulate in float64. The extremes are those of ``l``
-    over eligible tokens (``-inf`` over none), the min stored negated. Detached, on the input's
-    device, no host sync.
+    over eligible tokens (``-inf`` / ``+inf`` over none). Detached, on the input's device, no host
+    sync.
 
     Eager, a ``where`` against a number costs about seven multiplies: ``l`` of an ineligible token
     is zeroed by the multiply (a non-finite ``l`` is refused by the loss's own check whatever the
@@ -208,12 +283,32 @@ def gauge_of(
             w64.sum(),
             torch.dot(w64.reshape(-1), w64.reshape(-1)),
         ]
-        return torch.stack([*sums, *_extremes(lr, lm, on)])
+        return _named(sums, _extremes(lr, lm, on))
+
+
+_GAUGE_SUMS = tuple(m.key for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM)
+_GAUGE_MAX = keys.LOG_RATIO_MAX
+_GAUGE_MIN = keys.LOG_RATIO_MIN
+assert _GAUGE_SUMS == (
+    keys.LOG_RATIO_SUM,
+    keys.ABS_LOG_RATIO_SUM,
+    keys.KL_K3_SUM,
+    keys.RATIO_OUTSIDE_TOKENS,
+    keys.IS_WEIGHT_SUM,
+    keys.IS_WEIGHT_SQ_SUM,
+), "gauge_of computes the gauge's sums in this order"
+
+
+def _named(sums: list[Tensor], extremes: list[Tensor]) -> dict[str, Tensor]:
+    """The gauge by key from its sums (in :data:`_GAUGE_SUMS` order) and ``[max l, -min l]``."""
+    top, negated_bottom = extremes
+    # the min is -(-min): the packed vector negates it back to the very bits computed here
+    return {**dict(zip(_GAUGE_SUMS, sums, strict=True)), _GAUGE_MAX: top, _GAUGE_MIN: -negated_bottom}
 
 
 def _gauge_eager(
     lr: Tensor, w: Tensor, eligible: Tensor | None, on: Tensor | None, low: float, high: float
-) -> Tensor:
+) -> dict[str, Tensor]:
     """:func:`gauge_of` as eager ops: the same values in fewer passes over the tokens.
 
     Each eager op is a pass over memory, so the float64 copy of ``l`` (always a copy, never the
@@ -244,7 +339,7 @@ def _gauge_eager(
         torch.dot(w64_flat, w64_flat),
     ]
     if lr.numel() == 0:
-        return torch.stack([*sums, *_extremes(lr, lm, on)])
+        return _named(sums, _extremes(lr, lm, on))
     if eligible is None or on is None:
         low_l, high_l = torch.aminmax(lr)
         extremes = [high_l.to(f64), low_l.neg().to(f64)]
@@ -256,7 +351,7 @@ def _gauge_eager(
         none = ~flags.gather(0, first)[0]
         # high + 0 and 0 - low, as the compiled form's offsets give them (a zero extreme is +0.0)
         extremes = [torch.where(none, -math.inf, v).to(f64) for v in (high_l + 0.0, 0.0 - low_l)]
-    return torch.stack([*sums, *extremes])
+    return _named(sums, extremes)
 
 
 def _extremes(lr: Tensor, lm: Tensor, on: Tensor | None) -> list[Tensor]:
@@ -291,7 +386,7 @@ def ppo(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
-) -> tuple:
+) -> Result:
     """Clipped PPO, per token ``-min(r*A, clamp(r, low, high)*A)``; clipped where clipping bites,
     ``clamp(r)*A < r*A`` (low side exactly when ``A < 0``)."""
     log_ratio = lp - slp
@@ -317,7 +412,10 @@ def ppo(
     n_low = count(bites & (adv < 0), accumulate)
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
+    clip = _clip_counts(tokens, n_clipped, n_low)
+    return Result(
+        loss, grad, invalid, _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate)
+    )
 
 
 def cispo(
@@ -331,7 +429,7 @@ def cispo(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
-) -> tuple:
+) -> Result:
     """CISPO, per token ``-(clamp(r, low, high).detach() * A * logprobs)``; clipped where the
     coefficient departs from the ratio, ``clamp(r) != r`` (low side ``r < low``)."""
     log_ratio = (lp - slp).detach()
@@ -348,7 +446,10 @@ def cispo(
     n_low = count(departs & (ratio < coefficient), accumulate)
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
-    return loss, grad, tokens, invalid, n_clipped, n_low, n_clipped - n_low, gauge
+    clip = _clip_counts(tokens, n_clipped, n_low)
+    return Result(
+        loss, grad, invalid, _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate)
+    )
 
 
 def importance_sampling(
@@ -360,7 +461,7 @@ def importance_sampling(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
-) -> tuple:
+) -> Result:
     """Importance-sampled policy gradient, per token ``-(r * A)``; never clips."""
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
@@ -368,7 +469,9 @@ def importance_sampling(
     loss = -(ratio * adv * weight).sum()
     grad = _as(-weight * adv, lp) * ratio if gradient else None
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
-    return loss, grad, tokens, checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
+    invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
+    measured = {keys.LOSS_TOKENS: tokens, **gauge}
+    return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))
 
 
 def dro(
@@ -381,7 +484,7 @@ def dro(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
-) -> tuple:
+) -> Result:
     """DRO, per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)`` (``half_beta``
     is ``beta / 2``); never clips. Its ratio ``exp(l)`` is formed for the gauge alone."""
     log_ratio = lp - slp
@@ -391,28 +494,62 @@ def dro(
     grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp) if gradient else None
     ratio = torch.exp(log_ratio.detach())
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
-    return loss, grad, tokens, checks(loss, log_ratio, mask_bad, gauge=gauge), gauge
+    invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
+    measured = {keys.LOSS_TOKENS: tokens, **gauge}
+    return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))
 
 
 def cross_entropy(
     lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype, gradient: bool
-) -> tuple:
+) -> Result:
     """Weighted negative log-likelihood, per token ``-(weights * logprobs)``; never clips.
     Eligible tokens are ``mask != 0`` with a mask, else ``weights != 0``."""
     weighted = weights * lp
     if mask is None:
         zero = torch.zeros((), dtype=torch.int64, device=lp.device)
-        tokens, mask_bad = count(weights.detach() != 0, accumulate), zero
+        eligible = weights.detach() != 0
+        tokens, mask_bad = count(eligible, accumulate), zero
         loss = -weighted.sum()
         grad = _as(-weights, lp) if gradient else None
     else:
-        _, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
+        eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
         loss = -(weighted * weight).sum()
         grad = _as(-weight * weights, lp) if gradient else None
-    return loss, grad, tokens, checks(loss, lp, mask_bad)
+    measured = _with_terms({keys.LOSS_TOKENS: tokens}, lp, None, None, None, eligible, accumulate)
+    return Result(loss, grad, checks(loss, lp, mask_bad), measured)
 
 
-FORMULAS: dict[str, Callable[..., tuple]] = {
+def _clip_counts(tokens: Tensor, clipped: Tensor, low: Tensor) -> dict[str, Tensor]:
+    """``loss_tokens`` and the clip counts of a clipping loss, by key (high side: clipped - low)."""
+    return {
+        keys.LOSS_TOKENS: tokens,
+        keys.CLIPPED_TOKENS: clipped,
+        keys.CLIPPED_LOW_TOKENS: low,
+        keys.CLIPPED_HIGH_TOKENS: clipped - low,
+    }
+
+
+def _with_terms(
+    measured: dict[str, Tensor],
+    lp: Tensor,
+    log_ratio: Tensor | None,
+    ratio: Tensor | None,
+    adv: Tensor | None,
+    eligible: Tensor | None,
+    accumulate: torch.dtype,
+) -> dict[str, Tensor]:
+    """``measured`` with the registered terms (:data:`TERMS`) of this call added (none: as it is)."""
+    if not TERMS:
+        return measured
+
+    def detached(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.detach()
+
+    tokens = Tokens(lp.detach(), detached(log_ratio), detached(ratio), detached(adv), eligible, accumulate)
+    return {**measured, **extra_terms(tokens)}
+
+
+FORMULAS: dict[str, Callable[..., Result]] = {
     "ppo": ppo,
     "cispo": cispo,
     "importance_sampling": importance_sampling,

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses.formulas import FORMULAS, Threshold
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -57,6 +58,7 @@ compiled_calls: Counter[str] = Counter()
 
 _failure: str | None = None
 _compiled: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
+"""Kernels by (loss, constants and registered terms)."""
 _toolchain: dict[str, bool] = {}
 
 
@@ -137,8 +139,10 @@ def compiled(name: str, constants: tuple[Any, ...] = ()) -> Callable[..., Any] |
     """The compiled kernel of loss ``name`` with ``constants`` bound (dynamic shapes, built on first use).
 
     ``None`` once :data:`MAX_CONSTANT_SETS` other sets of constants are compiled for this loss.
+    A kernel is built per set of registered measure terms too
+    (:data:`cliptrack.adapters.losses.formulas.TERMS`): it computes them.
     """
-    key = (name, constants)
+    key = (name, (*constants, *formulas.TERMS.items()))
     if key not in _compiled:
         if sum(1 for other, _ in _compiled if other == name) >= MAX_CONSTANT_SETS:
             return None
@@ -175,21 +179,32 @@ def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable
 
 
 class _Fused(torch.autograd.Function):
-    """One compiled call; autograd gets the per-token gradient the kernel computed alongside the loss."""
+    """One compiled call; autograd gets the per-token gradient the kernel computed alongside the loss.
+
+    Returns ``(loss, invalid, *measured values)``; the measured keys, in the same order, are
+    appended to ``names`` (an autograd function returns tensors only)."""
 
     @staticmethod
-    def forward(ctx: Any, kernel: Callable[..., tuple], logprobs: Tensor, *others: Tensor | None) -> Any:
-        loss, grad, *counts = kernel(logprobs.detach(), *others)  # the others come detached
-        ctx.save_for_backward(grad)
+    def forward(
+        ctx: Any,
+        kernel: Callable[..., formulas.Result],
+        names: list[str],
+        logprobs: Tensor,
+        *others: Tensor | None,
+    ) -> Any:
+        result = kernel(logprobs.detach(), *others)  # the others come detached
+        ctx.save_for_backward(result.grad)
         ctx.others = len(others)
-        ctx.mark_non_differentiable(*counts)
-        return (loss, *counts)
+        values = tuple(result.measured.values())
+        names.extend(result.measured)
+        ctx.mark_non_differentiable(result.invalid, *values)
+        return (result.loss, result.invalid, *values)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: Tensor, *_: Any) -> Any:
         (grad,) = ctx.saved_tensors
-        return (None, grad_loss * grad) + (None,) * ctx.others
+        return (None, None, grad_loss * grad) + (None,) * ctx.others
 
 
 def evaluate(
@@ -198,14 +213,14 @@ def evaluate(
     others: tuple[Tensor | None, ...],
     constants: tuple[float, ...] = (),
     bounds: tuple[Threshold, Threshold] | None = None,
-) -> tuple | None:
+) -> formulas.Result | None:
     """Formula ``name`` compiled, on one call's checked inputs; ``None``: run it eagerly instead.
 
     ``others``: the per-token inputs after the logprobs, detached (``None`` for an absent mask);
     ``constants``: the numbers the formula takes after its thresholds (compiled in);
     ``bounds``: a clipping loss's ``(low, high)``, numbers (checked by the caller, compiled in) or
-    tensors (a number beside a tensor becomes a tensor; checked on device). Returns
-    ``(loss, loss_tokens, invalid, *clip_counts, *gauge)``. ``None`` when the call's set of
+    tensors (a number beside a tensor becomes a tensor; checked on device). Returns the formula's
+    :class:`~cliptrack.adapters.losses.formulas.Result` without its gradient (autograd holds it). ``None`` when the call's set of
     constants is beyond :data:`MAX_CONSTANT_SETS`, or on a compile or run failure: then one
     warning, and the fused path is off for the process.
     """
@@ -226,8 +241,9 @@ def evaluate(
     fn = compiled(name, (*constants, accumulate, True))
     if fn is None:
         return None
+    names: list[str] = []
     try:
-        out = _Fused.apply(fn, *tensors)
+        loss, invalid, *values = _Fused.apply(fn, names, *tensors)
     except Exception as exc:  # noqa: BLE001 - any failure of the compiler must not stop training
         text = str(exc).strip()
         _failure = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
@@ -239,7 +255,7 @@ def evaluate(
         )
         return None
     compiled_calls[name] += 1
-    return cast(tuple, out)
+    return formulas.Result(loss, None, invalid, dict(zip(names, values, strict=True)))
 
 
 def _tensor_bound(value: Threshold, like: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from cliptrack.adapters._compat.tinker import ForwardBackwardOutput
 from cliptrack.core import keys, measures
 from cliptrack.core.outputs import metrics_of, read_output
-from cliptrack.core.sums import MeasuredSums, TokenCounts, as_count, exact_measured_metrics
+from cliptrack.core.sums import MeasuredSums, as_count, exact_measured_metrics
 from cliptrack.core.validation import check_metrics
 
 if TYPE_CHECKING:
@@ -36,11 +36,15 @@ __all__ = [
 ]
 
 
-def clip_counts(output: object) -> TokenCounts | None:
-    """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips;
-    ``None`` when it never clips (no ``clipped_tokens:sum``). The low/high split is optional."""
-    counts = TokenCounts.from_metrics(metrics_of(output))
-    return counts.without_gauge() if counts is not None and counts.clips else None
+def clip_counts(output: object) -> MeasuredSums | None:
+    """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips:
+    ``loss_tokens:sum``, ``clipped_tokens:sum`` and the low/high split when present (optional);
+    ``None`` when it never clips (no ``clipped_tokens:sum``)."""
+    counts = MeasuredSums.from_metrics(metrics_of(output))
+    if counts is None or not counts.clips:
+        return None
+    clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
+    return counts.without(*(g for g in measures.GROUPS if g not in clip))
 
 
 def measured_sums(output: object) -> MeasuredSums | None:
@@ -87,6 +91,7 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
     if not chunks:
         return {}
     merged: dict[str, float] = {}
+    exact = {m.key for m in measures.MEASURES if m.exact}
     for key in chunks[0]:
         _, reduction = keys.split_key(key)
         if key in keys.EXTREME_KEYS or not all(key in chunk for chunk in chunks):
@@ -96,7 +101,7 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
             merged[key] = values[0]
             merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
             continue
-        if key in _EXACT_KEYS:
+        if key in exact:
             merged[key] = float(sum(as_count(key, v) for v in values))
             continue
         value = _reduce(reduction, values, weights)
@@ -106,9 +111,6 @@ def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int])
     for mean in keys.MEAN_KEYS:  # a merged ``:mean`` is datum-weighted: never the token mean
         merged.pop(mean, None)
     return exact_measured_metrics(merged)
-
-
-_EXACT_KEYS = frozenset(m.key for m in measures.MEASURES if m.exact)
 
 
 def _merged_extremes(chunks: Sequence[Mapping[str, float]]) -> dict[str, float]:

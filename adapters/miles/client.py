@@ -31,11 +31,14 @@ from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_metric
 from cliptrack.adapters.miles.wire import read_count, read_float
 from cliptrack.core import keys, measures
 from cliptrack.core.outputs import is_output, read_output
-from cliptrack.core.sums import TokenCounts
+from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.validation import check_metrics, check_step
 
-_FROM_DATUMS = tuple(k for k in (*keys.MEASURED_KEYS, *keys.MEAN_KEYS) if k != keys.LOSS_SUM)
-"""Metric keys always formed from the per-datum sums (never from a chunk's own metrics)."""
+
+def _from_datums() -> tuple[str, ...]:
+    """Metric keys always formed from the per-datum sums (never from a chunk's own metrics)."""
+    return tuple(k for k in (*keys.MEASURED_KEYS, *keys.MEAN_KEYS) if k != keys.LOSS_SUM)
+
 
 MAX_CHUNK_DATUMS = 1024
 """Most datums in one chunk of a Tinker forward_backward request."""
@@ -47,7 +50,7 @@ class _Chunk:
     float sums (``terms``: key -> one value per datum, for the exact sum), its number of datums,
     its checked metrics, its per-datum outputs (kept on request) and output type."""
 
-    counts: TokenCounts | None
+    counts: MeasuredSums | None
     terms: dict[str, list[float]]
     datums: int
     metrics: dict[str, float]
@@ -55,7 +58,7 @@ class _Chunk:
     output_type: str
 
 
-def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
+def datum_counts(datum: object, where: str = "datum") -> MeasuredSums:
     """The measured sums of one per-datum output (one sequence), validated.
 
     ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
@@ -79,41 +82,42 @@ def datum_counts(datum: object, where: str = "datum") -> TokenCounts:
         absent = [name for name in keys.DATUM_CLIP_FIELDS if name not in datum]
         raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
     loss_tokens = read_count(datum[keys.DATUM_LOSS_TOKENS], f"{where}[{keys.DATUM_LOSS_TOKENS!r}]")
-    clipped, low, high = (
-        read_count(datum[name], f"{where}[{name!r}]") if name in datum else None
-        for name in keys.DATUM_CLIP_FIELDS
-    )
-    gauge = _datum_gauge(datum, where, loss_tokens)
+    values: dict[str, float | int] = {keys.LOSS_TOKENS: loss_tokens}
+    for group in measures.declared().groups:
+        values.update(_datum_group(datum, where, loss_tokens, group.name))
     try:
-        return TokenCounts(loss_tokens, clipped, low, high, gauge=gauge)
+        return MeasuredSums(values)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
 
-_GAUGE_SUMS = tuple(m for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM)
-
-
-def _datum_gauge(datum: Mapping[str, Any], where: str, loss_tokens: int) -> dict[str, float | int] | None:
-    """The gauge fields of one datum under their metric keys (``None`` without any)."""
-    fields = [m for m in measures.GAUGE_MEASURES if m.field in datum]
+def _datum_group(
+    datum: Mapping[str, Any], where: str, loss_tokens: int, group: str
+) -> dict[str, float | int]:
+    """The fields of ``group``'s measures one datum carries, under their metric keys (none: {});
+    its sums come together, its extremes are optional and ignored over no eligible token (the
+    wire's placeholder)."""
+    members = [m for m in measures.group_measures(group) if m.key not in (keys.LOSS_SUM, keys.LOSS_TOKENS)]
+    fields = [m for m in members if m.field in datum]
     if not fields:
-        return None
-    missing = [m.field for m in _GAUGE_SUMS if m.field not in datum]
-    if missing:
+        return {}
+    missing = [m.field for m in members if m.reduction == measures.SUM and m.field not in datum]
+    if missing and group not in (measures.CLIP, measures.SPLIT):  # checked above, in their words
+        what = "the gauge's sums" if group == measures.GAUGE else f"the {group} measures"
         raise ValueError(
-            f"{where} carries {[m.field for m in fields]} but not {missing}: the gauge's sums come together"
+            f"{where} carries {[m.field for m in fields]} but not {missing}: {what} come together"
         )
-    gauge: dict[str, float | int] = {}
+    values: dict[str, float | int] = {}
     for m in fields:
         name = f"{where}[{m.field!r}]"
         value = read_count(datum[m.field], name) if m.exact else read_float(datum[m.field], name)
         if m.reduction != measures.SUM and loss_tokens == 0:
             continue  # no eligible token, no extreme: the wire's placeholder is ignored
-        gauge[m.key] = value
-    return gauge
+        values[m.key] = value
+    return values
 
 
-def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> TokenCounts | None:
+def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> MeasuredSums | None:
     """Exact sums over per-datum outputs (``None`` when there are none); ValueError if datums of
     losses that measure different things mix (a clipping loss and one that never clips, a loss with
     the gauge and one without). Float sums are the correctly rounded sum of every datum's value."""
@@ -121,41 +125,43 @@ def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> To
     return _exact(total, terms)
 
 
-_FLOAT_SUMS = tuple(m.key for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM and not m.exact)
-"""The gauge's float sums: summed once over every datum's value (``math.fsum`` of all of them), so
-no chunking or order of arrival changes a bit of the result."""
+def _float_sums() -> tuple[str, ...]:
+    """The float sums (the gauge's, a registered one's): summed once over every datum's value
+    (``math.fsum`` of all of them), so no chunking or order of arrival changes a bit of the result."""
+    return tuple(m.key for m in measures.DATUM_MEASURES if m.reduction == measures.SUM and not m.exact)
 
 
-def _count_datums(datums: Iterable[object], where: str) -> tuple[TokenCounts | None, dict[str, list[float]]]:
+def _count_datums(datums: Iterable[object], where: str) -> tuple[MeasuredSums | None, dict[str, list[float]]]:
     """``(total, terms)``: the datums' sum by addition, and each datum's float sums."""
     return _total_and_terms([datum_counts(d, f"{where}[{i}]") for i, d in enumerate(datums)], where)
 
 
 def _total_and_terms(
-    per_datum: Sequence[TokenCounts], where: str
-) -> tuple[TokenCounts | None, dict[str, list[float]]]:
-    total: TokenCounts | None = None
-    terms: dict[str, list[float]] = {key: [] for key in _FLOAT_SUMS}
+    per_datum: Sequence[MeasuredSums], where: str
+) -> tuple[MeasuredSums | None, dict[str, list[float]]]:
+    total: MeasuredSums | None = None
+    terms: dict[str, list[float]] = {key: [] for key in _float_sums()}
     for i, counts in enumerate(per_datum):
         total = _added(total, counts, f"{where}[{i}]: ")
-        if counts.gauge is not None:
-            for key in _FLOAT_SUMS:
-                terms[key].append(float(counts.gauge[key]))
+        for key, values in terms.items():
+            if key in counts:
+                values.append(float(counts[key]))
     return total, terms
 
 
-def sum_datums(per_datum: Sequence[TokenCounts], where: str = "datums") -> TokenCounts | None:
+def sum_datums(per_datum: Sequence[MeasuredSums], where: str = "datums") -> MeasuredSums | None:
     """The exact sum of datums' measured sums (``None`` for none): counts as ints, extremes by
     max / min, float sums by one ``math.fsum`` over every datum (independent of order)."""
     return _exact(*_total_and_terms(per_datum, where))
 
 
-def _exact(total: TokenCounts | None, terms: Mapping[str, Sequence[float]]) -> TokenCounts | None:
+def _exact(total: MeasuredSums | None, terms: Mapping[str, Sequence[float]]) -> MeasuredSums | None:
     """``total`` with its float sums replaced by ``math.fsum`` of every term at once (addition
     rounds at each step, so its result depends on the grouping; one fsum does not)."""
-    if total is None or total.gauge is None:
+    if total is None:
         return total
-    return replace(total, gauge={**total.gauge, **{key: math.fsum(terms[key]) for key in _FLOAT_SUMS}})
+    exact = {key: math.fsum(terms[key]) for key in _float_sums() if key in total}
+    return MeasuredSums({**total.values, **exact}) if exact else total
 
 
 def aggregate_datums(outputs: object) -> dict[str, float]:
@@ -171,7 +177,7 @@ def aggregate_datums(outputs: object) -> dict[str, float]:
     bad or inconsistent counts and for mixed loss kinds.
     """
     chunks = [_read_output(o, f"outputs[{i}]") for i, o in enumerate(_as_outputs(outputs))]
-    total: TokenCounts | None = None
+    total: MeasuredSums | None = None
     for i, chunk in enumerate(chunks):
         total = _added(total, chunk.counts, f"outputs[{i}]: ")
     return _step_metrics(chunks, total)
@@ -216,16 +222,12 @@ def _read_output(output: object, where: str) -> _Chunk:
     )
 
 
-_EXACT_KEYS = tuple(m.key for m in measures.DATUM_MEASURES if m.exact)
-"""Exact counts an output's metrics may carry: they must equal its datums' sums."""
-
-
-def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | None, where: str) -> None:
+def _check_metrics_agree(metrics: Mapping[str, float], counts: MeasuredSums | None, where: str) -> None:
     """Measured keys an output's metrics carry must agree with its per-datum sums: every count
     equal, and no clip or gauge key for datums without them (float sums and extremes are taken
     from the datums; the output's own are not compared, the wire rounds them)."""
     expected = counts.to_metrics() if counts is not None else {}
-    for key in _EXACT_KEYS:
+    for key in (m.key for m in measures.DATUM_MEASURES if m.exact):  # they must equal the datums' sums
         if key not in metrics:
             continue
         if counts is None:
@@ -247,7 +249,7 @@ def _check_metrics_agree(metrics: Mapping[str, float], counts: TokenCounts | Non
             raise ValueError(f"{where}.metrics carry {stray} but its datums {_lacking(stray[0], counts)}")
 
 
-def _lacking(key: str, counts: TokenCounts) -> str:
+def _lacking(key: str, counts: MeasuredSums) -> str:
     """What the datums lack that ``key`` needs, in words."""
     if key in keys.GAUGE_KEYS:
         return "carry no gauge: a loss without sampling log-probs must emit no gauge keys"
@@ -256,7 +258,7 @@ def _lacking(key: str, counts: TokenCounts) -> str:
     return "carry no clip counts: a loss that never clips must emit no clip keys"
 
 
-def _added(total: TokenCounts | None, counts: TokenCounts | None, where: str) -> TokenCounts | None:
+def _added(total: MeasuredSums | None, counts: MeasuredSums | None, where: str) -> MeasuredSums | None:
     """``total + counts`` (``None`` is no datums); the one mixing error prefixed with ``where``."""
     if total is None or counts is None:
         return counts if total is None else total
@@ -266,23 +268,23 @@ def _added(total: TokenCounts | None, counts: TokenCounts | None, where: str) ->
         raise ValueError(f"{where}{exc}") from exc
 
 
-def _step_metrics(chunks: Sequence[_Chunk], total: TokenCounts | None) -> dict[str, float]:
+def _step_metrics(chunks: Sequence[_Chunk], total: MeasuredSums | None) -> dict[str, float]:
     """The step's metrics: the chunks' metrics merged, the token metrics from ``total`` (their sum)."""
     # Tinker's rule: a key missing from any output that holds datums is dropped (an output without
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
     with_metrics = [c for c in chunks if c.metrics or c.datums]
     merged = merge_metrics([c.metrics for c in with_metrics], [c.datums for c in with_metrics])
-    for key in _FROM_DATUMS:
+    for key in _from_datums():
         merged.pop(key, None)
-    terms = {key: [v for c in chunks for v in c.terms.get(key, ())] for key in _FLOAT_SUMS}
-    merged.update((_exact(total, terms) or TokenCounts(0)).to_metrics())
+    terms = {key: [v for c in chunks for v in c.terms.get(key, ())] for key in _float_sums()}
+    merged.update((_exact(total, terms) or MeasuredSums({keys.LOSS_TOKENS: 0})).to_metrics())
     return merged
 
 
 @dataclass
 class _StepState:
     chunks: list[_Chunk] = field(default_factory=list)
-    total: TokenCounts | None = None
+    total: MeasuredSums | None = None
 
 
 class UnknownClientError(LookupError):
@@ -332,7 +334,7 @@ class ClientAggregator:
         with self._lock:
             return sorted(self._client(client_id))
 
-    def add(self, client_id: str, step: int, output: object) -> TokenCounts | None:
+    def add(self, client_id: str, step: int, output: object) -> MeasuredSums | None:
         """Add one output (a chunk, a whole request, or tinker's merge of chunks) to a step.
 
         Returns the output's own counts (``None`` when it holds no datums). Raises UnknownClientError for an unregistered client and

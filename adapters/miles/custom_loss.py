@@ -8,7 +8,7 @@ Use it from Miles' command line (the module must be importable on every training
 :func:`policy_loss_with_clip_counts` has Miles' custom-loss signature ``(args, batch, logits,
 sum_of_sample_mean) -> (loss, log_dict)``. It calls Miles' ``policy_loss_function`` with the same
 arguments and returns its loss unchanged (same value, same autograd graph, so the same gradients)
-and its log dict plus :data:`COUNT_ENTRIES` and :data:`cliptrack.adapters.miles.train_log.COUNT_SCALE`.
+and its log dict plus :data:`COUNT_ENTRIES` and :data:`cliptrack.adapters.miles.keys.COUNT_SCALE`.
 
 How the entries survive Miles' aggregation exactly
 --------------------------------------------------
@@ -23,7 +23,7 @@ batch's ``dynamic_global_batch_size``; Miles scales its own loss by it). So, per
 
 - each count entry is ``(tokens on this rank's CP slice) * G``: the slices of the CP ranks add up
   to the sample's tokens, and the sum over the step is ``tokens * G``;
-- :data:`~cliptrack.adapters.miles.train_log.COUNT_SCALE` is the micro-batch's number of samples on CP rank
+- :data:`~cliptrack.adapters.miles.keys.COUNT_SCALE` is the micro-batch's number of samples on CP rank
   0 and 0 on the other CP ranks: the sum over the step is ``G``.
 
 Both are divided by the same ``N / cp_size``, so ``entry / count_scale`` is the exact token sum in
@@ -67,7 +67,8 @@ from typing import Any
 import torch
 from cliptrack.adapters._compat import miles as miles_seam
 from cliptrack.adapters.losses import builtin as losses
-from cliptrack.adapters.miles.train_log import COUNT_ENTRIES, COUNT_SCALE, GAUGE_ENTRIES
+from cliptrack.adapters.miles.keys import COUNT_ENTRIES, COUNT_SCALE, ENTRIES, GAUGE_ENTRIES, GAUGE_KEYS
+from cliptrack.core import keys
 from torch import Tensor
 
 __all__ = [
@@ -141,25 +142,19 @@ def clip_count_entries(
         )
     with torch.no_grad():
         clipped = (clipfrac != 0) & eligible
-        counts = torch.stack(
-            [
-                torch.count_nonzero(eligible),
-                torch.count_nonzero(clipped),
-                torch.count_nonzero(
-                    clipped & (advantages < 0)
-                ),  # clipping bites below 1 - eps only where A < 0
-                torch.count_nonzero(clipped & (advantages > 0)),
-            ]
-        ).double()
+        counts = {
+            keys.LOSS_TOKENS: torch.count_nonzero(eligible),
+            keys.CLIPPED_TOKENS: torch.count_nonzero(clipped),
+            # clipping bites below 1 - eps only where A < 0
+            keys.CLIPPED_LOW_TOKENS: torch.count_nonzero(clipped & (advantages < 0)),
+            keys.CLIPPED_HIGH_TOKENS: torch.count_nonzero(clipped & (advantages > 0)),
+        }
     step_samples = int(batch.get("dynamic_global_batch_size", args.global_batch_size))
     samples = len(batch["response_lengths"]) if state.cp.rank == 0 else 0
-    scaled = counts * step_samples
-    entries = {name: scaled[i] for i, name in enumerate(COUNT_ENTRIES)}
+    entries = {ENTRIES[key]: value.double() * step_samples for key, value in counts.items()}
     if ppo_kl is not None:  # l = log_probs - old_log_probs = -ppo_kl, the gauge's one formula
         log_ratio = -ppo_kl.detach()
-        gauge = (
-            losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible)[: len(GAUGE_ENTRIES)] * step_samples
-        )
-        entries.update({name: gauge[i] for i, name in enumerate(GAUGE_ENTRIES)})
+        gauge = losses.gauge_of(log_ratio, torch.exp(log_ratio), eligible)
+        entries.update({ENTRIES[key]: gauge[key] * step_samples for key in GAUGE_KEYS})
     entries[COUNT_SCALE] = torch.tensor(float(samples), dtype=torch.float64, device=device)
     return entries

@@ -26,13 +26,11 @@ from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.adapters.miles.client import sum_datums
 from cliptrack.adapters.miles.wire import count_data, float_data, read_array, tensor_data
 from cliptrack.core import keys, measures
-from cliptrack.core.sums import TokenCounts
+from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
 
 OUTPUT_TYPE = "ArrayRecord"
 """``loss_fn_output_type`` of the outputs built here (the class name Tinker's proto path reports)."""
-
-_WIDTH = len(losses.PACKED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -119,10 +117,11 @@ def forward_backward_loss(
 
     host = _to_host(outs, logprobs)
     n = len(outs)
-    rows = host[: n * _WIDTH].reshape(n, _WIDTH)
+    width = len(measures.PACKED_FIELDS)
+    rows = host[: n * width].reshape(n, width)
     sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
     _raise_invalid(sums, outs)
-    flat_logprobs = host[n * _WIDTH :].astype(np.float32)
+    flat_logprobs = host[n * width :].astype(np.float32)
 
     loss_fn_outputs: list[dict[str, Any]] = []
     offset = 0
@@ -147,7 +146,7 @@ def forward_backward_loss(
     )
 
 
-def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
+def datum_fields(counts: MeasuredSums, where: str = "datum") -> dict[str, Any]:
     """A datum's measured fields on the wire (:data:`cliptrack.core.keys.DATUM_MEASURE_FIELDS`, in that
     order): ``loss_tokens``; for a loss that clips, ``clipped_tokens`` and the low/high split when
     known; for a loss with sampling log-probs, the gauge of the datum's sequence. Counts are int64
@@ -160,7 +159,7 @@ def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
     for measure in measures.DATUM_MEASURES:
         if measure.key in values:
             value = values[measure.key]
-        elif measure.group == measures.GAUGE and counts.has_gauge and counts.loss_tokens == 0:
+        elif measure.reduction != measures.SUM and counts.has(measure.group) and counts.loss_tokens == 0:
             value = 0.0  # an extreme over no token: a placeholder the reader ignores
         else:
             continue
@@ -170,11 +169,14 @@ def datum_fields(counts: TokenCounts, where: str = "datum") -> dict[str, Any]:
     return fields
 
 
-def _no_tokens(spec: losses.LossSpec) -> TokenCounts:
+def _no_tokens(spec: losses.LossSpec) -> MeasuredSums:
     """The measured sums of no token for ``spec``'s loss: zero counts, zero gauge sums, no extreme."""
-    clip = (0, 0, 0) if spec.splits else (0, None, None) if spec.clips else (None, None, None)
-    gauge = {m.key: 0 for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM} if spec.gauge else None
-    return TokenCounts(0, *clip, gauge=gauge)
+    groups = {measures.EVERY}
+    groups |= {measures.CLIP} if spec.clips else set()
+    groups |= {measures.SPLIT} if spec.splits else set()
+    groups |= {measures.GAUGE} if spec.gauge else set()
+    zeros = {m.key: 0 for m in measures.DATUM_MEASURES if m.group in groups and m.reduction == measures.SUM}
+    return MeasuredSums(zeros)
 
 
 def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:

@@ -44,8 +44,10 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cliptrack.adapters.miles import keys as miles_keys
+from cliptrack.adapters.miles.keys import COUNT_ENTRIES, COUNT_SCALE, ENTRIES, GAUGE_ENTRIES, TRACKER_PREFIX
 from cliptrack.core import keys, measures
-from cliptrack.core.sums import TokenCounts, as_count
+from cliptrack.core.sums import MeasuredSums, as_count
 
 PER_TOKEN_FLAG = "--calculate-per-token-loss"
 """The Miles flag (``args.calculate_per_token_loss``) under which the log dict's sums are token sums."""
@@ -56,17 +58,6 @@ FLOAT32_EXACT = 2**24
 EXACT_BELOW = {"float32": FLOAT32_EXACT, "float16": 2**11, "bfloat16": 2**8}
 """Largest whole number each reduced-precision dtype carries exactly (every smaller one is exact too)."""
 
-COUNT_ENTRIES = (
-    keys.DATUM_LOSS_TOKENS,
-    keys.DATUM_CLIPPED_TOKENS,
-    keys.DATUM_CLIPPED_LOW_TOKENS,
-    keys.DATUM_CLIPPED_HIGH_TOKENS,
-)
-"""cliptrack's token-count entries in a Miles log dict, in order."""
-COUNT_SCALE = keys.MILES_COUNT_SCALE
-"""The entry dividing :data:`COUNT_ENTRIES` when they are scaled (``cliptrack.adapters.miles.custom_loss``)."""
-TRACKER_PREFIX = "train/"
-"""Prefix Miles' ``log_train_step`` puts before each entry of the aggregated dict."""
 _EXACT_SCALED = 2**53
 """Largest scaled entry (tokens x samples of the step) float64 carries exactly."""
 
@@ -76,17 +67,22 @@ class MilesCountWarning(UserWarning):
 
 
 _COUNT_ENTRIES = (
-    keys.MILES_PG_CLIPFRAC,
+    miles_keys.PG_CLIPFRAC,
     COUNT_SCALE,
-    keys.DATUM_LOSS_TOKENS,
-    keys.DATUM_CLIPPED_TOKENS,
-    keys.DATUM_CLIPPED_LOW_TOKENS,
-    keys.DATUM_CLIPPED_HIGH_TOKENS,
-    *(m.miles_entry for m in measures.GAUGE_MEASURES if m.exact and m.miles_entry is not None),
+    *(entry for key, entry in ENTRIES.items() if measures.by_key(key).exact),
 )
-GAUGE_ENTRIES = keys.MILES_GAUGE_ENTRIES
-"""The gauge's entries in a Miles log dict (its sums; Miles adds log values, so no extreme)."""
-_GAUGE_SUMS = tuple(m for m in measures.GAUGE_MEASURES if m.miles_entry is not None)
+"""Entries of a Miles log dict that hold counts (checked exact in the log's dtype)."""
+_GAUGE_ENTRIES = {key: ENTRIES[key] for key in miles_keys.GAUGE_KEYS}
+__all__ = [
+    "COUNT_ENTRIES",
+    "COUNT_SCALE",
+    "GAUGE_ENTRIES",
+    "TRACKER_PREFIX",
+    "MilesCountWarning",
+    "log_entries",
+    "read_train_log",
+    "sum_train_logs",
+]
 
 
 def log_entries(out: Any) -> dict[str, Any]:
@@ -95,19 +91,9 @@ def log_entries(out: Any) -> dict[str, Any]:
     ``out``: an :class:`cliptrack.adapters.losses.builtin.LossOutput` of a clipping loss over the micro-batch's
     (CP-local) tokens. Values are float64 0-dim tensors, exact below 2**53 tokens.
     """
-    if out.clipped_tokens is None:
+    if not out.clips:
         raise ValueError("log_entries needs the output of a clipping loss (ppo or cispo)")
-    entries = {
-        keys.DATUM_LOSS_TOKENS: out.loss_tokens.double(),
-        keys.DATUM_CLIPPED_TOKENS: out.clipped_tokens.double(),
-    }
-    if out.clipped_low_tokens is not None and out.clipped_high_tokens is not None:
-        entries[keys.DATUM_CLIPPED_LOW_TOKENS] = out.clipped_low_tokens.double()
-        entries[keys.DATUM_CLIPPED_HIGH_TOKENS] = out.clipped_high_tokens.double()
-    if out.gauge is not None:  # its sums (laid out first in LossOutput.gauge)
-        for i, measure in enumerate(_GAUGE_SUMS):
-            entries[str(measure.miles_entry)] = out.gauge[i]
-    return entries
+    return {entry: out.measured[key].double() for key, entry in ENTRIES.items() if key in out.measured}
 
 
 def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]:
@@ -168,7 +154,7 @@ def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"keys": names, "values": [math.fsum(c) for c in total_columns]}
 
 
-def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
+def _scaled_counts(entries: Mapping[str, float], where: str) -> MeasuredSums:
     """Counts from :data:`COUNT_ENTRIES` scaled by :data:`COUNT_SCALE` (``cliptrack.adapters.miles.custom_loss``),
     and the gauge's sums from :data:`GAUGE_ENTRIES` when the log has them."""
     missing = [name for name in COUNT_ENTRIES if name not in entries]
@@ -179,9 +165,9 @@ def _scaled_counts(entries: Mapping[str, float], where: str) -> TokenCounts:
     scale = entries[COUNT_SCALE]
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"{where} value {COUNT_SCALE!r} = {scale!r} must be > 0 (the samples of the step)")
-    counts = [_scaled_count(entries, name, scale, where) for name in COUNT_ENTRIES]
+    counts = {key: _scaled_count(entries, ENTRIES[key], scale, where) for key in miles_keys.COUNT_KEYS}
     try:  # checks clipped <= loss_tokens, low + high == clipped and the gauge's rules
-        return TokenCounts(*counts, gauge=_scaled_gauge(entries, scale, where))
+        return MeasuredSums({**counts, **(_scaled_gauge(entries, scale, where) or {})})
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
@@ -207,21 +193,20 @@ def _scaled_gauge(entries: Mapping[str, float], scale: float, where: str) -> dic
     """The gauge's sums from its scaled entries (``None`` without any): a count rounded to the
     token, a float sum ``entry / count_scale`` (float64, to a few roundings). No extreme: Miles sums
     its log values over micro-batches and ranks, which a max or min does not survive."""
-    present = [m.miles_entry for m in _GAUGE_SUMS if m.miles_entry in entries]
+    present = [entry for entry in _GAUGE_ENTRIES.values() if entry in entries]
     if not present:
         return None
-    missing = [m.miles_entry for m in _GAUGE_SUMS if m.miles_entry not in entries]
+    missing = [entry for entry in _GAUGE_ENTRIES.values() if entry not in entries]
     if missing:
         raise ValueError(f"{where} has the gauge entries {present} but not {missing}: they come together")
     gauge: dict[str, float | int] = {}
-    for m in _GAUGE_SUMS:
-        name = str(m.miles_entry)
-        if m.exact:
-            gauge[m.key] = _scaled_count(entries, name, scale, where)
+    for key, name in _GAUGE_ENTRIES.items():
+        if measures.by_key(key).exact:
+            gauge[key] = _scaled_count(entries, name, scale, where)
         elif not math.isfinite(entries[name]):
             raise ValueError(f"{where} value {name!r} = {entries[name]!r} must be finite")
         else:
-            gauge[m.key] = entries[name] / scale
+            gauge[key] = entries[name] / scale
     return gauge
 
 
@@ -245,8 +230,8 @@ def read_train_log(
     calculate_per_token_loss: bool | None = None,
     context_parallel_size: int = 1,
     loss_masks: Sequence[Any] | None = None,
-) -> TokenCounts:
-    """Exact token counts from a Miles log of one optimizer step, as a ``TokenCounts`` of a clipping
+) -> MeasuredSums:
+    """Exact token counts from a Miles log of one optimizer step, as a ``MeasuredSums`` of a clipping
     loss (``.to_metrics()`` gives the step's clip metrics; the low/high split when the log has it;
     with :mod:`cliptrack.adapters.miles.custom_loss`'s entries also the gauge's sums, in ``gauge``).
 
@@ -282,14 +267,17 @@ def read_train_log(
     entries = dict(zip(names, values[1:], strict=True))
     clipped = _clipped_tokens(entries, names)
     total = _log_count(values[0], context_parallel_size)
-    if keys.DATUM_LOSS_TOKENS in entries:
+    if ENTRIES[keys.LOSS_TOKENS] in entries:
         loss_tokens = _logged_loss_tokens(entries, total // context_parallel_size)
     else:
         loss_tokens = total // context_parallel_size
         loss_tokens -= _warn_all_masked(loss_masks, loss_tokens)
+    values = {keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped}
     low, high = _clipped_low_high(entries)
+    if low is not None and high is not None:
+        values.update({keys.CLIPPED_LOW_TOKENS: low, keys.CLIPPED_HIGH_TOKENS: high})
     try:  # checks clipped <= loss_tokens and low + high == clipped
-        return TokenCounts(loss_tokens, clipped, low, high)
+        return MeasuredSums(values)
     except ValueError as exc:
         raise ValueError(f"this Miles log: {exc}") from exc
 
@@ -306,7 +294,7 @@ def _check_log_arguments(calculate_per_token_loss: object, context_parallel_size
         raise ValueError(f"context_parallel_size must be an int >= 1, got {context_parallel_size!r}")
 
 
-def _read_aggregated_log(log: Mapping[str, Any]) -> TokenCounts:
+def _read_aggregated_log(log: Mapping[str, Any]) -> MeasuredSums:
     """Counts from a log already divided by Miles' count: only its cliptrack entries carry them."""
     entries = _aggregated_entries(log)
     if COUNT_SCALE in entries:
@@ -344,20 +332,20 @@ def _entry_count(entries: Mapping[str, float], name: str) -> int:
 def _clipped_tokens(entries: Mapping[str, float], names: Sequence[str]) -> int:
     """Clipped tokens of a stock log: ``clipped_tokens`` when present (and equal to Miles'
     ``pg_clipfrac`` sum if both are), else the ``pg_clipfrac`` sum (per-token mode: a token count)."""
-    if keys.DATUM_CLIPPED_TOKENS in entries:
-        clipped = _entry_count(entries, keys.DATUM_CLIPPED_TOKENS)
-        if keys.MILES_PG_CLIPFRAC in entries:
-            miles = _entry_count(entries, keys.MILES_PG_CLIPFRAC)
+    if ENTRIES[keys.CLIPPED_TOKENS] in entries:
+        clipped = _entry_count(entries, ENTRIES[keys.CLIPPED_TOKENS])
+        if miles_keys.PG_CLIPFRAC in entries:
+            miles = _entry_count(entries, miles_keys.PG_CLIPFRAC)
             if miles != clipped:
                 raise ValueError(
-                    f"log value {keys.MILES_PG_CLIPFRAC!r} = {miles} disagrees with "
-                    f"{keys.DATUM_CLIPPED_TOKENS!r} = {clipped}: both count the tokens where clipping bites"
+                    f"log value {miles_keys.PG_CLIPFRAC!r} = {miles} disagrees with "
+                    f"{ENTRIES[keys.CLIPPED_TOKENS]!r} = {clipped}: both count the tokens where clipping bites"
                 )
         return clipped
-    if keys.MILES_PG_CLIPFRAC in entries:
-        return _entry_count(entries, keys.MILES_PG_CLIPFRAC)
+    if miles_keys.PG_CLIPFRAC in entries:
+        return _entry_count(entries, miles_keys.PG_CLIPFRAC)
     raise ValueError(
-        f"this Miles log has neither {keys.MILES_PG_CLIPFRAC!r} nor {keys.DATUM_CLIPPED_TOKENS!r} "
+        f"this Miles log has neither {miles_keys.PG_CLIPFRAC!r} nor {ENTRIES[keys.CLIPPED_TOKENS]!r} "
         f"(keys: {names}): its loss does not clip, so there is no clip count to read"
     )
 
@@ -375,10 +363,10 @@ def _log_count(value: float, context_parallel_size: int) -> int:
 
 def _logged_loss_tokens(entries: Mapping[str, float], per_rank: int) -> int:
     """The ``loss_tokens`` entry, which cannot exceed ``per_rank`` (count / CP size)."""
-    loss_tokens = _entry_count(entries, keys.DATUM_LOSS_TOKENS)
+    loss_tokens = _entry_count(entries, ENTRIES[keys.LOSS_TOKENS])
     if loss_tokens > per_rank:
         raise ValueError(
-            f"log value {keys.DATUM_LOSS_TOKENS!r} = {loss_tokens} exceeds count / CP size = "
+            f"log value {ENTRIES[keys.LOSS_TOKENS]!r} = {loss_tokens} exceeds count / CP size = "
             f"{per_rank}; was context_parallel_size right?"
         )
     return loss_tokens
@@ -386,14 +374,17 @@ def _logged_loss_tokens(entries: Mapping[str, float], per_rank: int) -> int:
 
 def _clipped_low_high(entries: Mapping[str, float]) -> tuple[int | None, int | None]:
     """The low/high split of the clipped tokens, or ``(None, None)`` when the log has none."""
-    has_low, has_high = keys.DATUM_CLIPPED_LOW_TOKENS in entries, keys.DATUM_CLIPPED_HIGH_TOKENS in entries
+    has_low, has_high = (
+        ENTRIES[keys.CLIPPED_LOW_TOKENS] in entries,
+        ENTRIES[keys.CLIPPED_HIGH_TOKENS] in entries,
+    )
     if has_low != has_high:
         raise ValueError("the log carries one side of the low/high split without the other")
     if not has_low:
         return None, None
     return (
-        _entry_count(entries, keys.DATUM_CLIPPED_LOW_TOKENS),
-        _entry_count(entries, keys.DATUM_CLIPPED_HIGH_TOKENS),
+        _entry_count(entries, ENTRIES[keys.CLIPPED_LOW_TOKENS]),
+        _entry_count(entries, ENTRIES[keys.CLIPPED_HIGH_TOKENS]),
     )
 
 

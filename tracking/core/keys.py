@@ -30,13 +30,14 @@ THROUGHPUT = "tokens_per_second:mean"
 STEP_TIME = "step_time_s:mean"
 """Wall time of the step, in seconds."""
 
-SPLIT_KEYS = (CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
+_BUILTIN = _measures.BUILTIN
+SPLIT_KEYS = tuple(m.key for m in _BUILTIN.members[_measures.SPLIT])
 """The low/high split of ``clipped_tokens:sum``: optional (absent from the stacks' own outputs),
 both or neither, and only beside ``clipped_tokens:sum``."""
-CLIP_COUNT_KEYS = (CLIPPED_TOKENS, *SPLIT_KEYS)
+CLIP_COUNT_KEYS = (*(m.key for m in _BUILTIN.members[_measures.CLIP]), *SPLIT_KEYS)
 """Integer count keys of a loss that clips (``clipped_tokens:sum`` always, the split when known)."""
 TOKEN_COUNT_KEYS = (LOSS_TOKENS, *CLIP_COUNT_KEYS)
-"""Every key holding an exact token count (summed, never averaged)."""
+"""The built-in token counts of every loss and of clipping ones (summed, never averaged)."""
 CLIP_SERIES_KEYS = (CLIP_FRACTION, CLIPPED_TOKENS, LOSS_TOKENS, CLIPPED_LOW_TOKENS, CLIPPED_HIGH_TOKENS)
 """The per-step clip series the tracker records, in display order."""
 
@@ -71,29 +72,43 @@ GAUGE_KEYS = (*GAUGE_MEASURED_KEYS, *GAUGE_MEAN_KEYS)
 """Every key of the on-policy gauge."""
 GAUGE_SERIES_KEYS = (KL_K3_MEAN, ABS_LOG_RATIO_MEAN, RATIO_OUTSIDE_TOKENS, LOG_RATIO_MAX, LOG_RATIO_MIN)
 """The per-step gauge series the tracker records beside the clip series, in display order."""
-MEASURED_KEYS = tuple(m.key for m in _measures.MEASURES)
-"""Every measured key (:data:`cliptrack.core.measures.MEASURES`), ``loss:sum`` first."""
-MEAN_KEYS = tuple(m.key for m in _measures.MEANS)
-"""Every derived mean (``clip_fraction:mean`` and the gauge's), formed from merged sums."""
-EXTREME_KEYS = tuple(m.key for m in _measures.MEASURES if m.reduction != _measures.SUM)
-"""Measured keys merged by max or min, never added."""
 
-# Keys of the per-datum Miles/Tinker wire form (``loss_fn_outputs[i]``), without reduction suffix.
-DATUM_LOSS_TOKENS = "loss_tokens"
-DATUM_CLIPPED_TOKENS = "clipped_tokens"
-DATUM_CLIPPED_LOW_TOKENS = "clipped_low_tokens"
-DATUM_CLIPPED_HIGH_TOKENS = "clipped_high_tokens"
+# Keys of the per-datum Miles/Tinker wire form (``loss_fn_outputs[i]``), without reduction suffix
+# (:attr:`cliptrack.core.measures.Measure.field`).
+DATUM_LOSS_TOKENS = _BUILTIN.by_key[LOSS_TOKENS].field
+DATUM_CLIPPED_TOKENS = _BUILTIN.by_key[CLIPPED_TOKENS].field
+DATUM_CLIPPED_LOW_TOKENS = _BUILTIN.by_key[CLIPPED_LOW_TOKENS].field
+DATUM_CLIPPED_HIGH_TOKENS = _BUILTIN.by_key[CLIPPED_HIGH_TOKENS].field
 DATUM_LOGPROBS = "logprobs"
-DATUM_CLIP_FIELDS = (DATUM_CLIPPED_TOKENS, DATUM_CLIPPED_LOW_TOKENS, DATUM_CLIPPED_HIGH_TOKENS)
+DATUM_CLIP_FIELDS = tuple(_BUILTIN.by_key[key].field for key in CLIP_COUNT_KEYS)
 """Per-datum count fields of a loss that clips (``clipped_tokens`` always, the split when known)."""
 DATUM_GAUGE_FIELDS = tuple(m.field for m in _measures.GAUGE_MEASURES)
 """Per-datum gauge fields of a loss with sampling log-probs (``log_ratio``, ``abs_log_ratio``,
 ``kl_k3``, ``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``, ``log_ratio_max``,
 ``log_ratio_min``): each datum's own sums and extremes (a datum is a sequence)."""
-DATUM_MEASURE_FIELDS = tuple(m.field for m in _measures.DATUM_MEASURES)
+
+# Read live from the declaration in force (module ``__getattr__``; a registered measure included):
+MEASURED_KEYS: tuple[str, ...]
+"""Every measured key (:data:`cliptrack.core.measures.MEASURES`), ``loss:sum`` first."""
+MEAN_KEYS: tuple[str, ...]
+"""Every derived mean (``clip_fraction:mean``, the gauge's, registered ones), formed from merged sums."""
+EXTREME_KEYS: tuple[str, ...]
+"""Measured keys merged by max or min, never added."""
+DATUM_MEASURE_FIELDS: tuple[str, ...]
 """Every per-datum measured field, in declaration order."""
-MILES_GAUGE_ENTRIES = tuple(m.miles_entry for m in _measures.GAUGE_MEASURES if m.miles_entry is not None)
-"""The gauge's entries in a Miles log dict (sums only: Miles adds its log values)."""
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    declaration = _measures.declared()
+    if name == "MEASURED_KEYS":
+        return tuple(m.key for m in declaration.measures)
+    if name == "MEAN_KEYS":
+        return tuple(m.key for m in declaration.means)
+    if name == "EXTREME_KEYS":
+        return tuple(m.key for m in declaration.extreme_measures)
+    if name == "DATUM_MEASURE_FIELDS":
+        return tuple(m.field for m in declaration.datum_measures)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -127,14 +142,6 @@ WANDB_WALL_TIME = "trainer/wall_time"
 RUN_META_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
 
-# ---- Miles' own train-step log dict (``{"keys": [...], "values": [count, *sums]}``) -----------
-MILES_PG_CLIPFRAC = "pg_clipfrac"
-"""Miles' log-dict key for PPO clipping: per token ``clamp(r)*A < r*A``, reduced by Miles' loss
-reducer (a token sum with ``--calculate-per-token-loss``, a sum of per-sample means without)."""
-MILES_COUNT_SCALE = "count_scale"
-"""Entry of cliptrack's Miles loss (``cliptrack.adapters.miles.custom_loss``): per micro-batch its samples on
-CP rank 0, 0 elsewhere; each count entry divided by it is the exact token sum, in any form of the log."""
-
 # ---- tinker-cookbook's own metric names (``rl/metric_util.py``, ``utils/trace.py``) --------------
 COOKBOOK_REWARD = "env/all/reward/total"
 """The cookbook's mean total reward of the step's trajectories (logged by cliptrack as :data:`REWARD`)."""
@@ -153,13 +160,6 @@ tokens of ``log pi_sampler - log pi_trainer = -l``; with cliptrack's sums it is
 ``-log_ratio:sum / loss_tokens:sum`` (it may be negative, unlike ``kl_k3:mean``). Never produced by
 cliptrack's losses: the key under which a verl run's value is read."""
 
-# Miles' mismatch metrics (``policy_loss_function``, logged when the batch has rollout log-probs):
-# sample means (``sum_of_sample_mean``) of the trainer's pre-update log-probs against the rollout's.
-MILES_ABS_DIFF = "train_rollout_logprob_abs_diff"
-"""Miles' mean of ``|log pi_old - log pi_rollout|`` (per-sample means in its default mode)."""
-MILES_ROLLOUT_KL = "train_rollout_kl"
-"""Miles' mean of the k3 KL(rollout || trainer), each token's term clamped to [-10, 10]."""
-
 
 @dataclass(frozen=True)
 class Alias:
@@ -175,59 +175,55 @@ class Alias:
     source: str
 
 
-MILES_STEP = "train/step"
-"""Miles' tracker: the step column its ``train/*`` series are plotted against (W&B)."""
-FOREIGN_STEP_COLUMNS = (MILES_STEP, "_step")
-"""W&B step columns tried, in order, for rows without :data:`WANDB_STEP_METRIC` (``_step``: verl)."""
+FOREIGN_STEP_COLUMNS = ("train/step", "_step")
+"""W&B step columns tried, in order, for rows without :data:`WANDB_STEP_METRIC` (``train/step``:
+Miles' tracker, which plots its ``train/*`` series against it; ``_step``: verl)."""
+
+_TRACKER_PREFIX = "train/"
+"""Miles' tracker logs the entries of its step's log dict as ``train/<entry>``."""
 
 
-def _miles_spellings() -> dict[str, Alias]:
+def _tracker_spellings() -> dict[str, Alias]:
     """Our keys logged through Miles' tracker: ``train/<key>`` (W&B keeps ``:``, its MLflow backend
     rewrites every character outside ``[A-Za-z0-9_-./ ]`` to ``_``). Exact: they are our numbers."""
     ours = (LOSS_SUM, *TOKEN_COUNT_KEYS, CLIP_FRACTION, *GAUGE_KEYS, REWARD, THROUGHPUT, STEP_TIME)
     table = {}
     for key in ours:
-        table[f"train/{key}"] = Alias(key, False, "miles tracker")
-        table[f"train/{key.replace(':', '_')}"] = Alias(key, False, "miles tracker")
+        table[f"{_TRACKER_PREFIX}{key}"] = Alias(key, False, "miles tracker")
+        table[f"{_TRACKER_PREFIX}{key.replace(':', '_')}"] = Alias(key, False, "miles tracker")
     return table
 
 
 ALIASES: dict[str, Alias] = {
-    **_miles_spellings(),
-    f"train/{MILES_PG_CLIPFRAC}": Alias(CLIP_FRACTION, True, "miles"),  # per-sample means, or clipped / count
+    **_tracker_spellings(),
+    "train/pg_clipfrac": Alias(CLIP_FRACTION, True, "miles"),  # per-sample means, or clipped / count
     "actor/pg_clipfrac": Alias(CLIP_FRACTION, True, "verl"),  # mean of micro-batch token means
     "actor/pg_clipfrac_lower": Alias(DUAL_CLIP_FRACTION, True, "verl"),
     "critic/score/mean": Alias(REWARD, False, "verl"),  # mean sequence score of the step's batch
-    # The gauge's means. Approximate: Miles' are means of per-sample means (its default mode) or
-    # token means over a count with one token per all-masked sample; verl's are means of
-    # micro-batch means in its bypass mode. And none sees the step's own drift: both compare the
-    # trainer's log-probs before the update (old_log_probs) with the rollout's, where cliptrack's
-    # l uses the log-probs of each pass (docs/CONTRACT.md, "The on-policy gauge").
-    f"train/{MILES_ABS_DIFF}": Alias(ABS_LOG_RATIO_MEAN, True, "miles"),
-    f"train/{MILES_ROLLOUT_KL}": Alias(KL_K3_MEAN, True, "miles"),  # k3, clamped to [-10, 10] per token
+    # The gauge's means. Approximate: Miles' (train_rollout_logprob_abs_diff: the mean of
+    # |log pi_old - log pi_rollout|; train_rollout_kl: the k3 KL(rollout || trainer), each token's
+    # term clamped to [-10, 10]) are means of per-sample means (its default mode) or token means
+    # over a count with one token per all-masked sample; verl's are means of micro-batch means in
+    # its bypass mode. And none sees the step's own drift: both compare the trainer's log-probs
+    # before the update (old_log_probs) with the rollout's, where cliptrack's l uses the log-probs
+    # of each pass (docs/CONTRACT.md, "The on-policy gauge").
+    "train/train_rollout_logprob_abs_diff": Alias(ABS_LOG_RATIO_MEAN, True, "miles"),
+    "train/train_rollout_kl": Alias(KL_K3_MEAN, True, "miles"),  # k3, clamped to [-10, 10] per token
     "rollout_corr/k3_kl": Alias(KL_K3_MEAN, True, "verl"),
     "rollout_corr/kl": Alias(KL_K1, True, "verl"),  # k1: mean of log pi_rollout - log pi_old
 }
 """Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
 key wins over an alias, an exact alias over an approximate one."""
 
-MILES_SCALED_COUNTS = {
-    f"train/{name}": key
-    for name, key in (
-        ("loss_tokens", LOSS_TOKENS),
-        ("clipped_tokens", CLIPPED_TOKENS),
-        ("clipped_low_tokens", CLIPPED_LOW_TOKENS),
-        ("clipped_high_tokens", CLIPPED_HIGH_TOKENS),
-    )
+SCALED_ALIASES_DIVISOR = f"{_TRACKER_PREFIX}count_scale"
+"""The entry (as Miles' tracker logs it) dividing :data:`SCALED_ALIASES`: cliptrack's Miles loss
+writes each sum entry scaled, and the scale beside them (``cliptrack.adapters.miles.keys``)."""
+SCALED_ALIASES = {
+    f"{_TRACKER_PREFIX}{m.field}": m.key for m in _BUILTIN.datum_measures if m.reduction == _measures.SUM
 }
-"""The count entries of ``cliptrack.adapters.miles.custom_loss`` as Miles' tracker logs them; each divided by
-``train/count_scale`` (:data:`MILES_COUNT_SCALE`) is the exact token count of our key."""
-MILES_SCALED_GAUGE = {
-    f"train/{m.miles_entry}": m.key for m in _measures.GAUGE_MEASURES if m.miles_entry is not None
-}
-"""The gauge's sum entries of ``cliptrack.adapters.miles.custom_loss`` as Miles' tracker logs them; each
-divided by ``train/count_scale`` is our sum (a count rounded to the token, a float sum as it is).
-Extremes have no entry: Miles adds its log values over micro-batches and ranks."""
+"""Sums of cliptrack's Miles loss as Miles' tracker logs them, ``train/<field>`` -> our key; each
+divided by :data:`SCALED_ALIASES_DIVISOR` is our sum (a count rounded to the token, a float sum as
+it is). Extremes have no entry: Miles adds its log values over micro-batches and ranks."""
 
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"
@@ -243,17 +239,16 @@ TAG_VERDICT = "cliptrack.verdict"
 
 
 def _check_declared() -> None:
-    """The named constants above agree with the declaration (cliptrack.core.measures)."""
-    named = (LOSS_SUM, *TOKEN_COUNT_KEYS, LOG_RATIO_SUM, ABS_LOG_RATIO_SUM, KL_K3_SUM, RATIO_OUTSIDE_TOKENS)
-    named_extra = (IS_WEIGHT_SUM, IS_WEIGHT_SQ_SUM, LOG_RATIO_MAX, LOG_RATIO_MIN)
-    if (*named, *named_extra) != MEASURED_KEYS or (
-        CLIP_FRACTION,
-        ABS_LOG_RATIO_MEAN,
-        KL_K3_MEAN,
-    ) != MEAN_KEYS:
-        raise AssertionError("cliptrack.core.keys and cliptrack.core.measures disagree on the measured keys")
-    if (DATUM_LOSS_TOKENS, *DATUM_CLIP_FIELDS, *DATUM_GAUGE_FIELDS) != DATUM_MEASURE_FIELDS:
-        raise AssertionError("cliptrack.core.keys and cliptrack.core.measures disagree on the datum fields")
+    """The named constants above are keys of the declaration (cliptrack.core.measures)."""
+    named = (LOSS_SUM, *TOKEN_COUNT_KEYS, *GAUGE_MEASURED_KEYS, LOG_RATIO_SUM, ABS_LOG_RATIO_SUM, KL_K3_SUM)
+    named += (RATIO_OUTSIDE_TOKENS, IS_WEIGHT_SUM, IS_WEIGHT_SQ_SUM, LOG_RATIO_MAX, LOG_RATIO_MIN)
+    unknown = [key for key in named if key not in _BUILTIN.by_key]
+    means = {m.key for m in _BUILTIN.means}
+    unknown += [key for key in (CLIP_FRACTION, ABS_LOG_RATIO_MEAN, KL_K3_MEAN) if key not in means]
+    if unknown:
+        raise AssertionError(
+            f"cliptrack.core.keys names {unknown}, which cliptrack.core.measures does not declare"
+        )
 
 
 _check_declared()

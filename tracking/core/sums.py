@@ -1,9 +1,9 @@
 """The measured sums of a loss (cliptrack.core.measures) on the host, and the means formed once from them.
 
-:class:`MeasuredSums` (also named :class:`TokenCounts`) is the one host state that aggregates (it
-adds); the means are derived, never summed. It holds what any loss measured: ``loss_tokens``
-always, the clip counts only for a loss that clips, the low/high split only when the producer
-reports it (the stacks emit ``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum`` and
+:class:`MeasuredSums` is the one host state that aggregates (it adds); the means are derived,
+never summed. It holds what any loss measured, by metric key (every key a measure of
+:mod:`cliptrack.core.measures`, read from the declaration in force): ``loss_tokens`` always, the clip
+counts only for a loss that clips, the low/high split only when the producer reports it (the stacks emit ``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum`` and
 ``clip_fraction:mean`` alone), and the on-policy gauge (``gauge``: sums and extremes of
 ``l = logprobs - sampling_logprobs``) only for a loss with sampling log-probs. Counts are exact
 ints in tokens; float sums are float64 added with ``math.fsum``; extremes merge by max / min. See
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cliptrack.core import keys, measures
 from cliptrack.core.outputs import metrics_of
@@ -25,14 +25,12 @@ __all__ = [
     "GAUGE_SUM_KEYS",
     "MAX_EXACT_COUNT",
     "MEASURED_VALUE_KEYS",
-    "ClipCounts",
     "MeasuredSums",
-    "TokenCounts",
-    "add_gauge",
     "as_count",
     "check_fraction",
     "check_gauge",
     "check_mean",
+    "check_sums",
     "exact_clip_metrics",
     "exact_measured_metrics",
     "metrics_of",
@@ -92,8 +90,9 @@ def _real(name: str, value: object) -> float:
     return number
 
 
-def _gauge_value(measure: measures.Measure, value: object, where: str) -> float | int:
-    name = f"{measure.key}{where}"
+def _value(measure: measures.Measure, value: object, name: str) -> float | int:
+    """One measured value checked as its declaration says: a whole count, or a finite float (>= 0
+    when ``nonnegative``)."""
     if measure.exact:
         return as_count(name, value)
     number = _real(name, value)
@@ -102,205 +101,247 @@ def _gauge_value(measure: measures.Measure, value: object, where: str) -> float 
     return number
 
 
+def _check_split(values: Mapping[str, float | int]) -> None:
+    """The clip counts: the split comes as a pair, beside ``clipped_tokens``, and adds up to it."""
+    low, high = values.get(keys.CLIPPED_LOW_TOKENS), values.get(keys.CLIPPED_HIGH_TOKENS)
+    clipped, tokens = values.get(keys.CLIPPED_TOKENS), values[keys.LOSS_TOKENS]
+    if (low is None) != (high is None):
+        raise ValueError(
+            "clipped_low_tokens and clipped_high_tokens come together: one is given without the other"
+        )
+    if clipped is None:
+        if low is not None:
+            raise ValueError("a low/high split was given without clipped_tokens")
+        return
+    if clipped > tokens:
+        raise ValueError(
+            f"clipped_tokens={clipped} exceeds loss_tokens={tokens}: a token can only be clipped if it is eligible"
+        )
+    if low is not None and high is not None and low + high != clipped:
+        raise ValueError(f"clipped_low_tokens={low} + clipped_high_tokens={high} != clipped_tokens={clipped}")
+
+
+def _group_label(group: str) -> str:
+    return "the gauge" if group == measures.GAUGE else f"the {group} measures"
+
+
+def check_sums(values: Mapping[str, object], where: str = "") -> dict[str, float | int]:
+    """Measured sums by metric key, checked against the declaration in force; the checked copy.
+
+    Every key a declared measure but ``loss:sum``; ``loss_tokens:sum`` present; each value as its
+    measure says (:func:`as_count` for a count, finite and ``nonnegative`` for a float); a group
+    all or none (its extremes optional: a merge may lose them), a refining group only beside the
+    group it refines; clip counts consistent (``low + high == clipped <= loss_tokens``); every
+    count at most ``loss_tokens`` (only eligible tokens are measured); over no eligible token
+    every sum 0 and no extreme; a min at most its max. ``where`` is appended to a bad key's name.
+    Raises ValueError naming the key.
+    """
+    declaration = measures.declared()
+    unknown = [k for k in values if k not in declaration.by_key or k == keys.LOSS_SUM]
+    if unknown:
+        raise ValueError(f"{unknown} are not measured sums (declared: {sorted(declaration.by_key)})")
+    if keys.LOSS_TOKENS not in values:
+        raise ValueError(f"measured sums{where} lack {keys.LOSS_TOKENS!r}")
+    given = {
+        key: _value(
+            declaration.by_key[key],
+            value,
+            f"{key}{where}" if key != keys.LOSS_TOKENS else f"loss_tokens{where}",
+        )
+        for key, value in values.items()
+    }
+    out = {m.key: given[m.key] for m in declaration.measures if m.key in given}  # declaration order
+    _check_split(out)
+    _check_groups(declaration, out, where)
+    _check_bounds(declaration, out, where)
+    return out
+
+
+def _check_groups(declaration: measures.Declaration, out: Mapping[str, float | int], where: str) -> None:
+    """Each group all or none (its sums; extremes optional), a refining group beside its base."""
+    for group in declaration.groups:
+        members = [m for m in declaration.members[group.name] if m.key != keys.LOSS_SUM]
+        if group.name == measures.SPLIT or not any(m.key in out for m in members):
+            continue
+        missing = [m.key for m in members if m.reduction == measures.SUM and m.key not in out]
+        if missing:
+            raise ValueError(f"{_group_label(group.name)}{where} lacks {missing} (its sums come together)")
+        if group.within is not None and not any(m.key in out for m in declaration.members[group.within]):
+            raise ValueError(
+                f"{_group_label(group.name)}{where} is given without the {group.within} measures"
+            )
+
+
+def _check_bounds(declaration: measures.Declaration, out: Mapping[str, float | int], where: str) -> None:
+    """Counts at most ``loss_tokens``; nothing over no token; a min at most its max."""
+    tokens = out[keys.LOSS_TOKENS]
+    for key, value in out.items():
+        if declaration.by_key[key].exact and key != keys.LOSS_TOKENS and value > tokens:
+            raise ValueError(
+                f"{key}{where}={value} exceeds loss_tokens={tokens}: only eligible tokens are measured"
+            )
+    if tokens == 0:
+        nonzero = [key for key, value in out.items() if key != keys.LOSS_TOKENS and value != 0]
+        if nonzero:
+            label = _group_label(declaration.by_key[nonzero[0]].group)
+            raise ValueError(f"{label}{where} has {nonzero} nonzero or present over no eligible token")
+    for measure in declaration.extreme_measures:
+        high, low = out.get(f"{measure.name}:{measures.MAX}"), out.get(measure.key)
+        if measure.reduction == measures.MIN and high is not None and low is not None and low > high:
+            raise ValueError(f"{measure.key}{where}={low!r} is above {measure.name}:{measures.MAX}={high!r}")
+
+
 def check_gauge(values: Mapping[str, object], loss_tokens: int, where: str = "") -> dict[str, float | int]:
-    """The gauge of ``loss_tokens`` eligible tokens, checked: every sum present, counts whole and
-    at most ``loss_tokens``, non-negative sums >= 0, every value finite, all sums 0 and no extreme
-    over no token, ``log_ratio:min <= log_ratio:max``. ``where`` is appended to a bad key's name.
-    Extremes are optional (a merge that lost them keeps the sums). Raises ValueError."""
+    """The gauge of ``loss_tokens`` eligible tokens, checked as :func:`check_sums` checks it (its
+    sums present, counts whole and at most ``loss_tokens``, non-negative sums >= 0, finite, nothing
+    over no token, ``log_ratio:min <= log_ratio:max``). Raises ValueError."""
     missing = [key for key in GAUGE_SUM_KEYS if key not in values]
     if missing:
         raise ValueError(f"the gauge{where} lacks {missing} (its sums come together)")
-    out: dict[str, float | int] = {}
-    for measure in measures.GAUGE_MEASURES:
-        if measure.key in values:
-            out[measure.key] = _gauge_value(measure, values[measure.key], where)
-    if out[keys.RATIO_OUTSIDE_TOKENS] > loss_tokens:
-        raise ValueError(
-            f"{keys.RATIO_OUTSIDE_TOKENS}{where}={out[keys.RATIO_OUTSIDE_TOKENS]} exceeds "
-            f"loss_tokens={loss_tokens}: only eligible tokens are measured"
-        )
-    if loss_tokens == 0:
-        nonzero = [key for key in out if out[key] != 0]
-        if nonzero:
-            raise ValueError(f"the gauge{where} has {nonzero} nonzero or present over no eligible token")
-    high, low = out.get(keys.LOG_RATIO_MAX), out.get(keys.LOG_RATIO_MIN)
-    if high is not None and low is not None and low > high:
-        raise ValueError(f"{keys.LOG_RATIO_MIN}{where}={low!r} is above {keys.LOG_RATIO_MAX}={high!r}")
-    return out
-
-
-def add_gauge(
-    a: Mapping[str, float | int], a_tokens: int, b: Mapping[str, float | int], b_tokens: int
-) -> dict[str, float | int]:
-    """The gauge of two disjoint sets of tokens: sums add, extremes merge by max / min. An extreme
-    is kept when both sides know it or one side has no token (its extreme is the identity)."""
-    out: dict[str, float | int] = {}
-    sides = ((a, a_tokens), (b, b_tokens))
-    for measure in measures.GAUGE_MEASURES:
-        key = measure.key
-        if measure.reduction == measures.SUM:
-            out[key] = measures.combine(measure, (a[key], b[key]))
-            continue
-        known = [side[key] for side, _ in sides if key in side]
-        if known and all(key in side or not tokens for side, tokens in sides):
-            out[key] = measures.combine(measure, known)
-    return out
+    checked = check_sums({keys.LOSS_TOKENS: loss_tokens, **values}, where)
+    return {key: checked[key] for key in keys.GAUGE_MEASURED_KEYS if key in checked}
 
 
 @dataclass(frozen=True)
 class MeasuredSums:
     """Exact measured sums of one or more micro-batches, datums, chunks or steps of one loss kind.
 
-    ``loss_tokens``: eligible tokens (``mask != 0``). ``clipped_tokens``: eligible tokens where
-    clipping changed the update; ``None`` for a loss that never clips. ``clipped_low_tokens`` /
-    ``clipped_high_tokens``: the split by side of the band, both or neither, ``None`` when the
-    producer does not report it. ``gauge``: the on-policy gauge, metric key -> value for every
-    sum of :data:`GAUGE_SUM_KEYS` and the extremes when known (:func:`check_gauge`); ``None`` for
-    a loss without sampling log-probs. Invariants (ValueError otherwise): every count is a whole
-    number >= 0, ``clipped_tokens <= loss_tokens``, ``low + high == clipped`` when the split is
-    present, and those of :func:`check_gauge`.
+    ``values``: metric key -> value for every measure present (``loss:sum`` excepted), read and
+    checked by the declaration in force (:func:`check_sums`): ``loss_tokens:sum`` (eligible
+    tokens, ``mask != 0``) always; each optional group (clip counts, their low/high split, the
+    on-policy gauge, a registered group) all or none, its extremes when known. Counts are exact
+    ints in tokens, float sums float64, extremes floats.
 
-    Addition is exact for counts, ``math.fsum`` for float sums, max / min for extremes; adding a
-    clipping loss's sums to a non-clipping loss's, or a gauge to none, raises ValueError
-    (:func:`cliptrack.core.measures.mixed_groups_error`); a sum keeps the split only when both terms
-    carry it.
+    Addition (:meth:`__add__`) follows :func:`cliptrack.core.measures.combine` per key: exact for
+    counts, ``math.fsum`` for float sums, max / min for extremes (kept when both terms know them or
+    one has no token); adding terms of which one carries a group the other lacks raises ValueError
+    (:func:`cliptrack.core.measures.mixed_groups_error`), except a group ``dropped_when_mixed``
+    (the split), which the sum then lacks.
     """
 
-    loss_tokens: int
-    clipped_tokens: int | None = None
-    clipped_low_tokens: int | None = None
-    clipped_high_tokens: int | None = None
-    gauge: Mapping[str, float | int] | None = field(default=None, kw_only=True)
+    values: Mapping[str, float | int]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "loss_tokens", as_count("loss_tokens", self.loss_tokens))
-        for name in ("clipped_tokens", "clipped_low_tokens", "clipped_high_tokens"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, as_count(name, value))
-        if self.gauge is not None:
-            object.__setattr__(self, "gauge", check_gauge(self.gauge, self.loss_tokens))
-        self._check_clip_counts()
+        if not isinstance(self.values, Mapping):
+            raise TypeError(
+                f"MeasuredSums takes a mapping of metric key -> value, got {type(self.values).__name__}"
+            )
+        object.__setattr__(self, "values", check_sums(self.values))
 
-    def _check_clip_counts(self) -> None:
-        low, high, clipped = self.clipped_low_tokens, self.clipped_high_tokens, self.clipped_tokens
-        if (low is None) != (high is None):
-            raise ValueError(
-                "clipped_low_tokens and clipped_high_tokens come together: one is given without the other"
-            )
-        if clipped is None:
-            if low is not None:
-                raise ValueError("a low/high split was given without clipped_tokens")
-            return
-        if clipped > self.loss_tokens:
-            raise ValueError(
-                f"clipped_tokens={clipped} exceeds loss_tokens={self.loss_tokens}: "
-                "a token can only be clipped if it is eligible"
-            )
-        if low is not None and high is not None and low + high != clipped:
-            raise ValueError(
-                f"clipped_low_tokens={low} + clipped_high_tokens={high} != clipped_tokens={clipped}"
-            )
+    @property
+    def loss_tokens(self) -> int:
+        """Eligible tokens (``mask != 0``)."""
+        return int(self.values[keys.LOSS_TOKENS])
+
+    def __getitem__(self, key: str) -> float | int:
+        try:
+            return self.values[key]
+        except KeyError:
+            raise KeyError(f"these sums carry no {key!r} (they carry {sorted(self.values)})") from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def get(self, key: str) -> float | int | None:
+        """The value of ``key``, ``None`` when absent."""
+        return self.values.get(key)
+
+    def has(self, group: str) -> bool:
+        """Whether these carry the measures of ``group`` (:data:`cliptrack.core.measures.EVERY`: always)."""
+        return group == measures.EVERY or any(m.key in self.values for m in measures.group_measures(group))
+
+    def group_values(self, group: str) -> dict[str, float | int] | None:
+        """The values of ``group``'s measures present, by key; ``None`` when the group is absent."""
+        found = {m.key: self.values[m.key] for m in measures.group_measures(group) if m.key in self.values}
+        return found or None
 
     @property
     def clips(self) -> bool:
         """Whether these are the counts of a loss that clips."""
-        return self.clipped_tokens is not None
+        return self.has(measures.CLIP)
 
     @property
     def has_split(self) -> bool:
         """Whether the low/high split is known."""
-        return self.clipped_low_tokens is not None
+        return self.has(measures.SPLIT)
 
     @property
     def has_gauge(self) -> bool:
         """Whether these carry the on-policy gauge (a loss with sampling log-probs)."""
-        return self.gauge is not None
+        return self.has(measures.GAUGE)
 
     @property
     def fraction(self) -> float | None:
         """Token-weighted clip fraction in [0, 1]; ``None`` when no token was eligible or the loss
         never clips."""
-        if self.clipped_tokens is None or self.loss_tokens == 0:
+        clipped = self.values.get(keys.CLIPPED_TOKENS)
+        if clipped is None or self.loss_tokens == 0:
             return None
-        return self.clipped_tokens / self.loss_tokens
+        return clipped / self.loss_tokens
 
-    def without_gauge(self) -> MeasuredSums:
-        """The same counts without the gauge."""
-        return MeasuredSums(
-            self.loss_tokens, self.clipped_tokens, self.clipped_low_tokens, self.clipped_high_tokens
-        )
+    def without(self, *groups: str) -> MeasuredSums:
+        """The same sums without the measures of ``groups`` (and of the groups refining them)."""
+        drop = set(groups)
+        drop |= {g.name for g in measures.declared().groups if g.within in drop}
+        return MeasuredSums({k: v for k, v in self.values.items() if measures.by_key(k).group not in drop})
 
     def __add__(self, other: MeasuredSums) -> MeasuredSums:
         if not isinstance(other, MeasuredSums):
             return NotImplemented
-        if self.clips != other.clips:
-            raise mixed_kinds_error(self.clips, other.clips)
-        if self.has_gauge != other.has_gauge:
-            raise measures.mixed_groups_error(measures.GAUGE, self.has_gauge, other.has_gauge)
-        gauge = None
-        if self.gauge is not None and other.gauge is not None:
-            gauge = add_gauge(self.gauge, self.loss_tokens, other.gauge, other.loss_tokens)
-        tokens = self.loss_tokens + other.loss_tokens
-        if self.clipped_tokens is None or other.clipped_tokens is None:
-            return MeasuredSums(tokens, gauge=gauge)
-        low = high = None
-        if self.clipped_low_tokens is not None and other.clipped_low_tokens is not None:
-            assert self.clipped_high_tokens is not None and other.clipped_high_tokens is not None
-            low = self.clipped_low_tokens + other.clipped_low_tokens
-            high = self.clipped_high_tokens + other.clipped_high_tokens
-        return MeasuredSums(tokens, self.clipped_tokens + other.clipped_tokens, low, high, gauge=gauge)
+        declaration = measures.declared()
+        out: dict[str, float | int] = {}
+        sides = ((self, self.loss_tokens), (other, other.loss_tokens))
+        for group in declaration.groups:
+            mine, theirs = self.has(group.name), other.has(group.name)
+            if mine != theirs and not group.dropped_when_mixed:
+                raise measures.mixed_groups_error(group.name, mine, theirs)
+            if not (mine and theirs):
+                continue
+            for measure in declaration.members[group.name]:
+                key = measure.key
+                if key == keys.LOSS_SUM:
+                    continue
+                if measure.reduction == measures.SUM:
+                    out[key] = measures.combine(measure, (self.values[key], other.values[key]))
+                    continue
+                known = [side.values[key] for side, _ in sides if key in side.values]
+                if known and all(key in side.values or not tokens for side, tokens in sides):
+                    out[key] = measures.combine(measure, known)
+        return MeasuredSums(out)
 
     def to_metrics(self) -> dict[str, float]:
-        """The metric keys of docs/CONTRACT.md: ``loss_tokens:sum`` always; for a loss that clips,
-        ``clipped_tokens:sum``, the split keys when known, and ``clip_fraction:mean`` when
-        ``loss_tokens > 0``; with the gauge, its sums, its extremes when known and its means when
-        ``loss_tokens > 0`` (a mean is never invented)."""
-        out = {keys.LOSS_TOKENS: float(self.loss_tokens)}
-        if self.clipped_tokens is not None:
-            out[keys.CLIPPED_TOKENS] = float(self.clipped_tokens)
-            if self.clipped_low_tokens is not None and self.clipped_high_tokens is not None:
-                out[keys.CLIPPED_LOW_TOKENS] = float(self.clipped_low_tokens)
-                out[keys.CLIPPED_HIGH_TOKENS] = float(self.clipped_high_tokens)
-        if self.gauge is not None:
-            out.update((key, float(value)) for key, value in self.gauge.items())
-        if self.loss_tokens:
-            for mean in measures.MEANS:
-                if mean.numerator in out:
-                    out[mean.key] = out[mean.numerator] / self.loss_tokens
+        """The metric keys of docs/CONTRACT.md: every measured value present (``loss_tokens:sum``
+        always; a loss's clip counts, split, gauge and registered measures when it has them), and
+        every mean whose sums are present when its denominator is > 0 (a mean is never invented)."""
+        out = {key: float(value) for key, value in self.values.items()}
+        for mean in measures.declared().means:
+            if mean.numerator in out and out.get(mean.denominator):
+                out[mean.key] = out[mean.numerator] / out[mean.denominator]
         return out
 
     @classmethod
     def from_metrics(cls, metrics: Mapping[str, object]) -> MeasuredSums | None:
-        """Read the measured sums of a metrics mapping; ``None`` when it carries no
-        ``loss_tokens:sum`` (and no other measured key). Raises ValueError naming a bad value or an
-        inconsistent set of keys.
+        """Read the measured sums of a metrics mapping; ``None`` when it carries no measured key
+        (``loss:sum`` aside). Raises ValueError naming a bad value or an inconsistent set of keys.
 
         A loss clips exactly when ``clipped_tokens:sum`` is present; the split keys are optional
-        but come together and need ``clipped_tokens:sum``; the gauge is present exactly when one
-        of its sums is (then all of them), its extremes optional.
+        but come together and need ``clipped_tokens:sum``; the gauge (and a registered group) is
+        present exactly when one of its sums is (then all of them), its extremes optional.
         """
-        present = [key for key in keys.TOKEN_COUNT_KEYS if key in metrics]
-        gauge_present = [key for key in keys.GAUGE_MEASURED_KEYS if key in metrics]
-        if not present and not gauge_present:
+        declared = measures.declared().by_key
+        present = [key for key in metrics if key in declared and key != keys.LOSS_SUM]
+        if not present:
             return None
-        counts = {key: as_count(key, metrics[key]) for key in present}
-        if keys.LOSS_TOKENS not in counts:
-            raise ValueError(f"metrics carry {present + gauge_present} but not {keys.LOSS_TOKENS!r}")
-        _check_split_keys(counts)
-        gauge = None
-        if gauge_present:
-            gauge = check_gauge({k: metrics[k] for k in gauge_present}, counts[keys.LOSS_TOKENS])
-        return cls(
-            counts[keys.LOSS_TOKENS],
-            counts.get(keys.CLIPPED_TOKENS),
-            counts.get(keys.CLIPPED_LOW_TOKENS),
-            counts.get(keys.CLIPPED_HIGH_TOKENS),
-            gauge=gauge,
-        )
+        for key in present:  # each value first: a bad one is named before what is missing
+            _value(declared[key], metrics[key], key)
+        if keys.LOSS_TOKENS not in metrics:
+            raise ValueError(f"metrics carry {present} but not {keys.LOSS_TOKENS!r}")
+        _check_split_keys(present)
+        return cls({key: metrics[key] for key in present})
 
 
-def _check_split_keys(counts: Mapping[str, int]) -> None:
+def _check_split_keys(present: Iterable[str]) -> None:
+    counts = set(present)
     has_low, has_high = keys.CLIPPED_LOW_TOKENS in counts, keys.CLIPPED_HIGH_TOKENS in counts
     if has_low != has_high:
         side = keys.CLIPPED_LOW_TOKENS if has_low else keys.CLIPPED_HIGH_TOKENS
@@ -309,12 +350,6 @@ def _check_split_keys(counts: Mapping[str, int]) -> None:
         raise ValueError(
             f"metrics carry the low/high split but not {keys.CLIPPED_TOKENS!r}, the count it splits"
         )
-
-
-TokenCounts = MeasuredSums
-"""The name of :class:`MeasuredSums` from before the gauge (same type)."""
-ClipCounts = MeasuredSums
-"""Former name of :class:`MeasuredSums` (same type)."""
 
 
 def sum_counts(terms: Iterable[MeasuredSums | None]) -> MeasuredSums | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from cliptrack.core import keys
 from cliptrack.core.outputs import is_output, metrics_of
-from cliptrack.core.sums import TokenCounts, sum_counts
+from cliptrack.core.sums import MeasuredSums, sum_counts
 
 __all__ = ["AbstractContextManager", "OpenStep", "step_metrics", "timed_step"]
 
@@ -52,7 +52,7 @@ def _other_keys(maps: list[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _timing(counts: TokenCounts | None, step_time_s: float) -> dict[str, float]:
+def _timing(counts: MeasuredSums | None, step_time_s: float) -> dict[str, float]:
     if not step_time_s > 0:
         raise ValueError(f"step_time_s must be > 0 seconds, got {step_time_s!r}")
     out = {keys.STEP_TIME: float(step_time_s)}
@@ -72,7 +72,7 @@ def step_metrics(
     ``step_time_s`` (seconds, > 0) the step time and the throughput in loss tokens per second."""
     maps = [_metrics(part, i) for i, part in enumerate(parts)]
     out = _other_keys(maps)
-    counts = sum_counts(TokenCounts.from_metrics(m) for m in maps)
+    counts = sum_counts(MeasuredSums.from_metrics(m) for m in maps)
     if counts is not None:
         out.update(counts.to_metrics())
     loss_sums = [m[keys.LOSS_SUM] for m in maps if keys.LOSS_SUM in m]
