@@ -212,6 +212,83 @@ def long_run_variance(
     return LongRunVariance(**merged)
 
 
+@dataclass(frozen=True)
+class _Memory:
+    """Step 4 per row: ``d_hat`` where long memory was found (else 0), ``found``, ``tested``, and the
+    EWC estimate corrected for it (interval, point) with its degrees of freedom."""
+
+    d_hat: np.ndarray
+    found: np.ndarray
+    tested: np.ndarray
+    corrected: np.ndarray
+    corrected_point: np.ndarray
+    corrected_df: np.ndarray
+
+
+def _long_memory(
+    e: np.ndarray,
+    coef: np.ndarray,
+    terms: np.ndarray,
+    degree: int,
+    lrv: np.ndarray,
+    df: np.ndarray,
+    memory_gate: float | None,
+) -> _Memory:
+    """Step 4: long memory measured in the EWC's own cosines, per group of rows with ``K`` terms."""
+    rows = e.shape[0]
+    out = _Memory(
+        np.zeros(rows), np.zeros(rows, bool), np.zeros(rows, bool), lrv.copy(), lrv.copy(), df.copy()
+    )
+    for k in np.unique(terms):
+        rows_k = terms == k
+        m = measure(e[rows_k], coef[rows_k], degree, int(k), memory_gate)
+        out.d_hat[rows_k], out.found[rows_k] = np.where(m.found, m.d, 0.0), m.found
+        out.tested[rows_k] = m.tested
+        out.corrected[rows_k] *= m.interval
+        out.corrected_point[rows_k] *= m.point
+        out.corrected_df[rows_k] *= m.df_scale
+    return out
+
+
+def _coarse_floor(
+    coef: np.ndarray, overlap: np.ndarray, low_k: int, lrv: np.ndarray, df: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(lrv, df, ratio, flagged)``: the estimate widened to the coarsest cosines' where those give
+    more; ``ratio`` their ratio to it, ``flagged`` where above ``VR_LIMIT``."""
+    coarse, coarse_df = _ewc(coef, overlap, low_k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(lrv > 0, coarse / lrv, np.nan)
+    flagged = np.nan_to_num(ratio) > VR_LIMIT
+    wider = np.nan_to_num(ratio) > 1.0
+    return np.where(wider, coarse, lrv), np.where(wider, coarse_df, df), ratio, flagged
+
+
+def _batch_check(
+    e: np.ndarray,
+    basis: np.ndarray,
+    lag1: np.ndarray,
+    lrv: np.ndarray,
+    ratio: np.ndarray,
+    flagged: np.ndarray,
+) -> None:
+    """Step 3 in place: where batch variances grow from ``m`` to ``4m`` by more than ``VR_LIMIT``, the
+    row's ``ratio`` is that growth, it is ``flagged``, and ``lrv`` is raised to the extrapolation."""
+    n = e.shape[1]
+    sizes = batch_sizes(n, lag1)
+    for m in np.unique(sizes):
+        rows_m = sizes == m
+        if m < 1 or n // (4 * m) < VR_MIN_BATCHES:
+            continue
+        small, large = _batch_lrv(e[rows_m], basis, int(m)), _batch_lrv(e[rows_m], basis, 4 * int(m))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vr = np.where(small > 0, large / small, np.nan)
+        hit = np.nan_to_num(vr) > VR_LIMIT
+        idx = np.flatnonzero(rows_m)
+        ratio[idx[hit]] = vr[hit]
+        flagged[idx[hit]] = True
+        lrv[idx[hit]] = np.maximum(lrv[idx[hit]], vr[hit] ** EXTRAPOLATE * large[hit])
+
+
 def _fixed_degree(
     z: np.ndarray,
     degree: int,
@@ -248,40 +325,19 @@ def _fixed_degree(
     for k in np.unique(terms):
         rows_k = terms == k
         lrv[rows_k], df[rows_k] = _ewc(coef[rows_k], overlap, int(k))
-    d_hat = np.zeros(rows)
-    found, tested = np.zeros(rows, bool), np.zeros(rows, bool)
-    corrected, corrected_point, corrected_df = lrv.copy(), lrv.copy(), df.copy()
     if floor and extra is None:  # step 4: long memory in the EWC's own cosines
-        for k in np.unique(terms):
-            rows_k = terms == k
-            m = measure(e[rows_k], coef[rows_k], degree, int(k), memory_gate)
-            d_hat[rows_k], found[rows_k] = np.where(m.found, m.d, 0.0), m.found
-            tested[rows_k] = m.tested
-            corrected[rows_k] *= m.interval
-            corrected_point[rows_k] *= m.point
-            corrected_df[rows_k] *= m.df_scale
+        memory = _long_memory(e, coef, terms, degree, lrv, df, memory_gate)
+    else:
+        memory = _Memory(
+            np.zeros(rows), np.zeros(rows, bool), np.zeros(rows, bool), lrv.copy(), lrv.copy(), df.copy()
+        )
     ratio = np.full(rows, np.nan)
     flagged = np.zeros(rows, bool)
     if floor and low_k < int(terms.min()):
-        coarse, coarse_df = _ewc(coef, overlap, low_k)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(lrv > 0, coarse / lrv, np.nan)
-        flagged = np.nan_to_num(ratio) > VR_LIMIT
-        wider = np.nan_to_num(ratio) > 1.0
-        lrv = np.where(wider, coarse, lrv)
-        df = np.where(wider, coarse_df, df)
-    for m in np.unique(batch_sizes(n, lag1)):
-        rows_m = batch_sizes(n, lag1) == m
-        if m < 1 or n // (4 * m) < VR_MIN_BATCHES:
-            continue
-        small, large = _batch_lrv(e[rows_m], basis, int(m)), _batch_lrv(e[rows_m], basis, 4 * int(m))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            vr = np.where(small > 0, large / small, np.nan)
-        hit = np.nan_to_num(vr) > VR_LIMIT
-        idx = np.flatnonzero(rows_m)
-        ratio[idx[hit]] = vr[hit]
-        flagged[idx[hit]] = True
-        lrv[idx[hit]] = np.maximum(lrv[idx[hit]], vr[hit] ** EXTRAPOLATE * large[hit])
+        lrv, df, ratio, flagged = _coarse_floor(coef, overlap, low_k, lrv, df)
+    _batch_check(e, basis, lag1, lrv, ratio, flagged)
+    corrected, corrected_point, corrected_df = memory.corrected, memory.corrected_point, memory.corrected_df
+    d_hat, found, tested = memory.d_hat, memory.found, memory.tested
     point = np.maximum(lrv, corrected_point)
     wider = corrected > lrv
     lrv, df = np.where(wider, corrected, lrv), np.where(wider, corrected_df, df)

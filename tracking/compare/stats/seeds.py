@@ -59,6 +59,26 @@ def _seed_ratios(runs: Sequence[tuple[np.ndarray, np.ndarray]], group: str) -> n
     return np.array(out)
 
 
+def _sd(ratios: np.ndarray) -> float:
+    """The seeds' sample standard deviation (NaN below 2 seeds)."""
+    return float(ratios.std(ddof=1)) if ratios.size > 1 else float("nan")
+
+
+def _mean(ratios: np.ndarray) -> float:
+    return float(ratios.mean()) if ratios.size else float("nan")
+
+
+def _on_scale(mean_a: float, mean_b: float, scale: str) -> tuple[float, float, float] | None:
+    """``(value, ga, gb)``: the difference of the group means on ``scale`` and the derivatives that carry
+    each group's standard error onto it; None when a log-ratio is undefined (zero or opposite signs)."""
+    if scale == ABSOLUTE:
+        return mean_b - mean_a, 1.0, 1.0
+    if mean_a != 0 and mean_b != 0 and (mean_a > 0) == (mean_b > 0):
+        sign = 1.0 if mean_a > 0 else -1.0
+        return sign * math.log(mean_b / mean_a), 1.0 / abs(mean_a), 1.0 / abs(mean_b)
+    return None
+
+
 def group_difference(
     runs_a: Sequence[tuple[np.ndarray, np.ndarray]],
     runs_b: Sequence[tuple[np.ndarray, np.ndarray]],
@@ -72,28 +92,12 @@ def group_difference(
     ra, rb = _seed_ratios(runs_a, "a"), _seed_ratios(runs_b, "b")
     ma, mb = ra.size, rb.size
     nan = float("nan")
-    sd_a = float(ra.std(ddof=1)) if ma > 1 else nan
-    sd_b = float(rb.std(ddof=1)) if mb > 1 else nan
-    mean_a = float(ra.mean()) if ma else nan
-    mean_b = float(rb.mean()) if mb else nan
-    if scale == ABSOLUTE:
-        value, ga, gb = mean_b - mean_a, 1.0, 1.0
-    elif mean_a != 0 and mean_b != 0 and (mean_a > 0) == (mean_b > 0):
-        sign = 1.0 if mean_a > 0 else -1.0
-        value, ga, gb = sign * math.log(mean_b / mean_a), 1.0 / abs(mean_a), 1.0 / abs(mean_b)
-    else:
-        return GroupEstimate(
-            nan,
-            nan,
-            nan,
-            confidence,
-            ma,
-            mb,
-            sd_a,
-            sd_b,
-            nan,
-            "log-ratio undefined: group means of zero or opposite signs",
-        )
+    sd_a, sd_b = _sd(ra), _sd(rb)
+    found = _on_scale(_mean(ra), _mean(rb), scale)
+    if found is None:
+        reason = "log-ratio undefined: group means of zero or opposite signs"
+        return GroupEstimate(nan, nan, nan, confidence, ma, mb, sd_a, sd_b, nan, reason)
+    value, ga, gb = found
     if ma < 2 or mb < 2:
         reason = f"needs 2 or more seeds per group (a has {ma}, b has {mb}): between-seed variation cannot be measured"
         return GroupEstimate(value, nan, nan, confidence, ma, mb, sd_a, sd_b, nan, reason)
@@ -106,6 +110,20 @@ def group_difference(
     return GroupEstimate(value, value - half, value + half, confidence, ma, mb, sd_a, sd_b, df)
 
 
+def _check_seed_inputs(between_sd: float, within_se: float, margin: float, power: float) -> None:
+    for name, x in (("between_sd", between_sd), ("within_se", within_se)):
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {x}")
+    if not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a finite number > 0, got {margin}")
+    if not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+
+
+MAX_SEEDS = 10_000
+"""Most seeds per group ``seeds_needed`` looks at."""
+
+
 def seeds_needed(
     between_sd: float, within_se: float, margin: float, *, confidence: float = 0.90, power: float = 0.8
 ) -> int:
@@ -114,13 +132,7 @@ def seeds_needed(
     ``margin / se >= t_{df}((1 + confidence) / 2) + z((1 + power) / 2)``, ``se = sqrt(2 v / m)``,
     ``v = between_sd^2 + within_se^2`` (one seed's variance around the stack's value, in the
     quantity's units squared), ``df = 2 m - 2``. Raises ValueError when no number up to 10,000 does."""
-    for name, x in (("between_sd", between_sd), ("within_se", within_se)):
-        if not (math.isfinite(x) and x >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {x}")
-    if not (math.isfinite(margin) and margin > 0):
-        raise ValueError(f"margin must be a finite number > 0, got {margin}")
-    if not 0 < power < 1:
-        raise ValueError(f"power must be in (0, 1), got {power}")
+    _check_seed_inputs(between_sd, within_se, margin, power)
     v = between_sd**2 + within_se**2
     if v == 0:
         return 2
@@ -130,13 +142,13 @@ def seeds_needed(
         return margin / math.sqrt(2.0 * v / m) >= t_critical(confidence, 2 * m - 2) + z
 
     lo, hi = 1, 2  # enough(hi) is sought; the rule is monotone in m
-    while hi <= 10_000 and not enough(hi):
+    while hi <= MAX_SEEDS and not enough(hi):
         lo, hi = hi, hi * 2
-    if hi > 10_000 and not enough(10_000):
+    if hi > MAX_SEEDS and not enough(MAX_SEEDS):
         raise ValueError(
             f"margin {margin:g} is too small for seed sd {math.sqrt(v):g}: more than 10,000 seeds per group needed"
         )
-    hi = min(hi, 10_000)
+    hi = min(hi, MAX_SEEDS)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)

@@ -138,6 +138,13 @@ def _episode(
     return None
 
 
+def _kept(c: int, n: int, episode: tuple[int, int], shortest: int) -> bool:
+    """Whether cut ``c`` stays: an end of the window or of the episode, or a quarter of the shortest
+    equal segment away from both ends of the episode."""
+    s0, e0 = episode
+    return c in (0, n, s0, e0) or (abs(c - s0) >= shortest / 4 and abs(c - e0) >= shortest / 4)
+
+
 def _cut(
     n: int, bounds: list[tuple[int, int]], episode: tuple[int, int] | None
 ) -> list[tuple[int, int, bool]]:
@@ -147,12 +154,8 @@ def _cut(
         return [(s, e, False) for s, e in bounds]
     s0, e0 = episode
     shortest = min(e - s for s, e in bounds)
-    cuts = sorted({c for c in (b for pair in bounds for b in pair) if not s0 < c < e0} | {s0, e0})
-    cuts = [
-        c
-        for c in cuts
-        if c in (0, n, s0, e0) or (abs(c - s0) >= shortest / 4 and abs(c - e0) >= shortest / 4)
-    ]
+    outside = {b for pair in bounds for b in pair if not s0 < b < e0}
+    cuts = [c for c in sorted(outside | {s0, e0}) if _kept(c, n, episode, shortest)]
     return [(s, e, (s, e) == (s0, e0)) for s, e in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
@@ -194,6 +197,13 @@ def _segment_verdict(est: Estimate, tolerance: float, k: int, episode: bool, gat
     return interval_verdict(est.value - half, est.value + half, tolerance)
 
 
+def _check_settings(scale: str, tolerance: float) -> None:
+    if scale not in SCALES:
+        raise ValueError(f"scale {scale!r} is not one of {SCALES}")
+    if not tolerance > 0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+
+
 def segment_differences(
     num_a: np.ndarray,
     den_a: np.ndarray,
@@ -208,10 +218,7 @@ def segment_differences(
     """Run b minus run a over each segment of the paired units (``segment_bounds`` plus a detected
     episode, see the module docstring), each with its interval and verdict against ``±tolerance``
     (on ``scale``'s units: log-ratio units for ``"log-ratio"``)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale {scale!r} is not one of {SCALES}")
-    if not tolerance > 0:
-        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    _check_settings(scale, tolerance)
     arrays = as_arrays("segment_differences", num_a, den_a, num_b, den_b)
     n = arrays[0].size
     bounds = segment_bounds(n, min_units=min_units)
@@ -220,6 +227,20 @@ def segment_differences(
     value, z = difference_series(arrays[0], arrays[1], arrays[2], arrays[3], scale)
     if not (math.isfinite(value) and np.all(np.isfinite(z))) or n < 2:
         return [Segment(s, e, nan_estimate(float("nan"), e - s, confidence), INSUFFICIENT) for s, e in bounds]
+    return _estimated(arrays, z, bounds, scale, confidence, tolerance)
+
+
+def _estimated(
+    arrays: list[np.ndarray],
+    z: np.ndarray,
+    bounds: list[tuple[int, int]],
+    scale: str,
+    confidence: float,
+    tolerance: float,
+) -> list[Segment]:
+    """The segments (the equal ones, cut around an episode if the scan finds one) with their
+    differences, intervals and verdicts, for finite linearised differences ``z``."""
+    n = z.size
     sums = _Sums(arrays, scale)
     v = long_run_variance(z, memory_gate=memory.GATE)  # see the module docstring: long memory
     found = _episode(z, sums, tolerance, v)
