@@ -45,6 +45,16 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
     """
     out = {k: v for k, v in metrics.items() if k not in keys.ALIASES and k not in _SCALED and k != _SCALE}
     out.update(_scaled_entries(metrics, out))
+    approximate = _aliased(metrics, out)
+    for key, mean in _MEANS.items():
+        if key not in out and _formed_from_sums(key, out):
+            out[key] = out[mean.numerator] / out[mean.denominator]
+    return Canonical(out, frozenset(approximate))
+
+
+def _aliased(metrics: Mapping[str, float], out: dict[str, float]) -> set[str]:
+    """Our keys from their foreign aliases (exact ones first), into ``out`` where ours are missing and
+    not formed from sums; returns the keys taken from an approximate alias."""
     approximate = set()
     for foreign, alias in _EXACT_FIRST:
         if foreign not in metrics or alias.key in out or _formed_from_sums(alias.key, out):
@@ -52,10 +62,7 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
         out[alias.key] = float(metrics[foreign])
         if alias.approximate:
             approximate.add(alias.key)
-    for key, mean in _MEANS.items():
-        if key not in out and _formed_from_sums(key, out):
-            out[key] = out[mean.numerator] / out[mean.denominator]
-    return Canonical(out, frozenset(approximate))
+    return approximate
 
 
 def _scaled_entries(metrics: Mapping[str, float], ours: Mapping[str, float]) -> dict[str, float]:

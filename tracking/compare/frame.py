@@ -309,53 +309,71 @@ class _Part:
     value: np.ndarray
 
 
-def _part(info: LoadedRun, cols: Columns, entries: _Entries | None = None) -> _Part:
-    labels = (info.display, info.run.run_id, info.run.backend_label or "")
-    if len(cols.step) == 0:
-        empty = np.zeros(0)
-        return _Part(
-            labels,
-            np.zeros(0, np.int64),
-            empty,
-            empty,
-            empty,
-            np.zeros(0, np.intp),
-            np.zeros(0, object),
-            empty,
-        )
-    all_steps = np.asarray(cols.step, dtype=np.int64)
-    all_walls = np.asarray(cols.wall_time, dtype=np.float64)
-    starts = _step_starts(all_steps)
+def _empty_part(labels: tuple[str, str, str]) -> _Part:
+    empty = np.zeros(0)
+    return _Part(
+        labels, np.zeros(0, np.int64), empty, empty, empty, np.zeros(0, np.intp), np.zeros(0, object), empty
+    )
+
+
+def _latest_walls(
+    all_steps: np.ndarray, all_walls: np.ndarray, starts: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, wall time)``: the run's steps, sorted, with each step's latest wall time."""
     if starts is not None:  # steps in order: each step's latest wall time in one pass
-        steps, step_walls = all_steps[starts], np.fmax.reduceat(all_walls, starts)
-    else:
-        walls = pd.Series(all_walls, index=pd.Index(all_steps, name="step")).groupby(level=0).max()
-        steps, step_walls = walls.index.to_numpy(dtype=np.int64), walls.to_numpy(dtype=np.float64)
-    entries = entries or _entries(cols)
-    step, codes, names, value = entries.step, entries.codes, entries.names, entries.value
+        return all_steps[starts], np.fmax.reduceat(all_walls, starts)
+    walls = pd.Series(all_walls, index=pd.Index(all_steps, name="step")).groupby(level=0).max()
+    return walls.index.to_numpy(dtype=np.int64), walls.to_numpy(dtype=np.float64)
+
+
+def _last_in_order(entries: _Entries, in_order: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(step, codes, value)`` of the named entries: the last of a key logged twice at a step, sorted by step."""
+    step, codes, value = entries.step, entries.codes, entries.value
     if entries.repeated is not None:  # a key logged twice at a step: the last wins
-        last = _last_of_each(_entry_keys(step, codes, len(names)))
+        last = _last_of_each(_entry_keys(step, codes, len(entries.names)))
         step, codes, value = step[last], codes[last], value[last]
-    if starts is None:
+    if not in_order:
         order = np.argsort(step, kind="stable")
         step, codes, value = step[order], codes[order], value[order]
+    return step, codes, value
+
+
+def _tokens_seen(
+    names: pd.Index, step: np.ndarray, codes: np.ndarray, value: np.ndarray, steps: np.ndarray
+) -> pd.Series:
+    """Cumulative finite ``loss_tokens:sum`` at each of ``steps`` (NaN before the first logged)."""
     if keys.LOSS_TOKENS in names:
         is_tokens = codes == names.get_loc(keys.LOSS_TOKENS)
         tokens = pd.Series(value[is_tokens], index=step[is_tokens])
         tokens = tokens[np.isfinite(tokens.to_numpy())]
     else:
         tokens = pd.Series(dtype=np.float64)
-    if len(tokens):
-        cumulative = tokens.reindex(pd.Index(steps)).fillna(0.0).cumsum()
-        cumulative[cumulative.index < tokens.index.min()] = np.nan
-    else:
-        cumulative = pd.Series(np.nan, index=pd.Index(steps))
-    # every row's step as a position among the run's steps: one lookup instead of two reindexes
-    own_starts = _step_starts(step) if starts is not None else None
+    if not len(tokens):
+        return pd.Series(np.nan, index=pd.Index(steps))
+    cumulative = tokens.reindex(pd.Index(steps)).fillna(0.0).cumsum()
+    cumulative[cumulative.index < tokens.index.min()] = np.nan
+    return cumulative
+
+
+def _step_positions(step: np.ndarray, steps: np.ndarray, in_order: bool) -> np.ndarray:
+    """Every row's step as a position among the run's steps: one lookup instead of two reindexes."""
+    own_starts = _step_starts(step) if in_order else None
     if own_starts is not None and own_starts.size == steps.size:  # every step has a named entry
-        position = _positions(own_starts, step.size)
-    else:
-        position = np.searchsorted(steps, step)
+        return _positions(own_starts, step.size)
+    return np.searchsorted(steps, step)
+
+
+def _part(info: LoadedRun, cols: Columns, entries: _Entries | None = None) -> _Part:
+    labels = (info.display, info.run.run_id, info.run.backend_label or "")
+    if len(cols.step) == 0:
+        return _empty_part(labels)
+    all_steps = np.asarray(cols.step, dtype=np.int64)
+    starts = _step_starts(all_steps)
+    steps, step_walls = _latest_walls(all_steps, np.asarray(cols.wall_time, dtype=np.float64), starts)
+    entries = entries or _entries(cols)
+    step, codes, value = _last_in_order(entries, starts is not None)
+    cumulative = _tokens_seen(entries.names, step, codes, value, steps)
+    position = _step_positions(step, steps, starts is not None)
     wall = step_walls[position]
     first = np.nanmin(step_walls) if (~np.isnan(step_walls)).any() else np.nan
     return _Part(
@@ -365,16 +383,13 @@ def _part(info: LoadedRun, cols: Columns, entries: _Entries | None = None) -> _P
         wall,
         wall - first,
         codes,
-        names.to_numpy(dtype=object),
+        entries.names.to_numpy(dtype=object),
         value,
     )
 
 
-def _assemble(parts: list[_Part]) -> pd.DataFrame:
-    """The tidy frame of every run's part, each column built once (no per-run frames to concatenate)."""
-    parts = [p for p in parts if len(p.step)]
-    if not parts:
-        return _empty_frame()
+def _columns(parts: list[_Part]) -> dict[str, np.ndarray]:
+    """The tidy frame's columns, each joined once over the runs' parts."""
     sizes = [len(p.step) for p in parts]
 
     def labels(i: int) -> np.ndarray:
@@ -383,7 +398,7 @@ def _assemble(parts: list[_Part]) -> pd.DataFrame:
     def joined(arrays: list[np.ndarray]) -> np.ndarray:
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # one run: no copy
 
-    columns = {
+    return {
         "run": labels(0),
         "run_id": labels(1),
         "backend": labels(2),
@@ -394,9 +409,16 @@ def _assemble(parts: list[_Part]) -> pd.DataFrame:
         "metric": joined([p.names[p.codes] for p in parts]),
         "value": joined([p.value for p in parts]),
     }
+
+
+def _assemble(parts: list[_Part]) -> pd.DataFrame:
+    """The tidy frame of every run's part, each column built once (no per-run frames to concatenate)."""
+    parts = [p for p in parts if len(p.step)]
+    if not parts:
+        return _empty_frame()
     # the arrays as they are: no copy into consolidated blocks, the label columns kept as objects
     return pd.DataFrame(
-        {c: pd.Series(a, dtype=a.dtype, copy=False) for c, a in columns.items()},
+        {c: pd.Series(a, dtype=a.dtype, copy=False) for c, a in _columns(parts).items()},
         columns=list(COLUMNS),
         copy=False,
     )

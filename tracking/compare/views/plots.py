@@ -120,6 +120,19 @@ def _single_run(panel: Panel, s: pd.DataFrame, color: str, name: str) -> list[Tr
     return out
 
 
+def _seed_bands(
+    panel: Panel, aligned: list[pd.DataFrame], x: np.ndarray, color: str, name: str
+) -> list[Trace]:
+    """One band per line: the across-seed range (of the band edges on a band panel)."""
+    out = []
+    for line in panel.lines:
+        low_col, high_col = ("band_low", "band_high") if panel.band else (line.column, line.column)
+        low = _nan_reduce(np.column_stack([_arr(s[low_col]) for s in aligned]), np.nanmin)
+        high = _nan_reduce(np.column_stack([_arr(s[high_col]) for s in aligned]), np.nanmax)
+        out.append(_band(x, low, high, color, name))
+    return out
+
+
 def _seed_group(panel: Panel, seeds: list[pd.DataFrame], color: str, name: str) -> list[Trace]:
     """Each seed thin, the group's band: the across-seed range (of the band edges on a band panel)."""
     steps = seeds[0].index
@@ -127,12 +140,7 @@ def _seed_group(panel: Panel, seeds: list[pd.DataFrame], color: str, name: str) 
         steps = steps.union(s.index)
     aligned = [s.reindex(steps) for s in seeds]
     x = _nan_reduce(np.column_stack([_arr(s["x"]) for s in aligned]), np.nanmean)
-    out = []
-    for line in panel.lines:
-        low_col, high_col = ("band_low", "band_high") if panel.band else (line.column, line.column)
-        low = _nan_reduce(np.column_stack([_arr(s[low_col]) for s in aligned]), np.nanmin)
-        high = _nan_reduce(np.column_stack([_arr(s[high_col]) for s in aligned]), np.nanmax)
-        out.append(_band(x, low, high, color, name))
+    out = _seed_bands(panel, aligned, x, color, name)
     for i, s in enumerate(aligned):
         for line in panel.lines:
             label = f"{name} {line.label}".strip() if i == 0 else ""
@@ -261,6 +269,12 @@ def _difference_traces(
             if d.metric == panel.quantity:
                 out += _pair_traces(d, colors.get(d.run, PALETTE[1]), x_range)
                 tolerances.add(d.tolerance)
+    return out + _margin_lines(tolerances, x_range)
+
+
+def _margin_lines(tolerances: set[float], x_range: tuple[float, float]) -> list[Trace]:
+    """The ± margin lines of every finite tolerance, and the zero line."""
+    out: list[Trace] = []
     edges = _arr(x_range)
     for tol in sorted(t for t in tolerances if math.isfinite(t)):
         for sign in (-1.0, 1.0):

@@ -27,22 +27,26 @@ STYLES = {"solid": "-", "dot": ":", "dash": "--"}
 """Matplotlib line styles of the traces' dash names."""
 
 
+def _trace(ax: Any, t: Any) -> None:
+    """Draw one trace on ``ax`` by its kind."""
+    if t.kind == SPAN:
+        ax.axvspan(t.x[0], t.x[1], color=t.color, alpha=t.opacity, linewidth=0)
+    elif t.kind == BAND:
+        ax.fill_between(t.x, t.y2, t.y, color=t.color, alpha=t.opacity, linewidth=0)
+    elif t.kind == MARKERS:
+        ax.plot(t.x, t.y, ".", color=t.color, alpha=t.opacity, markersize=t.width * 0.75)
+    elif t.kind in (LINE, HLINE):
+        y = t.y if t.kind == LINE else np.repeat(t.y[:1], len(t.x))
+        style = STYLES.get(t.dash, "-")
+        ax.plot(t.x, y, style, color=t.color, alpha=t.opacity, linewidth=t.width, label=t.name or None)
+
+
 def draw(ax: Any, figure: PanelFigure) -> None:
     """Draw ``figure``'s traces, titles, y format and the shared x range and ticks on ``ax``."""
     from matplotlib.ticker import MultipleLocator, PercentFormatter
 
     for t in figure.traces:
-        label = t.name or None
-        if t.kind == SPAN:
-            ax.axvspan(t.x[0], t.x[1], color=t.color, alpha=t.opacity, linewidth=0)
-        elif t.kind == BAND:
-            ax.fill_between(t.x, t.y2, t.y, color=t.color, alpha=t.opacity, linewidth=0)
-        elif t.kind == MARKERS:
-            ax.plot(t.x, t.y, ".", color=t.color, alpha=t.opacity, markersize=t.width * 0.75)
-        elif t.kind in (LINE, HLINE):
-            y = t.y if t.kind == LINE else np.repeat(t.y[:1], len(t.x))
-            style = STYLES.get(t.dash, "-")
-            ax.plot(t.x, y, style, color=t.color, alpha=t.opacity, linewidth=t.width, label=label)
+        _trace(ax, t)
     lo, hi = figure.x_range
     first, step = nice_ticks(lo, hi)
     ax.set_xlim(lo, hi)
