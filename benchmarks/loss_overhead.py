@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import formulas, fused
+from cliptrack.core import measures
 
 from benchmarks._timing import Row, interleaved_medians, markdown
 from tests import reference
@@ -103,9 +104,10 @@ def _ppo_objective_and_gauge(lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor)
     return loss, formulas.gauge_of(log_ratio, torch.exp(log_ratio), mask != 0, 0.5, 2.0, mask)
 
 
-def _no_gauge(outputs: Tensor, *_: object, **__: object) -> Tensor:
+def _no_gauge(outputs: Tensor, *_: object, **__: object) -> dict[str, Tensor]:
     """Stands in for ``cliptrack.adapters.losses.formulas.gauge_of``: the gauge of no token, with no per-token work."""
-    return torch.zeros(len(losses.GAUGE_FIELDS), dtype=torch.float64, device=outputs.device)
+    zero = torch.zeros((), dtype=torch.float64, device=outputs.device)
+    return {m.key: zero for m in measures.GAUGE_MEASURES}
 
 
 def _without_gauge(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -241,7 +243,7 @@ def _run(repeats: int) -> list[Row]:
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
         kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32, True))
         assert kernel is not None
-        return fused._Fused.apply(kernel, x.reshape(-1), *flat)[0]
+        return fused._Fused.apply(kernel, [], x.reshape(-1), *flat)[0]
 
     plain = _plain_objectives(b)
     compile_s["ppo objective compiled"] = _first_call_seconds(

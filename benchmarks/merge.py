@@ -85,23 +85,22 @@ def _gauge_per_key(reports: list[dict], group: Any) -> Callable[[], None]:
     """The gauge merged key by key: each float sum in its own all_reduce, max and min in a MAX each."""
     import torch
     import torch.distributed as dist
-    from cliptrack.adapters.losses.builtin import GAUGE_FIELDS, GAUGE_SUM_KEYS
-    from cliptrack.adapters.megatron import REPORT_GAUGE
-    from cliptrack.core import keys
+    from cliptrack.core import keys, measures
 
     counts = [keys.LOSS_SUM, keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS]
-    gauge_sums = range(len(GAUGE_SUM_KEYS))  # the gauge vector: its sums, then max l and -min l
-    gauge_extremes = range(len(GAUGE_SUM_KEYS), len(GAUGE_FIELDS))
+    gauge_sums = [m for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM]
+    gauge_extremes = [m for m in measures.GAUGE_MEASURES if m.reduction != measures.SUM]
 
     def merge() -> None:
         for key in counts:
             total = torch.stack([report[key].double() for report in reports]).sum()
             dist.all_reduce(total, group=group)
-        for i in gauge_sums:
-            total = torch.stack([report[REPORT_GAUGE][i] for report in reports]).sum()
+        for m in gauge_sums:
+            total = torch.stack([report[m.key] for report in reports]).sum()
             dist.all_reduce(total, group=group)
-        for i in gauge_extremes:
-            extreme = torch.stack([report[REPORT_GAUGE][i] for report in reports]).amax()
+        for m in gauge_extremes:  # a min as -max(-l)
+            sign = -1.0 if m.reduction == measures.MIN else 1.0
+            extreme = torch.stack([sign * report[m.key] for report in reports]).amax()
             dist.all_reduce(extreme, op=dist.ReduceOp.MAX, group=group)
 
     return merge

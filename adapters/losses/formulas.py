@@ -505,6 +505,7 @@ def cross_entropy(
     """Weighted negative log-likelihood, per token ``-(weights * logprobs)``; never clips.
     Eligible tokens are ``mask != 0`` with a mask, else ``weights != 0``."""
     weighted = weights * lp
+    eligible: Tensor | None
     if mask is None:
         zero = torch.zeros((), dtype=torch.int64, device=lp.device)
         eligible = weights.detach() != 0

@@ -272,12 +272,12 @@ def read_train_log(
     else:
         loss_tokens = total // context_parallel_size
         loss_tokens -= _warn_all_masked(loss_masks, loss_tokens)
-    values = {keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped}
+    counts: dict[str, float | int] = {keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped}
     low, high = _clipped_low_high(entries)
     if low is not None and high is not None:
-        values.update({keys.CLIPPED_LOW_TOKENS: low, keys.CLIPPED_HIGH_TOKENS: high})
+        counts.update({keys.CLIPPED_LOW_TOKENS: low, keys.CLIPPED_HIGH_TOKENS: high})
     try:  # checks clipped <= loss_tokens and low + high == clipped
-        return MeasuredSums(values)
+        return MeasuredSums(counts)
     except ValueError as exc:
         raise ValueError(f"this Miles log: {exc}") from exc
 

@@ -332,12 +332,12 @@ class MeasuredSums:
         present = [key for key in metrics if key in declared and key != keys.LOSS_SUM]
         if not present:
             return None
-        for key in present:  # each value first: a bad one is named before what is missing
-            _value(declared[key], metrics[key], key)
+        # each value first: a bad one is named before what is missing
+        values = {key: _value(declared[key], metrics[key], key) for key in present}
         if keys.LOSS_TOKENS not in metrics:
             raise ValueError(f"metrics carry {present} but not {keys.LOSS_TOKENS!r}")
         _check_split_keys(present)
-        return cls({key: metrics[key] for key in present})
+        return cls(values)
 
 
 def _check_split_keys(present: Iterable[str]) -> None:
