@@ -6,7 +6,7 @@
 - a function-local import of the project's own module is there only to keep an optional or heavy
   dependency lazy: the module it names imports one (itself or through the project's modules); a
   package's ``__getattr__`` (PEP 562) may re-export lazily, and ``TYPE_CHECKING`` imports never run
-  (they count for the layers, not for circles);
+  (they count for the layers and the circles: a module's types are part of what it depends on);
 - pyproject.toml lists exactly the package folders, mapped into the one ``cliptrack`` namespace.
 """
 
@@ -82,11 +82,6 @@ class Import:
     target: str
     line: int
     where: str
-
-    @property
-    def runs(self) -> bool:
-        """Whether the import runs at all (type-checking imports never do)."""
-        return self.where != TYPING
 
 
 def _module_files() -> dict[str, Path]:
@@ -218,8 +213,6 @@ def test_no_import_runs_up_a_layer():
 def test_no_import_circles():
     edges: dict[str, set[str]] = {module: set() for module in MODULES}
     for imp in IMPORTS:
-        if not imp.runs:
-            continue
         # a package's __init__ re-exporting its own modules is not a circle with them
         if _is_package(imp.target) and imp.importer.startswith(imp.target + "."):
             continue

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlparse
 from cliptrack.compare.align import ALIGNMENTS
 
 if TYPE_CHECKING:
-    from cliptrack.compare.align import Window
     from cliptrack.compare.frame import RunSet
+    from cliptrack.compare.window import Window
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 """MLflow's own default store (relative to the working directory)."""

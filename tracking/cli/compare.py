@@ -20,9 +20,10 @@ from typing import Any
 
 from cliptrack.backends.options import add_source_arguments, source_arguments
 from cliptrack.backends.preflight import check_window
-from cliptrack.compare.align import ALIGNMENTS, parse_window
+from cliptrack.compare.align import ALIGNMENTS
 from cliptrack.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
 from cliptrack.compare.result import FAIL_ON
+from cliptrack.compare.window import parse_window
 from cliptrack.core.text import printable
 
 EXIT_PASSED = 0

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {
     "ALIGNMENTS": "cliptrack.compare.align",
-    "Window": "cliptrack.compare.align",
-    "parse_window": "cliptrack.compare.align",
+    "Window": "cliptrack.compare.window",
+    "parse_window": "cliptrack.compare.window",
     "unit_table": "cliptrack.compare.align",
     "DEFAULT_CONFIDENCE": "cliptrack.compare.engine",
     "DEFAULT_TOLERANCES": "cliptrack.compare.engine",
@@ -45,7 +45,7 @@ _HOMES = {
 ``cliptrack compare --help`` does not import pandas)."""
 
 if TYPE_CHECKING:
-    from cliptrack.compare.align import ALIGNMENTS, Window, parse_window, unit_table
+    from cliptrack.compare.align import ALIGNMENTS, unit_table
     from cliptrack.compare.engine import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
     from cliptrack.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
     from cliptrack.compare.quantities import QUANTITIES, Quantity
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         RunEstimate,
     )
     from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
+    from cliptrack.compare.window import Window, parse_window
 
 
 def __getattr__(name: str) -> Any:

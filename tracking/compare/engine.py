@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
-from cliptrack.compare.align import ALIGNMENTS, Window, token_axis, unit_table
+from cliptrack.compare.align import ALIGNMENTS, token_axis, unit_table
 from cliptrack.compare.estimates import (
     approximate_quantities,
     data_notes,
@@ -42,6 +42,7 @@ from cliptrack.compare.notes import note
 from cliptrack.compare.pairs import differences
 from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.result import ComparisonResult
+from cliptrack.compare.window import Window
 
 if TYPE_CHECKING:
     import pandas as pd

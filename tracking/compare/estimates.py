@@ -16,13 +16,14 @@ import pandas as pd
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
-from cliptrack.compare.align import Window, unit_table
+from cliptrack.compare.align import unit_table
 from cliptrack.compare.columns import Columns, X
 from cliptrack.compare.findings import Note, RunEstimate
 from cliptrack.compare.frame import RunSet, count_problems
 from cliptrack.compare.notes import note
 from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.stats import ABSOLUTE, Estimate, wilson_interval
+from cliptrack.compare.window import Window
 
 
 def valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd.Index]:

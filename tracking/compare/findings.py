@@ -22,9 +22,9 @@ from cliptrack.compare.stats.estimate import (
 )
 
 if TYPE_CHECKING:
-    from cliptrack.compare.align import Window
     from cliptrack.compare.reasons import NoteReason, VerdictReason
     from cliptrack.compare.stats.seeds import GroupEstimate
+    from cliptrack.compare.window import Window
 
 FAIL_ON = ("different", "not-equivalent")
 """``--fail-on`` choices: trip the gate on a ``different`` answer, or on anything but ``equivalent``."""
