@@ -26,13 +26,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120) -> Iterator[int]:
-    """``mlflow server`` on ``uri`` (one worker, 127.0.0.1, a free port), healthy; yields the port
-    and kills the server's process group after. Its output goes to ``log_path``."""
+def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120, command: str = "server") -> Iterator[int]:
+    """``mlflow server`` (or ``command="ui"``: ``mlflow ui``, what the demo prints) on ``uri`` (one
+    worker, 127.0.0.1, a free port), healthy; yields the port and kills the server's process group
+    after. Its output goes to ``log_path``."""
     port = free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+        [sys.executable, "-m", "mlflow", command, "--backend-store-uri", uri, "--host", "127.0.0.1"]
         + ["--port", str(port), "--workers", "1"],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -2,49 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from cliptrack.core import keys
 
-STEPS = 6
+from tests._demo import DEMO_STEPS, DemoRun
+from tests._harness import CHROMIUM, needs_chromium
+
+STEPS = DEMO_STEPS
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cliptrack.cli.main",
-            "demo",
-            "--steps",
-            str(STEPS),
-            "--out",
-            str(out),
-            "--no-progress",
-            "--wandb",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=out,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, proc.stdout
+@pytest.fixture
+def demo(demo_run: DemoRun) -> tuple[Path, str]:
+    """The session's one demo run (``tests/conftest.py``): its output folder and what it printed."""
+    return demo_run.out, demo_run.proc.stdout
 
 
 def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
@@ -84,62 +60,6 @@ def test_megatron_path_ran_through_megatron_cores_schedule(demo):
     assert run.data.params["schedule"] == schedule
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
-@contextlib.contextmanager
-def mlflow_ui(store: Path, cwd: Path) -> Iterator[str]:
-    """A real ``mlflow ui`` on the demo's store, on a free loopback port; yields its URL."""
-    from tests._harness import free_port
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (cwd / "mlflow-ui.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "ui",
-            "--backend-store-uri",
-            f"sqlite:///{store}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        cwd=cwd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        for _ in range(240):  # readiness poll: up to ~2 minutes for the server to start
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"mlflow ui exited {proc.returncode}: {(cwd / 'mlflow-ui.log').read_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError("mlflow ui did not answer")
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-
-
 def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     """Headless Chromium on ``url``; ``--virtual-time-budget`` lets the app fetch and draw its charts."""
     base = [
@@ -161,8 +81,8 @@ def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (.ci/run installs it)")
-def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
+@needs_chromium
+def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
     """``mlflow ui`` on the demo's store, in headless Chromium: the training runs' clip series are
     charted (line charts over steps), in a training experiment without the comparison's numbers."""
     from mlflow.tracking import MlflowClient
@@ -180,29 +100,29 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, tmp_path):
     assert len(runs) == len(training), "only the training runs belong in the training experiment"
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
     assert experiment.artifact_location.startswith(out.as_uri()), experiment.artifact_location
-    with mlflow_ui(out / "mlflow.db", tmp_path) as url:
-        # the address the demo prints; a tall window, so every chart of the clip series and the gauge
-        # is drawn (the chart view draws only the charts in view)
-        charts = (
-            f"{url}/#/experiments/{experiment.experiment_id}/runs"
-            "?workflowType=machine_learning&compareRunsMode=CHART"
-        )
-        tall = "--window-size=1600,6000"
-        shot = tmp_path / "mlflow-training-runs.png"
-        proc = _browse(charts, tmp_path / "profile-shot", f"--screenshot={shot}")
-        assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
-        dom = _browse(charts, tmp_path / "profile-charts", tall, "--dump-dom").stdout
-        for name in training:
-            assert name in dom
-        for key in (keys.CLIP_FRACTION, keys.CLIPPED_TOKENS, keys.LOSS_TOKENS):
-            assert key in dom, f"no chart of {key} on the training runs' chart view"
-        assert "clip_fraction.difference" not in dom and "compare:" not in dom
-        for name, run_id in training.items():  # each run's own metric page
-            page = f"{url}/#/experiments/{experiment.experiment_id}/runs/{run_id}/model-metrics"
-            dom = _browse(page, tmp_path / f"profile-{name}", tall, "--dump-dom").stdout
-            assert name in dom
-            for key in keys.CLIP_SERIES_KEYS:
-                assert key in dom, f"{name}: no chart of {key}"
+    url = demo_ui  # `mlflow ui` on the demo's store (tests/conftest.py)
+    # the address the demo prints; a tall window, so every chart of the clip series and the gauge
+    # is drawn (the chart view draws only the charts in view)
+    charts = (
+        f"{url}/#/experiments/{experiment.experiment_id}/runs"
+        "?workflowType=machine_learning&compareRunsMode=CHART"
+    )
+    tall = "--window-size=1600,6000"
+    shot = tmp_path / "mlflow-training-runs.png"
+    proc = _browse(charts, tmp_path / "profile-shot", f"--screenshot={shot}")
+    assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+    dom = _browse(charts, tmp_path / "profile-charts", tall, "--dump-dom").stdout
+    for name in training:
+        assert name in dom
+    for key in (keys.CLIP_FRACTION, keys.CLIPPED_TOKENS, keys.LOSS_TOKENS):
+        assert key in dom, f"no chart of {key} on the training runs' chart view"
+    assert "clip_fraction.difference" not in dom and "compare:" not in dom
+    for name, run_id in training.items():  # each run's own metric page
+        page = f"{url}/#/experiments/{experiment.experiment_id}/runs/{run_id}/model-metrics"
+        dom = _browse(page, tmp_path / f"profile-{name}", tall, "--dump-dom").stdout
+        assert name in dom
+        for key in keys.CLIP_SERIES_KEYS:
+            assert key in dom, f"{name}: no chart of {key}"
 
 
 def test_dashboard_panels_and_verdict_are_produced(demo):
@@ -235,7 +155,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
 
 
 def test_miles_run_is_more_off_policy_than_megatron_run(demo):
-    from cliptrack.compare import load_runs
+    from cliptrack.backends import load_runs
 
     out, _ = demo
     runs = load_runs(jsonl_dir=out / "spool")

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from cliptrack.core import keys
 
+from tests._demo import DEMO_STEPS, DemoRun
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "compare_backends.ipynb"
-STEPS = 6
+STEPS = DEMO_STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +35,11 @@ def _cliptrack(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    home = tmp_path_factory.mktemp("newcomer")
-    proc = _cliptrack(["demo", "--steps", str(STEPS)], home)  # stdout and stderr are pipes, not a terminal
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return home / "cliptrack-demo", proc
+@pytest.fixture
+def demo(demo_run: DemoRun) -> tuple[Path, subprocess.CompletedProcess]:
+    """The session's one demo run (``tests/conftest.py``): run from a fresh folder with its output
+    redirected (pipes, not a terminal), as the README says; its output folder and its process."""
+    return demo_run.out, demo_run.proc
 
 
 def _printed_commands(stdout: str) -> list[str]:
