@@ -23,6 +23,7 @@ def demo(demo_run: DemoRun) -> tuple[Path, str]:
     return demo_run.out, demo_run.proc.stdout
 
 
+@pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
     from mlflow.tracking import MlflowClient
 
@@ -46,6 +47,7 @@ def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
         assert low + high == clipped
 
 
+@pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_megatron_path_ran_through_megatron_cores_schedule(demo):
     """With megatron-core installed, the Megatron run's micro-batches go through its own schedule."""
     pytest.importorskip("megatron.core")
@@ -125,6 +127,7 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
             assert key in dom, f"{name}: no chart of {key}"
 
 
+@pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_dashboard_panels_and_verdict_are_produced(demo):
     out, stdout = demo
     html = (out / "dashboard.html").read_text(encoding="utf-8")
@@ -154,6 +157,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     assert any((out / "comparison-artifacts").rglob("comparison.json"))
 
 
+@pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_miles_run_is_more_off_policy_than_megatron_run(demo):
     from cliptrack.backends import load_runs
 
@@ -169,6 +173,7 @@ def test_miles_run_is_more_off_policy_than_megatron_run(demo):
     assert fraction["miles"] > fraction["megatron"] > 0
 
 
+@pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(demo):
     """The Miles run samples from a policy two steps stale: its mismatch KL (k3) and mean |log
     ratio|, ratios of sums over the run as logged to MLflow, are well above the Megatron run's, and
