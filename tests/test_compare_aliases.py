@@ -291,8 +291,8 @@ def test_an_approximate_clip_fraction_is_marked_in_table_dashboard_and_json(stor
     import json
 
     from cliptrack.compare import compare
+    from cliptrack.compare.report import formatted_table
     from cliptrack.compare.views.dashboard import write_dashboard
-    from cliptrack.compare.views.render import formatted_table
 
     _, uri = stores
     runs = load_runs(["ours", "verl"], tracking_uri=uri)

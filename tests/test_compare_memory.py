@@ -192,7 +192,7 @@ def test_a_comparison_of_long_memory_runs_says_so_in_its_reason_and_json():
     names long memory with the d found (not the batch check's wording)."""
     from cliptrack.compare import RunSet, compare
     from cliptrack.compare.frame import LoadedRun, Point
-    from cliptrack.compare.views.render import as_dict
+    from cliptrack.compare.report import as_dict
     from cliptrack.core import keys
     from cliptrack.store.records import RunInfo
 

@@ -1,5 +1,5 @@
 """The one registry of compared quantities: what each estimates, on which scale, within which margin,
-and how it is shown. ``compute``, ``cli`` and ``render`` (and the plot series and panels) read it;
+and how it is shown. the engine, the command line and ``report`` (and the plot series and panels) read it;
 a new quantity is one entry of :data:`QUANTITIES`.
 
 Every quantity is a ratio of per-step sums over the paired units of a window,

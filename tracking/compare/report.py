@@ -1,6 +1,6 @@
 """Renderings of what a comparison found (``findings.Findings``, and so a ``ComparisonResult``):
 tables, the plain-language summary, markdown, HTML, JSON. ``result.ComparisonResult`` offers them
-as methods; ``views.render`` re-exports them for the views.
+as methods.
 
 Each reads the result and nothing else, so the terminal, the dashboard, the MLflow comparison run,
 the notebook and scripts (``--json``) all say the same thing.

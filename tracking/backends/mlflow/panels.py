@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from cliptrack.backends.mlflow._compat import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
+from cliptrack.compare import report
 from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.stats import MIN_ESS, MIN_UNITS
-from cliptrack.compare.views import render
 from cliptrack.compare.views.dashboard import write_dashboard
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact, redact_value
@@ -247,10 +247,10 @@ def log_comparison(
             root = Path(tmp)
             write_figures(runset, result, root / "figures")
             (root / "comparison.csv").write_text(
-                redact(render.table(result).to_csv(index=False)), encoding="utf-8"
+                redact(report.table(result).to_csv(index=False)), encoding="utf-8"
             )
-            (root / "comparison.md").write_text(render.markdown(result), encoding="utf-8")
-            (root / "comparison.json").write_text(render.as_json(result), encoding="utf-8")
+            (root / "comparison.md").write_text(report.markdown(result), encoding="utf-8")
+            (root / "comparison.json").write_text(report.as_json(result), encoding="utf-8")
             if dashboard is None:
                 write_dashboard(root / "dashboard.html", runset, result)
             else:
