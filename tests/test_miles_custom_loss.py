@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("megatron.core")  # Miles' log-prob path uses megatron-core's fused cross entropy
 
 from cliptrack.adapters.miles import MilesCountWarning, read_train_log, sum_train_logs
+from cliptrack.core import keys
 
 from tests import _miles_loss_case as case
 from tests._harness import free_port, run_ranks
@@ -111,7 +112,7 @@ def test_stock_log_warns_that_all_masked_samples_inflate_loss_tokens(one_rank):
         counts = read_train_log(summed, calculate_per_token_loss=True)
     assert len(record) == 1
     assert counts.loss_tokens == expected["loss_tokens"] + masked  # Miles' max(., 1)
-    assert counts.clipped_tokens == expected["clipped_tokens"]
+    assert counts[keys.CLIPPED_TOKENS] == expected["clipped_tokens"]
     with pytest.warns(MilesCountWarning, match=f"{masked} of {len(masks)} samples") as record:
         counts = read_train_log(summed, calculate_per_token_loss=True, loss_masks=masks)
     assert len(record) == 1
