@@ -1,9 +1,11 @@
-"""One rank of a multi-process Megatron test: ``python _megatron_worker.py OUT_DIR TP PP CP``.
+"""One rank of a multi-process Megatron test: ``python _megatron_worker.py OUT_DIR LAYOUT [LAYOUT ...]``,
+each ``LAYOUT`` ``TP,PP,CP``.
 
-Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. Runs every scenario of
-``_megatron_setup.SCENARIOS`` through Megatron-Core's real schedule on gloo, reduces with
+Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``. For each layout in turn (one
+process group, Megatron's model parallel state set up and torn down per layout): runs every scenario
+of ``_megatron_setup.SCENARIOS`` through Megatron-Core's real schedule on gloo, reduces with
 ``cliptrack.adapters.megatron.reduce_losses`` while counting ``torch.distributed`` collectives, hands the
-result to every pipeline stage, and writes ``OUT_DIR/rank<RANK>.json``.
+result to every pipeline stage. Writes ``OUT_DIR/rank<RANK>.json``: ``{LAYOUT: result}``.
 """
 
 from __future__ import annotations
@@ -36,9 +38,8 @@ def _explicit_group(rank: int, world: int) -> dict:
     return {"metrics": fbo.metrics if fbo is not None else None, "collectives": calls}
 
 
-def main() -> int:
-    out_dir, tp, pp, cp = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    import torch
+def _layout(tp: int, pp: int, cp: int, rank: int, world: int) -> dict:
+    """Every scenario under one TP x PP x CP layout (the data-parallel size follows from the world)."""
     import torch.distributed as dist
     from cliptrack.adapters.megatron import broadcast_from_last_stage, reduce_losses
     from megatron.core import parallel_state
@@ -46,9 +47,6 @@ def main() -> int:
     from tests import _megatron_setup as setup
     from tests.megatron_shim import cpu_megatron
 
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     result: dict = {"rank": rank, "steps": {}}
     with cpu_megatron():
         parallel_state.initialize_model_parallel(
@@ -87,8 +85,23 @@ def main() -> int:
     if tp == pp == cp == 1:
         result["explicit_group"] = _explicit_group(rank, world)
     dist.barrier()
+    return result
+
+
+def main() -> int:
+    out_dir, layouts = Path(sys.argv[1]), sys.argv[2:]
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for layout in layouts:
+        tp, pp, cp = (int(size) for size in layout.split(","))
+        results[layout] = _layout(tp, pp, cp, rank, world)
     dist.destroy_process_group()
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(results))
     return 0
 
 

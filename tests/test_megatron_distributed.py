@@ -3,6 +3,7 @@
 Each layout runs every scenario of ``_megatron_setup.SCENARIOS`` (PPO with unequal micro-batches
 and an all-zero micro-batch, a DP rank with no eligible token, CISPO, a step where nothing clips,
 cross entropy) and compares the merged metrics with one process computing the whole global batch.
+The layouts of one world size run in one launch of its processes, one after the other.
 """
 
 from __future__ import annotations
@@ -21,14 +22,35 @@ from tests import _megatron_setup as setup
 from tests._harness import run_ranks
 from tests.test_megatron import assert_gauge_close
 
+pytestmark = pytest.mark.slow  # processes importing torch and Megatron-Core: minutes on two cores
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_megatron_worker.py"
 COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
 
 
-def _launch(tmp_path: Path, world: int, tp: int, pp: int, cp: int) -> list[dict]:
-    """Start ``world`` worker processes on loopback and return their results by rank."""
-    return run_ranks(WORKER, [str(tp), str(pp), str(cp)], world, tmp_path, timeout_s=150)
+Layout = tuple[int, int, int]
+"""Tensor-, pipeline- and context-parallel sizes; the data-parallel size is what the world leaves."""
+DP2, PP2 = (1, 1, 1), (1, 2, 1)  # on 2 processes
+TP2_DP2, DP2_CP2 = (2, 1, 1), (1, 1, 2)  # on 4 processes
+
+
+def _launch(tmp_path: Path, world: int, layouts: list[Layout]) -> dict[Layout, list[dict]]:
+    """Start ``world`` worker processes on loopback, running ``layouts`` one after the other; each
+    layout's results by rank."""
+    names = [",".join(str(size) for size in layout) for layout in layouts]
+    by_rank = run_ranks(WORKER, names, world, tmp_path, timeout_s=150 * len(layouts))
+    return {layout: [rank[name] for rank in by_rank] for layout, name in zip(layouts, names, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def world_2(tmp_path_factory: pytest.TempPathFactory) -> dict[Layout, list[dict]]:
+    return _launch(tmp_path_factory.mktemp("world2"), 2, [DP2, PP2])
+
+
+@pytest.fixture(scope="module")
+def world_4(tmp_path_factory: pytest.TempPathFactory) -> dict[Layout, list[dict]]:
+    return _launch(tmp_path_factory.mktemp("world4"), 4, [TP2_DP2, DP2_CP2])
 
 
 def _check_layout(results: list[dict], dp: int) -> None:
@@ -72,9 +94,9 @@ def _check_nontrivial(results: list[dict]) -> None:
     assert set(keys.GAUGE_KEYS).isdisjoint(metrics["cross_entropy"]["metrics"])
 
 
-@pytest.fixture(scope="module")
-def dp2_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return _launch(tmp_path_factory.mktemp("dp2"), world=2, tp=1, pp=1, cp=1)
+@pytest.fixture
+def dp2_results(world_2: dict[Layout, list[dict]]) -> list[dict]:
+    return world_2[DP2]
 
 
 def test_data_parallel_2(dp2_results: list[dict]) -> None:
@@ -102,8 +124,8 @@ def test_explicit_group_without_parallel_state(dp2_results: list[dict]) -> None:
             assert got["metrics"][key] == expected[key]
 
 
-def test_tensor_parallel_2_by_data_parallel_2(tmp_path: Path) -> None:
-    results = _launch(tmp_path, world=4, tp=2, pp=1, cp=1)
+def test_tensor_parallel_2_by_data_parallel_2(world_4: dict[Layout, list[dict]]) -> None:
+    results = world_4[TP2_DP2]
     _check_layout(results, dp=2)
     _check_nontrivial(results)
     for res in results:
@@ -112,16 +134,16 @@ def test_tensor_parallel_2_by_data_parallel_2(tmp_path: Path) -> None:
         assert len(res["dp_cp_ranks"]) == 2 and len(res["tp_ranks"]) == 2
 
 
-def test_data_parallel_2_by_context_parallel_2(tmp_path: Path) -> None:
-    results = _launch(tmp_path, world=4, tp=1, pp=1, cp=2)
+def test_data_parallel_2_by_context_parallel_2(world_4: dict[Layout, list[dict]]) -> None:
+    results = world_4[DP2_CP2]
     _check_layout(results, dp=2)
     _check_nontrivial(results)
     for res in results:
         assert sorted(res["dp_cp_ranks"]) == [0, 1, 2, 3]  # DP x CP: slices of a sequence are summed
 
 
-def test_pipeline_parallel_2(tmp_path: Path) -> None:
-    results = _launch(tmp_path, world=2, tp=1, pp=2, cp=1)
+def test_pipeline_parallel_2(world_2: dict[Layout, list[dict]]) -> None:
+    results = world_2[PP2]
     assert [r["last_stage"] for r in results] == [False, True]
     _check_layout(results, dp=1)
     _check_nontrivial(results)
