@@ -136,32 +136,62 @@ class Target:
         )
 
 
+UP_TO_DATE = "up to date"
+DRY_RUN = "skipped: dry run"
+
+
 def _replay_sink(
     run_dir: RunDir, run: RunInfo, target: Target, end: Ack, timeout_s: float, dry_run: bool
 ) -> ReplayResult:
+    """Send sink ``target`` of the run what it has not acknowledged up to ``end`` (points, then the
+    close with the run's status), or say why nothing was sent."""
     status, name, state = run.status, target.name, target.state
     ack = run_dir.read_ack(name)
     left = max(0, end.points - ack.points)
-    current = ack.offset >= end.offset and state.get("closed") and state.get("status") == status
-    if dry_run and not target.options and not current:
-        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+    caught_up = ack.offset >= end.offset and bool(state.get("closed")) and state.get("status") == status
+    if dry_run and not target.options and not caught_up:
+        return ReplayResult(run.run_id, name, 0, left, status, DRY_RUN)
     try:
         sink = target.sink()
     except Exception as exc:  # noqa: BLE001
         return ReplayResult(run.run_id, name, 0, left, status, "failed", f"{type(exc).__name__}: {exc}")
-    current = current and not ParamBook(name, run_dir).pending(sink.attributes(run))
+    resume, outcome = _resume_state(run_dir, run, target, sink, caught_up, dry_run)
+    if resume is None:
+        return ReplayResult(run.run_id, name, 0, 0 if outcome == UP_TO_DATE else left, status, outcome)
+    return _push(run_dir, run, name, sink, resume, end, timeout_s)
+
+
+def _resume_state(
+    run_dir: RunDir, run: RunInfo, target: Target, sink: Sink, caught_up: bool, dry_run: bool
+) -> tuple[dict[str, Any] | None, str]:
+    """The state the sink resumes from (re-targeted first when the options name another store), or
+    None with why there is nothing to send (up to date, or a dry run)."""
+    current = caught_up and not ParamBook(target.name, run_dir).pending(sink.attributes(run))
     if current and not target.options:
-        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+        return None, UP_TO_DATE
     if dry_run and not target.options:
-        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
+        return None, DRY_RUN
+    state = target.state
     resume = {k: v for k, v in state.items() if k not in ("closed", "status", "refused", "previous")}
     moved = Target.moved(resume, sink)
     if current and not moved:  # the options name the recorded target
-        return ReplayResult(run.run_id, name, 0, 0, status, "up to date")
+        return None, UP_TO_DATE
     if dry_run:
-        return ReplayResult(run.run_id, name, 0, left, status, "skipped: dry run")
-    if moved:
-        resume = _retarget(run_dir, name, state, sink)
+        return None, DRY_RUN
+    return (_retarget(run_dir, target.name, state, sink) if moved else resume), ""
+
+
+def _push(
+    run_dir: RunDir,
+    run: RunInfo,
+    name: str,
+    sink: Sink,
+    resume: dict[str, Any],
+    end: Ack,
+    timeout_s: float,
+) -> ReplayResult:
+    """Run one lane of ``sink`` from ``resume`` to the journal's ``end`` and close it with the run's
+    status, within ``timeout_s`` seconds."""
     lane = SinkLane(
         sink,
         run_dir,
@@ -176,15 +206,16 @@ def _replay_sink(
     )
     deadline = time.monotonic() + timeout_s
     lane.start()
-    lane.stop(status, deadline)
+    lane.stop(run.status, deadline)
     lane.join(timeout_s + 5.0)
     done = lane.acked
-    pushed = lane.sent_points
     remaining = max(0, end.points - done.points)
     refused = ", ".join(part for part in (lane.refusals.summary(), lane.params_summary()) if part)
     if lane.closed_cleanly and done.offset >= end.offset:
-        return ReplayResult(run.run_id, name, pushed, 0, status, "replayed", refused or None)
-    return ReplayResult(run.run_id, name, pushed, remaining, status, "failed", lane.error or "timed out")
+        return ReplayResult(run.run_id, name, lane.sent_points, 0, run.status, "replayed", refused or None)
+    return ReplayResult(
+        run.run_id, name, lane.sent_points, remaining, run.status, "failed", lane.error or "timed out"
+    )
 
 
 def _retarget(run_dir: RunDir, name: str, state: dict[str, Any], sink: Sink) -> dict[str, Any]:
