@@ -259,6 +259,7 @@ _FAILING_COMPILER = textwrap.dedent(
     torch._inductor.config.cpp.cxx = ("/nonexistent/c++",)  # no C++ compiler: every CPU compile fails
     from cliptrack.adapters.losses import fused
     from cliptrack.adapters.losses import builtin as losses
+    from cliptrack.core import keys
 
     def _fields(counts):
         return [counts.loss_tokens, counts.get(keys.CLIPPED_TOKENS), counts.get(keys.CLIPPED_LOW_TOKENS), counts.get(keys.CLIPPED_HIGH_TOKENS)]
