@@ -102,26 +102,26 @@ def choose_runs(
         if not candidates:
             raise RunNotFoundError(f"no runs in {where}")
         return [item for item, _, _ in candidates]
-    chosen = []
-    for ref in refs:
-        by_id = [item for item, run_id, _ in candidates if run_id == ref]
-        if by_id:
-            chosen.append(by_id[0])
-            continue
-        by_name = [(item, run_id) for item, run_id, name in candidates if name == ref]
-        if len(by_name) > 1 and entry is not None:
-            chosen.append(choose_by_name(ref, [item for item, _ in by_name], entry, where))
-            continue
-        if len(by_name) > 1:
-            ids = ", ".join(run_id for _, run_id in by_name)
-            raise RunNotFoundError(
-                f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id"
-            )
-        if not by_name:
-            known = ", ".join(f"{run_id} ({name})" for _, run_id, name in candidates[:20]) or "none"
-            raise RunNotFoundError(f"no run with id or name {ref!r} in {where}; runs there: {known}")
-        chosen.append(by_name[0][0])
-    return chosen
+    return [_choose_one(ref, candidates, where, entry) for ref in refs]
+
+
+def _choose_one(ref: str, candidates: list[tuple[Any, str, str]], where: str, entry: Any) -> Any:
+    """The candidate ``ref`` names: by id, else by name (see ``choose_runs``)."""
+    by_id = [item for item, run_id, _ in candidates if run_id == ref]
+    if by_id:
+        return by_id[0]
+    by_name = [(item, run_id) for item, run_id, name in candidates if name == ref]
+    if len(by_name) > 1 and entry is not None:
+        return choose_by_name(ref, [item for item, _ in by_name], entry, where)
+    if len(by_name) > 1:
+        ids = ", ".join(run_id for _, run_id in by_name)
+        raise RunNotFoundError(
+            f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id"
+        )
+    if not by_name:
+        known = ", ".join(f"{run_id} ({name})" for _, run_id, name in candidates[:20]) or "none"
+        raise RunNotFoundError(f"no run with id or name {ref!r} in {where}; runs there: {known}")
+    return by_name[0][0]
 
 
 def list_runs(*, include_comparisons: bool = False, **store: Any) -> list[RunEntry]:

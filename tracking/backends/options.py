@@ -115,25 +115,39 @@ def choose_backend(refs: Sequence[str], store: Mapping[str, Any]) -> tuple[Backe
     backend; with neither, the backend whose reader claims every ref (W&B: ``entity/project/run_id``)
     or else the default one (MLflow). An unknown keyword is refused, naming the known ones.
     """
-    owners: dict[str, tuple[Backend, StoreOption]] = {}
-    for found in BACKENDS.values():
-        for option in store_options(found):
-            owners.setdefault(option.keyword, (found, option))
+    owners = _keyword_owners()
     unknown = sorted(k for k in store if k not in owners)
     if unknown:
         raise TypeError(f"load_runs: unknown store keyword(s) {unknown}; known: {sorted(owners)}")
     given = {k: v for k, v in store.items() if v is not None}
-    named = [k for k in given if owners[k][1].role == STORE]
-    backends = {owners[k][0].name for k in named}
-    if len(backends) > 1:
-        raise ValueError(f"load_runs: name one store, got {', '.join(named)}")
-    if not backends:
-        backends = {owners[k][0].name for k in given if owners[k][1].role == SCOPE}
-    if len(backends) > 1:
-        raise ValueError(f"load_runs: name one store, got {', '.join(sorted(given))}")
-    chosen = BACKENDS[backends.pop()] if backends else _claiming(refs)
+    named = _one_backend([k for k in given if owners[k][1].role == STORE], owners)
+    if named is None:
+        named = _one_backend([k for k in given if owners[k][1].role == SCOPE], owners, sorted(given))
+    chosen = named if named is not None else _claiming(refs)
     own = {option.keyword for option in store_options(chosen)}
     return chosen, {k: v for k, v in given.items() if k in own}
+
+
+def _keyword_owners() -> dict[str, tuple[Backend, StoreOption]]:
+    """Every store keyword -> the backend declaring it, and its option (the first declaration wins)."""
+    owners: dict[str, tuple[Backend, StoreOption]] = {}
+    for found in BACKENDS.values():
+        for option in store_options(found):
+            owners.setdefault(option.keyword, (found, option))
+    return owners
+
+
+def _one_backend(
+    keywords: Sequence[str],
+    owners: Mapping[str, tuple[Backend, StoreOption]],
+    named: Sequence[str] | None = None,
+) -> Backend | None:
+    """The one backend ``keywords`` belong to (None for none); ValueError naming ``named`` (default:
+    the keywords) when they belong to two."""
+    backends = {owners[k][0].name for k in keywords}
+    if len(backends) > 1:
+        raise ValueError(f"load_runs: name one store, got {', '.join(keywords if named is None else named)}")
+    return BACKENDS[backends.pop()] if backends else None
 
 
 def _claiming(refs: Sequence[str]) -> Backend:

@@ -210,8 +210,6 @@ def log_comparison(
     to log as the artifact instead of rendering it again. ``artifact_dir``: where the artifacts of
     a comparisons experiment created by this call are stored (see the module docstring).
     """
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -229,43 +227,66 @@ def log_comparison(
     run = client.create_run(exp_id, run_name=run_name or "compare: " + " vs ".join(result.runs), tags=tags)
     run_id = run.info.run_id
     try:
-        verdict_tags = [
-            RunTag(
-                f"{keys.TAG_VERDICT}.{d.metric}"
-                + ("" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"),
-                d.verdict,
-            )
-            for d in result.differences
-        ]
-        client.log_batch(
-            run_id,
-            params=[Param(k, v) for k, v in redact_value(comparison_params(runset, result)).items()],
-            metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in comparison_metrics(result).items()],
-            tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))), *verdict_tags],
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp)
-            write_figures(runset, result, root / "figures")
-            (root / "comparison.csv").write_text(
-                redact(report.table(result).to_csv(index=False)), encoding="utf-8"
-            )
-            (root / "comparison.md").write_text(report.markdown(result), encoding="utf-8")
-            (root / "comparison.json").write_text(report.as_json(result), encoding="utf-8")
-            if dashboard is None:
-                write_dashboard(root / "dashboard.html", runset, result)
-            else:
-                shutil.copyfile(dashboard, root / "dashboard.html")
-            client.log_artifacts(run_id, str(root))
+        _log_numbers(client, run_id, runset, result)
+        _log_artifacts(client, run_id, runset, result, dashboard)
         for info in same_store:
-            try:
-                previous = client.get_run(info.run.run_id).data.tags.get(keys.TAG_COMPARED_IN, "")
-                linked = [x for x in previous.split(",") if x] + [run_id]
-                client.set_tag(info.run.run_id, keys.TAG_COMPARED_IN, ",".join(linked))
-                _describe_link(client, info.run.run_id, exp_id, run_id, run.info.run_name or run_id)
-            except MlflowException:
-                pass
+            _link_compared_run(client, info.run.run_id, exp_id, run_id, run.info.run_name or run_id)
         client.set_terminated(run_id, "FINISHED")
     except Exception:
         client.set_terminated(run_id, "FAILED")
         raise
     return run_id
+
+
+def _log_numbers(client: Any, run_id: str, runset: RunSet, result: ComparisonResult) -> None:
+    """The comparison's params, metrics and verdict tags (one per difference), in one batch."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    verdict_tags = [
+        RunTag(
+            f"{keys.TAG_VERDICT}.{d.metric}"
+            + ("" if len(result.runs) == 2 else f".{result.runs.index(d.run)}"),
+            d.verdict,
+        )
+        for d in result.differences
+    ]
+    client.log_batch(
+        run_id,
+        params=[Param(k, v) for k, v in redact_value(comparison_params(runset, result)).items()],
+        metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in comparison_metrics(result).items()],
+        tags=[RunTag(keys.TAG_BACKEND, ",".join(sorted(set(result.backends.values())))), *verdict_tags],
+    )
+
+
+def _log_artifacts(
+    client: Any, run_id: str, runset: RunSet, result: ComparisonResult, dashboard: str | Path | None
+) -> None:
+    """The figures, the table (CSV, markdown, JSON) and the dashboard (``dashboard`` when already
+    written, else rendered here) as the run's artifacts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_figures(runset, result, root / "figures")
+        (root / "comparison.csv").write_text(
+            redact(report.table(result).to_csv(index=False)), encoding="utf-8"
+        )
+        (root / "comparison.md").write_text(report.markdown(result), encoding="utf-8")
+        (root / "comparison.json").write_text(report.as_json(result), encoding="utf-8")
+        if dashboard is None:
+            write_dashboard(root / "dashboard.html", runset, result)
+        else:
+            shutil.copyfile(dashboard, root / "dashboard.html")
+        client.log_artifacts(run_id, str(root))
+
+
+def _link_compared_run(client: Any, compared_id: str, exp_id: str, run_id: str, run_name: str) -> None:
+    """Tag a compared run of the same store with this comparison and link it from its description;
+    a run the store refuses to change is left as it is."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        previous = client.get_run(compared_id).data.tags.get(keys.TAG_COMPARED_IN, "")
+        linked = [x for x in previous.split(",") if x] + [run_id]
+        client.set_tag(compared_id, keys.TAG_COMPARED_IN, ",".join(linked))
+        _describe_link(client, compared_id, exp_id, run_id, run_name)
+    except MlflowException:
+        pass
