@@ -256,16 +256,32 @@ def _check_report_groups(index: int, report: Mapping[str, object], declaration: 
     """ValueError naming the micro-batch when a group's sums are partly present, or a refining
     group (the split) is present without the group it refines."""
     for group in declaration.groups:
-        members = [m.key for m in declaration.members[group.name] if m.key != keys.LOSS_SUM]
-        present = [k for k in members if k in report]
+        present = _present_members(report, declaration, group)
         if not present:
             continue
-        sums = [m.key for m in declaration.members[group.name] if m.reduction == measures.SUM]
-        absent = [k for k in sums if k not in report and k != keys.LOSS_SUM]
-        base = [] if group.within is None else [m.key for m in declaration.members[group.within]]
-        absent += [k for k in base if k not in report][:1]
+        absent = _absent_for_group(report, declaration, group)
         if absent:
             raise ValueError(f"micro-batch {index}: report has {present} but not {absent}")
+
+
+def _present_members(
+    report: Mapping[str, object], declaration: measures.Declaration, group: measures.Group
+) -> list[str]:
+    """The metric keys of ``group``'s measures the report holds (``loss:sum`` excepted), declaration order."""
+    members = [m.key for m in declaration.members[group.name] if m.key != keys.LOSS_SUM]
+    return [k for k in members if k in report]
+
+
+def _absent_for_group(
+    report: Mapping[str, object], declaration: measures.Declaration, group: measures.Group
+) -> list[str]:
+    """What a report holding part of ``group`` lacks: its sums not in the report (``loss:sum``
+    excepted), then the first key of the group it refines (``group.within``) not in the report."""
+    sums = [m.key for m in declaration.members[group.name] if m.reduction == measures.SUM]
+    absent = [k for k in sums if k not in report and k != keys.LOSS_SUM]
+    base = [] if group.within is None else [m.key for m in declaration.members[group.within]]
+    absent += [k for k in base if k not in report][:1]
+    return absent
 
 
 def _packed_rows(reports: Sequence[Mapping[str, Tensor]], layout: _Layout) -> Tensor:

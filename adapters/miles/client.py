@@ -101,12 +101,33 @@ def _datum_group(
     fields = [m for m in members if m.field in datum]
     if not fields:
         return {}
+    _check_group_sums(datum, where, group, members, fields)
+    return _read_group_fields(datum, where, loss_tokens, fields)
+
+
+def _check_group_sums(
+    datum: Mapping[str, Any],
+    where: str,
+    group: str,
+    members: Sequence[measures.Measure],
+    fields: Sequence[measures.Measure],
+) -> None:
+    """ValueError when a datum carries some of ``group``'s fields (``fields``) but not all its sums
+    (the clip counts and their split are checked by :func:`datum_counts`, in their own words)."""
     missing = [m.field for m in members if m.reduction == measures.SUM and m.field not in datum]
     if missing and group not in (measures.CLIP, measures.SPLIT):  # checked above, in their words
         what = "the gauge's sums" if group == measures.GAUGE else f"the {group} measures"
         raise ValueError(
             f"{where} carries {[m.field for m in fields]} but not {missing}: {what} come together"
         )
+
+
+def _read_group_fields(
+    datum: Mapping[str, Any], where: str, loss_tokens: int, fields: Sequence[measures.Measure]
+) -> dict[str, float | int]:
+    """Each of ``fields`` read from the datum, under its metric key: counts as exact ints (tokens),
+    float measures as floats. Every field is read (and checked); an extreme over no eligible token
+    (``loss_tokens == 0``) is then dropped."""
     values: dict[str, float | int] = {}
     for m in fields:
         name = f"{where}[{m.field!r}]"

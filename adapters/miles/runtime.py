@@ -93,47 +93,13 @@ def forward_backward_loss(
         raise ValueError(
             f"got {len(datums)} datums but {len(logprobs)} logprobs tensors: one per datum is needed"
         )
-    outs = []
     device = logprobs[0].device if logprobs else torch.device("cpu")
-    for i, (datum, lp) in enumerate(zip(datums, logprobs, strict=True)):
-        if not isinstance(lp, Tensor) or not lp.is_floating_point():
-            raise TypeError(f"logprobs[{i}] must be a floating-point torch.Tensor, got {type(lp).__name__}")
-        if lp.device != device:
-            raise ValueError(f"logprobs[{i}] is on {lp.device} but logprobs[0] is on {device}")
-        inputs = _loss_fn_inputs(datum, i)
-        try:
-            outs.append(_datum_loss(spec, inputs, lp, config))
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(f"datum {i}: {exc}") from exc
-
+    outs = _datum_losses(spec, datums, logprobs, config, device)
     if not outs:
-        metrics = {keys.LOSS_SUM: 0.0, **_no_tokens(spec).to_metrics()}
-        return RequestResult(
-            loss=torch.zeros((), device=device),
-            output=ForwardBackwardOutput(
-                loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics
-            ),
-        )
+        return _no_datums_result(spec, device)
 
-    host = _to_host(outs, logprobs)
-    n = len(outs)
-    width = len(measures.PACKED_FIELDS)
-    rows = host[: n * width].reshape(n, width)
-    sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
-    _raise_invalid(sums, outs)
-    flat_logprobs = host[n * width :].astype(np.float32)
-
-    loss_fn_outputs: list[dict[str, Any]] = []
-    offset = 0
-    for lp, datum in zip(logprobs, sums, strict=True):
-        size = lp.numel()
-        datum_out: dict[str, Any] = {
-            keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape))
-        }
-        offset += size
-        datum_out.update(datum_fields(datum.counts, f"datum {len(loss_fn_outputs)}"))
-        loss_fn_outputs.append(datum_out)
-
+    sums, flat_logprobs = _host_sums(outs, logprobs)
+    loss_fn_outputs = _datum_outputs(logprobs, sums, flat_logprobs)
     total = sum_datums([datum.counts for datum in sums])
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
@@ -144,6 +110,73 @@ def forward_backward_loss(
             loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=loss_fn_outputs, metrics=metrics
         ),
     )
+
+
+def _datum_losses(
+    spec: losses.LossSpec,
+    datums: Sequence[object],
+    logprobs: Sequence[Tensor],
+    config: Mapping[str, float],
+    device: torch.device,
+) -> list[losses.LossOutput]:
+    """Each datum's loss output, on device (no sync): its log-probs checked (a floating tensor on
+    ``device``, that of ``logprobs[0]``), then its inputs read and its loss computed; an error names
+    the datum."""
+    outs: list[losses.LossOutput] = []
+    for i, (datum, lp) in enumerate(zip(datums, logprobs, strict=True)):
+        if not isinstance(lp, Tensor) or not lp.is_floating_point():
+            raise TypeError(f"logprobs[{i}] must be a floating-point torch.Tensor, got {type(lp).__name__}")
+        if lp.device != device:
+            raise ValueError(f"logprobs[{i}] is on {lp.device} but logprobs[0] is on {device}")
+        inputs = _loss_fn_inputs(datum, i)
+        try:
+            outs.append(_datum_loss(spec, inputs, lp, config))
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"datum {i}: {exc}") from exc
+    return outs
+
+
+def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestResult:
+    """The result of a request of no datum: a zero loss on ``device``, no per-datum output, the
+    metrics of no token for ``spec``'s loss (``loss:sum`` 0, zero counts in tokens)."""
+    metrics = {keys.LOSS_SUM: 0.0, **_no_tokens(spec).to_metrics()}
+    return RequestResult(
+        loss=torch.zeros((), device=device),
+        output=ForwardBackwardOutput(loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics),
+    )
+
+
+def _host_sums(
+    outs: list[losses.LossOutput], logprobs: list[Tensor]
+) -> tuple[list[losses.PackedSums], np.ndarray]:
+    """The one device-to-host transfer of a request: each datum's unpacked sums (the inputs'
+    validity checked, ValueError naming the datum) and every datum's log-probs, flat, float32."""
+    host = _to_host(outs, logprobs)
+    n = len(outs)
+    width = len(measures.PACKED_FIELDS)
+    rows = host[: n * width].reshape(n, width)
+    sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
+    _raise_invalid(sums, outs)
+    return sums, host[n * width :].astype(np.float32)
+
+
+def _datum_outputs(
+    logprobs: Sequence[Tensor], sums: Sequence[losses.PackedSums], flat_logprobs: np.ndarray
+) -> list[dict[str, Any]]:
+    """Each datum's ``loss_fn_outputs`` entry: its ``logprobs`` (float32, the shape of its
+    log-prob tensor, cut from ``flat_logprobs`` in datum order) and its measured fields
+    (:func:`datum_fields`)."""
+    loss_fn_outputs: list[dict[str, Any]] = []
+    offset = 0
+    for lp, datum in zip(logprobs, sums, strict=True):
+        size = lp.numel()
+        datum_out: dict[str, Any] = {
+            keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape))
+        }
+        offset += size
+        datum_out.update(datum_fields(datum.counts, f"datum {len(loss_fn_outputs)}"))
+        loss_fn_outputs.append(datum_out)
+    return loss_fn_outputs
 
 
 def datum_fields(counts: MeasuredSums, where: str = "datum") -> dict[str, Any]:

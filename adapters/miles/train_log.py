@@ -101,7 +101,20 @@ def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]
     if not isinstance(log, Mapping) or "keys" not in log or "values" not in log:
         raise ValueError(f"{where} must be a Miles log dict {{'keys': [...], 'values': [count, *sums]}}")
     names = list(log["keys"])
-    raw = log["values"]
+    dtype, values = _raw_values(log["values"])
+    if len(values) != len(names) + 1:
+        raise ValueError(
+            f"{where} has {len(names)} keys but {len(values)} values; expected [count, *one sum per key]"
+        )
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"{where}['keys'] must be distinct strings, got {names!r}")
+    _check_exact_counts(names, values, dtype, where)
+    return names, values
+
+
+def _raw_values(raw: Any) -> tuple[str, list[float]]:
+    """``(dtype, values)`` of a log dict's ``values``: a torch tensor or numpy array flattened (its
+    dtype name, e.g. ``"float32"``), else a sequence (dtype ``""``); each value as a Python float."""
     dtype = ""
     if hasattr(raw, "detach"):  # torch tensor
         dtype = str(raw.dtype).removeprefix("torch.")
@@ -109,25 +122,25 @@ def _values(log: Mapping[str, Any], where: str) -> tuple[list[str], list[float]]
     elif hasattr(raw, "dtype") and hasattr(raw, "tolist"):  # numpy array
         dtype = str(raw.dtype)
         raw = raw.reshape(-1).tolist()
-    values = [float(v) for v in raw]
-    if len(values) != len(names) + 1:
-        raise ValueError(
-            f"{where} has {len(names)} keys but {len(values)} values; expected [count, *one sum per key]"
-        )
-    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-        raise ValueError(f"{where}['keys'] must be distinct strings, got {names!r}")
+    return dtype, [float(v) for v in raw]
+
+
+def _check_exact_counts(names: Sequence[str], values: Sequence[float], dtype: str, where: str) -> None:
+    """ValueError when the count (``values[0]``) or a count entry (:data:`_COUNT_ENTRIES`) is beyond
+    what ``dtype`` carries exactly (:data:`EXACT_BELOW`, in tokens); no check for float64 or an
+    unknown dtype."""
     limit = EXACT_BELOW.get(dtype)
-    if limit is not None:
-        counted = [("count", values[0])] + [
-            (n, v) for n, v in zip(names, values[1:], strict=True) if n in _COUNT_ENTRIES
-        ]
-        for name, value in counted:
-            if abs(value) > limit:
-                raise ValueError(
-                    f"{where} value {name!r} = {value:.0f} is beyond {limit} in {dtype} and no longer an exact "
-                    "count; log the counts as float64 (cliptrack.adapters.miles.log_entries does)"
-                )
-    return names, values
+    if limit is None:
+        return
+    counted = [("count", values[0])] + [
+        (n, v) for n, v in zip(names, values[1:], strict=True) if n in _COUNT_ENTRIES
+    ]
+    for name, value in counted:
+        if abs(value) > limit:
+            raise ValueError(
+                f"{where} value {name!r} = {value:.0f} is beyond {limit} in {dtype} and no longer an exact "
+                "count; log the counts as float64 (cliptrack.adapters.miles.log_entries does)"
+            )
 
 
 def sum_train_logs(logs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -244,36 +244,56 @@ def output_to_proto(output: object) -> bytes:
     ``offsets`` (int64, ``len(datums) + 1`` entries) delimit the datums, with an empty trailing
     shape (each datum's value is 1-D). Every datum must carry the same fields. Needs tinker.
     """
-    try:
-        pb = tinker_compat.proto_module()
-    except ImportError as exc:  # pragma: no cover - exercised only where tinker is absent
-        if isinstance(exc, tinker_compat.UnsupportedVersionError):
-            raise
-        raise ImportError("output_to_proto needs tinker (pip install 'cliptrack[tinker]')") from exc
+    pb = _proto_module()
     document = output_to_json(output)
     datums: Sequence[Mapping[str, Any]] = document["loss_fn_outputs"]
     proto = pb.ForwardBackwardOutput(loss_fn_output_type=document["loss_fn_output_type"] or "ArrayRecord")
     for key, value in document["metrics"].items():
         proto.metrics[key] = value
     if datums:
-        names = list(datums[0])
-        for i, datum in enumerate(datums):
-            if set(datum) != set(names):
-                raise ValueError(
-                    f"loss_fn_outputs[{i}] has fields {sorted(datum)} but loss_fn_outputs[0] has "
-                    f"{sorted(names)}: one ArrayRecord needs the same fields for every datum"
-                )
+        names = _record_fields(datums)
         record = proto.loss_fn_outputs.add(num_datums=len(datums), type_tag="ArrayRecord")
         for name in names:
-            dtypes = {datum[name]["dtype"] for datum in datums}
-            if len(dtypes) != 1:
-                raise ValueError(f"field {name!r} has mixed dtypes {sorted(dtypes)} across datums")
-            dtype = dtypes.pop()
-            np_dtype = np.int64 if dtype == "int64" else np.float32
-            arrays = [np.asarray(datum[name]["data"], dtype=np_dtype) for datum in datums]
-            offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
-            column = record.fields[name]
-            column.data = b"".join(a.tobytes() for a in arrays)
-            column.offsets = offsets.tobytes()
-            column.dtype = pb.DTYPE_INT64 if dtype == "int64" else pb.DTYPE_FLOAT32
+            _fill_column(pb, record, name, datums)
     return bytes(proto.SerializeToString())
+
+
+def _proto_module() -> Any:
+    """tinker's protobuf module; ImportError saying tinker is needed when it is absent (an
+    unsupported tinker version's error passes through as it is)."""
+    try:
+        return tinker_compat.proto_module()
+    except ImportError as exc:  # pragma: no cover - exercised only where tinker is absent
+        if isinstance(exc, tinker_compat.UnsupportedVersionError):
+            raise
+        raise ImportError("output_to_proto needs tinker (pip install 'cliptrack[tinker]')") from exc
+
+
+def _record_fields(datums: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The field names of the one ArrayRecord (those of the first datum, in its order); ValueError
+    naming the first datum whose fields differ."""
+    names = list(datums[0])
+    for i, datum in enumerate(datums):
+        if set(datum) != set(names):
+            raise ValueError(
+                f"loss_fn_outputs[{i}] has fields {sorted(datum)} but loss_fn_outputs[0] has "
+                f"{sorted(names)}: one ArrayRecord needs the same fields for every datum"
+            )
+    return names
+
+
+def _fill_column(pb: Any, record: Any, name: str, datums: Sequence[Mapping[str, Any]]) -> None:
+    """Write field ``name`` of every datum into the record's ``BatchedTensor`` column: the datums' values
+    concatenated (int64 or float32 bytes) and their byte ``offsets`` (int64, ``len(datums) + 1``
+    entries); ValueError when the datums' dtypes differ."""
+    dtypes = {datum[name]["dtype"] for datum in datums}
+    if len(dtypes) != 1:
+        raise ValueError(f"field {name!r} has mixed dtypes {sorted(dtypes)} across datums")
+    dtype = dtypes.pop()
+    np_dtype = np.int64 if dtype == "int64" else np.float32
+    arrays = [np.asarray(datum[name]["data"], dtype=np_dtype) for datum in datums]
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+    column = record.fields[name]
+    column.data = b"".join(a.tobytes() for a in arrays)
+    column.offsets = offsets.tobytes()
+    column.dtype = pb.DTYPE_INT64 if dtype == "int64" else pb.DTYPE_FLOAT32

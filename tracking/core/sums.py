@@ -290,23 +290,12 @@ class MeasuredSums:
             return NotImplemented
         declaration = measures.declared()
         out: dict[str, float | int] = {}
-        sides = ((self, self.loss_tokens), (other, other.loss_tokens))
         for group in declaration.groups:
             mine, theirs = self.has(group.name), other.has(group.name)
             if mine != theirs and not group.dropped_when_mixed:
                 raise measures.mixed_groups_error(group.name, mine, theirs)
-            if not (mine and theirs):
-                continue
-            for measure in declaration.members[group.name]:
-                key = measure.key
-                if key == keys.LOSS_SUM:
-                    continue
-                if measure.reduction == measures.SUM:
-                    out[key] = measures.combine(measure, (self.values[key], other.values[key]))
-                    continue
-                known = [side.values[key] for side, _ in sides if key in side.values]
-                if known and all(key in side.values or not tokens for side, tokens in sides):
-                    out[key] = measures.combine(measure, known)
+            if mine and theirs:
+                out.update(_add_group(declaration.members[group.name], self, other))
         return MeasuredSums(out)
 
     def to_metrics(self) -> dict[str, float]:
@@ -338,6 +327,37 @@ class MeasuredSums:
             raise ValueError(f"metrics carry {present} but not {keys.LOSS_TOKENS!r}")
         _check_split_keys(present)
         return cls(values)
+
+
+def _add_group(
+    members: Iterable[measures.Measure], left: MeasuredSums, right: MeasuredSums
+) -> dict[str, float | int]:
+    """The sum of one group that both terms carry, by metric key (``loss:sum`` excepted): each sum
+    combined (exact ints in tokens, float sums by ``math.fsum``); each extreme by max / min when
+    every term with an eligible token knows it, else left out."""
+    out: dict[str, float | int] = {}
+    for measure in members:
+        key = measure.key
+        if key == keys.LOSS_SUM:
+            continue
+        if measure.reduction == measures.SUM:
+            out[key] = measures.combine(measure, (left.values[key], right.values[key]))
+            continue
+        extreme = _add_extreme(measure, left, right)
+        if extreme is not None:
+            out[key] = extreme
+    return out
+
+
+def _add_extreme(measure: measures.Measure, left: MeasuredSums, right: MeasuredSums) -> float | int | None:
+    """One extreme of two terms (max / min of those that know it); ``None`` when neither knows it or
+    a term with an eligible token (``loss_tokens > 0``) lacks it."""
+    key = measure.key
+    sides = ((left, left.loss_tokens), (right, right.loss_tokens))
+    known = [side.values[key] for side, _ in sides if key in side.values]
+    if known and all(key in side.values or not tokens for side, tokens in sides):
+        return measures.combine(measure, known)
+    return None
 
 
 def _check_split_keys(present: Iterable[str]) -> None:
