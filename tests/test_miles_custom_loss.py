@@ -152,6 +152,7 @@ def test_scaled_entries_that_do_not_divide_are_refused():
         )
 
 
+@pytest.mark.slow  # four gloo processes importing torch
 def test_counts_through_dp2_by_cp2_gloo_ranks(miles, tmp_path):
     dp, cp = 2, 2
     world = dp * cp

@@ -366,6 +366,7 @@ def test_ranks_other_than_zero_are_no_ops(tmp_path, monkeypatch):
     assert tracker.summary() == "rank 3: inactive (only global rank 0 logs)"
 
 
+@pytest.mark.slow  # waits out a dead backend's retries, then replays
 def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri, monkeypatch, caplog):
     """A backend that is down for the whole run: training goes on, one warning, memory stays
     bounded, the points wait on disk, and `cliptrack replay` delivers each exactly once."""

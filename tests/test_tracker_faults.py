@@ -117,6 +117,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 
 # ---- 1. resume -----------------------------------------------------------------------------------
+@pytest.mark.slow  # new processes logging to MLflow and W&B
 def test_a_run_resumed_in_a_new_process_reaches_mlflow_and_wandb_exactly_once(tmp_path):
     """3000 steps, then 5000 more under the same run id in a new process: every backend holds each
     of the 8000 points once, before and after replay."""
