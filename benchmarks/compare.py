@@ -28,6 +28,7 @@ Run: ``python benchmarks/compare.py`` (``--today``: only the rows beside today's
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -160,11 +161,19 @@ def prepare(steps: int = STEPS) -> Path:
     return root
 
 
+def _module(today: str, now: str):  # type: ignore[no-untyped-def]
+    """The module ``now`` of this checkout, or ``today`` (its name before the cliptrack namespace)
+    in a child measuring the tree at ``TODAY``."""
+    return importlib.import_module(today if os.environ.get("CLIPTRACK_BENCH_TREE") else now)
+
+
 def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
     """``runs`` runs of ``steps`` steps x 5 series as ``Columns`` (the bulk loaders' form)."""
     import numpy as np
-    from cliptrack.compare.frame import Columns, LoadedRun
-    from cliptrack.store.records import RunInfo
+
+    frame = _module("tracking.compare.frame", "cliptrack.compare.frame")
+    Columns, LoadedRun = frame.Columns, frame.LoadedRun
+    RunInfo = _module("tracking.records", "cliptrack.store.records").RunInfo
 
     items = []
     for seed in range(runs):
@@ -180,7 +189,8 @@ def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
 
 def _child_memory(what: str) -> float:
     """The in-memory measurements: build + compare; seconds."""
-    from cliptrack.compare import RunSet, compare
+    package = _module("tracking.compare", "cliptrack.compare")
+    RunSet, compare = package.RunSet, package.compare
 
     runs, steps = (2, BIG) if what.startswith("big") else (2 * GROUP_RUNS, STEPS)
     items = _in_memory(runs, steps)
