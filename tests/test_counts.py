@@ -9,10 +9,10 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import cliptrack
 import numpy as np
 import pytest
 from cliptrack.core import keys
-import cliptrack
 from cliptrack.core.sums import MeasuredSums, exact_clip_metrics, sum_counts
 from cliptrack.core.validation import MAX_STEP, check_metrics, check_step
 from hypothesis import given
