@@ -7,6 +7,9 @@ PATHS = tracking adapters tests benchmarks
 # mypy reads the installed namespace through a tree of links: tracking/ is `cliptrack`,
 # adapters/ is `cliptrack.adapters` (the layout pyproject.toml's package-dir installs)
 TYPECHECK_TREE = build/typecheck
+# two pytest workers (pytest-xdist): the servers, browsers and subprocesses of one test wait while the
+# other runs; tests that share a session fixture run on one worker (xdist_group)
+PARALLEL = -n 2 --dist loadgroup
 
 .PHONY: demo test bench lint typecheck check test-fast
 
@@ -14,7 +17,7 @@ demo:
 	$(INSTALL) -e '.[all]' && cliptrack demo
 
 test:
-	$(INSTALL) -e '.[dev]' && $(PYTHON) -m pytest
+	$(INSTALL) -e '.[dev]' && $(PYTHON) -m pytest $(PARALLEL)
 
 bench:
 	$(INSTALL) -e '.[dev]' && $(PYTHON) benchmarks/run_all.py
@@ -32,4 +35,4 @@ typecheck:
 check: lint typecheck
 
 test-fast:
-	$(PYTHON) -m pytest -m "not slow"
+	$(PYTHON) -m pytest -m "not slow" $(PARALLEL)

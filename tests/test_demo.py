@@ -15,6 +15,8 @@ from tests._demo import DEMO_STEPS, DemoRun
 from tests._harness import CHROMIUM, needs_chromium
 
 STEPS = DEMO_STEPS
+# one worker runs every test that reads the session demo (tests/conftest.py), so the demo runs once
+pytestmark = pytest.mark.xdist_group("demo")
 
 
 @pytest.fixture
