@@ -1,0 +1,30 @@
+"""W&B run files as ``cliptrack runs`` lists them (``RunEntry``; W&B files keep no status: ``-``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cliptrack.backends.catalog import RunEntry
+from cliptrack.backends.wandb.reader import load_wandb_offline
+
+
+def wandb_entries(directory: str | Path) -> list[RunEntry]:
+    """Every run found in W&B run files under ``directory`` (W&B files keep no status: ``-``)."""
+    runset = load_wandb_offline([], directory)
+    entries = []
+    for info in runset.runs:
+        steps = runset.frame.loc[runset.frame["run_id"] == info.run.run_id, "step"].nunique()
+        run = info.run
+        entries.append(
+            RunEntry(
+                run.run_id, run.run_id, run.run_name, run.backend_label or "", "-", run.started, int(steps)
+            )
+        )
+    return entries
+
+
+def list_runs(*, include_comparisons: bool = False, wandb_dir: str | Path | None = None, **_: object) -> list[RunEntry]:
+    """The registry's listing: ``wandb_entries`` of ``wandb_dir`` (the public API is not listed)."""
+    if wandb_dir is None:
+        raise ValueError("cliptrack runs lists W&B run files: name their directory (--wandb-dir DIR)")
+    return wandb_entries(wandb_dir)

@@ -1,0 +1,170 @@
+"""Runs read back from W&B for the comparison: offline run files on disk (``.wandb`` transaction
+logs, read by the W&B seam) or the public API (``entity/project/run_id``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from cliptrack.backends.catalog import choose_runs
+from cliptrack.backends.wandb import _compat as compat_wandb
+from cliptrack.compare.aliases import canonical_points, foreign_step
+from cliptrack.compare.frame import LoadedRun, Point, RunSet
+from cliptrack.core import keys
+from cliptrack.store.records import RunInfo
+
+__all__ = ["load_wandb_offline", "load_wandb_online", "read", "wandb_run_files", "wandb_run_info"]
+
+_SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
+
+
+def _numeric(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point]]:
+    """One ``.wandb`` file (read by the W&B seam's one reader; a damaged record is an error) as a run."""
+    run_id, name, group = "", "", ""
+    config: dict[str, Any] = {}
+    points: list[Point] = []
+    for record in compat_wandb.records(path, strict=True):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id, name, group = record.run.run_id, record.run.display_name, record.run.run_group
+            config.update(compat_wandb.items(record.run.config.update))
+        elif kind == "config":
+            config.update(compat_wandb.items(record.config.update))
+        elif kind == "history":
+            row = compat_wandb.items(record.history.item)
+            point = _history_point(row)
+            if point is not None:
+                points.append(point)
+    backend = config.get(keys.TAG_BACKEND) or group
+    points, approximate = canonical_points(points)
+    run = wandb_run_info(run_id or path.stem.removeprefix("run-"), name, backend, config)
+    return LoadedRun(run, source="wandb", location=location, approximate=approximate), points
+
+
+def wandb_run_info(run_id: str, name: str, backend: object, config: dict[str, Any]) -> RunInfo:
+    """The ``cliptrack.store.records.RunInfo`` of a W&B run: its id, display name, the ``cliptrack.backend``
+    config key (else the run group) as ``backend_label``, and its config without W&B's own keys."""
+    return RunInfo(
+        run_id=run_id,
+        run_name=name or "",
+        backend_label=str(backend) if backend else None,
+        config={k: v for k, v in config.items() if not str(k).startswith("_")},
+    )
+
+
+def _history_point(row: dict[str, Any]) -> Point | None:
+    """A W&B history row as a Point, at ``trainer/step`` (cliptrack) or another tracker's step
+    column (``keys.FOREIGN_STEP_COLUMNS``); rows with neither are skipped."""
+    step = _numeric(row.get(keys.WANDB_STEP_METRIC))
+    if step is None:
+        step = foreign_step(row)
+    if step is None:
+        return None
+    wall = _numeric(row.get(keys.WANDB_WALL_TIME))
+    if wall is None:
+        wall = _numeric(row.get("_timestamp"))
+    metrics = {}
+    for key, value in row.items():
+        if key.startswith("_") or key in _SKIP_WANDB_KEYS or key in keys.FOREIGN_STEP_COLUMNS:
+            continue
+        number = _numeric(value)
+        if number is not None:
+            metrics[key] = number
+    return Point(int(step), wall if wall is not None else float("nan"), metrics)
+
+
+def wandb_run_files(directory: str | Path) -> list[Path]:
+    """Every ``run-*.wandb`` transaction log under ``directory`` (a run dir, ``wandb/`` or its parent)."""
+    root = Path(directory)
+    if not root.exists():
+        raise FileNotFoundError(f"W&B directory {str(root)!r} does not exist")
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("run-*.wandb") if p.is_file() and "latest-run" not in p.parts)
+
+
+_RUN_DIR_TIME = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-")
+
+
+def _started(path: Path) -> str:
+    """The ``YYYYMMDD_HHMMSS`` start stamp of a W&B run directory's name ("" when absent)."""
+    found = _RUN_DIR_TIME.match(path.parent.name)
+    return found.group(1) if found else ""
+
+
+def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple[LoadedRun, list[Point]]]:
+    """One entry per W&B run id: a run resumed later (``cliptrack replay``, ``resume=``) leaves one
+    run directory per process; their points are concatenated in the order the segments started."""
+    merged: dict[str, tuple[LoadedRun, list[Point]]] = {}
+    for info, points in segments:
+        run_id = info.run.run_id
+        if run_id not in merged:
+            merged[run_id] = (info, list(points))
+            continue
+        first, kept = merged[run_id]
+        run = replace(
+            first.run,
+            run_name=first.run.run_name or info.run.run_name,
+            backend_label=first.run.backend_label or info.run.backend_label,
+            config={**first.run.config, **info.run.config},
+        )
+        merged[run_id] = (LoadedRun(run, first.source, first.location), kept + list(points))
+    return list(merged.values())
+
+
+def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
+    """Load runs from W&B run directories on disk (offline runs, or online runs' local copies).
+
+    ``refs`` are W&B run ids or display names; empty loads every run found under ``directory``.
+    A run resumed by another process (e.g. ``cliptrack replay``) spans several run directories;
+    they are read as one run.
+    """
+    files = sorted(wandb_run_files(directory), key=lambda p: (_started(p), str(p)))
+    runs = _merge_segments([_wandb_offline_run(path, str(path.parent)) for path in files])
+    chosen = choose_runs(
+        refs, [(run, run[0].run.run_id, run[0].run.run_name) for run in runs], f"W&B dir {directory}"
+    )
+    return RunSet.from_points(chosen)
+
+
+def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
+    """Load runs through the W&B public API; ``paths`` are ``entity/project/run_id``.
+
+    ``api`` defaults to ``wandb.Api()`` (needs an API key and network).
+    """
+    if api is None:
+        import wandb
+
+        api = wandb.Api()
+    items = []
+    for path in paths:
+        if path.count("/") != 2:
+            raise ValueError(f"W&B run path {path!r} must be 'entity/project/run_id'")
+        run = api.run(path)
+        config = dict(run.config)
+        points, approximate = canonical_points(
+            [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None]
+        )
+        backend = config.get(keys.TAG_BACKEND) or getattr(run, "group", "") or ""
+        info = wandb_run_info(run.id, run.name, backend, config)
+        items.append((LoadedRun(info, source="wandb", location=path, approximate=approximate), points))
+    return RunSet.from_points(items)
+
+
+def read(
+    refs: Sequence[str], *, wandb_dir: str | Path | None = None, wandb_api: Any = None
+) -> RunSet:
+    """The registry's reader: the run files under ``wandb_dir``, else the public API (``wandb_api``,
+    default ``wandb.Api()``) for refs ``entity/project/run_id``."""
+    if wandb_dir is not None:
+        return load_wandb_offline(refs, wandb_dir)
+    return load_wandb_online(refs, api=wandb_api)
