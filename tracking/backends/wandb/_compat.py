@@ -56,7 +56,12 @@ def installed_version() -> str:
 def check_supported() -> None:
     """Raise ``UnsupportedVersionError`` unless the installed W&B is in the verified range."""
     check_version(
-        "wandb", installed_version(), MINIMUM, SUPPORTED_BELOW, USES, seam="tracking/backends/wandb/_compat.py"
+        "wandb",
+        installed_version(),
+        MINIMUM,
+        SUPPORTED_BELOW,
+        USES,
+        seam="tracking/backends/wandb/_compat.py",
     )
 
 

@@ -23,7 +23,9 @@ def wandb_entries(directory: str | Path) -> list[RunEntry]:
     return entries
 
 
-def list_runs(*, include_comparisons: bool = False, wandb_dir: str | Path | None = None, **_: object) -> list[RunEntry]:
+def list_runs(
+    *, include_comparisons: bool = False, wandb_dir: str | Path | None = None, **_: object
+) -> list[RunEntry]:
     """The registry's listing: ``wandb_entries`` of ``wandb_dir`` (the public API is not listed)."""
     if wandb_dir is None:
         raise ValueError("cliptrack runs lists W&B run files: name their directory (--wandb-dir DIR)")

@@ -9,16 +9,24 @@ from collections.abc import Sequence
 from cliptrack.backends.options import EXTRA, StoreOption, absolute_dir
 
 STORE_OPTIONS = (
-    StoreOption("wandb_dir", "--wandb-dir", metavar="DIR", help="directory holding W&B run files (offline runs)"),
+    StoreOption(
+        "wandb_dir", "--wandb-dir", metavar="DIR", help="directory holding W&B run files (offline runs)"
+    ),
     StoreOption("wandb_api", None, role=EXTRA),
 )
 
 TARGET_OPTIONS = (
     StoreOption(
-        "project", "--wandb-project", dest="wandb_project", help="W&B project to deliver to instead of the recorded one"
+        "project",
+        "--wandb-project",
+        dest="wandb_project",
+        help="W&B project to deliver to instead of the recorded one",
     ),
     StoreOption(
-        "entity", "--wandb-entity", dest="wandb_entity", help="W&B entity to deliver to instead of the recorded one"
+        "entity",
+        "--wandb-entity",
+        dest="wandb_entity",
+        help="W&B entity to deliver to instead of the recorded one",
     ),
     StoreOption(
         "dir",
@@ -28,7 +36,10 @@ TARGET_OPTIONS = (
         help="W&B directory to deliver to instead of the recorded one",
     ),
     StoreOption(
-        "mode", "--wandb-mode", dest="wandb_mode", help="W&B mode (online, offline) instead of the recorded one"
+        "mode",
+        "--wandb-mode",
+        dest="wandb_mode",
+        help="W&B mode (online, offline) instead of the recorded one",
     ),
 )
 

@@ -160,9 +160,7 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
     return RunSet.from_points(items)
 
 
-def read(
-    refs: Sequence[str], *, wandb_dir: str | Path | None = None, wandb_api: Any = None
-) -> RunSet:
+def read(refs: Sequence[str], *, wandb_dir: str | Path | None = None, wandb_api: Any = None) -> RunSet:
     """The registry's reader: the run files under ``wandb_dir``, else the public API (``wandb_api``,
     default ``wandb.Api()``) for refs ``entity/project/run_id``."""
     if wandb_dir is not None:

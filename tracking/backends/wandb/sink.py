@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from cliptrack.core import keys
-from cliptrack.store.records import Point, RunInfo
-from cliptrack.core.secrets import redact_value
-from cliptrack.backends.wandb import _compat as compat
 from cliptrack.backends.base import PartialWrite, Sink, SinkError, exit_code
+from cliptrack.backends.wandb import _compat as compat
+from cliptrack.core import keys
+from cliptrack.core.secrets import redact_value
+from cliptrack.store.records import Point, RunInfo
 
 DEFAULT_PROJECT = "cliptrack"
 
