@@ -56,7 +56,13 @@ from cliptrack.backends.registry import (
 )
 
 if TYPE_CHECKING:
-    from cliptrack.backends.catalog import RunChoiceWarning, RunEntry, RunNotFoundError, list_runs
+    from cliptrack.backends.catalog import (
+        RunChoiceWarning,
+        RunEntry,
+        RunNotFoundError,
+        latest_by_backend,
+        list_runs,
+    )
     from cliptrack.backends.csv.reader import load_csv
     from cliptrack.backends.jsonl.reader import load_jsonl
     from cliptrack.backends.load import load_runs
@@ -84,6 +90,7 @@ __all__ = [
     "SinkRejected",
     "is_jsonl",
     "jsonl_root",
+    "latest_by_backend",
     "list_runs",
     "load_csv",
     "load_jsonl",
@@ -105,6 +112,7 @@ _HOMES = {
     "RunChoiceWarning": "cliptrack.backends.catalog",
     "RunEntry": "cliptrack.backends.catalog",
     "RunNotFoundError": "cliptrack.backends.catalog",
+    "latest_by_backend": "cliptrack.backends.catalog",
     "list_runs": "cliptrack.backends.catalog",
     "load_csv": "cliptrack.backends.csv.reader",
     "load_jsonl": "cliptrack.backends.jsonl.reader",
