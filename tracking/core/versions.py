@@ -1,5 +1,5 @@
-"""The one version check of every vendor seam (``cliptrack.adapters._compat.*``, ``cliptrack.backends._compat_*``,
-``cliptrack.compare._compat_*``): each seam declares the release range it was verified on and refuses a
+"""The one version check of every vendor seam (``cliptrack.adapters._compat.*``, ``cliptrack.backends.<vendor>._compat``
+and the backends' other private readers): each seam declares the release range it was verified on and refuses a
 release outside it with a message naming the package, the version found, the range and what to re-check.
 """
 
