@@ -54,6 +54,7 @@ from cliptrack.backends.registry import (
     sink_class,
     sink_from_state,
 )
+from cliptrack.core.lazy import lazy_attribute
 
 if TYPE_CHECKING:
     from cliptrack.backends.catalog import (
@@ -128,9 +129,4 @@ def __getattr__(attribute: str) -> Any:
     """The registered sink classes and the readers, imported on use."""
     if attribute in _SINK_CLASSES:
         return sink_class(_SINK_CLASSES[attribute])
-    home = _HOMES.get(attribute)
-    if home is not None:
-        import importlib
-
-        return getattr(importlib.import_module(home), attribute)
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    return lazy_attribute(__name__, _HOMES, attribute)

@@ -12,8 +12,9 @@ Nothing here imports torch. Plotting libraries, MLflow and wandb are imported on
 that need them.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from cliptrack.core.lazy import lazy_attribute
 
 _HOMES = {
     "ALIGNMENTS": "cliptrack.compare.align",
@@ -62,10 +63,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'cliptrack.compare' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    return lazy_attribute(__name__, _HOMES, name)
 
 
 __all__ = [

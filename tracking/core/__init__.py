@@ -8,5 +8,6 @@
 - ``validation``: steps and metric values checked (tokens are integers, steps int64);
 - ``versions``: the one version check of every vendor seam;
 - ``text``: text from a run escaped for where it is shown (terminal, markdown, HTML);
-- ``secrets``: what a credential looks like, and its redaction.
+- ``secrets``: what a credential looks like, and its redaction;
+- ``lazy``: lazy re-exports, so that a package imports a heavy module only when a name from it is used.
 """

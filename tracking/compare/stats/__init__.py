@@ -18,10 +18,11 @@ Parts (each documented in its module; the method in docs/STATISTICS.md):
 
 from __future__ import annotations
 
-import importlib
 import math
 from statistics import NormalDist
 from typing import Any
+
+from cliptrack.core.lazy import lazy_attribute
 
 _HOMES = {
     "ABSOLUTE": "cliptrack.compare.stats.estimate",
@@ -116,7 +117,4 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.90) -
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'cliptrack.compare.stats' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)
+    return lazy_attribute(__name__, _HOMES, name)
