@@ -47,18 +47,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from cliptrack.adapters._compat import megatron as megatron_compat
+from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses.builtin import (
+    CISPO_CLIP_HIGH,
+    CISPO_CLIP_LOW,
     INPUT_CHECKS,
     PACKED_DTYPE,
+    PPO_CLIP_HIGH,
+    PPO_CLIP_LOW,
     LossOutput,
     LossSpec,
     combine_packed,
     loss_spec,
+    pack,
     pack_rows,
     raise_invalid,
     unpack,
 )
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
+from cliptrack.adapters.miles.runtime import datum_outputs
 from cliptrack.core import keys, measures
 from torch import Tensor
 
@@ -79,8 +86,18 @@ __all__ = [
 
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``cliptrack.adapters.losses.builtin.INPUT_CHECKS`` order)."""
+REPORT_DATUMS = "cliptrack/datums"
+"""Private report key (``datum_outputs``): ``[sequences, len(PACKED_FIELDS)]`` packed sums, one row per datum."""
+REPORT_DATUM_LOGPROBS = "cliptrack/datum_logprobs"
+"""Private report key (``datum_outputs``): the micro-batch's log-probs, ``[sequences, tokens]``, detached."""
+REPORT_PROBE = "cliptrack/probe"
+"""Private report key (``probe``): present when the per-datum outputs carry the probe's fields."""
+REPORT_CLIP_SIDES = "cliptrack/clip_sides"
+"""Private report key (``probe``, ppo/cispo): per-token clip sides, ``[sequences, tokens]`` int8."""
 
 _SUMMED = "summed over micro-batches and ranks"
+_THRESHOLDS = {"ppo": (PPO_CLIP_LOW, PPO_CLIP_HIGH), "cispo": (CISPO_CLIP_LOW, CISPO_CLIP_HIGH)}
+"""The default clip thresholds of the losses whose clip sides a probe writes."""
 
 
 def __getattr__(name: str) -> object:
@@ -116,6 +133,8 @@ def make_loss_func(
     loss_fn_config: Mapping[str, Any] | None = None,
     *,
     output_to_logprobs: Callable[[Tensor], Tensor] | None = None,
+    datum_outputs: bool = False,
+    probe: bool = False,
 ) -> LossFunc:
     """Build the loss function of one micro-batch for a Megatron-Core ``forward_step_func``.
 
@@ -140,6 +159,14 @@ def make_loss_func(
     missing input and option names are raised here, shapes and Python-number options when the loss
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
+
+    ``datum_outputs=True``: the output of :func:`reduce_losses` also carries per-datum outputs in
+    the Miles runtime's form (:func:`cliptrack.adapters.miles.runtime.datum_outputs`): one per row
+    of the micro-batch's ``[sequences, tokens]`` log-probs, with its ``logprobs`` (the whole row)
+    and its measured fields. ``probe=True`` (implies it) adds each datum's ``loss`` and, for
+    ``ppo``/``cispo``, its per-token ``clip_sides`` (a paired probe's fields,
+    :func:`cliptrack.compare.probe.compare_outputs`). Each datum costs one more loss call on
+    detached tensors, so both are off by default; the loss, its gradient and the metrics are the same.
     """
     spec = loss_spec(loss_fn)
     if spec is None and not callable(loss_fn):
@@ -162,10 +189,69 @@ def make_loss_func(
             out = spec.check_output(out)
         elif not isinstance(out, LossOutput):
             raise TypeError(f"loss function {name} returned {type(out).__name__}, expected LossOutput")
-        return out.loss, out.loss_tokens, report_of(out)
+        report = report_of(out)
+        if datum_outputs or probe:
+            report.update(_datum_report(fn, name, logprobs, inputs, config, probe))
+        return out.loss, out.loss_tokens, report
 
     loss_func.__name__ = f"{name}_loss_func"
     return loss_func
+
+
+def _row(value: Any, index: int, rows: int, like: Tensor) -> Any:
+    """Row ``index`` of a per-token input or tensor option of shape ``like``'s (a tensor of another
+    shape or a number broadcasts, so it is the same for every row)."""
+    if isinstance(value, Tensor) and value.dim() == like.dim() and value.shape[0] == rows:
+        return value[index]
+    return value
+
+
+def _datum_report(
+    fn: Callable[..., LossOutput],
+    name: str,
+    logprobs: Tensor,
+    inputs: Mapping[str, Tensor],
+    config: Mapping[str, Any],
+    probe: bool,
+) -> dict[str, Tensor]:
+    """The per-datum part of a micro-batch's report: one loss call per row of ``logprobs``
+    (``[sequences, tokens]``, detached) packed, the rows' log-probs and, with ``probe`` for
+    ppo/cispo, their clip sides. No host sync."""
+    if logprobs.dim() != 2:
+        raise ValueError(
+            f"datum_outputs needs the micro-batch's log-probs as [sequences, tokens], got shape "
+            f"{tuple(logprobs.shape)}"
+        )
+    rows = logprobs.shape[0]
+    detached = logprobs.detach()
+    with torch.no_grad():
+        packed = [
+            pack(
+                fn(
+                    detached[i],
+                    **{k: _row(v, i, rows, detached) for k, v in inputs.items()},
+                    **{k: _row(v, i, rows, detached) for k, v in config.items()},
+                )
+            )
+            for i in range(rows)
+        ]
+    report = {
+        REPORT_DATUMS: torch.stack(packed) if packed else _empty(detached.device)[None, :0],
+        REPORT_DATUM_LOGPROBS: detached,
+    }
+    if probe:
+        report[REPORT_PROBE] = torch.ones((), dtype=torch.int64, device=detached.device)
+    if probe and name in formulas.CLIP_SIDE_LOSSES:
+        report[REPORT_CLIP_SIDES] = formulas.clip_sides(
+            name,
+            detached,
+            inputs["sampling_logprobs"],
+            inputs["advantages"],
+            inputs.get("mask"),
+            config.get("clip_low_threshold", _THRESHOLDS[name][0]),
+            config.get("clip_high_threshold", _THRESHOLDS[name][1]),
+        )
+    return report
 
 
 def report_of(out: LossOutput) -> dict[str, Tensor]:
@@ -382,7 +468,43 @@ def reduce_losses(
         else:
             group = _default_group()
     packed = merged_sums(losses_reduced, group=group, device=device)
-    return output_from_sums(packed.tolist(), loss_fn_output_type=loss_fn_output_type)
+    output = output_from_sums(packed.tolist(), loss_fn_output_type=loss_fn_output_type)
+    datums = _datum_outputs(losses_reduced)
+    if datums is None:
+        return output
+    return ForwardBackwardOutput(
+        loss_fn_output_type=output.loss_fn_output_type, loss_fn_outputs=datums, metrics=output.metrics
+    )
+
+
+def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:
+    """The per-datum outputs of this rank's micro-batches, in order (``None`` when the loss
+    function was built without ``datum_outputs``): one host copy, built by the Miles runtime's
+    :func:`cliptrack.adapters.miles.runtime.datum_outputs` so that both paths share one form."""
+    with_datums = [REPORT_DATUMS in report for report in losses_reduced]
+    if not any(with_datums):
+        return None
+    if not all(with_datums):
+        raise ValueError(
+            "some micro-batch reports carry per-datum outputs and others do not: build every "
+            "loss function with the same datum_outputs"
+        )
+    probe = all(REPORT_PROBE in report for report in losses_reduced)
+    sided = all(REPORT_CLIP_SIDES in report for report in losses_reduced)
+    rows = torch.cat([report[REPORT_DATUMS] for report in losses_reduced])
+    logprobs = [report[REPORT_DATUM_LOGPROBS] for report in losses_reduced]
+    parts = [rows.reshape(-1)] + [lp.reshape(-1).to(PACKED_DTYPE) for lp in logprobs]
+    if sided:
+        parts += [report[REPORT_CLIP_SIDES].reshape(-1).to(PACKED_DTYPE) for report in losses_reduced]
+    host = torch.cat([p.cpu() for p in parts]).numpy()
+    width = rows.shape[1]
+    n = rows.shape[0]
+    sums = [unpack(row.tolist(), f"datum {i}") for i, row in enumerate(host[: n * width].reshape(n, width))]
+    shapes = [tuple(lp.shape[1:]) for lp in logprobs for _ in range(lp.shape[0])]
+    tokens = sum(lp.numel() for lp in logprobs)
+    flat_logprobs = host[n * width : n * width + tokens]
+    flat_sides = host[n * width + tokens :].astype("int64") if sided else None
+    return datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
 
 
 def output_from_sums(

@@ -452,6 +452,36 @@ def cispo(
     )
 
 
+CLIP_SIDE_LOSSES = ("ppo", "cispo")
+"""The losses whose per-token clip decision :func:`clip_sides` writes out."""
+
+
+def clip_sides(
+    loss: str, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: Threshold, high: Threshold
+) -> Tensor:
+    """Each token's clip decision of :func:`ppo` or :func:`cispo` (``loss``), as those formulas take
+    it from the same ``ratio = exp(lp - slp)``: int8, the broadcast shape of the inputs, ``-1`` where
+    clipping bites below the band (PPO ``A < 0``, CISPO ``r < low``), ``+1`` above it, ``0``
+    elsewhere and on tokens that are not eligible (``mask == 0``). Summed, it gives the loss's
+    ``clipped_tokens`` (its nonzero entries) and ``clipped_low_tokens`` (its ``-1`` entries). Detached;
+    for a paired probe's per-token output (:data:`cliptrack.core.keys.DATUM_CLIP_SIDES`), never
+    on the loss's own path."""
+    ratio = torch.exp(lp.detach() - slp.detach())
+    if loss == "ppo":
+        bites = clamp(ratio, low, high) * adv < ratio * adv
+        below = adv < 0
+    elif loss == "cispo":
+        coefficient = clamp(ratio, low, high)
+        bites = coefficient != ratio
+        below = ratio < coefficient
+    else:
+        raise ValueError(f"clip sides are written for {CLIP_SIDE_LOSSES}, not for {loss!r}")
+    if mask is not None:
+        bites = bites & (mask.detach() != 0)
+    one = torch.ones((), dtype=torch.int8, device=ratio.device)
+    return torch.where(bites, torch.where(below, -one, one), 0 * one)
+
+
 def importance_sampling(
     lp: Tensor,
     slp: Tensor,

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.adapters.miles.client import sum_datums
 from cliptrack.adapters.miles.wire import count_data, float_data, read_array, tensor_data
@@ -51,6 +52,8 @@ def forward_backward_loss(
     logprobs: Sequence[Tensor],
     loss_fn: str,
     loss_fn_config: Mapping[str, float] | None = None,
+    *,
+    probe: bool = False,
 ) -> RequestResult:
     """Per-datum losses and counts of one forward_backward request of ``N = len(datums)`` datums.
 
@@ -81,6 +84,11 @@ def forward_backward_loss(
     ``output.metrics`` holds ``loss:sum``, ``loss_tokens:sum`` and, for losses that clip, the clip
     counts and ``clip_fraction:mean`` (when any token was eligible). Raises ValueError naming the
     datum and input for bad inputs (checked on device, raised at the one host transfer).
+
+    ``probe=True`` (a paired probe, :func:`cliptrack.compare.probe.compare_outputs`): each datum's
+    output also carries ``loss`` (its ``loss:sum``, a float32 ``[hi, lo]`` pair) and, for ``ppo``
+    and ``cispo``, ``clip_sides`` (int64, the shape of its logprobs: -1 clipped below the band, +1
+    above, 0 elsewhere; :data:`cliptrack.core.keys.DATUM_CLIP_SIDES`), in the same one transfer.
     """
     if loss_fn not in losses.LOSSES:
         raise ValueError(f"unknown loss_fn {loss_fn!r}; the registered losses are {sorted(losses.LOSSES)}")
@@ -94,12 +102,13 @@ def forward_backward_loss(
             f"got {len(datums)} datums but {len(logprobs)} logprobs tensors: one per datum is needed"
         )
     device = logprobs[0].device if logprobs else torch.device("cpu")
-    outs = _datum_losses(spec, datums, logprobs, config, device)
+    outs, sides = _datum_losses(spec, datums, logprobs, config, device, probe)
     if not outs:
         return _no_datums_result(spec, device)
 
-    sums, flat_logprobs = _host_sums(outs, logprobs)
-    loss_fn_outputs = _datum_outputs(logprobs, sums, flat_logprobs)
+    sums, flat_logprobs, flat_sides = _host_sums(outs, logprobs, sides)
+    shapes = [tuple(lp.shape) for lp in logprobs]
+    loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
     total = sum_datums([datum.counts for datum in sums])
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
@@ -118,11 +127,14 @@ def _datum_losses(
     logprobs: Sequence[Tensor],
     config: Mapping[str, float],
     device: torch.device,
-) -> list[losses.LossOutput]:
+    probe: bool = False,
+) -> tuple[list[losses.LossOutput], list[Tensor] | None]:
     """Each datum's loss output, on device (no sync): its log-probs checked (a floating tensor on
     ``device``, that of ``logprobs[0]``), then its inputs read and its loss computed; an error names
-    the datum."""
+    the datum. With ``probe`` and a loss of :data:`formulas.CLIP_SIDE_LOSSES`, each datum's per-token
+    clip sides too (else ``None``)."""
     outs: list[losses.LossOutput] = []
+    sides: list[Tensor] | None = [] if probe and spec.name in formulas.CLIP_SIDE_LOSSES else None
     for i, (datum, lp) in enumerate(zip(datums, logprobs, strict=True)):
         if not isinstance(lp, Tensor) or not lp.is_floating_point():
             raise TypeError(f"logprobs[{i}] must be a floating-point torch.Tensor, got {type(lp).__name__}")
@@ -131,9 +143,11 @@ def _datum_losses(
         inputs = _loss_fn_inputs(datum, i)
         try:
             outs.append(_datum_loss(spec, inputs, lp, config))
+            if sides is not None:
+                sides.append(_datum_sides(spec, inputs, lp, config))
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"datum {i}: {exc}") from exc
-    return outs
+    return outs, sides
 
 
 def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestResult:
@@ -147,34 +161,64 @@ def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestRes
 
 
 def _host_sums(
-    outs: list[losses.LossOutput], logprobs: list[Tensor]
-) -> tuple[list[losses.PackedSums], np.ndarray]:
+    outs: list[losses.LossOutput], logprobs: list[Tensor], sides: list[Tensor] | None = None
+) -> tuple[list[losses.PackedSums], np.ndarray, np.ndarray | None]:
     """The one device-to-host transfer of a request: each datum's unpacked sums (the inputs'
-    validity checked, ValueError naming the datum) and every datum's log-probs, flat, float32."""
-    host = _to_host(outs, logprobs)
+    validity checked, ValueError naming the datum), every datum's log-probs, flat, float32, and
+    (given ``sides``) every datum's clip sides, flat, int64."""
+    host = _to_host(outs, logprobs, sides)
     n = len(outs)
     width = len(measures.PACKED_FIELDS)
     rows = host[: n * width].reshape(n, width)
     sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
     _raise_invalid(sums, outs)
-    return sums, host[n * width :].astype(np.float32)
+    tokens = sum(lp.numel() for lp in logprobs)
+    flat_logprobs = host[n * width : n * width + tokens].astype(np.float32)
+    flat_sides = None if sides is None else host[n * width + tokens :].astype(np.int64)
+    return sums, flat_logprobs, flat_sides
 
 
-def _datum_outputs(
-    logprobs: Sequence[Tensor], sums: Sequence[losses.PackedSums], flat_logprobs: np.ndarray
+def datum_outputs(
+    shapes: Sequence[tuple[int, ...]],
+    sums: Sequence[losses.PackedSums],
+    flat_logprobs: np.ndarray,
+    flat_sides: np.ndarray | None = None,
+    *,
+    probe: bool = False,
 ) -> list[dict[str, Any]]:
-    """Each datum's ``loss_fn_outputs`` entry: its ``logprobs`` (float32, the shape of its
-    log-prob tensor, cut from ``flat_logprobs`` in datum order) and its measured fields
-    (:func:`datum_fields`)."""
+    """Each datum's ``loss_fn_outputs`` entry, the one form of every path (the Miles runtime's and
+    the Megatron path's, :func:`cliptrack.adapters.megatron.make_loss_func` ``datum_outputs``):
+    its ``logprobs`` (float32, of shape ``shapes[i]``, cut from ``flat_logprobs`` in datum order)
+    and its measured fields (:func:`datum_fields`); with ``probe``, its ``loss`` (``loss:sum`` as a
+    float32 ``[hi, lo]`` pair) and, given ``flat_sides`` (laid out as ``flat_logprobs``), its
+    per-token ``clip_sides`` (int64). ValueError when the flat arrays do not hold ``shapes``."""
+    sizes = [math.prod(shape) for shape in shapes]
+    if len(shapes) != len(sums) or flat_logprobs.size != sum(sizes):
+        raise ValueError(
+            f"{len(shapes)} datum shapes ({sum(sizes)} tokens), {len(sums)} datum sums and "
+            f"{flat_logprobs.size} log-probs do not describe the same datums"
+        )
+    if flat_sides is not None and flat_sides.size != flat_logprobs.size:
+        raise ValueError(
+            f"{flat_sides.size} clip sides for {flat_logprobs.size} log-probs: one per token is needed"
+        )
     loss_fn_outputs: list[dict[str, Any]] = []
     offset = 0
-    for lp, datum in zip(logprobs, sums, strict=True):
-        size = lp.numel()
+    for i, (shape, size, datum) in enumerate(zip(shapes, sizes, sums, strict=True)):
+        where = f"datum {i}"
         datum_out: dict[str, Any] = {
-            keys.DATUM_LOGPROBS: tensor_data(flat_logprobs[offset : offset + size].reshape(lp.shape))
+            keys.DATUM_LOGPROBS: tensor_data(
+                np.ascontiguousarray(flat_logprobs[offset : offset + size], dtype=np.float32).reshape(shape)
+            )
         }
+        datum_out.update(datum_fields(datum.counts, where))
+        if probe:
+            datum_out[keys.DATUM_LOSS] = float_data(datum.loss_sum, f"{where} {keys.DATUM_LOSS}")
+            if flat_sides is not None:
+                datum_out[keys.DATUM_CLIP_SIDES] = tensor_data(
+                    np.ascontiguousarray(flat_sides[offset : offset + size], dtype=np.int64).reshape(shape)
+                )
         offset += size
-        datum_out.update(datum_fields(datum.counts, f"datum {len(loss_fn_outputs)}"))
         loss_fn_outputs.append(datum_out)
     return loss_fn_outputs
 
@@ -272,6 +316,24 @@ def _datum_loss(
     return spec.check_output(spec.fn(lp, **tensors, **options))
 
 
+def _datum_sides(
+    spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
+) -> Tensor:
+    """One datum's per-token clip sides (:func:`formulas.clip_sides`) from the inputs and options its
+    loss read (thresholds per datum, else the request's, else the defaults)."""
+    tensors = _datum_tensors(spec, inputs, lp)
+    options = _datum_options(spec, inputs, lp, config)
+    return formulas.clip_sides(
+        spec.name,
+        lp,
+        tensors["sampling_logprobs"],
+        tensors["advantages"],
+        tensors.get("mask"),
+        options["clip_low_threshold"],
+        options["clip_high_threshold"],
+    )
+
+
 def _datum_tensors(spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor) -> dict[str, Tensor]:
     """The spec's tensor inputs, each read from the first of its fields the datum has; ValueError
     naming every required input the datum lacks."""
@@ -328,14 +390,17 @@ def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Te
     return tensor
 
 
-def _to_host(outs: list[losses.LossOutput], logprobs: list[Tensor]) -> np.ndarray:
-    """Every datum's packed output (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`), then every log-prob:
-    ONE device-to-host copy.
+def _to_host(
+    outs: list[losses.LossOutput], logprobs: list[Tensor], sides: list[Tensor] | None = None
+) -> np.ndarray:
+    """Every datum's packed output (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`), then every log-prob,
+    then (given) every datum's clip sides: ONE device-to-host copy.
 
     Values travel as float64: counts are exact below 2**53 tokens, float32 log-probs exactly.
     """
     rows = torch.stack([losses.pack(out) for out in outs])
     flat = [rows.reshape(-1)] + [lp.detach().reshape(-1).to(losses.PACKED_DTYPE) for lp in logprobs]
+    flat += [side.reshape(-1).to(losses.PACKED_DTYPE) for side in sides or ()]
     return torch.cat(flat).cpu().numpy()
 
 

@@ -80,6 +80,14 @@ DATUM_CLIPPED_TOKENS = _BUILTIN.by_key[CLIPPED_TOKENS].field
 DATUM_CLIPPED_LOW_TOKENS = _BUILTIN.by_key[CLIPPED_LOW_TOKENS].field
 DATUM_CLIPPED_HIGH_TOKENS = _BUILTIN.by_key[CLIPPED_HIGH_TOKENS].field
 DATUM_LOGPROBS = "logprobs"
+DATUM_LOSS = "loss"
+"""Optional per-datum field (a paired probe's): the datum's ``loss:sum``, a float32 ``[hi, lo]`` pair."""
+DATUM_CLIP_SIDES = "clip_sides"
+"""Optional per-token field of a clipping loss (a paired probe's): int64, the shape of the datum's
+``logprobs``; -1 where clipping bites below the band, +1 above it, 0 elsewhere (and on tokens that
+are not eligible)."""
+DATUM_PROBE_FIELDS = (DATUM_LOSS, DATUM_CLIP_SIDES)
+"""The per-datum fields a paired probe adds to ``logprobs`` and the measured fields."""
 DATUM_CLIP_FIELDS = tuple(_BUILTIN.by_key[key].field for key in CLIP_COUNT_KEYS)
 """Per-datum count fields of a loss that clips (``clipped_tokens`` always, the split when known)."""
 DATUM_GAUGE_FIELDS = tuple(m.field for m in _measures.GAUGE_MEASURES)
