@@ -111,6 +111,11 @@ class StepResult:
     schedule: str = ""
     """What ran the step's micro-batches (:data:`SCHEDULE_LOOP`, :data:`SCHEDULE_MILES` or the
     Megatron-Core schedule function's dotted name)."""
+    checkpoint: dict[str, Tensor] | None = None
+    """The last step's only: the trained policy's weights after it (a state dict copy)."""
+    sampler: dict[str, Tensor] | None = None
+    """The last step's only: the weights its batch was sampled with (``staleness`` steps behind the
+    weights it started from)."""
 
 
 @dataclass(frozen=True)
@@ -219,12 +224,15 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
             keys.THROUGHPUT: output.metrics[keys.LOSS_TOKENS] / seconds,
             keys.STEP_TIME: seconds,
         }
+        last = step == run.steps - 1
         yield StepResult(
             step,
             output,
             metrics,
             schedule=getattr(step_fn, "schedule", "")
             or (SCHEDULE_MILES if run.path == "miles" else SCHEDULE_LOOP),
+            checkpoint=copy.deepcopy(policy.state_dict()) if last else None,
+            sampler=history[0] if last else None,
         )
 
 

@@ -45,6 +45,9 @@ COMMANDS = {
         "compare runs: table, verdict, optional HTML dashboard",
         "cliptrack.cli.compare",
     ),
+    "probe": Command(
+        "compare two stacks' outputs of the same batch per datum (a paired probe)", "cliptrack.cli.probe"
+    ),
     "runs": Command("list a store's runs: ids, names, status, start time, steps", "cliptrack.cli.runs"),
     "panels": Command("build W&B workspace/report or MLflow comparison panels", "cliptrack.cli.panels"),
     "replay": Command(

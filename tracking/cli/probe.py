@@ -1,0 +1,93 @@
+"""``cliptrack probe A.json B.json``: the same batch through two stacks, compared per datum.
+
+Each file holds one ``ForwardBackwardOutput`` as JSON (what a REST frontend returns, or
+``cliptrack.adapters.miles.output_to_json``) with per-datum outputs of the same datums, computed by
+one stack each (:func:`cliptrack.compare.probe.compare_outputs`). Prints the verdict and one line
+per quantity; ``--json`` every number.
+
+Exit codes, as ``cliptrack compare --fail-on not-equivalent``: 0 equivalent; 1 different or
+inconclusive; 2 a usage or data error, or too few datums for a verdict (insufficient data).
+
+Imports stay light (no numpy) until a probe runs, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_EQUIVALENT = 0
+EXIT_NOT_EQUIVALENT = 1
+EXIT_ERROR = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "exit codes: 0 equivalent; 1 different or inconclusive; 2 usage or data error, or insufficient data"
+    )
+    parser.add_argument("a", metavar="A.json", help="the reference stack's output of the batch (JSON)")
+    parser.add_argument("b", metavar="B.json", help="the other stack's output of the same batch (JSON)")
+    parser.add_argument(
+        "--labels", metavar="A,B", default=None, help="the stacks' names (default: the file names)"
+    )
+    parser.add_argument("--confidence", type=float, default=0.90, help="interval confidence (default 0.90)")
+    parser.add_argument(
+        "--margin",
+        action="append",
+        default=[],
+        metavar="QUANTITY=RELATIVE,FLOOR",
+        help="a quantity's margin, max(FLOOR, RELATIVE x its size), repeatable (quantities: logprob_gap, "
+        "clip_fraction, kl_k3, abs_log_ratio, loss)",
+    )
+    parser.add_argument("--json", action="store_true", help="every number as JSON on stdout")
+
+
+def _load(path: str) -> object:
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{path}: no such file (a ForwardBackwardOutput as JSON is expected)")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from exc
+
+
+def _margins(specs: list[str]) -> dict[str, object]:
+    from cliptrack.compare.probe import Margin
+
+    margins: dict[str, object] = {}
+    for spec in specs:
+        name, _, values = spec.partition("=")
+        parts = values.split(",")
+        try:
+            relative, floor = (float(v) for v in parts)
+        except ValueError as exc:
+            raise ValueError(f"--margin {spec!r}: expected QUANTITY=RELATIVE,FLOOR (two numbers)") from exc
+        margins[name.strip()] = Margin(relative, floor)
+    return margins
+
+
+def run(args: argparse.Namespace) -> int:
+    from cliptrack.compare.probe import compare_outputs
+    from cliptrack.compare.stats.estimate import EQUIVALENT, INSUFFICIENT
+
+    labels = tuple(args.labels.split(",")) if args.labels else (Path(args.a).stem, Path(args.b).stem)
+    if len(labels) != 2 or not all(labels):
+        raise ValueError(f"--labels {args.labels!r}: expected two names, A,B")
+    result = compare_outputs(
+        _load(args.a),
+        _load(args.b),
+        confidence=args.confidence,
+        margins=_margins(args.margin),  # type: ignore[arg-type]
+        labels=(labels[0], labels[1]),
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(result.summary())
+    if result.verdict == INSUFFICIENT:
+        print(f"cliptrack probe: {result.verdict}: no verdict", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_EQUIVALENT if result.verdict == EQUIVALENT else EXIT_NOT_EQUIVALENT
