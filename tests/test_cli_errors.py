@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from cliptrack.cli.main import main
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
@@ -136,16 +135,28 @@ def test_window_past_the_data_names_the_range(tmp_path, capsys, monkeypatch):
     assert "from 0 to 199" in line
 
 
-def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+def test_debug_shows_the_traceback_and_keeps_exit_code_2(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    from cliptrack.backends.preflight import StoreError
-
-    with pytest.raises(StoreError, match="does not exist"):
-        main(["--debug", "compare", "a", "b"])
-    with pytest.raises(StoreError, match="does not exist"):
-        main(["compare", "a", "b", "--debug"])
+    for argv in (["--debug", "compare", "a", "b"], ["compare", "a", "b", "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err
+        assert "StoreError" in err and "does not exist" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_debug_keeps_exit_code_2_as_a_process(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'nope' / 'mlflow.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cliptrack.cli.main", "--debug", "compare", "a", "b", "--tracking-uri", uri],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback (most recent call last)" in proc.stderr
 
 
 def test_runs_command_fails_the_same_way(tmp_path, capsys, monkeypatch):

@@ -42,23 +42,24 @@ def noisy(seed: int, n: int, level: float = 0.10, sd: float = 0.02, phi: float =
 
 def test_the_mismatch_kl_is_one_entry_and_joins_the_on_policy_answer():
     entry = qs.quantity("kl_k3")
-    assert entry.on_policy and entry.optional and entry.margin == qs.KL_MARGIN == 0.002
+    assert entry.on_policy and entry.optional and entry.margin == qs.KL_MARGIN == 0.25
+    assert entry.scale == qs.AUTO and entry.abs_margin == qs.KL_FLOOR and entry.bounds == qs.NONNEGATIVE
     assert entry.estimand == qs.Estimand(KL, keys.LOSS_TOKENS)
     n = 400
     tokens = np.full(n, 3000)
     kl_a = tokens * 0.001  # 0.001 nats per token
-    kl_b = tokens * (0.001 + 0.01 * (np.arange(n) >= 0))  # +0.01 nats: far beyond the 0.002 margin
+    kl_b = tokens * (0.001 + 0.01 * (np.arange(n) >= 0))  # 11 times as much: far beyond ±25 %
     a = run_from_curves("a", "megatron", seed=1, clip_p=noisy(1, n), loss_tokens=tokens, extra={KL: kl_a})
     b = run_from_curves("b", "miles", seed=2, clip_p=noisy(2, n), loss_tokens=tokens, extra={KL: kl_b})
     result = compare(runset_of(a, b))
     assert result.on_policy == ["clip_fraction", "kl_k3"]
     assert result.difference("clip_fraction").verdict == EQUIVALENT
     kl = result.difference("kl_k3")
-    assert kl.estimate.value == pytest.approx(kl_b.sum() / tokens.sum() - kl_a.sum() / tokens.sum())
+    assert kl.estimate.value == pytest.approx(math.log(kl_b.sum() / kl_a.sum()))
     assert kl.verdict == DIFFERENT and result.on_policy_verdict == DIFFERENT
     assert (
         result.summary().startswith("Not equally on-policy")
-        and "mismatch KL (k3) beyond ±0.002" in result.summary()
+        and "mismatch KL (k3) beyond ±25%" in result.summary()
     )
     assert "kl_k3" in result.formatted_table()["metric"].tolist()
     data = json.loads(result.to_json())
@@ -79,14 +80,36 @@ def test_an_optional_on_policy_quantity_not_logged_is_left_out_of_the_answer():
 def test_margins_by_name_and_bad_margins():
     megatron, miles = megatron_vs_miles(miles_clip_p=0.16)
     rs = runset_of(megatron, miles)
-    result = compare(rs, tolerances={"clip_fraction": 0.1})
-    assert result.quantity("clip_fraction").margin == 0.1
+    result = compare(rs, margins={"clip_fraction": qs.absolute(0.1)})
+    q = result.quantity("clip_fraction")
+    assert q.margin == 0.1 and q.scale == qs.ABSOLUTE
     assert result.quantity("clip_low_fraction").margin == 0.1  # margin_of
+    assert result.difference("clip_fraction").scale == qs.ABSOLUTE
     assert result.on_policy_verdict == EQUIVALENT
-    with pytest.raises(ValueError, match=r"unknown quantities \['kl'\]"):
+    wide = compare(rs, margins={"clip_fraction": qs.relative(0.8, floor=0.001)})
+    q = wide.quantity("clip_fraction")
+    assert (q.scale, q.margin, q.abs_margin) == (qs.AUTO, 0.8, 0.001)
+    assert wide.difference("clip_fraction").tolerance == pytest.approx(math.log(1.8))
+    assert wide.on_policy_verdict == EQUIVALENT  # 16 % against 10 %: within ±80 %
+    assert compare(rs).on_policy_verdict == DIFFERENT  # and beyond the default ±25 %
+    assert compare(rs, margins={"clip_fraction": 0.1}).quantity("clip_fraction").scale == qs.ABSOLUTE
+    with pytest.warns(DeprecationWarning, match="tolerances"):
+        old = compare(rs, tolerances={"clip_fraction": 0.1, "throughput": 0.1})
+    assert old.quantity("clip_fraction").scale == qs.ABSOLUTE and old.quantity("clip_fraction").margin == 0.1
+    assert old.quantity("throughput").scale == qs.LOG_RATIO and old.quantity("throughput").margin == 0.1
+    with pytest.raises(ValueError, match=r"unknown quantities \['kl'\]"), pytest.warns(DeprecationWarning):
         compare(rs, tolerances={"kl": 0.1})
-    with pytest.raises(ValueError, match="tolerance for reward must be > 0"):
+    with (
+        pytest.raises(ValueError, match="tolerance for reward must be > 0"),
+        pytest.warns(DeprecationWarning),
+    ):
         compare(rs, tolerances={"reward": float("inf")})
+    with pytest.raises(ValueError, match="not both"):
+        compare(rs, margins={}, tolerances={})
+    with pytest.raises(ValueError, match="has no floor"):
+        qs.Margin(0.01, False, 0.001)
+    with pytest.raises(ValueError, match="unknown quantities"):
+        compare(rs, margins={"kl": qs.relative(0.25)})
 
 
 def test_compare_is_pure_and_repeats_exactly():
@@ -129,7 +152,7 @@ def test_an_episode_that_differs_is_named_by_its_steps(seed):
     result = compare(runset_of(*_episode_pair(seed)))
     d = result.difference("clip_fraction")
     assert d.verdict == DIFFERENT, d.reason
-    assert d.average_verdict != DIFFERENT and abs(d.estimate.value) < 0.02  # the average alone is within
+    assert d.average_verdict != DIFFERENT and abs(d.estimate.value) < math.log(1.25)  # the average is within
     [episode] = [s for s in d.differing if s.verdict == DIFFERENT]
     assert 420 <= episode.start and episode.end <= 490 and episode.episode
     span = f"steps {episode.start:g}-{episode.end:g}"
@@ -202,18 +225,20 @@ def test_a_single_outlier_step_that_decides_the_verdict_is_named():
     n = 200
     rng = np.random.default_rng(3)
     a = 0.10 + rng.normal(0, 0.003, n)
-    b = a + 0.012  # +1.2 pp: equivalent within ±2 pp
+    b = a + 0.012  # +1.2 pp: equivalent within an absolute ±2 pp
     b[120] = 0.95  # one step at 95 %
     tokens = np.full(n, 4000)
     ra = run_from_curves("a", "megatron", seed=1, clip_p=a, loss_tokens=tokens)
     rb = run_from_curves("b", "miles", seed=2, clip_p=b, loss_tokens=tokens)
-    d = compare(runset_of(ra, rb)).difference("clip_fraction")
-    without = compare(runset_of(ra, replace(rb, points=[p for p in rb.points if p.step != 120]))).difference(
-        "clip_fraction"
-    )
+    margins = {"clip_fraction": qs.absolute(0.02)}
+    d = compare(runset_of(ra, rb), margins=margins).difference("clip_fraction")
+    rb_without = replace(rb, points=[p for p in rb.points if p.step != 120])
+    without = compare(runset_of(ra, rb_without), margins=margins).difference("clip_fraction")
     assert without.average_verdict != d.average_verdict  # the step decides it
     assert 120.0 in d.influential
-    notes = [n.text for n in compare(runset_of(ra, rb)).notes if "rests on single units" in n.text]
+    notes = [
+        n.text for n in compare(runset_of(ra, rb), margins=margins).notes if "rests on single units" in n.text
+    ]
     assert notes and "step 120" in notes[0]
 
 
@@ -375,7 +400,8 @@ def test_groups_compare_stacks_over_seeds():
         g: np.mean([r.clip_fraction() for r in runs])
         for g, runs in (("megatron", megatron), ("miles", miles))
     }
-    assert d.estimate.value == pytest.approx(means["miles"] - means["megatron"])
+    assert d.scale == "log-ratio"  # the relative margin: both stacks clip well above the floor
+    assert d.estimate.value == pytest.approx(math.log(means["miles"] / means["megatron"]))
     assert d.estimate.seeds_a == 3 and d.estimate.seeds_b == 3
     assert d.verdict == DIFFERENT and result.on_policy_verdict == DIFFERENT
     assert isinstance(d.seeds_needed, int) and d.seeds_needed >= 2

@@ -54,10 +54,10 @@ def test_known_difference_is_detected():
     megatron, miles = megatron_vs_miles(miles_clip_p=0.16)
     result = compare(runset_of(megatron, miles))
     d = result.difference("clip_fraction")
-    expected = miles.clip_fraction() - megatron.clip_fraction()  # all steps paired
+    expected = math.log(miles.clip_fraction() / megatron.clip_fraction())  # all steps paired
     assert d.estimate.value == pytest.approx(expected, abs=1e-12)
-    assert 0.02 < d.estimate.low < expected < d.estimate.high
-    assert d.verdict == DIFFERENT and d.scale == ABSOLUTE
+    assert math.log(1.25) < d.estimate.low < expected < d.estimate.high  # beyond ±25 %
+    assert d.verdict == DIFFERENT and d.scale == LOG_RATIO
     assert result.on_policy_verdict == DIFFERENT
     assert "Not equally on-policy" in result.summary()
 
@@ -66,7 +66,7 @@ def test_no_difference_is_equivalent():
     megatron, miles = megatron_vs_miles(miles_clip_p=0.10)
     result = compare(runset_of(megatron, miles))
     d = result.difference("clip_fraction")
-    assert -0.02 < d.estimate.low <= d.estimate.value <= d.estimate.high < 0.02
+    assert -math.log(1.25) < d.estimate.low <= d.estimate.value <= d.estimate.high < math.log(1.25)
     assert d.verdict == EQUIVALENT
     assert result.difference("reward").verdict == EQUIVALENT
     assert result.difference("throughput").verdict == EQUIVALENT
@@ -96,12 +96,14 @@ def test_unequal_lengths_pair_only_common_steps_and_per_run_values_use_the_same_
     d = result.difference("clip_fraction")
     assert d.estimate.n_units == len(common)
     assert d.estimate.value == pytest.approx(
-        miles.clip_fraction(common) - megatron.clip_fraction(common), abs=1e-12
+        math.log(miles.clip_fraction(common) / megatron.clip_fraction(common)), abs=1e-12
     )
     # the per-run values beside the difference are over the same paired steps ...
     assert d.reference_paired.value == pytest.approx(megatron.clip_fraction(common), abs=1e-15)
     assert d.run_paired.value == pytest.approx(miles.clip_fraction(common), abs=1e-15)
-    assert d.run_paired.value - d.reference_paired.value == pytest.approx(d.estimate.value, abs=1e-12)
+    assert math.log(d.run_paired.value / d.reference_paired.value) == pytest.approx(
+        d.estimate.value, abs=1e-12
+    )
     # ... and the full-window value is kept beside them
     full = result.run_estimate("clip_fraction", "megatron-run")
     assert full.units == 300 and full.estimate.value == pytest.approx(megatron.clip_fraction(), abs=1e-15)
@@ -118,7 +120,8 @@ def test_equivalent_with_unequal_lengths_and_gaps():
 
 def test_small_difference_against_tight_tolerance_is_not_equivalent():
     megatron, miles = megatron_vs_miles(miles_clip_p=0.112)
-    result = compare(runset_of(megatron, miles), tolerances={"clip_fraction": 0.01})
+    with pytest.warns(DeprecationWarning, match="tolerances"):  # the old keyword keeps its meaning
+        result = compare(runset_of(megatron, miles), tolerances={"clip_fraction": 0.01})
     d = result.difference("clip_fraction")
     assert d.estimate.high > 0.01
     assert d.verdict in (INCONCLUSIVE, DIFFERENT)
@@ -231,11 +234,11 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="alignment 'steps'"):
         compare(rs, align="steps")
     with pytest.raises(ValueError, match="tolerance for clip_fraction must be > 0"):
-        compare(rs, tolerances={"clip_fraction": -1})
+        compare(rs, margins={"clip_fraction": -1})
     with pytest.raises(ValueError, match="absolute tolerance for reward must be > 0"):
         compare(rs, reward_abs_tolerance=0)
     with pytest.raises(ValueError, match="unknown quantities"):
-        compare(rs, tolerances={"kl": 0.1})
+        compare(rs, margins={"kl": 0.1})
     with pytest.raises(ValueError, match="window '5:1' is empty"):
         parse_window("5:1")
     with pytest.raises(ValueError, match="START:END"):
@@ -303,7 +306,7 @@ def test_reward_near_zero_is_compared_on_the_absolute_scale_with_a_warning():
         assert d.scale == ABSOLUTE and d.tolerance == 0.02 and d.margin == 0.02
         assert d.verdict == EQUIVALENT
         [note] = [n for n in result.notes if n.metric == "reward" and n.warning]
-        assert "absolute scale (±0.02) instead of ±5%" in note.text
+        assert "absolute scale (±0.02, the floor near zero) instead of ±5%" in note.text
         assert "Warning:" in result.summary()
     ref = np.mean([p.metrics[keys.REWARD] for p in a.points])
     other = np.mean([p.metrics[keys.REWARD] for p in b.points])

@@ -7,7 +7,8 @@ Runs are named by id or name in one store, by any registered backend's store fla
 store named go through the W&B public API.
 
 Exit codes: 0 compared (and the gate, if any, passed); 1 the ``--fail-on`` gate tripped; 2 a usage
-or data error (bad arguments, a run not found, data that cannot be compared).
+or data error (bad arguments, a run not found, data that cannot be compared), with ``--debug`` too
+(which prints the traceback as well).
 
 Imports stay light (no pandas, no numpy) until a comparison runs, so ``--help`` is fast.
 """
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import Any
 
 from cliptrack.backends.options import add_source_arguments, source_arguments
 from cliptrack.backends.preflight import check_window
 from cliptrack.compare.align import ALIGNMENTS
-from cliptrack.compare.quantities import CLIP_MARGIN, QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
+from cliptrack.compare.quantities import QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
 from cliptrack.compare.result import FAIL_ON
 from cliptrack.compare.window import parse_window
 from cliptrack.core.text import printable
@@ -49,7 +51,8 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=float,
         default=None,
-        help=f"clip-fraction equivalence margin, absolute (default {CLIP_MARGIN})",
+        help="an absolute clip-fraction margin (fraction of tokens, e.g. 0.002 = ±0.2 pp) at every level, "
+        "instead of the default relative one (same as --margin clip_fraction=0.002)",
     )
     parser.add_argument(
         "--reward-tolerance",
@@ -72,13 +75,23 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"throughput margin on the log-ratio scale: 0.05 means |log(B/A)| < log(1.05) "
         f"(default {RELATIVE_MARGIN})",
     )
-    defaults = ", ".join(f"{q.name} {q.margin:g}" for q in QUANTITIES if q.verdict)
+    defaults = "; ".join(f"{q.name} {q.margin_text()}" for q in QUANTITIES if q.verdict)
     parser.add_argument(
         "--margin",
         action="append",
         default=[],
         metavar="QUANTITY=VALUE",
-        help=f"margin of any compared quantity, repeatable (defaults: {defaults})",
+        help="margin of any compared quantity, repeatable: VALUE%% is relative (25%%: |log(B/A)| < "
+        "log(1.25), the quantity's absolute floor near zero), a plain number absolute in the quantity's "
+        f"units at every level (defaults: {defaults.replace('%', '%%')})",
+    )
+    parser.add_argument(
+        "--margin-floor",
+        action="append",
+        default=[],
+        metavar="QUANTITY=VALUE",
+        help="the absolute floor of a relative margin (the margin near zero, in the quantity's units), "
+        "repeatable",
     )
     parser.add_argument("--confidence", type=float, default=0.90, help="interval confidence (default 0.90)")
 
@@ -134,24 +147,60 @@ def parse_groups(texts: list[str]) -> dict[str, list[str]]:
     return groups
 
 
-def parse_margins(args: argparse.Namespace) -> dict[str, float]:
-    """Margins by quantity name from ``--margin Q=V`` and the named margin options."""
-    margins: dict[str, float] = {}
-    for text in getattr(args, "margin", []):
+def _pairs(texts: list[str], flag: str, example: str) -> list[tuple[str, str]]:
+    """``["a=1", "b=2%"]`` -> ``[("a", "1"), ("b", "2%")]``; ValueError naming the bad argument."""
+    out = []
+    for text in texts:
         name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ValueError(f"{flag} {text!r} must be QUANTITY=VALUE (e.g. {example})")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def _quantity(name: str, flag: str) -> Any:
+    from cliptrack.compare.quantities import quantity
+
+    try:
+        return quantity(name)
+    except KeyError:
+        raise ValueError(
+            f"{flag} names unknown quantity {name!r}; known: {[q.name for q in QUANTITIES]}"
+        ) from None
+
+
+def parse_margins(args: argparse.Namespace) -> dict[str, Any]:
+    """Margins by quantity name (``quantities.Margin``) from ``--margin Q=V`` (``V%`` relative, a
+    plain number absolute; for reward and throughput a plain number stays relative, deprecated),
+    ``--margin-floor Q=V`` and the named margin options."""
+    from cliptrack.compare.quantities import absolute, parse_margin, relative
+
+    margins: dict[str, Any] = {}
+    for name, value in _pairs(getattr(args, "margin", []), "--margin", "clip_fraction=25%"):
         try:
-            margins[name.strip()] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep:
-            raise ValueError(f"--margin {text!r} must be QUANTITY=NUMBER (e.g. clip_fraction=0.01)")
+            margins[name] = parse_margin(_quantity(name, "--margin"), value)
+        except ValueError as exc:
+            raise ValueError(
+                f"--margin {name}={value}: {exc}; write QUANTITY=NUMBER (absolute) or QUANTITY=PERCENT% "
+                "(relative), e.g. clip_fraction=25%"
+            ) from None
     for name, value in (
         ("clip_fraction", args.tolerance),
         ("reward", args.reward_tolerance),
         ("throughput", args.throughput_tolerance),
     ):
         if value is not None:
-            margins[name] = value
+            margins[name] = absolute(value) if name == "clip_fraction" else relative(value)
+    for name, value in _pairs(getattr(args, "margin_floor", []), "--margin-floor", "clip_fraction=0.0001"):
+        q = _quantity(name, "--margin-floor")
+        try:
+            floor = float(value)
+        except ValueError:
+            raise ValueError(f"--margin-floor {name}={value!r}: the floor must be a number") from None
+        given = margins.get(name, q.default_margin)
+        if not given.is_relative:
+            raise ValueError(f"--margin-floor {name}: the margin of {name} is absolute, so it has no floor")
+        margins[name] = relative(given.value, floor)
     return margins
 
 
@@ -172,7 +221,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         groups=groups or None,
         align=args.align,
         window=window,
-        tolerances=margins,
+        margins=margins,
         reward_abs_tolerance=args.reward_abs_tolerance,
         confidence=args.confidence,
     )
@@ -214,9 +263,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         runset, result = load_and_compare(args)
     except (LookupError, ValueError, FileNotFoundError) as exc:
-        if getattr(args, "debug", False):
-            raise
-        print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
+        if getattr(args, "debug", False):  # the traceback, and still the exit code of a data error
+            traceback.print_exc()
+        else:
+            print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
     if args.json == "-":
         print(result.to_json())

@@ -5,7 +5,8 @@ module that runs it (``run(args) -> int``); both are imported only for the comma
 ``cliptrack --help`` imports no subcommand and ``cliptrack compare --help`` only the light
 ``cliptrack.cli.compare`` (no numpy or pandas).
 
-A failure is one line on stderr and exit code 2; ``--debug`` shows the traceback instead.
+A failure is one line on stderr and exit code 2; ``--debug`` shows the traceback instead, with the
+same exit code.
 Everything a command prints on stdout and stderr is redacted (``cliptrack.core.secrets``: no password,
 token or API key of a store address or the environment is shown).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -121,9 +123,10 @@ def _guarded(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"cliptrack {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # the command line's one boundary: one line, or the traceback with --debug
-        if args.debug:
-            raise
+    except Exception as exc:  # noqa: BLE001 - the command line's one boundary: one line, or the traceback
+        if args.debug:  # the traceback, and the same exit code as without --debug
+            traceback.print_exc()
+            return EXIT_USAGE
         message = printable(" ".join(str(exc).split())) or type(exc).__name__
         print(f"cliptrack {args.command}: {message} (--debug shows the traceback)", file=sys.stderr)
         return EXIT_USAGE

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from typing import Any
 
 from cliptrack.backends.catalog import list_runs
@@ -53,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
         entries = list_runs(include_comparisons=args.all, **source_arguments(args))
     except (LookupError, FileNotFoundError, ValueError) as exc:  # ValueError: a hostile store (two
         # directories claiming one run id, a special file)
-        if getattr(args, "debug", False):
-            raise
-        print(f"cliptrack runs: {printable(exc)}", file=sys.stderr)
+        if getattr(args, "debug", False):  # the traceback, and the same exit code
+            traceback.print_exc()
+        else:
+            print(f"cliptrack runs: {printable(exc)}", file=sys.stderr)
         return 2
     entries.sort(key=lambda e: -e.started)
     if args.json:

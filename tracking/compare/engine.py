@@ -20,6 +20,7 @@ level. There is no resampling: a comparison repeats exactly.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 DEFAULT_CONFIDENCE = 0.90
 """Two-sided confidence of every interval (TOST at 5 %)."""
 DEFAULT_TOLERANCES = dict(qs.DEFAULT_MARGINS)
-"""Equivalence margins by quantity: clip fractions 0.02 absolute, reward and throughput ±5 %."""
+"""Equivalence margins by quantity (``quantities.Margin``): clip fractions, mismatch KL and the other
+gauge quantities ±25 % relative with an absolute floor near zero, reward and throughput ±5 %."""
 METHOD = st.METHOD
 """The interval method, as stated in every rendering."""
 
@@ -119,18 +121,39 @@ def _wanted(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quantity
 
 
 def _choose_quantities(
-    runset: RunSet, labels: Sequence[str], tolerances: Mapping[str, float], reward_abs_tolerance: float | None
+    runset: RunSet,
+    labels: Sequence[str],
+    margins: Mapping[str, qs.Margin | float],
+    reward_abs_tolerance: float | None,
 ) -> list[Quantity]:
     """The registry with the margins given and, per quantity, the first estimand every run logs; an
     optional quantity that no run logs at all (the gauge of a run without it) is left out."""
     chosen = _wanted(runset, labels, qs.QUANTITIES)
     abs_margins = {}
-    if reward_abs_tolerance is not None:
-        abs_margins = {q.name: reward_abs_tolerance for q in chosen if q.scale == qs.AUTO}
+    if reward_abs_tolerance is not None and "reward" in {q.name for q in chosen}:
+        abs_margins = {"reward": reward_abs_tolerance}
     logged = {q.name for q in chosen}
     known = {q.name for q in qs.QUANTITIES}
-    given = {name: value for name, value in tolerances.items() if name in logged or name not in known}
+    given = {name: value for name, value in margins.items() if name in logged or name not in known}
     return qs.with_margins(chosen, given, abs_margins)
+
+
+def _given_margins(
+    margins: Mapping[str, qs.Margin | float] | None, tolerances: Mapping[str, float] | None
+) -> Mapping[str, qs.Margin | float]:
+    """``margins``, or the deprecated ``tolerances`` in their old meaning (not both)."""
+    if tolerances is None:
+        return margins or {}
+    if margins is not None:
+        raise ValueError("give margins either as margins= or as the deprecated tolerances=, not both")
+    warnings.warn(
+        "compare(tolerances=...) is deprecated: give margins={name: relative(0.25)} or absolute(0.002) "
+        "(cliptrack.compare.quantities); tolerances keep their old meaning (absolute for clip fractions "
+        "and the mismatch KL, relative for reward and throughput)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return qs.legacy_margins(tolerances)
 
 
 def _check_settings(align: str, confidence: float) -> None:
@@ -193,7 +216,7 @@ def _run_estimates(
             e = estimate_run(q, label, backends[label], table, confidence, group_of.get(label, ""))
             estimates.append(replace(e, approximate=(q.name, label) in approximate))
             notes += run_notes(q, label, table, align)
-            notes += run_weighting_note(q, e)
+            notes += run_weighting_note(q, e, table)
     return estimates, notes
 
 
@@ -204,6 +227,7 @@ def compare(
     groups: Mapping[str, Sequence[str]] | None = None,
     align: str = "step",
     window: Window | None = None,
+    margins: Mapping[str, qs.Margin | float] | None = None,
     tolerances: Mapping[str, float] | None = None,
     reward_abs_tolerance: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
@@ -212,15 +236,20 @@ def compare(
     reference), or two or more ``groups`` of runs (name -> runs, 2+ seeds each; the first group is
     the reference stack).
 
-    ``tolerances`` maps quantity names (``quantities.QUANTITIES``: ``clip_fraction``, ``reward``,
-    ``throughput``, ...) to margins: absolute for clip fractions, relative (0.05 = ±5 %, on the
-    log-ratio scale) for reward and throughput. ``reward_abs_tolerance`` (reward units, default
-    0.02) is the reward margin used when the rewards are near zero.
+    ``margins`` maps quantity names (``quantities.QUANTITIES``: ``clip_fraction``, ``kl_k3``,
+    ``reward``, ``throughput``, ...) to margins: ``quantities.relative(0.25)`` (±25 % on the
+    log-ratio scale, with the quantity's absolute floor near zero; ``relative(0.25, floor=1e-4)``
+    sets the floor), ``quantities.absolute(0.002)`` (in the quantity's units, at every level), or a
+    plain number (absolute). Defaults: ``DEFAULT_TOLERANCES``. ``tolerances`` (deprecated, with a
+    DeprecationWarning) keeps its old meaning: absolute for clip fractions and the mismatch KL,
+    relative for reward and throughput. ``reward_abs_tolerance`` (reward units, default 0.02) is
+    the reward's floor, the margin used when the rewards are near zero.
     """
     labels, named = _labels(runset, runs, groups)
     _check_settings(align, confidence)
     window = window or Window()
-    quantities = _choose_quantities(runset, labels, tolerances or {}, reward_abs_tolerance)
+    given = _given_margins(margins, tolerances)
+    quantities = _choose_quantities(runset, labels, given, reward_abs_tolerance)
     units = unit_table(runset, labels, quantities, by=align, window=window)
     units, approximate = approximate_quantities(runset, labels, quantities, units, align, window)
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}

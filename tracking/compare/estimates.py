@@ -22,8 +22,9 @@ from cliptrack.compare.findings import Note, RunEstimate
 from cliptrack.compare.frame import RunSet, count_problems
 from cliptrack.compare.notes import note
 from cliptrack.compare.quantities import Quantity
-from cliptrack.compare.stats import ABSOLUTE, Estimate, wilson_interval
+from cliptrack.compare.stats import ABSOLUTE, LOG_RATIO, Estimate, wilson_interval
 from cliptrack.compare.window import Window
+from cliptrack.core import keys
 
 
 def valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd.Index]:
@@ -96,14 +97,25 @@ def run_notes(q: Quantity, label: str, table: pd.DataFrame, align: str) -> list[
     return notes
 
 
+def token_counts_vary(q: Quantity, *dens: np.ndarray) -> bool:
+    """Whether ``q`` is weighted by token counts (its denominator is ``loss_tokens:sum``) and those
+    counts vary from unit to unit in one of ``dens``: only then can the token-weighted and the
+    step-weighted estimates differ."""
+    if q.denominator != keys.LOSS_TOKENS:
+        return False
+    return any(den.size > 1 and float(np.min(den)) != float(np.max(den)) for den in dens)
+
+
 def weighting_gap(
-    q: Quantity, subject: str, token: Estimate, step: Estimate | None, tolerance: float
+    q: Quantity, subject: str, token: Estimate, step: Estimate | None, scale: str, tolerance: float
 ) -> list[Note]:
-    """A note when the token-weighted and step-weighted estimates disagree by more than the margin."""
+    """A note when the token-weighted and step-weighted estimates disagree by more than the margin
+    (``tolerance`` on ``scale``); callers check first that the token counts vary
+    (``token_counts_vary``)."""
     if step is None or not (np.isfinite(token.value) and np.isfinite(step.value)):
         return []
     gap = abs(token.value - step.value)
-    if q.scale != ABSOLUTE:
+    if scale != ABSOLUTE:
         if token.value <= 0 or step.value <= 0:
             return []
         gap = abs(np.log(token.value / step.value))
@@ -112,10 +124,23 @@ def weighting_gap(
     return [note(q.name, subject, r.WeightingGap(subject, q.name, token.value, step.value))]
 
 
-def run_weighting_note(q: Quantity, e: RunEstimate) -> list[Note]:
-    """``weighting_gap`` of one run against the quantity's own margin on its scale."""
-    tolerance = q.margin if q.scale == ABSOLUTE else qs.log_margin(q.margin)
-    return weighting_gap(q, e.run, e.estimate, e.step_weighted, tolerance)
+def run_scale(q: Quantity, value: float) -> tuple[str, float]:
+    """``(scale, tolerance)`` of one run's value of ``q``: the relative margin (log-ratio scale) unless
+    the quantity is absolute, or ``auto`` with ``|value|`` below its relative floor (then the floor)."""
+    if q.scale == ABSOLUTE:
+        return ABSOLUTE, q.margin
+    if q.scale == qs.AUTO and not abs(value) >= q.relative_floor():
+        return ABSOLUTE, q.abs_margin
+    return LOG_RATIO, qs.log_margin(q.margin)
+
+
+def run_weighting_note(q: Quantity, e: RunEstimate, table: pd.DataFrame) -> list[Note]:
+    """``weighting_gap`` of one run against the quantity's own margin on its scale, where its token
+    counts vary."""
+    if not token_counts_vary(q, valid(table, q)[1]):
+        return []
+    scale, tolerance = run_scale(q, e.estimate.value)
+    return weighting_gap(q, e.run, e.estimate, e.step_weighted, scale, tolerance)
 
 
 def _refused_counts(wide: pd.DataFrame, label: str, quantities: Sequence[Quantity]) -> list[Note]:

@@ -200,11 +200,16 @@ def _(reason: r.MissingPattern) -> str:
 @sentence.register
 def _(reason: r.AbsoluteScale) -> str:
     name = reason.metric
+
+    def value(v: float) -> str:
+        return f"{v * 100:.3g}%" if reason.percent else f"{v:.4g}"
+
+    floor = f"{reason.abs_margin * 100:.3g} pp" if reason.percent else f"{reason.abs_margin:g}"
     return (
-        f"{reason.run} vs {reason.reference}: {name} compared on the absolute scale (±{reason.abs_margin:g}) "
-        f"instead of ±{reason.margin * 100:g}%: relative margins apply only when both runs' {name} is clearly "
-        f"away from zero (both intervals on one side of 0 and |{name}| >= {reason.floor:g}); here "
-        f"{reason.reference_value:.4g} and {reason.run_value:.4g}"
+        f"{reason.run} vs {reason.reference}: {name} compared on the absolute scale (±{floor}, the floor near "
+        f"zero) instead of ±{reason.margin * 100:g}%: relative margins apply only when both runs' {name} is "
+        f"clearly away from zero (both intervals on one side of 0 and |{name}| >= {value(reason.floor)}); here "
+        f"{value(reason.reference_value)} and {value(reason.run_value)}"
     )
 
 

@@ -16,7 +16,7 @@ from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
 from cliptrack.compare.columns import Columns, X
-from cliptrack.compare.estimates import flags, valid, weighting_gap
+from cliptrack.compare.estimates import flags, token_counts_vary, valid, weighting_gap
 from cliptrack.compare.findings import Difference, Lead, Note, RunEstimate
 from cliptrack.compare.notes import note, sentence
 from cliptrack.compare.quantities import Quantity
@@ -63,15 +63,22 @@ def _within_span(q: Quantity, table: pd.DataFrame, other: pd.DataFrame, missing:
     return missing[(x >= span.min()) & (x <= span.max())]
 
 
-def _gap(q: Quantity, there: float, paired: float) -> float:
-    """How far apart two values of ``q`` are, on its scale (absolute, or |log ratio| when both > 0)."""
-    if q.scale == ABSOLUTE or there <= 0 or paired <= 0:
+def _gap(scale: str, there: float, paired: float) -> float:
+    """How far apart two values are on ``scale`` (absolute, or |log ratio| when both > 0)."""
+    if scale == ABSOLUTE or there <= 0 or paired <= 0:
         return abs(there - paired)
     return float(abs(np.log(there / paired)))
 
 
 def _missing_pattern(
-    q: Quantity, reference: str, label: str, a: pd.DataFrame, b: pd.DataFrame, pair: _Pair, tolerance: float
+    q: Quantity,
+    reference: str,
+    label: str,
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    pair: _Pair,
+    scale: str,
+    tolerance: float,
 ) -> list[Note]:
     """Units one run lacks, judged by the other run's values there: when the other run's ratio over
     the missing units differs from its ratio over the paired units by more than the margin, the
@@ -89,7 +96,7 @@ def _missing_pattern(
             continue
         there = float(table.loc[missing, columns.num].sum()) / float(table.loc[missing, columns.den].sum())
         paired = float(common_num.sum()) / float(common_den.sum())
-        if not _gap(q, there, paired) > tolerance:
+        if not _gap(scale, there, paired) > tolerance:
             continue
         reason = r.MissingPattern(absent, present, q.name, len(missing), there, paired, q.percent)
         notes.append(note(q.name, label, reason))
@@ -116,7 +123,7 @@ def _scale(
     if _clearly_away_from_zero(q, ref, run):
         return LOG_RATIO, q.margin, []
     reason = r.AbsoluteScale(
-        label, reference, q.name, q.abs_margin, q.margin, q.relative_floor(), ref.value, run.value
+        label, reference, q.name, q.abs_margin, q.margin, q.relative_floor(), ref.value, run.value, q.percent
     )
     return ABSOLUTE, q.abs_margin, [note(q.name, label, reason)]
 
@@ -243,8 +250,9 @@ def difference(
         why=why,
     )
     notes += _pair_notes(q, p.reference, p.label, d, align)
-    notes += _missing_pattern(q, p.reference, p.label, p.a, p.b, pair, tolerance)
-    notes += weighting_gap(q, f"{p.label} - {p.reference}", est, step_weighted, tolerance)
+    notes += _missing_pattern(q, p.reference, p.label, p.a, p.b, pair, scale, tolerance)
+    if token_counts_vary(q, u.den_a, u.den_b):
+        notes += weighting_gap(q, f"{p.label} - {p.reference}", est, step_weighted, scale, tolerance)
     return d, pair, notes
 
 

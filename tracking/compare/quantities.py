@@ -7,17 +7,26 @@ Every quantity is a ratio of per-step sums over the paired units of a window,
 token-weighted (``clipped_tokens:sum / loss_tokens:sum``, never a mean of per-step fractions); a
 per-step mean such as reward has ``denominator=None``: one per step that logged it.
 
-Margins, all symmetric (comparing A with B mirrors comparing B with A):
+Margins, all symmetric (comparing A with B mirrors comparing B with A). The gauge quantities fall by
+orders of magnitude over training (a clip fraction from 2 % to 0.03 %), so no absolute margin fits
+them: their margins are **relative, ±25 % on the log-ratio scale** (``|log(B / A)| < log(1.25)``),
+with an **absolute floor** that applies near zero, where a relative margin would demand a precision
+no run has (docs/STATISTICS.md, "Margins near zero", chose the floors by simulation):
 
-- clip fraction and its low/high split: **±0.02 absolute** (two percentage points of tokens);
-- mismatch KL (``kl_k3:sum / loss_tokens:sum``): **±0.002 nats per token**; mean ``|log ratio|``:
-  **±0.02 nats**; tokens with the ratio outside [1/2, 2]: **±0.01 absolute** (compared when logged);
-- throughput: **±5 % on the log-ratio scale**, ``|log(B / A)| < log(1.05)``; computed as
+- clip fraction and its low/high split, tokens with the ratio outside [1/2, 2]: ±25 %, floor
+  **±0.0001** (0.01 pp of tokens), so relative from ``0.0001 / 25 % = 0.04 %`` of tokens up;
+- mismatch KL (``kl_k3:sum / loss_tokens:sum``): ±25 %, floor **±1e-5 nats per token**;
+- mean ``|log ratio|``: ±25 %, floor **±0.001 nats per token**;
+- throughput: **±5 %** on the log-ratio scale, ``|log(B / A)| < log(1.05)``; computed as
   ``sum(loss_tokens) / sum(step time)`` when every run logs ``step_time_s:mean``;
-- reward: the margin is the larger of **5 %** (log-ratio scale) and **0.02 reward units**
-  (absolute): relative only when both runs' rewards are clearly away from zero — both intervals
-  on one side of zero and the smaller ``|reward|`` at least ``0.02 / 5 % = 0.4`` — otherwise
-  absolute, with a note saying so.
+- reward: ±5 %, floor **±0.02 reward units**.
+
+A relative margin with a floor (scale ``auto``) is used on the log-ratio scale when both runs are
+clearly away from zero (both intervals on one side of 0 and the smaller ``|value|`` at least
+``floor / relative``), otherwise on the absolute scale with the floor, with a note saying so. A
+20-fold difference is therefore never within the margin unless both values are below about the
+floor. Margins are given per quantity as :func:`relative` or :func:`absolute` (:class:`Margin`);
+an absolute margin is used on the absolute scale at every level.
 
 "Equally on-policy" is judged on every quantity marked ``on_policy`` that the runs log (the clip
 fraction always; a mismatch KL once it is logged), each against its own margin.
@@ -26,6 +35,7 @@ fraction always; a mismatch KL once it is logged), each against its own margin.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -38,6 +48,45 @@ SCALES = (ABSOLUTE, LOG_RATIO, AUTO)
 
 FRACTION = (0.0, 1.0)
 """Bounds of a fraction of tokens: its intervals are kept within [0, 1]."""
+NONNEGATIVE = (0.0, math.inf)
+"""Bounds of a quantity that cannot be negative (a KL, a mean ``|log ratio|``, a throughput): its
+intervals are formed on the log scale and stay at or above 0."""
+
+
+@dataclass(frozen=True)
+class Margin:
+    """A margin as given for one quantity: ``relative`` (``value`` = 0.25 is ±25 % on the log-ratio
+    scale, ``|log(B / A)| < log(1.25)``; near zero the absolute ``floor``, default the quantity's
+    own) or absolute (``value`` in the quantity's units, at every level). Make one with
+    :func:`relative` or :func:`absolute`."""
+
+    value: float
+    is_relative: bool
+    floor: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_margin("a margin", self.value)
+        if self.floor is not None:
+            _check_margin("a margin", self.floor, "floor")
+            if not self.is_relative:
+                raise ValueError("an absolute margin has no floor (the floor belongs to a relative margin)")
+
+    def __str__(self) -> str:
+        if not self.is_relative:
+            return f"{self.value:g}"
+        return f"{self.value * 100:g}%" + ("" if self.floor is None else f" (floor {self.floor:g})")
+
+
+def relative(value: float, floor: float | None = None) -> Margin:
+    """A relative margin: ``relative(0.25)`` is ±25 % on the log-ratio scale; ``floor``: the absolute
+    margin near zero (default: the quantity's own floor, where it has one)."""
+    return Margin(float(value), True, None if floor is None else float(floor))
+
+
+def absolute(value: float) -> Margin:
+    """An absolute margin in the quantity's units (``absolute(0.002)`` on a clip fraction: ±0.2 pp),
+    used at every level."""
+    return Margin(float(value), False)
 
 
 @dataclass(frozen=True)
@@ -65,8 +114,11 @@ class Quantity:
     ``estimands``: ways to form it, in order of preference; a comparison uses the first one every
     compared run logs (else the last). ``scale``: ``absolute`` (``margin`` in the quantity's
     units), ``log-ratio`` (``margin`` relative: 0.05 = ±5 %) or ``auto`` (relative ``margin``
-    when clearly away from zero, else ``abs_margin``). ``bounds``: the range the quantity lives
-    in (intervals are kept inside it). ``percent``: shown in percent, differences in percentage
+    when clearly away from zero, else the floor ``abs_margin``). ``bounds``: the range the
+    quantity lives in (intervals are kept inside it: ``FRACTION``, or ``NONNEGATIVE``, whose
+    intervals are formed on the log scale). ``plain_relative``: a margin given as a plain number
+    (the deprecated ``tolerances=``, a command-line number without ``%``) was always relative for
+    this quantity (reward, throughput), so it still is. ``percent``: shown in percent, differences in percentage
     points. ``verdict``: its pair verdict is shown and gated on (False: shown for diagnosis only,
     the low/high split). ``on_policy``: part of the "equally on-policy" answer. ``optional``:
     its absence is no warning (compared only when logged). ``approximate_key``: another
@@ -92,6 +144,7 @@ class Quantity:
     margin_of: str | None = None
     lead_lag: bool = False
     plural: str = ""
+    plain_relative: bool = False
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -125,13 +178,48 @@ class Quantity:
         _check_margin(self.name, margin, "absolute tolerance")
         return replace(self, abs_margin=float(margin))
 
+    def with_given(self, margin: Margin) -> Quantity:
+        """This quantity within ``margin``: an absolute one at every level (scale ``absolute``); a
+        relative one on the log-ratio scale, near zero on its floor (``auto``) when it has one."""
+        if not margin.is_relative:
+            return replace(self, scale=ABSOLUTE, margin=margin.value, abs_margin=float("nan"))
+        floor = self.abs_margin if margin.floor is None else margin.floor
+        scale = AUTO if math.isfinite(floor) else LOG_RATIO
+        return replace(self, scale=scale, margin=margin.value, abs_margin=floor)
+
+    def plain(self, value: float) -> Margin:
+        """What a margin given as a plain number means for this quantity: relative for reward and
+        throughput (``plain_relative``), absolute otherwise."""
+        return relative(value) if self.plain_relative else absolute(value)
+
+    @property
+    def default_margin(self) -> Margin:
+        """This entry's margin as a :class:`Margin`."""
+        if self.scale == ABSOLUTE:
+            return absolute(self.margin)
+        return relative(self.margin, self.abs_margin if math.isfinite(self.abs_margin) else None)
+
+    def margin_text(self) -> str:
+        """The margin in words: ``±25% (±0.01 pp near zero)``, ``±5%``, ``±2 pp``, ``±0.002``."""
+        if self.scale == ABSOLUTE:
+            return self.absolute_text(self.margin)
+        text = f"±{self.margin * 100:.3g}%"
+        if self.scale == AUTO:
+            text += f" (±{self.absolute_text(self.abs_margin)[1:]} near zero)"
+        return text
+
+    def absolute_text(self, margin: float) -> str:
+        """An absolute margin of this quantity in words: ``±0.01 pp`` (percent), ``±0.002``."""
+        return f"±{margin * 100:.3g} pp" if self.percent else f"±{margin:.4g}"
+
     @property
     def plural_label(self) -> str:
         """The quantity in the plural, as the headline names it."""
         return self.plural or f"{self.label}s"
 
     def relative_floor(self) -> float:
-        """For ``scale="auto"``: the smallest ``|value|`` at which the relative margin applies."""
+        """For ``scale="auto"``: the smallest ``|value|`` at which the relative margin applies
+        (``floor / relative``: there the two margins are about the same width)."""
         return self.abs_margin / self.margin
 
 
@@ -145,21 +233,30 @@ def log_margin(relative: float) -> float:
     return math.log1p(relative)
 
 
-CLIP_MARGIN = 0.02
-"""Default absolute margin on the clip-fraction difference (fraction of tokens)."""
+GAUGE_MARGIN = 0.25
+"""Default relative margin of the gauge quantities (clip fractions, mismatch KL, mean ``|log
+ratio|``, ratio outside): ±25 % on the log-ratio scale, ``|log(B / A)| < log(1.25)``. Runs of one
+recipe that differ only by seed land well within it; a 20-fold difference (2 against 4 PPO epochs
+of the demo: 0.05 % against 1.0 % of tokens clipped) is far outside it."""
+CLIP_FLOOR = 1e-4
+"""Default absolute floor of token fractions (clip fractions, ratio outside): ±0.01 pp of tokens,
+used below ``CLIP_FLOOR / GAUGE_MARGIN`` = 0.04 % of tokens (chosen by simulation,
+docs/STATISTICS.md, "Margins near zero")."""
+KL_FLOOR = 1e-5
+"""Default absolute floor of the mismatch KL (nats per token): 1 % of a healthy bf16 stack's 1e-3,
+below which two runs are both on-policy to every practical purpose."""
+ABS_LOG_RATIO_FLOOR = 1e-3
+"""Default absolute floor of the mean ``|log ratio|`` (nats per token)."""
+CLIP_MARGIN = GAUGE_MARGIN
+"""Default margin of the clip fraction (relative; ``CLIP_FLOOR`` near zero)."""
+KL_MARGIN = GAUGE_MARGIN
+"""Default margin of the mismatch KL (relative; ``KL_FLOOR`` near zero). Sampler–trainer KL of a
+healthy bf16 stack sits around 1e-3 and a visibly off-policy one at 1e-2 (the demo: 0.003 on-policy
+against 0.015 two steps stale), and it falls over training with the clip fraction."""
 RELATIVE_MARGIN = 0.05
 """Default relative margin of reward and throughput (±5 %, on the log-ratio scale)."""
 REWARD_ABS_MARGIN = 0.02
 """Default absolute reward margin (reward units), used when the rewards are near zero."""
-KL_MARGIN = 0.002
-"""Default absolute margin on the mismatch KL (``kl_k3:sum / loss_tokens:sum``, nats per token).
-Sampler–trainer KL of a healthy bf16 stack sits around 1e-3 and a visibly off-policy one at 1e-2
-(the demo: 0.003 on-policy against 0.015 two steps stale); 0.002 tells those apart and is about
-the on-policy level itself."""
-ABS_LOG_RATIO_MARGIN = 0.02
-"""Default absolute margin on the mean ``|logprobs - sampling_logprobs|`` (nats per token)."""
-OUTSIDE_MARGIN = 0.01
-"""Default absolute margin on the fraction of tokens whose ratio leaves [1/2, 2] (one point)."""
 
 _TOKENS = "fraction of loss tokens"
 
@@ -169,8 +266,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "clip fraction (token-weighted)",
         _TOKENS,
         (Estimand(keys.CLIPPED_TOKENS, keys.LOSS_TOKENS, counts=True),),
-        ABSOLUTE,
-        CLIP_MARGIN,
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=CLIP_FLOOR,
         bounds=FRACTION,
         percent=True,
         on_policy=True,
@@ -182,8 +280,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "clip fraction, low side",
         _TOKENS,
         (Estimand(keys.CLIPPED_LOW_TOKENS, keys.LOSS_TOKENS, counts=True),),
-        ABSOLUTE,
-        CLIP_MARGIN,
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=CLIP_FLOOR,
         bounds=FRACTION,
         percent=True,
         verdict=False,
@@ -195,8 +294,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "clip fraction, high side",
         _TOKENS,
         (Estimand(keys.CLIPPED_HIGH_TOKENS, keys.LOSS_TOKENS, counts=True),),
-        ABSOLUTE,
-        CLIP_MARGIN,
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=CLIP_FLOOR,
         bounds=FRACTION,
         percent=True,
         verdict=False,
@@ -208,8 +308,10 @@ QUANTITIES: tuple[Quantity, ...] = (
         "mismatch KL (k3)",
         "nats per loss token",
         (Estimand(keys.KL_K3_SUM, keys.LOSS_TOKENS),),
-        ABSOLUTE,
+        AUTO,
         KL_MARGIN,
+        abs_margin=KL_FLOOR,
+        bounds=NONNEGATIVE,
         on_policy=True,
         optional=True,
         approximate_key=keys.KL_K3_MEAN,
@@ -220,8 +322,10 @@ QUANTITIES: tuple[Quantity, ...] = (
         "mean |log ratio| (token-weighted)",
         "nats per loss token",
         (Estimand(keys.ABS_LOG_RATIO_SUM, keys.LOSS_TOKENS),),
-        ABSOLUTE,
-        ABS_LOG_RATIO_MARGIN,
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=ABS_LOG_RATIO_FLOOR,
+        bounds=NONNEGATIVE,
         optional=True,
         approximate_key=keys.ABS_LOG_RATIO_MEAN,
     ),
@@ -230,8 +334,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "tokens with ratio outside [1/2, 2]",
         _TOKENS,
         (Estimand(keys.RATIO_OUTSIDE_TOKENS, keys.LOSS_TOKENS, counts=True),),
-        ABSOLUTE,
-        OUTSIDE_MARGIN,
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=CLIP_FLOOR,
         bounds=FRACTION,
         percent=True,
         optional=True,
@@ -245,6 +350,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         RELATIVE_MARGIN,
         abs_margin=REWARD_ABS_MARGIN,
         lead_lag=True,
+        plain_relative=True,
     ),
     Quantity(
         "throughput",
@@ -253,12 +359,14 @@ QUANTITIES: tuple[Quantity, ...] = (
         (Estimand(keys.LOSS_TOKENS, keys.STEP_TIME), Estimand(keys.THROUGHPUT)),
         LOG_RATIO,
         RELATIVE_MARGIN,
+        bounds=NONNEGATIVE,
+        plain_relative=True,
     ),
 )
 """Every compared quantity, in display order."""
 
-DEFAULT_MARGINS: dict[str, float] = {q.name: q.margin for q in QUANTITIES}
-"""Default margin by quantity name (absolute, or relative for log-ratio scales)."""
+DEFAULT_MARGINS: dict[str, Margin] = {q.name: q.default_margin for q in QUANTITIES}
+"""Default margin by quantity name (:class:`Margin`: relative with its floor, or absolute)."""
 
 
 def quantity(name: str) -> Quantity:
@@ -269,12 +377,49 @@ def quantity(name: str) -> Quantity:
     raise KeyError(f"no quantity {name!r}; known: {[q.name for q in QUANTITIES]}")
 
 
+def as_margin(q: Quantity, given: Margin | float) -> Margin:
+    """``given`` as a :class:`Margin` for ``q``: a plain number is absolute (in ``q``'s units)."""
+    if isinstance(given, Margin):
+        return given
+    if isinstance(given, bool) or not isinstance(given, int | float):
+        raise ValueError(
+            f"margin for {q.name} must be relative(...), absolute(...) or a number, got {given!r}"
+        )
+    _check_margin(q.name, given)
+    return absolute(given)
+
+
+def parse_margin(q: Quantity, text: str) -> Margin:
+    """A margin as written on the command line: ``25%`` is relative, a plain number absolute in
+    ``q``'s units (for reward and throughput, whose plain numbers were always relative, still
+    relative, with a DeprecationWarning: write ``5%``). ValueError when it is neither."""
+    text = text.strip()
+    try:
+        if text.endswith("%"):
+            value = float(text[:-1]) / 100.0
+            _check_margin(q.name, value)
+            return relative(value)
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"margin {text!r} for {q.name} must be a percentage (25%) or a number") from None
+    _check_margin(q.name, value)
+    if q.plain_relative:
+        warnings.warn(
+            f"a plain number as the {q.name} margin is read as relative ({value * 100:g}%), as before; "
+            f"write {value * 100:g}% (a plain number will mean an absolute margin)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return q.plain(value)
+
+
 def with_margins(
     quantities: tuple[Quantity, ...] | list[Quantity],
-    margins: Mapping[str, float],
+    margins: Mapping[str, Margin | float],
     abs_margins: Mapping[str, float] | None = None,
 ) -> list[Quantity]:
-    """``quantities`` with the margins given by name (``margin_of`` followed); ValueError naming an
+    """``quantities`` within the margins given by name (:class:`Margin`, or a plain number:
+    absolute; ``margin_of`` followed), and the floors ``abs_margins`` by name; ValueError naming an
     unknown quantity or a margin that is not a finite number > 0."""
     names = [q.name for q in quantities]
     unknown = sorted(set(margins) - set(names)) + sorted(set(abs_margins or {}) - set(names))
@@ -283,10 +428,25 @@ def with_margins(
     out = []
     for q in quantities:
         if q.name in margins:
-            q = q.with_margin(margins[q.name])
+            q = q.with_given(as_margin(q, margins[q.name]))
         elif q.margin_of is not None and q.margin_of in margins:
-            q = q.with_margin(margins[q.margin_of])
+            q = q.with_given(as_margin(q, margins[q.margin_of]))
         if abs_margins and q.name in abs_margins:
             q = q.with_abs_margin(abs_margins[q.name])
+            if q.scale == LOG_RATIO:
+                q = replace(q, scale=AUTO)
         out.append(q)
+    return out
+
+
+def legacy_margins(tolerances: Mapping[str, float]) -> dict[str, Margin]:
+    """The deprecated ``tolerances={name: number}`` in its old meaning: relative for reward and
+    throughput, absolute for the others (clip fractions, mismatch KL, ...). Unknown names are kept
+    as absolute margins, for :func:`with_margins` to refuse by name."""
+    known = {q.name: q for q in QUANTITIES}
+    out: dict[str, Margin] = {}
+    for name, value in tolerances.items():
+        _check_margin(name, value)
+        q = known.get(name)
+        out[name] = absolute(value) if q is None else q.plain(value)
     return out

@@ -24,7 +24,7 @@ from typing import ClassVar
 SEGMENTS = "segments"
 """The verdict holds throughout the window: the whole window and every segment were tested."""
 WINDOW = "window"
-"""A diagnostic quantity: the whole window only (no segments)."""
+"""The whole window only: a diagnostic quantity, or a window too short for more than one segment."""
 SEEDS = "seeds"
 """Groups of seeds: the window average over seeds (groups get no per-segment test)."""
 
@@ -224,7 +224,7 @@ class MissingPattern:
 class AbsoluteScale:
     """``run`` vs ``reference`` on ``metric`` is on the absolute scale (``abs_margin``) instead of the
     relative ``margin``: the values ``reference_value`` and ``run_value`` are not clearly away from
-    zero (``floor``: the smallest ``|value|`` for a relative margin)."""
+    zero (``floor``: the smallest ``|value|`` for a relative margin; ``percent``: shown in %)."""
 
     warning: ClassVar[bool] = True
     run: str
@@ -235,6 +235,7 @@ class AbsoluteScale:
     floor: float
     reference_value: float
     run_value: float
+    percent: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference
+from cliptrack.compare.quantities import AUTO
 from cliptrack.compare.stats import (
     DIFFERENT,
     EQUIVALENT,
@@ -30,7 +31,7 @@ from cliptrack.compare.stats import (
     MIN_UNITS,
     Estimate,
 )
-from cliptrack.compare.stats.estimate import counted
+from cliptrack.compare.stats.estimate import MIN_SEGMENT_UNITS, counted
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import html_text, markdown_lines, markdown_text, printable
 
@@ -111,11 +112,15 @@ def format_difference(result: Findings, d: Difference | GroupDifference, e: Any 
 
 
 def format_margin(result: Findings, d: Difference | GroupDifference) -> str:
+    """The margin a difference was judged against, on the scale it used; an ``auto`` quantity's
+    absolute floor is named as such."""
     if d.scale == LOG_RATIO:
         return f"±{d.margin * 100:.3g}% (|log ratio| < {d.tolerance:.4f})"
-    if result.quantity(d.metric).percent:
-        return f"±{d.margin * 100:.3g} pp"
-    return f"±{d.margin:.4g}"
+    q = result.quantity(d.metric)
+    text = q.absolute_text(d.margin)
+    if q.scale == AUTO and d.margin == q.abs_margin:
+        text += " (the floor near zero)"
+    return text
 
 
 def _verdict_cell(d: Difference | GroupDifference) -> str:
@@ -296,7 +301,7 @@ def _formatted_groups(result: Findings) -> pd.DataFrame:
                 "difference [CI]": ("≈" if d.approximate else "") + format_difference(result, d),
                 "margin": format_margin(result, d),
                 "seeds": f"{d.estimate.seeds_a}+{d.estimate.seeds_b}",
-                "seeds needed": d.seeds_needed,
+                "seeds needed": d.seeds_needed if _unsettled(d) else "-",
                 "verdict": _verdict_cell(d),
             }
         )
@@ -332,13 +337,16 @@ def formatted_table(result: Findings) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------- summary
 
 
+def _unsettled(d: GroupDifference) -> bool:
+    """Whether more seeds could settle a group row: inconclusive or insufficient, with a count."""
+    return d.verdict in (INCONCLUSIVE, INSUFFICIENT) and d.seeds_needed is not None
+
+
 def _margin_text(result: Findings, metric: str) -> str:
-    q = result.quantity(metric)
-    if q.percent:
-        return f"±{q.margin * 100:.3g} pp"
-    if q.scale == LOG_RATIO:
-        return f"±{q.margin * 100:.3g}%"
-    return f"±{q.margin:.4g}"
+    """The margins ``metric`` was judged against (those of its rows, in order), or its registry
+    margin when no row judged it."""
+    used = [format_margin(result, d) for d in _rows(result) if d.metric == metric]
+    return " / ".join(dict.fromkeys(used)) or result.quantity(metric).margin_text()
 
 
 def _subject(result: Findings) -> str:
@@ -352,26 +360,60 @@ def _subject(result: Findings) -> str:
     return f"the runs compared with {printable(result.reference)}"
 
 
+def _rows(result: Findings) -> list[Difference | GroupDifference]:
+    return list(result.group_differences if result.groups else result.differences)
+
+
 def _judged(result: Findings) -> list[Difference | GroupDifference]:
-    rows: list[Difference | GroupDifference] = list(
-        result.group_differences if result.groups else result.differences
-    )
-    return [d for d in rows if d.metric in result.on_policy]
+    return [d for d in _rows(result) if d.metric in result.on_policy]
+
+
+def _spans_with_verdicts(result: Findings, segments: tuple[DifferenceSegment, ...]) -> str:
+    what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[result.align]
+    return ", ".join(f"{what} {s.start:g}-{s.end:g} ({s.verdict})" for s in segments)
+
+
+def _where(result: Findings, d: Difference | GroupDifference, verdict: str) -> str:
+    """Where in the window a row's ``verdict`` comes from, when the segments decided it: the
+    different segments for ``different``; every segment not shown within, with its verdict, else."""
+    if not (isinstance(d, Difference) and d.differing and d.average_verdict != verdict):
+        return ""
+    average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
+    if verdict == DIFFERENT:
+        spans = tuple(s for s in d.differing if s.verdict == DIFFERENT)
+        return f" at {_spans(result, spans, verdicts=False)}{average}" if spans else ""
+    return f" at {_spans_with_verdicts(result, d.differing)}{average}"
 
 
 def _what_differs(result: Findings, verdict: str) -> str:
-    """Which quantities (and steps) carry ``verdict``, as words."""
+    """Which quantities (and steps) carry ``verdict``, as words: "beyond" the margin for
+    ``different`` only; "not shown within" it for ``inconclusive``."""
     parts = []
     for d in _judged(result):
         if d.verdict != verdict:
             continue
-        where = ""
-        if isinstance(d, Difference) and d.differing and d.average_verdict != verdict:
-            spans = [s for s in d.differing if s.verdict == verdict] or list(d.differing)
-            average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
-            where = f" at {_spans(result, tuple(spans), verdicts=False)}{average}"
-        parts.append(f"{_what(result, d.metric)} beyond {_margin_text(result, d.metric)}{where}")
+        how = "beyond" if verdict == DIFFERENT else "not shown within"
+        parts.append(
+            f"{_what(result, d.metric)} {how} {format_margin(result, d)}{_where(result, d, verdict)}"
+        )
     return "; ".join(dict.fromkeys(parts))
+
+
+def _segments_tested(result: Findings) -> bool:
+    """Whether every judged row was tested segment by segment (pairs of runs with 2+ segments)."""
+    rows = _judged(result)
+    return bool(rows) and all(isinstance(d, Difference) and len(d.segments) > 1 for d in rows)
+
+
+def _agree(result: Findings, subject: str, margins: str) -> str:
+    if _segments_tested(result):
+        return f"Equally on-policy: {subject} agree throughout the window within {margins}."
+    if result.groups:
+        return f"Equally on-policy: {subject} agree on the window average over seeds within {margins}."
+    return (
+        f"Equally on-policy: {subject} agree over the window within {margins} (the window is too short "
+        f"to test segments of it: under {2 * MIN_SEGMENT_UNITS} paired units)."
+    )
 
 
 def _insufficient_headline(result: Findings, subject: str) -> str:
@@ -399,7 +441,7 @@ def headline(result: Findings) -> str:
     if verdict == INSUFFICIENT:
         return _insufficient_headline(result, subject)
     if verdict == EQUIVALENT:
-        return f"Equally on-policy: {subject} agree throughout the window within {margins}."
+        return _agree(result, subject, margins)
     if verdict == DIFFERENT:
         return f"Not equally on-policy: {subject} differ in {_what_differs(result, DIFFERENT)}."
     return _inconclusive_headline(result, subject, margins)
@@ -428,9 +470,15 @@ def _group_line(result: Findings, d: GroupDifference, pct: int) -> str:
         f"{printable(d.reference)} "
         f"{_group_value(result, d.reference, d.metric)}; difference {format_difference(result, d)} ({pct}% CI "
         f"over {e.seeds_a}+{e.seeds_b} seeds, between-seed variation included) against a margin of "
-        f"{format_margin(result, d)}; {d.seeds_needed} seeds per stack would settle this margin -> "
-        f"{d.verdict}: {printable(d.reason)}."
+        f"{format_margin(result, d)}{_seeds_text(d)} -> {d.verdict}: {printable(d.reason)}."
     )
+
+
+def _seeds_text(d: GroupDifference) -> str:
+    """The seeds a row needs, on a row more seeds could settle only."""
+    if not _unsettled(d):
+        return ""
+    return f"; {d.seeds_needed} seeds per stack would settle this margin at the measured spread"
 
 
 AXIS_NAMES = {"step": "step", "tokens": "tokens seen", "time": "wall time"}
@@ -533,7 +581,7 @@ def _quantity(q: Any) -> dict[str, Any]:
         "margin": q.margin,
         "scale": q.scale,
         "abs_margin": _num(q.abs_margin),
-        "bounds": list(q.bounds) if q.bounds else None,
+        "bounds": [_num(b) for b in q.bounds] if q.bounds else None,  # null: unbounded above
         "unit": q.unit,
         "percent": q.percent,
         "verdict": q.verdict,

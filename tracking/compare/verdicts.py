@@ -150,7 +150,8 @@ def judge(
     throughout = st.throughout_verdict(est, found, tolerance)
     ranges = set(throughout.differing)
     differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
-    why = _throughout_reason(whole_window(est, average, r.SEGMENTS), differing, align)
+    tested = r.SEGMENTS if len(segments) > 1 else r.WINDOW  # one segment is the window itself
+    why = _throughout_reason(whole_window(est, average, tested), differing, align)
     units: list[int] = []
     if could_hinge(pair, est, scale, tolerance):
         units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)

@@ -8,7 +8,9 @@ difference subtracts the two runs' linearised series unit by unit (on the log-ra
 divided by its ratio), so whatever the runs share at a unit cancels.
 
 A bounded quantity (a clip fraction in [0, 1], a reward in known bounds) gets its interval on the
-logit scale of ``(R - lo) / (hi - lo)`` (delta method) and mapped back, so it never leaves its bounds.
+logit scale of ``(R - lo) / (hi - lo)`` (delta method) and mapped back, so it never leaves its bounds;
+one bounded below only (``bounds=(lo, inf)``: a KL, a mean ``|log ratio|``, a throughput) gets it on
+the log scale of ``R - lo``, so it never goes below ``lo``.
 """
 
 from __future__ import annotations
@@ -34,8 +36,28 @@ def _check_bounds(bounds: tuple[float, float] | None) -> None:
     if bounds is None:
         return
     lo, hi = bounds
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        raise ValueError(f"bounds must be two finite numbers low < high, got {bounds}")
+    if not (math.isfinite(lo) and (math.isfinite(hi) or hi == math.inf) and lo < hi):
+        raise ValueError(
+            f"bounds must be two finite numbers low < high (or (low, inf) for a lower bound only), got {bounds}"
+        )
+
+
+LOG_SPREAD_MAX = 700.0
+"""Largest log-scale half-width mapped back (``exp(700)`` is finite in float64)."""
+
+
+def _bounded_below(value: float, half: float, lo: float) -> tuple[float, float]:
+    """Interval of half-width ``half`` around ``value`` on the log scale of ``value - lo`` (delta
+    method): ``lo + (value - lo) exp(±half / (value - lo))``. A value below ``lo`` (data the quantity
+    cannot take) keeps the plain interval; at ``lo`` with spread the upper side reaches by ``half``."""
+    excess = value - lo
+    if excess < 0 or half == 0:
+        return value - half, value + half
+    if excess == 0:
+        return value, value + half
+    spread = min(half / excess, LOG_SPREAD_MAX)
+    # the log round trip can land one rounding step past the value when the spread is tiny
+    return min(value, lo + excess * math.exp(-spread)), max(value, lo + excess * math.exp(spread))
 
 
 def nan_estimate(value: float, n: int, confidence: float, reason: str = "") -> Estimate:
@@ -54,8 +76,11 @@ def linearised(num: np.ndarray, den: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 def _bounded(value: float, half: float, bounds: tuple[float, float]) -> tuple[float, float]:
-    """Interval of half-width ``half`` around ``value`` on the logit scale of ``bounds``."""
+    """Interval of half-width ``half`` around ``value`` on the logit scale of ``bounds`` (on the log
+    scale of ``value - lo`` when ``bounds`` is ``(lo, inf)``)."""
     lo, hi = bounds
+    if hi == math.inf:
+        return _bounded_below(value, half, lo)
     if value < lo or value > hi:
         raise ValueError(f"estimate {value:g} lies outside its bounds [{lo:g}, {hi:g}]")
     width = hi - lo
@@ -82,7 +107,7 @@ def interval_rows(
     bounds: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(low, high)`` per row: ``values ± t_df sqrt(lrv / n)``, on the logit scale of ``bounds`` when
-    given. Vectorised over rows, so the simulation measures exactly this code."""
+    given (the log scale of ``values - lo`` for ``(lo, inf)``). Vectorised over rows, so the simulation measures exactly this code."""
     values = np.asarray(values, dtype=float).reshape(-1)
     crit = t_criticals(confidence, v.df)
     half = crit * np.sqrt(np.maximum(v.lrv, 0.0) / n)
