@@ -10,10 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats as sst
-
 from cliptrack.adapters.losses import builtin, formulas
 from cliptrack.adapters.miles import forward_backward_loss, output_to_json
 from cliptrack.cli.main import main
@@ -21,6 +17,9 @@ from cliptrack.compare.probe import compare_outputs
 from cliptrack.compare.probe_simulation import AT_MARGIN, DETECT, simulate
 from cliptrack.compare.stats import probe as ps
 from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, INSUFFICIENT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sst
 
 counts = st.lists(st.integers(0, 400), min_size=2, max_size=60)
 
@@ -170,7 +169,7 @@ def test_bad_outputs_are_named() -> None:
         compare_outputs(a, a, margins={"reward": ps_margin()})
 
 
-def ps_margin():  # noqa: ANN201
+def ps_margin():
     from cliptrack.compare.probe import Margin
 
     return Margin(0.1, 1.0)

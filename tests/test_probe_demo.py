@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from cliptrack.adapters.demo.probe import probe
 from cliptrack.adapters.demo.train import RunConfig, train
 from cliptrack.adapters.megatron import make_loss_func, reduce_losses

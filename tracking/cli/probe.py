@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from cliptrack.compare.stats.estimate import EQUIVALENT, INSUFFICIENT
+
 EXIT_EQUIVALENT = 0
 EXIT_NOT_EQUIVALENT = 1
 EXIT_ERROR = 2
@@ -71,7 +73,6 @@ def _margins(specs: list[str]) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from cliptrack.compare.probe import compare_outputs
-    from cliptrack.compare.stats.estimate import EQUIVALENT, INSUFFICIENT
 
     labels = tuple(args.labels.split(",")) if args.labels else (Path(args.a).stem, Path(args.b).stem)
     if len(labels) != 2 or not all(labels):
