@@ -342,10 +342,15 @@ def _unsettled(d: GroupDifference) -> bool:
     return d.verdict in (INCONCLUSIVE, INSUFFICIENT) and d.seeds_needed is not None
 
 
+def _short_margin(result: Findings, d: Difference | GroupDifference) -> str:
+    """``format_margin`` without the log-ratio tolerance, for the headline."""
+    return f"±{d.margin * 100:.3g}%" if d.scale == LOG_RATIO else format_margin(result, d)
+
+
 def _margin_text(result: Findings, metric: str) -> str:
     """The margins ``metric`` was judged against (those of its rows, in order), or its registry
     margin when no row judged it."""
-    used = [format_margin(result, d) for d in _rows(result) if d.metric == metric]
+    used = [_short_margin(result, d) for d in _rows(result) if d.metric == metric]
     return " / ".join(dict.fromkeys(used)) or result.quantity(metric).margin_text()
 
 
@@ -394,7 +399,7 @@ def _what_differs(result: Findings, verdict: str) -> str:
             continue
         how = "beyond" if verdict == DIFFERENT else "not shown within"
         parts.append(
-            f"{_what(result, d.metric)} {how} {format_margin(result, d)}{_where(result, d, verdict)}"
+            f"{_what(result, d.metric)} {how} {_short_margin(result, d)}{_where(result, d, verdict)}"
         )
     return "; ".join(dict.fromkeys(parts))
 

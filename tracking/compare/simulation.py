@@ -443,6 +443,119 @@ def seeds(
     )
 
 
+# ------------------------------------------------------------------------ margins near zero
+
+MARGIN_RELATIVE = 0.25
+"""The gauge quantities' relative margin (``quantities.GAUGE_MARGIN``): ``|log(B / A)| < log(1.25)``."""
+MARGIN_TOKENS = (1_000, 10_000)
+"""Loss tokens per step of the margin simulation: a small run (5.5 M tokens over 1,000 steps)."""
+MARGIN_WOBBLE = 0.3
+"""Relative step-to-step wobble of a gauge quantity (sd of ``log p_t``), AR(1) at ``MARGIN_PHI``."""
+MARGIN_PHI = 0.5
+KL_SHAPE = 0.1
+"""Gamma shape of one token's k3 (heavy-tailed: most tokens near 0, a few large)."""
+
+
+@dataclass(frozen=True)
+class MarginRow:
+    """Whole-window verdicts at one level and floor (fractions of replicates). ``power``: equivalent
+    at no difference; ``size``: equivalent at a true difference equal to the margin that applies
+    (relative at ``level`` from ``floor / 25 %`` up, else the floor); ``false_different``: different
+    there; ``twenty``: equivalent when run b is 20 times run a."""
+
+    kind: str
+    level: float
+    floor: float
+    steps: int
+    replicates: int
+    power: float
+    size: float
+    false_different: float
+    twenty: float
+
+
+def _gauge_runs(
+    rng: np.random.Generator, kind: str, level: float, reps: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(num, den)`` of a gauge quantity at mean ``level``: clipped-token counts (``counts``) or
+    per-token k3 sums (``sums``) over ``MARGIN_TOKENS`` tokens per step, with a multiplicative AR(1)
+    wobble of the per-step rate."""
+    tokens = rng.integers(MARGIN_TOKENS[0], MARGIN_TOKENS[1] + 1, (reps, n)).astype(float)
+    x = ar1(rng, reps, n, MARGIN_PHI, MARGIN_WOBBLE)
+    rate = level * np.exp(x - MARGIN_WOBBLE**2 / 2.0)
+    if kind == "counts":
+        return rng.binomial(tokens.astype(np.int64), np.minimum(rate, 1.0)).astype(float), tokens
+    return rng.gamma(KL_SHAPE * tokens, rate / KL_SHAPE), tokens
+
+
+def gauge_verdicts(
+    a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], floor: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(equivalent, different)`` per replicate, whole window, as ``pairs`` decides a quantity of
+    scale ``auto``: on the log-ratio scale within ``log(1.25)`` when both runs are at least
+    ``floor / 25 %`` (``floor = 0``: always relative), else on the absolute scale within ``floor``."""
+    n = a[0].shape[1]
+    ra, za = linearise_rows(*a)
+    rb, zb = linearise_rows(*b)
+    positive = (ra > 0) & (rb > 0)
+    rel = positive & (np.minimum(ra, rb) >= floor / MARGIN_RELATIVE)
+    safe_a, safe_b = np.where(positive, ra, 1.0), np.where(positive, rb, 1.0)
+    z_log = zb / safe_b[:, None] - za / safe_a[:, None]
+    value = np.where(rel, np.log(safe_b / safe_a), rb - ra)
+    z = np.where(rel[:, None], z_log, zb - za)
+    tol = np.where(rel, math.log1p(MARGIN_RELATIVE), floor)
+    v = long_run_variance(z)
+    low, high = interval_rows(value, n, v, CONFIDENCE)
+    given = (v.ess >= MIN_ESS) & (n >= MIN_UNITS) & (rel | (floor > 0))
+    return given & (low > -tol) & (high < tol), given & ((low > tol) | (high < -tol))
+
+
+def margin_floor(kind: str, level: float, floor: float, n: int, reps: int, seed: int) -> MarginRow:
+    """One row of the margin table: run a at ``level``; run b at ``level`` (power), at the margin
+    that applies (size, false different) and at 20 times ``level``."""
+    rng = np.random.default_rng([seed, int(round(-math.log10(level) * 100)), int(floor * 1e7), n])
+    a = _gauge_runs(rng, kind, level, reps, n)
+    at_margin = level * (1 + MARGIN_RELATIVE) if level >= floor / MARGIN_RELATIVE else level + floor
+    eq0, _ = gauge_verdicts(a, _gauge_runs(rng, kind, level, reps, n), floor)
+    eqm, diffm = gauge_verdicts(a, _gauge_runs(rng, kind, at_margin, reps, n), floor)
+    eq20, _ = gauge_verdicts(a, _gauge_runs(rng, kind, 20 * level, reps, n), floor)
+    rate = lambda x: float(np.mean(x))  # noqa: E731
+    return MarginRow(kind, level, floor, n, reps, rate(eq0), rate(eqm), rate(diffm), rate(eq20))
+
+
+MARGIN_LEVELS = {"counts": (1e-2, 1e-3, 4e-4, 1e-4, 3e-5, 1e-5), "sums": (1e-3, 1e-4, 1e-5, 1e-6)}
+"""Levels of run a: clip fractions (fraction of tokens) and KL (nats per token)."""
+MARGIN_FLOORS = {"counts": (0.0, 1e-5, 1e-4, 1e-3), "sums": (0.0, 1e-5)}
+"""Floors compared (0: relative at every level)."""
+
+
+def margin_table(reps: int = 200, seed: int = 0, n: int = 1000) -> list[MarginRow]:
+    """Every row of the margin table (docs/STATISTICS.md, "Margins near zero")."""
+    return [
+        margin_floor(kind, level, floor, n, reps, seed)
+        for kind, levels in MARGIN_LEVELS.items()
+        for floor in MARGIN_FLOORS[kind]
+        for level in levels
+    ]
+
+
+def margin_markdown(rows: list[MarginRow]) -> str:
+    """The margin table as markdown (rates in %)."""
+    lines = [
+        "| quantity | floor | level of run a | steps | reps | equivalent at 0 | equivalent at the margin | "
+        "different at the margin | equivalent at 20× |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        what = "clip fraction" if r.kind == "counts" else "mismatch KL"
+        floor = "none" if r.floor == 0 else f"{r.floor:g}"
+        lines.append(
+            f"| {what} | {floor} | {r.level:g} | {r.steps} | {r.replicates} | {r.power * 100:.0f}% | "
+            f"{r.size * 100:.0f}% | {r.false_different * 100:.0f}% | {r.twenty * 100:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
 def cases(reps: int = 400, seed: int = 0, quick: bool = False) -> list[Callable[[], Row]]:
     """Every case of the table, as thunks (run them to measure)."""
     from functools import partial
@@ -498,7 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="fewer run lengths")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
+    parser.add_argument("--margins", action="store_true", help="the margins-near-zero table only")
     args = parser.parse_args(argv)
+    if args.margins:
+        print(margin_markdown(margin_table(args.replicates, args.seed)))
+        return 0
     rows = []
     for thunk in cases(args.replicates, args.seed, args.quick):
         rows.append(thunk())
