@@ -22,7 +22,12 @@ current method three times (median), the anchor once:
   same 10 runs pairwise with the first (it had no groups) (target <= 5 s);
 - peak memory of load + compare (target <= 1 GiB), shown in the row names.
 
-Run: ``python benchmarks/compare.py`` (``--today``: only the rows beside today's comparison).
+- the paired probe (``compare_outputs``) of two stacks' outputs of one [256 x 8192] batch (per-datum
+  outputs with ``probe=True``: log-probs, counts, gauge, loss and per-token clip sides), interleaved
+  with the plain PPO loss forward on the same batch as its anchor (target <= 1 s).
+
+Run: ``python benchmarks/compare.py`` (``--today``: only the rows beside today's comparison;
+``--probe``: only the probe's row).
 ``run()`` returns the rows for ``run_all``.
 """
 
@@ -314,6 +319,7 @@ def run(steps: int = STEPS) -> list[Row]:
         rows.append(Row(name + memory, new_s, anchor_name, new_s / old_s, target + ", peak <= 1 GiB"))
         rows.append(Row(anchor_name, old_s, anchor_name, 1.0))
     rows += _rows_against_today(root, size)
+    rows += probe_rows()
     return rows
 
 
@@ -338,7 +344,43 @@ def _rows_against_today(root: Path, size: str) -> list[Row]:
     return rows
 
 
+PROBE_BATCH = (256, 8192)
+"""Datums x tokens of the probe benchmark's batch."""
+
+
+def probe_rows(repeats: int = 5) -> list[Row]:
+    """The paired probe on two outputs of one [256 x 8192] batch vs the PPO loss forward on it."""
+    import torch
+    from cliptrack.adapters.losses.builtin import ppo
+    from cliptrack.adapters.miles import forward_backward_loss
+    from cliptrack.compare.probe import compare_outputs
+
+    from benchmarks._timing import interleaved_medians
+
+    datums_n, tokens = PROBE_BATCH
+    g = torch.Generator().manual_seed(0)
+    slp = -2 * torch.rand(datums_n, tokens, generator=g)
+    adv = torch.randn(datums_n, 1, generator=g).expand(datums_n, tokens).contiguous()
+    mask = (torch.rand(datums_n, tokens, generator=g) > 0.1).float()
+    lp = slp + 0.2 * torch.randn(datums_n, tokens, generator=g)
+    datums = [{"logprobs": slp[i], "advantages": adv[i], "mask": mask[i]} for i in range(datums_n)]
+    a = forward_backward_loss(datums, list(lp), "ppo", probe=True).output
+    b = forward_backward_loss(datums, list(lp + 1e-6), "ppo", probe=True).output
+    name = f"compare_outputs (paired probe), {datums_n} x {tokens} batch"
+    anchor = f"ppo loss forward, {datums_n} x {tokens}"
+    times = interleaved_medians(
+        {name: lambda: compare_outputs(a, b), anchor: lambda: ppo(lp, slp, adv, mask)}, repeats, warmup=1
+    )
+    return [
+        Row(name, times[name], anchor, times[name] / times[anchor], "<= 1 s"),
+        Row(anchor, times[anchor], anchor, 1.0),
+    ]
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "--probe":
+        print(markdown(probe_rows()))
+        return 0
     if len(sys.argv) >= 2 and sys.argv[1] == "--child":
         print(json.dumps(_child(sys.argv[2], Path(sys.argv[3]))))
         return 0
