@@ -108,7 +108,7 @@ def test_compare_json_has_every_number(spool, tmp_path, capsys):
 
 def test_fail_on_is_a_ci_gate_with_documented_exit_codes(spool, capsys):
     base = ["compare", "megatron-run", "miles-run", "--jsonl", str(spool)]
-    assert main([*base, "--fail-on", "different"]) == 1  # 6 pp apart against ±2 pp
+    assert main([*base, "--fail-on", "different"]) == 1  # 16 % against 10 %: beyond ±25 %
     err = capsys.readouterr().err
     assert "gate --fail-on different tripped" in err and "'different'" in err
     assert main([*base, "--fail-on", "not-equivalent"]) == 1
@@ -165,3 +165,34 @@ def test_groups_on_the_command_line(tmp_path, capsys):
     assert "must be NAME=RUN,RUN" in capsys.readouterr().err
     assert main(["compare", "a", "b", "--jsonl", str(tmp_path), "--margin", "clip_fraction=x"]) == 2
     assert "QUANTITY=NUMBER" in capsys.readouterr().err
+
+
+def test_margins_on_the_command_line_relative_absolute_and_floor(spool, capsys):
+    import json
+
+    base = ["compare", "megatron-run", "miles-run", "--jsonl", str(spool), "--json"]
+
+    def clip(*extra: str) -> dict:
+        assert main([*base, *extra]) == 0
+        data = json.loads(capsys.readouterr().out)
+        [q] = [q for q in data["quantities"] if q["metric"] == "clip_fraction"]
+        [d] = [d for d in data["differences"] if d["metric"] == "clip_fraction"]
+        return {"q": q, "d": d}
+
+    default = clip()
+    assert (default["q"]["scale"], default["q"]["margin"], default["q"]["abs_margin"]) == ("auto", 0.25, 1e-4)
+    assert default["d"]["scale"] == "log-ratio" and default["d"]["verdict"] == "different"
+    wide = clip("--margin", "clip_fraction=80%", "--margin-floor", "clip_fraction=0.001")
+    assert (wide["q"]["margin"], wide["q"]["abs_margin"]) == (0.8, 0.001)
+    assert wide["d"]["verdict"] == "equivalent"
+    absolute = clip("--margin", "clip_fraction=0.1")
+    assert absolute["q"]["scale"] == "absolute" and absolute["d"]["scale"] == "absolute"
+    assert absolute["d"]["verdict"] == "equivalent"
+    with pytest.warns(DeprecationWarning, match="write 10%"):
+        assert main([*base, "--margin", "throughput=0.1"]) == 0
+    [q] = [q for q in json.loads(capsys.readouterr().out)["quantities"] if q["metric"] == "throughput"]
+    assert (q["scale"], q["margin"]) == ("log-ratio", 0.1)
+    assert main([*base, "--margin", "clip_fraction=0.1", "--margin-floor", "clip_fraction=0.001"]) == 2
+    assert "has no floor" in capsys.readouterr().err
+    assert main([*base, "--margin", "nope=5%"]) == 2
+    assert "unknown quantity 'nope'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 from cliptrack.compare import RunSet, compare
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
-from cliptrack.compare.frame import LoadedRun
+from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT, ratio_estimate
 from cliptrack.compare.stats.intervals import _bounded
 from cliptrack.core import keys
@@ -294,3 +294,28 @@ def test_the_token_weighting_note_fires_only_where_token_counts_vary():
     ]
     noted = compare(runset_of(*varying))
     assert [x for x in noted.notes if isinstance(x.reason, r.WeightingGap) and x.metric == "clip_fraction"]
+
+
+# ---------------------------------------------------------------------- real demo-trainer runs
+
+
+@pytest.mark.slow
+def test_two_against_four_ppo_epochs_of_the_demo_trainer_are_not_equally_on_policy():
+    """The demo trainer (110 steps each): 2 PPO epochs clip about 0.03 % of tokens, 4 epochs about
+    2 %, some 60 times as many; the default margins call that different (an absolute ±2 pp margin
+    could not, the difference being about 2 pp)."""
+    from cliptrack.adapters.demo.train import RunConfig, train
+
+    runs = []
+    for epochs in (2, 4):
+        metrics = [
+            r.output.metrics for r in train(RunConfig(path="megatron", steps=110, epochs=epochs, seed=0))
+        ]
+        points = [Point(step, 1000.0 + step, dict(m)) for step, m in enumerate(metrics)]
+        runs.append((LoadedRun(RunInfo(f"e{epochs}", f"epochs-{epochs}", "megatron"), "test"), points))
+    result = compare(RunSet.from_points(runs))
+    d = result.difference("clip_fraction")
+    assert d.verdict == DIFFERENT and result.on_policy_verdict == DIFFERENT, result.summary()
+    assert result.summary().startswith("Not equally on-policy")
+    absolute = compare(RunSet.from_points(runs), margins={"clip_fraction": qs.absolute(0.02)})
+    assert absolute.difference("clip_fraction").verdict != DIFFERENT
