@@ -185,6 +185,7 @@ def test_margins_on_the_command_line_relative_absolute_and_floor(spool, capsys):
     wide = clip("--margin", "clip_fraction=80%", "--margin-floor", "clip_fraction=0.001")
     assert (wide["q"]["margin"], wide["q"]["abs_margin"]) == (0.8, 0.001)
     assert wide["d"]["verdict"] == "equivalent"
+    assert clip("--margin", "clip_fraction=80%,0.001")["q"] == wide["q"]  # as cliptrack probe writes it
     absolute = clip("--margin", "clip_fraction=0.1")
     assert absolute["q"]["scale"] == "absolute" and absolute["d"]["scale"] == "absolute"
     assert absolute["d"]["verdict"] == "equivalent"

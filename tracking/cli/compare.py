@@ -23,7 +23,17 @@ from typing import Any
 from cliptrack.backends.options import add_source_arguments, source_arguments
 from cliptrack.backends.preflight import check_window
 from cliptrack.compare.align import ALIGNMENTS
-from cliptrack.compare.quantities import QUANTITIES, RELATIVE_MARGIN, REWARD_ABS_MARGIN
+from cliptrack.compare.quantities import (
+    QUANTITIES,
+    RELATIVE_MARGIN,
+    REWARD_ABS_MARGIN,
+    Margin,
+    Quantity,
+    absolute,
+    parse_margin,
+    quantity,
+    relative,
+)
 from cliptrack.compare.result import FAIL_ON
 from cliptrack.compare.window import parse_window
 from cliptrack.core.text import printable
@@ -82,8 +92,9 @@ def add_comparison_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="QUANTITY=VALUE",
         help="margin of any compared quantity, repeatable: VALUE%% is relative (25%%: |log(B/A)| < "
-        "log(1.25), the quantity's absolute floor near zero), a plain number absolute in the quantity's "
-        f"units at every level (defaults: {defaults.replace('%', '%%')})",
+        "log(1.25), the quantity's absolute floor near zero), RELATIVE,FLOOR relative with that floor "
+        "(25%%,0.0001), a plain number absolute in the quantity's units at every level "
+        f"(defaults: {defaults.replace('%', '%%')})",
     )
     parser.add_argument(
         "--margin-floor",
@@ -158,9 +169,7 @@ def _pairs(texts: list[str], flag: str, example: str) -> list[tuple[str, str]]:
     return out
 
 
-def _quantity(name: str, flag: str) -> Any:
-    from cliptrack.compare.quantities import quantity
-
+def _quantity(name: str, flag: str) -> Quantity:
     try:
         return quantity(name)
     except KeyError:
@@ -169,16 +178,24 @@ def _quantity(name: str, flag: str) -> Any:
         ) from None
 
 
-def parse_margins(args: argparse.Namespace) -> dict[str, Any]:
+def _margin(q: Quantity, value: str) -> Margin:
+    """``25%`` (relative), ``0.002`` (absolute) or ``RELATIVE,FLOOR`` (``25%,0.0001`` or
+    ``0.25,0.0001``: relative with its floor, as ``cliptrack probe`` writes margins)."""
+    first, sep, floor = value.partition(",")
+    if not sep:
+        return parse_margin(q, value)
+    share = float(first[:-1]) / 100.0 if first.strip().endswith("%") else float(first)
+    return relative(share, float(floor))
+
+
+def parse_margins(args: argparse.Namespace) -> dict[str, Margin]:
     """Margins by quantity name (``quantities.Margin``) from ``--margin Q=V`` (``V%`` relative, a
     plain number absolute; for reward and throughput a plain number stays relative, deprecated),
     ``--margin-floor Q=V`` and the named margin options."""
-    from cliptrack.compare.quantities import absolute, parse_margin, relative
-
-    margins: dict[str, Any] = {}
+    margins: dict[str, Margin] = {}
     for name, value in _pairs(getattr(args, "margin", []), "--margin", "clip_fraction=25%"):
         try:
-            margins[name] = parse_margin(_quantity(name, "--margin"), value)
+            margins[name] = _margin(_quantity(name, "--margin"), value)
         except ValueError as exc:
             raise ValueError(
                 f"--margin {name}={value}: {exc}; write QUANTITY=NUMBER (absolute) or QUANTITY=PERCENT% "
