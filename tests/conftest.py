@@ -10,6 +10,23 @@ from hypothesis import HealthCheck, settings
 
 from tests._demo import DemoRun, run_demo
 
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that share one of the suite's own module- or session-scoped fixtures run on one
+    pytest-xdist worker (an ``xdist_group`` per module, unless the test names its group), so that
+    the fixture (a server, a launch of several processes, a compiled kernel) is built once per test
+    session rather than once per worker. pytest's built-in fixtures are defined nowhere in the suite
+    (no ``baseid``) and group nothing. Runs before xdist's own hook reads the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(fixture[-1].scope in ("module", "session") and fixture[-1].baseid for fixture in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
 settings.register_profile(
     "default", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
 )
