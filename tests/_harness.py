@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,21 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
-
-CHROMIUM = "/usr/bin/chromium"
-"""The headless browser of the UI and dashboard tests (``.ci/run`` installs it)."""
-
-needs_mlflow_command = pytest.mark.skipif(
-    shutil.which("mlflow") is None, reason="the mlflow command is not installed (pip install mlflow)"
-)
-"""For a test that starts ``mlflow server`` as a user does: the ``mlflow`` console script on PATH."""
-needs_chromium = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed (.ci/run installs it)"
-)
-"""For a test that renders a page in headless Chromium."""
 
 HOST_CONVERSIONS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy")
 """Every ``Tensor`` method that copies a value to the host."""

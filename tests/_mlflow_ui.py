@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from html import unescape
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
+from tests._tools import CHROMIUM
 
 
 def free_port() -> int:

@@ -13,7 +13,6 @@ machine is. A server that cannot be reached still fails within ``BOUND_S``.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sqlite3
 import threading
@@ -26,10 +25,11 @@ from cliptrack.cli.main import main
 
 from tests._compare_fixtures import synthetic_run, write_mlflow
 from tests._mlflow_ui import free_port, mlflow_server
+from tests._tools import needs_mlflow_command
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed"),
+    needs_mlflow_command,
 ]
 
 STEPS = 20_000

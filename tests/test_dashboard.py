@@ -17,8 +17,8 @@ from cliptrack.compare.views.panels import PANELS
 from cliptrack.store.records import RunInfo
 
 from tests._compare_fixtures import megatron_vs_miles
+from tests._tools import CHROMIUM, needs_chromium
 
-CHROMIUM = "/usr/bin/chromium"
 EVIL = "<script>alert(1)</script>"
 
 
@@ -78,9 +78,6 @@ def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
 
 def _console(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
-
-
-needs_chromium = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed")
 
 
 @needs_chromium

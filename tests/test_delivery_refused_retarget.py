@@ -20,8 +20,9 @@ from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
 
-from tests._harness import free_port, needs_mlflow_command
+from tests._harness import free_port
 from tests._journal import journal_steps, run_summary
+from tests._tools import needs_mlflow_command
 from tests._tracking_wandb_log import history
 from tests.test_tracker_mlflow_server import MlflowServer
 

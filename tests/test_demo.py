@@ -12,7 +12,7 @@ import torch
 from cliptrack.core import keys
 
 from tests._demo import DEMO_STEPS, DemoRun
-from tests._harness import CHROMIUM, needs_chromium
+from tests._tools import CHROMIUM, needs_chromium
 
 STEPS = DEMO_STEPS
 # one worker runs every test that reads the session demo (tests/conftest.py), so the demo runs once

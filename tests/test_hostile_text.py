@@ -14,7 +14,6 @@ import html
 import http.server
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,7 +28,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow
-from tests._mlflow_ui import CHROMIUM, dom_text, mlflow_server, page_dom
+from tests._mlflow_ui import dom_text, mlflow_server, page_dom
+from tests._tools import needs_chromium, needs_mlflow_command, needs_tmux
 
 ANSI = "\x1b[31mred\x1b[0m"
 OSC_TITLE = "\x1b]0;pwned\x07"
@@ -274,7 +274,7 @@ def test_compare_and_runs_print_no_control_character_from_a_run_name(hostile_spo
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@needs_tmux
 def test_in_a_real_terminal_the_title_and_lines_are_unchanged(hostile_spool, tmp_path):
     """tmux interprets what it is given as a terminal does: the OSC sequence would retitle the
     pane, the newline would draw the forged headline on a line of its own."""
@@ -376,8 +376,8 @@ def _description(url: str, profile: Path, expect: str, attempts: int = 4) -> _De
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed")
-@pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed")
+@needs_chromium
+@needs_mlflow_command
 def test_mlflow_ui_renders_run_descriptions_as_text(tmp_path):
     """Run names carrying a markdown image and an ``<img>`` tag pointing at a listener, a markdown
     link, an iframe, bare URLs and a mention: the descriptions cliptrack writes (``Compared in``

@@ -9,20 +9,19 @@ headless Chromium (no saved choice) must land there, against a real ``mlflow ser
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 
 import pytest
 from cliptrack.cli.demo import EXPERIMENT, _training_experiment, mlflow_ui_url
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
-from tests._mlflow_ui import CHROMIUM, mlflow_server, settled_text
+from tests._mlflow_ui import mlflow_server, settled_text
+from tests._tools import needs_chromium, needs_mlflow_command
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is not installed"),
-    pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed"),
+    needs_chromium,
+    needs_mlflow_command,
 ]
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,14 +21,11 @@ from cliptrack.log.tracker import Tracker
 
 from tests import _postgres
 from tests._harness import free_port
+from tests._tools import needs_mlflow_command, needs_postgres
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"lr": 3e-4, "optimizer": {"name": "adam", "beta1": 0.9}, "seed": 7}
 PARAMS = {"lr": "0.0003", "optimizer.name": "adam", "optimizer.beta1": "0.9", "seed": "7"}
-
-needs_server = pytest.mark.skipif(
-    shutil.which("mlflow") is None, reason="the mlflow command is not installed"
-)
 
 
 class FlakyProxy:
@@ -129,7 +125,7 @@ def _summary(caplog: pytest.LogCaptureFixture, run_id: str) -> str:
 
 
 @pytest.mark.slow
-@needs_server
+@needs_mlflow_command
 def test_params_and_tags_arrive_through_503s_a_resumed_process_and_replay(tmp_path, server, caplog):
     caplog.set_level(logging.INFO, logger="cliptrack")
     proxy = FlakyProxy(server.port)
@@ -204,7 +200,7 @@ def test_params_and_tags_arrive_through_503s_a_resumed_process_and_replay(tmp_pa
 
 
 @pytest.mark.slow
-@needs_server
+@needs_mlflow_command
 def test_params_mlflow_refuses_are_named_and_the_others_arrive(tmp_path, server, caplog):
     caplog.set_level(logging.INFO, logger="cliptrack")
     spool = tmp_path / "spool"
@@ -252,8 +248,8 @@ def test_error_lines_are_short_and_echo_no_sql():
 
 
 @pytest.mark.slow
-@needs_server
-@pytest.mark.skipif(_postgres.unavailable() is not None, reason=str(_postgres.unavailable()))
+@needs_mlflow_command
+@needs_postgres
 def test_names_and_values_postgres_refuses_are_made_storable_or_named(tmp_path, caplog):
     """On PostgreSQL a run name over 250 characters is a BAD_REQUEST echoing the SQL, and a NUL in
     a name, label or param an HTTP 500 (retried until close): names are made storable, the NUL

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from cliptrack.core import keys
 
 from tests import _postgres
 from tests._harness import free_port
+from tests._tools import needs_mlflow_command, needs_postgres
 from tests.test_tracker_mlflow_server import MlflowServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +32,8 @@ RUNS, METRICS = 4, 5
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed"),
-    pytest.mark.skipif(_postgres.unavailable() is not None, reason=str(_postgres.unavailable())),
+    needs_mlflow_command,
+    needs_postgres,
 ]
 
 

@@ -19,7 +19,6 @@ import base64
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +31,8 @@ from cliptrack.core import secrets
 from cliptrack.core.secrets import MASK, redact, redact_value
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tests._tools import needs_mlflow_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,7 +241,7 @@ def _leaks(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mlflow") is None, reason="the mlflow command is not installed")
+@needs_mlflow_command
 def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
     from mlflow import MlflowClient
 
