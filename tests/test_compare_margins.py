@@ -71,9 +71,29 @@ def test_margins_as_written_on_the_command_line():
     assert qs.parse_margin(clip, "0.002") == qs.absolute(0.002)
     with pytest.warns(DeprecationWarning, match="write 5%"):
         assert qs.parse_margin(qs.quantity("throughput"), "0.05") == qs.relative(0.05)
-    for bad in ("x", "-5%", "0", "inf"):
+    for bad in ("x", "-5%", "0", "inf", "25%,x", "25%,-1", "25%,0"):
         with pytest.raises(ValueError):
             qs.parse_margin(clip, bad)
+    # a floor after the comma, in either form of the share; cliptrack probe writes margins the same way
+    assert qs.parse_margin(clip, "25%,0.0001") == qs.relative(0.25, 0.0001)
+    assert qs.parse_margin(clip, "0.25, 0.0001") == qs.relative(0.25, 0.0001)
+    assert qs.margin_from_text("logprob_gap", "0.002") == qs.absolute(0.002)
+    with pytest.raises(ValueError, match="for kl_k3"):
+        qs.margin_from_text("kl_k3", "20%,")
+
+
+@given(
+    share=st.floats(1e-4, 10.0),
+    floor=st.none() | st.floats(1e-9, 1.0),
+    default=st.none() | st.floats(1e-9, 1.0),
+    size=st.floats(0.0, 1e6),
+)
+def test_a_margin_near_a_size_is_the_larger_of_its_floor_and_its_share(share, floor, default, size):
+    """``Margin.near``, as the paired probe takes its margins, against the plain rule."""
+    own = floor if floor is not None else default
+    expected = max(own if own is not None else 0.0, share * size)
+    assert qs.relative(share, floor).near(size, default) == expected
+    assert qs.absolute(share).near(size, default) == share
 
 
 # ------------------------------------------------------------------------- intervals in range

@@ -170,9 +170,9 @@ def test_bad_outputs_are_named() -> None:
 
 
 def ps_margin():
-    from cliptrack.compare.probe import Margin
+    from cliptrack.compare.quantities import relative
 
-    return Margin(0.1, 1.0)
+    return relative(0.1, 1.0)
 
 
 def test_few_datums_are_insufficient() -> None:
@@ -199,6 +199,11 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "megatron" in capsys.readouterr().out
     assert main(["probe", str(paths["a"]), str(paths["b"]), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == EQUIVALENT
+    # margins as cliptrack compare writes them; a malformed one is a usage error naming it
+    assert main(["probe", str(paths["a"]), str(paths["b"]), "--margin", "kl_k3=20%,1e-6"]) == 0
+    capsys.readouterr()
+    assert main(["probe", str(paths["a"]), str(paths["b"]), "--margin", "kl_k3=20%,x"]) == 2
+    assert "kl_k3" in capsys.readouterr().err
     assert main(["probe", str(paths["a"]), str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
     few = tmp_path / "few.json"

@@ -178,16 +178,6 @@ def _quantity(name: str, flag: str) -> Quantity:
         ) from None
 
 
-def _margin(q: Quantity, value: str) -> Margin:
-    """``25%`` (relative), ``0.002`` (absolute) or ``RELATIVE,FLOOR`` (``25%,0.0001`` or
-    ``0.25,0.0001``: relative with its floor, as ``cliptrack probe`` writes margins)."""
-    first, sep, floor = value.partition(",")
-    if not sep:
-        return parse_margin(q, value)
-    share = float(first[:-1]) / 100.0 if first.strip().endswith("%") else float(first)
-    return relative(share, float(floor))
-
-
 def parse_margins(args: argparse.Namespace) -> dict[str, Margin]:
     """Margins by quantity name (``quantities.Margin``) from ``--margin Q=V`` (``V%`` relative, a
     plain number absolute; for reward and throughput a plain number stays relative, deprecated),
@@ -195,7 +185,7 @@ def parse_margins(args: argparse.Namespace) -> dict[str, Margin]:
     margins: dict[str, Margin] = {}
     for name, value in _pairs(getattr(args, "margin", []), "--margin", "clip_fraction=25%"):
         try:
-            margins[name] = _margin(_quantity(name, "--margin"), value)
+            margins[name] = parse_margin(_quantity(name, "--margin"), value)
         except ValueError as exc:
             raise ValueError(
                 f"--margin {name}={value}: {exc}; write QUANTITY=NUMBER (absolute) or QUANTITY=PERCENT% "

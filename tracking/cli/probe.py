@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from cliptrack.compare.quantities import Margin, margin_from_text
 from cliptrack.compare.stats.estimate import EQUIVALENT, INSUFFICIENT
 
 EXIT_EQUIVALENT = 0
@@ -39,9 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--margin",
         action="append",
         default=[],
-        metavar="QUANTITY=RELATIVE,FLOOR",
-        help="a quantity's margin, max(FLOOR, RELATIVE x its size), repeatable (quantities: logprob_gap, "
-        "clip_fraction, kl_k3, abs_log_ratio, loss)",
+        metavar="QUANTITY=VALUE",
+        help="a quantity's margin, repeatable, as cliptrack compare writes it: 10%% relative (of the "
+        "quantity's size, never below its default floor), 10%%,0.001 relative with its floor, 0.001 "
+        "absolute (quantities: logprob_gap, clip_fraction, kl_k3, abs_log_ratio, loss)",
     )
     parser.add_argument("--json", action="store_true", help="every number as JSON on stdout")
 
@@ -56,18 +58,14 @@ def _load(path: str) -> object:
         raise ValueError(f"{path} is not JSON: {exc}") from exc
 
 
-def _margins(specs: list[str]) -> dict[str, object]:
-    from cliptrack.compare.probe import Margin
-
-    margins: dict[str, object] = {}
+def _margins(specs: list[str]) -> dict[str, Margin]:
+    """``--margin Q=V`` as written for ``cliptrack compare`` (``quantities.margin_from_text``)."""
+    margins: dict[str, Margin] = {}
     for spec in specs:
-        name, _, values = spec.partition("=")
-        parts = values.split(",")
-        try:
-            relative, floor = (float(v) for v in parts)
-        except ValueError as exc:
-            raise ValueError(f"--margin {spec!r}: expected QUANTITY=RELATIVE,FLOOR (two numbers)") from exc
-        margins[name.strip()] = Margin(relative, floor)
+        name, eq, value = spec.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--margin {spec!r}: expected QUANTITY=VALUE, e.g. clip_fraction=10%,0.001")
+        margins[name.strip()] = margin_from_text(name.strip(), value)
     return margins
 
 
@@ -81,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         _load(args.a),
         _load(args.b),
         confidence=args.confidence,
-        margins=_margins(args.margin),  # type: ignore[arg-type]
+        margins=_margins(args.margin),
         labels=(labels[0], labels[1]),
     )
     if args.json:

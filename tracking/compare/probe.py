@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from cliptrack.compare.quantities import Margin, absolute, relative
 from cliptrack.compare.stats import probe as ps
 from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
 from cliptrack.core import keys
@@ -38,7 +39,6 @@ from cliptrack.core.outputs import read_output
 __all__ = [
     "MARGINS",
     "QUANTITIES",
-    "Margin",
     "ProbeQuantity",
     "ProbeResult",
     "compare_outputs",
@@ -62,27 +62,17 @@ UNITS = {
 }
 
 
-@dataclass(frozen=True)
-class Margin:
-    """A probe margin: ``max(floor, relative * scale)``, ``scale`` the quantity's mean size in the two
-    stacks (for the loss: the mean ``|loss|`` of a datum per eligible token); ``floor`` in the
-    quantity's units. ``relative = 0``: an absolute margin."""
-
-    relative: float
-    floor: float
-
-    def of(self, scale: float) -> float:
-        return ps.probe_margin(self.relative, self.floor, scale)
-
-
 MARGINS: dict[str, Margin] = {
-    LOGPROB_GAP: Margin(0.0, 1e-3),
-    CLIP_FRACTION: Margin(0.10, 1e-3),
-    KL_K3: Margin(0.10, 1e-6),
-    ABS_LOG_RATIO: Margin(0.10, 1e-4),
-    LOSS: Margin(0.10, 1e-4),
+    LOGPROB_GAP: absolute(1e-3),
+    CLIP_FRACTION: relative(0.10, 1e-3),
+    KL_K3: relative(0.10, 1e-6),
+    ABS_LOG_RATIO: relative(0.10, 1e-4),
+    LOSS: relative(0.10, 1e-4),
 }
-"""Default margins. Relative (10 %) where the quantity spans orders of magnitude over training (the
+"""Default margins (:class:`cliptrack.compare.quantities.Margin`, the comparison's own), taken as
+``Margin.near(size)``: ``max(floor, relative * size)`` on the paired difference, ``size`` the
+quantity's mean size in the two stacks (for the loss: the mean ``|loss|`` of a datum per eligible
+token). Relative (10 %) where the quantity spans orders of magnitude over training (the
 clip fraction, the gauge, the loss), with a floor near the float32 rounding of the quantity below
 which both stacks count as 0; the log-prob gap, 0 for equal numerics, against 1e-3 nats per token
 (a tenth of bfloat16's rounding of a log-prob near -3)."""
@@ -295,6 +285,18 @@ def _quantity(
     )
 
 
+def _tolerance(name: str, margin: Margin, size: float) -> float:
+    """``margin`` as an absolute tolerance near ``size`` (``Margin.near``; a relative margin without a
+    floor of its own takes the default's); ValueError when that is not > 0."""
+    tolerance = margin.near(size, MARGINS[name].floor)
+    if not tolerance > 0:
+        raise ValueError(
+            f"the {name} margin {margin} is 0 at size {size:g}: give it a floor (10%,0.001) or "
+            "an absolute margin"
+        )
+    return tolerance
+
+
 def _ratio(
     name: str,
     num_a: np.ndarray,
@@ -309,7 +311,7 @@ def _ratio(
         scale = 0.5 * (abs(pair.value_a) + abs(pair.value_b)) if pair.denominator > 0 else 0.0
     else:
         scale = float(scale_of.sum()) / (2 * pair.denominator) if pair.denominator > 0 else 0.0
-    m = margin.of(scale)
+    m = _tolerance(name, margin, scale)
     return _quantity(name, pair, m, ps.hull_verdict(pair.low, pair.high, m, pair.reason))
 
 
@@ -318,7 +320,7 @@ def _clip(a: _Datums, b: _Datums, den: np.ndarray, margin: Margin, confidence: f
     num_b = _scalars(b.fields[keys.DATUM_CLIPPED_TOKENS] or [])
     pair = ps.paired_ratio(num_a, num_b, den, confidence)
     scale = 0.5 * (pair.value_a + pair.value_b) if pair.denominator > 0 else 0.0
-    m = margin.of(scale)
+    m = _tolerance(CLIP_FRACTION, margin, scale)
     sides_a, sides_b = a.fields[keys.DATUM_CLIP_SIDES], b.fields[keys.DATUM_CLIP_SIDES]
     test = None
     if sides_a is not None and sides_b is not None:
@@ -346,7 +348,7 @@ def _gap(a: _Datums, b: _Datums, margin: Margin, confidence: float) -> ProbeQuan
     gaps = np.asarray([np.abs(y - x).sum() for x, y in zip(a.logprobs, b.logprobs, strict=True)])
     sizes = np.asarray([x.size for x in a.logprobs], dtype=np.float64)
     pair = ps.paired_ratio(np.zeros_like(gaps), gaps, sizes, confidence)
-    m = margin.of(0.0)
+    m = _tolerance(LOGPROB_GAP, margin, 0.0)
     low = max(0.0, pair.low) if math.isfinite(pair.low) else pair.low
     verdict = ps.upper_verdict(low, pair.high, m, pair.reason)
     quantity = _quantity(LOGPROB_GAP, pair, m, verdict)

@@ -55,7 +55,7 @@ def _clip_replicate(rng: np.random.Generator, datums: int, k: float) -> str:
     num_a, num_b = both + a_only, both + b_only
     pair = ps.paired_ratio(num_a, num_b, tokens)
     test = ps.clip_test(int(a_only.sum()), int(b_only.sum()), int(both.sum()), int(tokens.sum()))
-    margin = MARGINS[CLIP_FRACTION].of(0.5 * (pair.value_a + pair.value_b))
+    margin = MARGINS[CLIP_FRACTION].near(0.5 * (pair.value_a + pair.value_b))
     return ps.hull_verdict(min(pair.low, test.low), max(pair.high, test.high), margin, pair.reason)
 
 
@@ -65,7 +65,7 @@ def _kl_replicate(rng: np.random.Generator, datums: int, k: float) -> str:
     num_a = tokens * level
     num_b = k * num_a * (1.0 + rng.normal(0.0, 0.05, datums))
     pair = ps.paired_ratio(num_a, num_b, tokens)
-    margin = MARGINS[KL_K3].of(0.5 * (abs(pair.value_a) + abs(pair.value_b)))
+    margin = MARGINS[KL_K3].near(0.5 * (abs(pair.value_a) + abs(pair.value_b)))
     return ps.hull_verdict(pair.low, pair.high, margin, pair.reason)
 
 

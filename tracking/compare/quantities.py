@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from cliptrack.compare.stats.estimate import ABSOLUTE, LOG_RATIO
@@ -70,6 +70,17 @@ class Margin:
             _check_margin("a margin", self.floor, "floor")
             if not self.is_relative:
                 raise ValueError("an absolute margin has no floor (the floor belongs to a relative margin)")
+
+    def near(self, size: float, floor: float | None = None) -> float:
+        """This margin as an absolute tolerance (the quantity's units) for a quantity of size
+        ``size`` (>= 0, the quantity's units): an absolute margin's value; a relative one's
+        ``value * size``, never below its floor (``floor`` when it has none of its own)."""
+        if not (math.isfinite(size) and size >= 0):
+            raise ValueError(f"the size a margin is taken of must be finite and >= 0, got {size!r}")
+        if not self.is_relative:
+            return self.value
+        own = self.floor if self.floor is not None else floor
+        return max(own or 0.0, self.value * size)
 
     def __str__(self) -> str:
         if not self.is_relative:
@@ -389,28 +400,39 @@ def as_margin(q: Quantity, given: Margin | float) -> Margin:
     return absolute(given)
 
 
-def parse_margin(q: Quantity, text: str) -> Margin:
-    """A margin as written on the command line: ``25%`` is relative, a plain number absolute in
-    ``q``'s units (for reward and throughput, whose plain numbers were always relative, still
-    relative, with a DeprecationWarning: write ``5%``). ValueError when it is neither."""
+def margin_from_text(name: str, text: str, plain: Callable[[float], Margin] = absolute) -> Margin:
+    """A margin as written on the command line for the quantity ``name``: ``25%`` relative,
+    ``25%,0.0001`` (or ``0.25,0.0001``) relative with its absolute floor, a plain number what
+    ``plain`` makes of it (absolute by default). ValueError naming ``name`` when it is none of these."""
     text = text.strip()
+    first, comma, floor_text = text.partition(",")
+    first = first.strip()
     try:
-        if text.endswith("%"):
-            value = float(text[:-1]) / 100.0
-            _check_margin(q.name, value)
-            return relative(value)
-        value = float(text)
+        share = float(first[:-1]) / 100.0 if first.endswith("%") else float(first)
+        floor = float(floor_text) if comma else None
     except ValueError:
-        raise ValueError(f"margin {text!r} for {q.name} must be a percentage (25%) or a number") from None
-    _check_margin(q.name, value)
-    if q.plain_relative:
+        raise ValueError(
+            f"margin {text!r} for {name} must be a percentage (25%), a number, or RELATIVE,FLOOR (25%,0.0001)"
+        ) from None
+    _check_margin(name, share)
+    if floor is not None:
+        return relative(share, floor)
+    return relative(share) if first.endswith("%") else plain(share)
+
+
+def parse_margin(q: Quantity, text: str) -> Margin:
+    """A margin of ``q`` as written on the command line (:func:`margin_from_text`): ``25%`` is
+    relative, a plain number absolute in ``q``'s units (for reward and throughput, whose plain
+    numbers were always relative, still relative, with a DeprecationWarning: write ``5%``)."""
+    margin = margin_from_text(q.name, text, q.plain)
+    if q.plain_relative and "%" not in text and "," not in text:
         warnings.warn(
-            f"a plain number as the {q.name} margin is read as relative ({value * 100:g}%), as before; "
-            f"write {value * 100:g}% (a plain number will mean an absolute margin)",
+            f"a plain number as the {q.name} margin is read as relative ({margin.value * 100:g}%), as before; "
+            f"write {margin.value * 100:g}% (a plain number will mean an absolute margin)",
             DeprecationWarning,
             stacklevel=2,
         )
-    return q.plain(value)
+    return margin
 
 
 def with_margins(

@@ -18,7 +18,7 @@ the verdict uses the hull of that interval and the clustered one (both must lie 
 for ``equivalent``, either beyond it for ``different``).
 
 Margins are of the form ``max(floor, relative * scale)``, the scale being the quantity's size in the
-two stacks (:func:`probe_margin`); the verdict is TOST on the ``confidence`` interval, as the run
+two stacks (``cliptrack.compare.quantities.Margin.near``); the verdict is TOST on the ``confidence`` interval, as the run
 comparison's (``estimate.interval_verdict``). Nothing here imports torch.
 """
 
@@ -45,7 +45,6 @@ __all__ = [
     "hull_verdict",
     "mcnemar_exact",
     "paired_ratio",
-    "probe_margin",
     "upper_verdict",
 ]
 
@@ -209,16 +208,6 @@ def clip_test(a_only: int, b_only: int, both: int, tokens: int, confidence: floa
         (2 * hi - 1) * share,
         confidence,
     )
-
-
-def probe_margin(relative: float, floor: float, scale: float) -> float:
-    """``max(floor, relative * scale)``: a margin relative to the quantity's size ``scale`` (its
-    mean size in the two stacks, >= 0), never below the absolute ``floor`` (the quantity's units)."""
-    if not (relative >= 0 and floor > 0 and math.isfinite(relative) and math.isfinite(floor)):
-        raise ValueError(f"a probe margin needs relative >= 0 and floor > 0, got {relative!r} and {floor!r}")
-    if not (math.isfinite(scale) and scale >= 0):
-        raise ValueError(f"scale must be finite and >= 0, got {scale!r}")
-    return max(floor, relative * scale)
 
 
 def hull_verdict(low: float, high: float, margin: float, reason: str = "") -> str:
