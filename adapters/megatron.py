@@ -477,18 +477,24 @@ def reduce_losses(
     )
 
 
-def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:
-    """The per-datum outputs of this rank's micro-batches, in order (``None`` when the loss
-    function was built without ``datum_outputs``): one host copy, built by the Miles runtime's
-    :func:`cliptrack.adapters.miles.runtime.datum_outputs` so that both paths share one form."""
+def _carry_datums(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:
+    """Whether the micro-batch reports carry per-datum outputs: all or none; ValueError when only
+    some do (loss functions built with different ``datum_outputs``)."""
     with_datums = [REPORT_DATUMS in report for report in losses_reduced]
-    if not any(with_datums):
-        return None
-    if not all(with_datums):
+    if any(with_datums) and not all(with_datums):
         raise ValueError(
             "some micro-batch reports carry per-datum outputs and others do not: build every "
             "loss function with the same datum_outputs"
         )
+    return any(with_datums)
+
+
+def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:
+    """The per-datum outputs of this rank's micro-batches, in order (``None`` when the loss
+    function was built without ``datum_outputs``): one host copy, built by the Miles runtime's
+    :func:`cliptrack.adapters.miles.runtime.datum_outputs` so that both paths share one form."""
+    if not _carry_datums(losses_reduced):
+        return None
     probe = all(REPORT_PROBE in report for report in losses_reduced)
     sided = all(REPORT_CLIP_SIDES in report for report in losses_reduced)
     rows = torch.cat([report[REPORT_DATUMS] for report in losses_reduced])
@@ -497,8 +503,7 @@ def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[
     if sided:
         parts += [report[REPORT_CLIP_SIDES].reshape(-1).to(PACKED_DTYPE) for report in losses_reduced]
     host = torch.cat([p.cpu() for p in parts]).numpy()
-    width = rows.shape[1]
-    n = rows.shape[0]
+    n, width = rows.shape[0], rows.shape[1]
     sums = [unpack(row.tolist(), f"datum {i}") for i, row in enumerate(host[: n * width].reshape(n, width))]
     shapes = [tuple(lp.shape[1:]) for lp in logprobs for _ in range(lp.shape[0])]
     tokens = sum(lp.numel() for lp in logprobs)

@@ -11,6 +11,7 @@ round trip.
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -160,8 +161,11 @@ def _round_trip(flag: str, directory: Path, runs: dict[str, tuple[str, int, int]
     assert estimates["low"]["value"] == pytest.approx(a_clipped / a_loss, rel=1e-12)
     (difference,) = [d for d in result["differences"] if d["metric"] == "clip_fraction"]
     assert difference["verdict"] == "different"
-    paired = difference["difference"]  # every step paired: the difference of the two runs' sums
-    assert paired["value"] == pytest.approx(b_clipped / b_loss - a_clipped / a_loss, rel=1e-9)
+    # every step paired: the difference of the two runs' sums, on the log-ratio scale of the
+    # clip fraction's relative margin (both runs clearly away from zero)
+    paired = difference["difference"]
+    assert difference["scale"] == "log-ratio"
+    assert paired["value"] == pytest.approx(math.log((b_clipped / b_loss) / (a_clipped / a_loss)), rel=1e-9)
     assert paired["units"] == STEPS and paired["ci_low"] > 0.1
     assert result["verdict"] == "different"
     assert main(["compare", a_id, b_id, flag, str(directory), "--fail-on", "different"]) == 1

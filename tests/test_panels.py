@@ -207,7 +207,9 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert run.data.metrics["clip_fraction.paired_units"] == d.estimate.n_units
     assert not set(run.data.metrics) & set(client.get_run(ids[0]).data.metrics)
     params = run.data.params
-    assert params["align"] == "step" and params["tolerance.clip_fraction"] == "0.02 absolute"
+    clip = next(q for q in result.quantities if q.name == "clip_fraction")
+    assert params["align"] == "step" and params["tolerance.clip_fraction"] == f"{clip.margin:g} {clip.scale}"
+    assert params["abs_tolerance.clip_fraction"] == f"{clip.abs_margin:g}"
     assert float(params["clip_fraction.difference"]) == pytest.approx(d.estimate.value, rel=1e-5)
     assert float(params["clip_fraction.ess"]) == pytest.approx(d.estimate.ess, rel=1e-5)
     assert params["clip_fraction.verdict"] == "different" and params["min_units"] == "100"
@@ -432,7 +434,8 @@ def test_difference_panel_draws_the_result():
     assert all(not (hi < 600 or lo >= 660) for lo, hi in spans)  # and nothing else
     margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
     assert margins == [-d.tolerance, d.tolerance]
-    assert fig.y_title == "run − reference (percentage points)" and fig.percent
+    # both runs clip well away from zero: the relative margin, on the log-ratio scale
+    assert d.scale == "log-ratio" and fig.y_title == "log(run / reference)" and fig.percent
     assert figs["throughput_difference"].y_title == "log(run / reference)"
 
 
@@ -502,7 +505,10 @@ def test_matplotlib_draws_what_the_dashboard_draws():
     spans = [t for t in model["clip_fraction_difference"].traces if t.kind == SPAN]
     assert spans and len(axes["clip_fraction_difference"].patches) == len(spans)
     labels = [t.get_text() for t in axes["clip_fraction_difference"].get_legend().get_texts()]
-    assert "± margin 0.02" in labels and "miles-run − megatron-run per segment" in labels
+    d = result.difference("clip_fraction")
+    assert d.scale == "log-ratio"
+    assert f"± margin {math.expm1(d.tolerance) * 100:.3g}%" in labels  # ±25 %, the default
+    assert "miles-run − megatron-run per segment" in labels
     import matplotlib.pyplot as plt
 
     for f in figs.values():

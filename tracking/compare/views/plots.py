@@ -258,27 +258,37 @@ def _difference_traces(
     panel: Panel, result: ComparisonResult, colors: dict[str, str], x_range: tuple[float, float]
 ) -> list[Trace]:
     out: list[Trace] = []
-    tolerances: set[float] = set()
+    tolerances: set[tuple[float, str]] = set()
     if result.groups:
         for g in result.group_differences:
             if g.metric == panel.quantity:
                 out += _group_traces(g, colors.get(g.group, PALETTE[1]), x_range)
-                tolerances.add(g.tolerance)
+                tolerances.add((g.tolerance, g.scale))
     else:
         for d in result.differences:
             if d.metric == panel.quantity:
                 out += _pair_traces(d, colors.get(d.run, PALETTE[1]), x_range)
-                tolerances.add(d.tolerance)
-    return out + _margin_lines(tolerances, x_range)
+                tolerances.add((d.tolerance, d.scale))
+    return out + _margin_lines(tolerances, x_range, panel.percent)
 
 
-def _margin_lines(tolerances: set[float], x_range: tuple[float, float]) -> list[Trace]:
-    """The ± margin lines of every finite tolerance, and the zero line."""
+def _margin_label(tolerance: float, scale: str, percent: bool) -> str:
+    """The legend of a margin line, in the panel's units: ``± margin 25%`` on the log-ratio scale
+    (``|log(b / a)| < log(1.25)``), ``± margin 2 pp`` for a fraction, else the number."""
+    if scale == LOG_RATIO:
+        return f"± margin {math.expm1(tolerance) * 100:.3g}%"
+    return f"± margin {tolerance * 100:.3g} pp" if percent else f"± margin {tolerance:.3g}"
+
+
+def _margin_lines(
+    tolerances: set[tuple[float, str]], x_range: tuple[float, float], percent: bool
+) -> list[Trace]:
+    """The ± margin lines of every finite tolerance (with the scale it is on), and the zero line."""
     out: list[Trace] = []
     edges = _arr(x_range)
-    for tol in sorted(t for t in tolerances if math.isfinite(t)):
+    for tol, scale in sorted(t for t in tolerances if math.isfinite(t[0])):
         for sign in (-1.0, 1.0):
-            label = f"± margin {tol:.3g}" if sign > 0 else ""
+            label = _margin_label(tol, scale, percent) if sign > 0 else ""
             out.append(Trace(HLINE, edges, _arr([sign * tol]), "#555555", name=label, dash="dash", width=1))
     out.append(Trace(HLINE, edges, _arr([0.0]), "#999999", width=0.8))
     return out
