@@ -280,7 +280,7 @@ def test_seeds_needed_only_on_rows_more_seeds_could_settle_and_groups_are_not_th
         settled = replace(result, group_differences=[replace(d, verdict=verdict)])
         assert "would settle" not in settled.summary()
     open_row = replace(result, group_differences=[replace(d, verdict=INCONCLUSIVE)])
-    assert f"; {d.seeds_needed} seeds per stack would settle this margin" in open_row.summary()
+    assert f"{d.seeds_needed} seeds per stack would settle ±25%" in open_row.summary()
     unknown = replace(result, group_differences=[replace(d, verdict=INCONCLUSIVE, seeds_needed=None)])
     assert "None" not in unknown.summary() and "would settle" not in unknown.summary()
 

@@ -124,6 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "intervals then include the between-seed variation",
     )
     parser.add_argument(
+        "--group-by",
+        metavar="TAG",
+        help="group the runs named (or the experiment's) into stacks by a tag: 'stack' (the run's "
+        "backend label) or a run parameter such as 'recipe'; each group needs 2+ seeds",
+    )
+    parser.add_argument(
         "--fail-on",
         choices=FAIL_ON,
         help="CI gate on the on-policy answer: exit 1 when it is 'different', or (not-equivalent) "
@@ -219,6 +225,9 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     groups = parse_groups(getattr(args, "group", []))
     if groups and args.runs:
         raise ValueError("name runs either as RUN arguments or with --group, not both")
+    group_by = getattr(args, "group_by", None)
+    if groups and group_by:
+        raise ValueError("name groups either with --group or with --group-by, not both")
     refs = [r for members in groups.values() for r in members] if groups else args.runs
     margins, window = parse_margins(args), parse_window(args.window)  # usage errors before any loading
     runset = load_runs(refs, **source_arguments(args))
@@ -226,6 +235,7 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     result = compare(
         runset,
         groups=groups or None,
+        group_by=group_by,
         align=args.align,
         window=window,
         margins=margins,

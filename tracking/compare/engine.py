@@ -38,7 +38,7 @@ from cliptrack.compare.estimates import (
 )
 from cliptrack.compare.findings import Difference, GroupDifference, Note, RunEstimate
 from cliptrack.compare.frame import RunSet
-from cliptrack.compare.groups import group_differences
+from cliptrack.compare.groups import group_differences, groups_by
 from cliptrack.compare.notes import note
 from cliptrack.compare.pairs import differences
 from cliptrack.compare.quantities import Quantity
@@ -225,6 +225,7 @@ def compare(
     runs: Sequence[str] | None = None,
     *,
     groups: Mapping[str, Sequence[str]] | None = None,
+    group_by: str | None = None,
     align: str = "step",
     window: Window | None = None,
     margins: Mapping[str, qs.Margin | float] | None = None,
@@ -234,7 +235,9 @@ def compare(
 ) -> ComparisonResult:
     """Compare two or more runs of ``runset`` (default: all, in load order; the first is the
     reference), or two or more ``groups`` of runs (name -> runs, 2+ seeds each; the first group is
-    the reference stack).
+    the reference stack). ``group_by`` (opt-in) forms the groups from the runs' tags instead:
+    ``"stack"`` groups by the run's backend label, any other name by that run parameter (e.g.
+    ``"recipe"``); the first group is the one of the first run.
 
     ``margins`` maps quantity names (``quantities.QUANTITIES``: ``clip_fraction``, ``kl_k3``,
     ``reward``, ``throughput``, ...) to margins: ``quantities.relative(0.25)`` (±25 % on the
@@ -245,6 +248,11 @@ def compare(
     relative for reward and throughput. ``reward_abs_tolerance`` (reward units, default 0.02) is
     the reward's floor, the margin used when the rewards are near zero.
     """
+    if group_by is not None:
+        if groups is not None:
+            raise ValueError("name groups either as groups or with group_by, not both")
+        groups = groups_by(runset, group_by, runs)
+        runs = None
     labels, named = _labels(runset, runs, groups)
     _check_settings(align, confidence)
     window = window or Window()
@@ -262,7 +270,7 @@ def compare(
     pairs: list[Difference] = []
     found: list[GroupDifference] = []
     if named:
-        found = group_differences(quantities, named, units, estimates, confidence)
+        found = group_differences(quantities, named, units, estimates, confidence, align)
     else:
         pairs, pair_notes = differences(quantities, labels, units, approximate, confidence, align, estimates)
         notes += pair_notes

@@ -139,13 +139,33 @@ class Difference:
 
 
 @dataclass(frozen=True)
+class GroupSegment:
+    """A group difference over one step range of every seed (segments across seeds): x from
+    ``start`` to ``end`` inclusive (steps, tokens seen or seconds), each seed's ratio of sums over it,
+    the Welch interval over seeds (``estimate``) and its verdict (``stats.seeds.segment_verdict``)."""
+
+    start: float
+    end: float
+    estimate: GroupEstimate
+    verdict: str
+    episode: bool = False
+
+
+@dataclass(frozen=True)
 class GroupDifference:
     """Group ``group`` minus group ``reference`` (stacks, each a list of seeds) on one quantity.
 
     ``estimate`` (``stats.GroupEstimate``): the difference of the groups' mean per-seed values
     (absolute or log-ratio, as ``scale``) with an interval that includes the between-seed
     variation. ``seeds_needed``: seeds per group for the interval to fall within the margin (80 %
-    power when the stacks are equal) at the measured spread (None when it cannot be said).
+    power when the stacks are equal) at the measured spread (None when it cannot be said);
+    ``steps_factor``: how many times the steps per seed would settle it with the present seeds
+    (None when more steps alone cannot: the between-seed spread is too large).
+    ``probability_greater``: P(group > reference) (``stats.seeds.probability_greater``).
+    ``segments``: the same step ranges judged across seeds (empty when the window is too short for
+    two, under ``2 * MIN_SEGMENT_UNITS`` units in its shortest seed); ``differing``: those not shown
+    within the margin; ``average_verdict``: the whole window's verdict alone (``verdict`` is the
+    verdict throughout: the window and every segment).
     """
 
     metric: str
@@ -162,6 +182,11 @@ class GroupDifference:
     approximate: bool = False
     why: VerdictReason | None = None
     """The reason ``reason`` words (``reasons``), as data."""
+    probability_greater: float = float("nan")
+    steps_factor: float | None = None
+    segments: tuple[GroupSegment, ...] = ()
+    differing: tuple[GroupSegment, ...] = ()
+    average_verdict: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,19 @@
 """Per pair of groups (stacks, several seeds each): the difference of the groups' mean per-seed
 values with an interval that includes the between-seed variation (``stats.group_difference``),
-its verdict and reason, and the seeds per group the margin needs at the measured spread
-(``stats.seeds_needed``).
+the same step ranges judged across seeds (segments, when the shortest seed has two or more of
+``MIN_SEGMENT_UNITS`` units), the verdict throughout and its reason, the probability that one
+stack's value exceeds the other's, and the seeds per group (or steps per seed) the margin needs at
+the measured spread (``stats.seeds_needed``, ``stats.seeds.steps_factor``).
+
+``groups_by(runset, tag)``: the runs grouped by a tag (``stack``: the run's backend label; any
+other name: that run parameter), for ``compare(runset, group_by=...)``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -14,12 +21,28 @@ from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
 from cliptrack.compare.estimates import valid
-from cliptrack.compare.findings import GroupDifference, RunEstimate
+from cliptrack.compare.findings import GroupDifference, GroupSegment, RunEstimate
 from cliptrack.compare.notes import sentence
 from cliptrack.compare.quantities import Quantity
-from cliptrack.compare.stats import ABSOLUTE, INSUFFICIENT, LOG_RATIO, Estimate, GroupEstimate
+from cliptrack.compare.stats import (
+    ABSOLUTE,
+    DIFFERENT,
+    EQUIVALENT,
+    INSUFFICIENT,
+    LOG_RATIO,
+    Estimate,
+    GroupEstimate,
+)
 from cliptrack.compare.stats.estimate import interval_verdict
+from cliptrack.compare.stats.seeds import segment_verdict, steps_factor, throughout
+from cliptrack.compare.stats.segments import segment_bounds
 from cliptrack.compare.verdicts import whole_window
+
+if TYPE_CHECKING:
+    from cliptrack.compare.frame import RunSet
+
+Seed = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""One seed's ``(num, den, x)``: its sums at the units it logged validly, and their x."""
 
 
 def _group_scale(q: Quantity, estimates: list[Estimate]) -> tuple[str, float]:
@@ -35,18 +58,66 @@ def _group_scale(q: Quantity, estimates: list[Estimate]) -> tuple[str, float]:
     return (LOG_RATIO, q.margin) if clear else (ABSOLUTE, q.abs_margin)
 
 
-def _group_verdict(estimate: GroupEstimate, tolerance: float) -> tuple[str, r.VerdictReason]:
+def _seeds(q: Quantity, members: Sequence[str], units: dict[str, pd.DataFrame]) -> list[Seed]:
+    out = []
+    for label in members:
+        num, den, x = valid(units[label], q)
+        out.append((num, den, np.asarray(x, dtype=float)))
+    return out
+
+
+def _sums(seeds: list[Seed]) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(num, den) for num, den, _ in seeds]
+
+
+def _edges(seeds: list[Seed]) -> list[tuple[float, float]]:
+    """The segments' x ranges ``[lo, hi)`` shared by every seed: ``segment_bounds`` of the shortest
+    seed's unit count, cut at equal shares of the units any seed logged (none below two)."""
+    n = min(len(x) for _, _, x in seeds)
+    k = len(segment_bounds(n))
+    if k < 2:
+        return []
+    xs = np.unique(np.concatenate([x for _, _, x in seeds]))
+    cuts = [float(xs[round(i * len(xs) / k)]) for i in range(k)] + [math.inf]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
+def _sliced(seeds: list[Seed], lo: float, hi: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(num[(x >= lo) & (x < hi)], den[(x >= lo) & (x < hi)]) for num, den, x in seeds]
+
+
+def _segments(
+    seeds_a: list[Seed], seeds_b: list[Seed], scale: str, confidence: float, tolerance: float
+) -> tuple[GroupSegment, ...]:
+    """The same x ranges of every seed, judged across seeds (none when the window is too short)."""
+    edges = _edges(seeds_a + seeds_b)
+    xs = np.unique(np.concatenate([x for _, _, x in seeds_a + seeds_b]))
+    out = []
+    for lo, hi in edges:
+        est = _group_estimate(_sliced(seeds_a, lo, hi), _sliced(seeds_b, lo, hi), scale, confidence)
+        inside = xs[(xs >= lo) & (xs < hi)]
+        verdict = segment_verdict(est, tolerance, len(edges))
+        out.append(GroupSegment(float(inside[0]), float(inside[-1]), est, verdict))
+    return tuple(out)
+
+
+def _group_verdict(
+    estimate: GroupEstimate, tolerance: float, segments: tuple[GroupSegment, ...], align: str
+) -> tuple[str, str, r.VerdictReason, tuple[GroupSegment, ...]]:
+    """(verdict throughout, the window's verdict, why, the segments not shown within the margin)."""
     if not estimate.has_interval:
-        return INSUFFICIENT, r.TooLittleData(estimate.reason)
-    verdict = interval_verdict(estimate.low, estimate.high, tolerance)
+        return INSUFFICIENT, INSUFFICIENT, r.TooLittleData(estimate.reason), ()
+    average = interval_verdict(estimate.low, estimate.high, tolerance)
+    verdict = throughout(average, [s.verdict for s in segments])
+    differing = tuple(s for s in segments if s.verdict != EQUIVALENT)
     as_estimate = Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0)
-    return verdict, whole_window(as_estimate, verdict, r.SEEDS)
-
-
-def _seeds(
-    q: Quantity, members: Sequence[str], units: dict[str, pd.DataFrame]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [valid(units[label], q)[:2] for label in members]
+    why: r.VerdictReason = whole_window(as_estimate, average, r.SEGMENTS if segments else r.SEEDS)
+    if differing and average != DIFFERENT:
+        why = r.NotThroughout(
+            r.WholeWindow(average, bool(estimate.low > 0 or estimate.high < 0), r.SEGMENTS),
+            tuple(r.Span(align, s.start, s.end, s.verdict) for s in differing),
+        )
+    return verdict, average, why, differing
 
 
 def _group_estimate(
@@ -83,18 +154,25 @@ def _between_sd(est: GroupEstimate, within: Sequence[Estimate], scale: str) -> f
     return between
 
 
-def _seeds_needed(
+def _power(
     est: GroupEstimate, within: Sequence[Estimate], scale: str, tolerance: float, confidence: float
-) -> int | None:
-    """Seeds per group for this margin at the measured spread (None when it cannot be said)."""
+) -> tuple[int | None, float | None]:
+    """(seeds per group, times the steps per seed) for this margin at the measured spread (None
+    when it cannot be said, or when more steps alone cannot settle it)."""
     ses = _within_standard_errors(within, scale)
     between = _between_sd(est, within, scale)
     if not ses or between is None:
-        return None
+        return None, None
+    # the seeds' spread holds the within-run part too: the between-seed part is what is left
+    within_se = float(np.sqrt(np.mean(np.square(ses))))
+    between = float(np.sqrt(max(between**2 - within_se**2, 0.0)))
+    seeds = min(est.seeds_a, est.seeds_b)
     try:
-        return int(st.seeds_needed(between, float(np.mean(ses)), tolerance, confidence=confidence))
+        needed = int(st.seeds_needed(between, within_se, tolerance, confidence=confidence))
     except ValueError:
-        return None
+        needed = None
+    factor = steps_factor(between, within_se, tolerance, seeds, confidence=confidence) if seeds >= 2 else None
+    return needed, factor
 
 
 def group_differences(
@@ -103,6 +181,7 @@ def group_differences(
     units: dict[str, pd.DataFrame],
     estimates: list[RunEstimate],
     confidence: float,
+    align: str = "step",
 ) -> list[GroupDifference]:
     """Every group against the first one, quantity by quantity."""
     by = {(e.metric, e.run): e for e in estimates}
@@ -111,13 +190,19 @@ def group_differences(
     for q in quantities:
         scale, margin = _group_scale(q, [by[q.name, run].estimate for g in names for run in groups[g]])
         tolerance = qs.log_margin(margin) if scale == LOG_RATIO else margin
+        reference = _seeds(q, groups[names[0]], units)
         for g in names[1:]:
             members = groups[names[0]] + groups[g]
-            est = _group_estimate(
-                _seeds(q, groups[names[0]], units), _seeds(q, groups[g], units), scale, confidence
+            seeds = _seeds(q, groups[g], units)
+            est = _group_estimate(_sums(reference), _sums(seeds), scale, confidence)
+            segments = (
+                _segments(reference, seeds, scale, confidence, tolerance)
+                if est.has_interval and q.verdict
+                else ()
             )
-            verdict, why = _group_verdict(est, tolerance)
+            verdict, average, why, differing = _group_verdict(est, tolerance, segments, align)
             within = [by[q.name, run].estimate for run in members]
+            needed, factor = _power(est, within, scale, tolerance, confidence)
             out.append(
                 GroupDifference(
                     metric=q.name,
@@ -130,9 +215,43 @@ def group_differences(
                     verdict=verdict,
                     reason=sentence(why),
                     counts_for_verdict=q.verdict,
-                    seeds_needed=_seeds_needed(est, within, scale, tolerance, confidence),
+                    seeds_needed=needed,
                     approximate=any(by[q.name, run].approximate for run in members),
                     why=why,
+                    probability_greater=est.probability_greater,
+                    steps_factor=factor,
+                    segments=segments,
+                    differing=differing,
+                    average_verdict=average,
                 )
             )
+    return out
+
+
+STACK = "stack"
+"""``group_by`` name for the run's training stack (its backend label)."""
+
+
+def groups_by(runset: RunSet, tag: str, runs: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The runs of ``runset`` (or only ``runs`` of it) grouped by ``tag`` (``"stack"``: the backend label; otherwise the run
+    parameter of that name), groups in order of their first run. Raises ValueError when a run lacks
+    the tag, or when fewer than two groups result."""
+    out: dict[str, list[str]] = {}
+    missing = []
+    chosen = None if not runs else {runset.info(run).display for run in runs}
+    for run in runset.runs:
+        if chosen is not None and run.display not in chosen:
+            continue
+        info = run.run
+        value = info.backend_label if tag == STACK else info.config.get(tag)
+        if value is None or str(value) == "":
+            missing.append(run.display)
+            continue
+        out.setdefault(str(value), []).append(run.display)
+    if missing:
+        raise ValueError(f"group_by {tag!r}: run(s) {missing} have no {tag!r} (tag them, or name groups)")
+    if len(out) < 2:
+        raise ValueError(
+            f"group_by {tag!r}: the runs form {len(out)} group(s) {list(out)}; two or more are needed"
+        )
     return out

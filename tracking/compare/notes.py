@@ -63,7 +63,7 @@ def _(reason: r.WholeWindow) -> str:
         tail = {
             r.SEGMENTS: ", and so does every segment's",
             r.WINDOW: "",
-            r.SEEDS: " (the window average over seeds; groups get no per-segment test)",
+            r.SEEDS: " (the window average over seeds; the window is too short to test segments of it across seeds)",
         }[reason.tested]
         return f"the whole interval lies within the margin{tail}"
     if reason.verdict == DIFFERENT:

@@ -26,7 +26,7 @@ SEGMENTS = "segments"
 WINDOW = "window"
 """The whole window only: a diagnostic quantity, or a window too short for more than one segment."""
 SEEDS = "seeds"
-"""Groups of seeds: the window average over seeds (groups get no per-segment test)."""
+"""Groups of seeds, the window average over seeds only: the window is too short for segments across seeds."""
 
 
 @dataclass(frozen=True)

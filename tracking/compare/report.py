@@ -19,7 +19,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference
+from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference, GroupSegment
 from cliptrack.compare.quantities import AUTO
 from cliptrack.compare.stats import (
     DIFFERENT,
@@ -138,7 +138,9 @@ def _lag1(e: Estimate) -> str:
 # -------------------------------------------------------------------------------------- tables
 
 
-def _spans(result: Findings, segments: tuple[DifferenceSegment, ...], verdicts: bool = True) -> str:
+def _spans(
+    result: Findings, segments: tuple[DifferenceSegment | GroupSegment, ...], verdicts: bool = True
+) -> str:
     what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[result.align]
     return "; ".join(
         f"{what} {s.start:g}-{s.end:g}" + (f" {s.verdict}" if verdicts else "") for s in segments
@@ -359,7 +361,7 @@ def _subject(result: Findings) -> str:
         names = [printable(g) for g in result.groups]
         seeds = " and ".join(str(len(result.groups[g])) for g in reversed(names[:2]))
         pair = f"{names[1]} and {names[0]}" if len(names) == 2 else f"the groups compared with {names[0]}"
-        return f"{pair} ({seeds} seeds)"
+        return f"these stacks ({pair}, {seeds} seeds)"
     if len(result.runs) == 2:
         return f"{printable(result.runs[1])} and {printable(result.runs[0])}"
     return f"the runs compared with {printable(result.reference)}"
@@ -373,7 +375,7 @@ def _judged(result: Findings) -> list[Difference | GroupDifference]:
     return [d for d in _rows(result) if d.metric in result.on_policy]
 
 
-def _spans_with_verdicts(result: Findings, segments: tuple[DifferenceSegment, ...]) -> str:
+def _spans_with_verdicts(result: Findings, segments: tuple[DifferenceSegment | GroupSegment, ...]) -> str:
     what = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}[result.align]
     return ", ".join(f"{what} {s.start:g}-{s.end:g} ({s.verdict})" for s in segments)
 
@@ -381,7 +383,7 @@ def _spans_with_verdicts(result: Findings, segments: tuple[DifferenceSegment, ..
 def _where(result: Findings, d: Difference | GroupDifference, verdict: str) -> str:
     """Where in the window a row's ``verdict`` comes from, when the segments decided it: the
     different segments for ``different``; every segment not shown within, with its verdict, else."""
-    if not (isinstance(d, Difference) and d.differing and d.average_verdict != verdict):
+    if not (d.differing and d.average_verdict != verdict):
         return ""
     average = " (within the margin on average)" if d.average_verdict == EQUIVALENT else ""
     if verdict == DIFFERENT:
@@ -410,7 +412,18 @@ def _segments_tested(result: Findings) -> bool:
     return bool(rows) and all(isinstance(d, Difference) and len(d.segments) > 1 for d in rows)
 
 
+def _groups_segmented(result: Findings) -> bool:
+    """Whether every judged group row was tested segment by segment across seeds (2+ segments)."""
+    rows = _judged(result)
+    return bool(rows) and all(isinstance(d, GroupDifference) and len(d.segments) > 1 for d in rows)
+
+
 def _agree(result: Findings, subject: str, margins: str) -> str:
+    if result.groups and _groups_segmented(result):
+        return (
+            f"Equally on-policy: {subject} agree throughout the window within {margins} (every segment "
+            "judged across seeds)."
+        )
     if _segments_tested(result):
         return f"Equally on-policy: {subject} agree throughout the window within {margins}."
     if result.groups:
@@ -474,16 +487,50 @@ def _group_line(result: Findings, d: GroupDifference, pct: int) -> str:
         f"- {_what(result, d.metric)}: {printable(d.group)} {_group_value(result, d.group, d.metric)} vs "
         f"{printable(d.reference)} "
         f"{_group_value(result, d.reference, d.metric)}; difference {format_difference(result, d)} ({pct}% CI "
-        f"over {e.seeds_a}+{e.seeds_b} seeds, between-seed variation included) against a margin of "
-        f"{format_margin(result, d)}{_seeds_text(d)} -> {d.verdict}: {printable(d.reason)}."
+        f"over {e.seeds_a}+{e.seeds_b} seeds, between-seed variation included; "
+        f"P({printable(d.group)} > {printable(d.reference)}) {_probability(d.probability_greater)})"
+        f"{_group_segments(result, d)} against a margin of {format_margin(result, d)}{_seeds_text(result, d)} "
+        f"-> {d.verdict}: {printable(d.reason)}."
     )
 
 
-def _seeds_text(d: GroupDifference) -> str:
-    """The seeds a row needs, on a row more seeds could settle only."""
-    if not _unsettled(d):
+def _probability(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    if p > 0.999:
+        return "> 99.9%"
+    if p < 0.001:
+        return "< 0.1%"
+    return f"{p * 100:.1f}%"
+
+
+def _group_segments(result: Findings, d: GroupDifference) -> str:
+    if not d.segments:
         return ""
-    return f"; {d.seeds_needed} seeds per stack would settle this margin at the measured spread"
+    return f"; {counted(len(d.segments), 'segment')} across seeds" + (
+        f", not within: {_spans(result, d.differing)}" if d.differing else ""
+    )
+
+
+def _seeds_text(result: Findings, d: GroupDifference) -> str:
+    """The seeds (and steps) a row needs, on a row more seeds could settle only."""
+    if not _unsettled(d) or d.seeds_needed is None:
+        return ""
+    have = min(d.estimate.seeds_a, d.estimate.seeds_b)
+    margin = _short_margin(result, d)
+    if d.seeds_needed > have:
+        seeds = (
+            f"{d.seeds_needed - have} more seeds per stack ({d.seeds_needed} in all) would settle {margin}"
+        )
+    else:
+        seeds = f"{d.seeds_needed} seeds per stack would settle {margin}"
+    if d.steps_factor is None:
+        steps = "; more steps alone would not (the between-seed spread is too large)"
+    elif d.steps_factor > 1:
+        steps = f", or {d.steps_factor:.1f}× the steps per seed with the present seeds"
+    else:
+        steps = ""
+    return f"; {seeds} at the measured spread{steps}"
 
 
 AXIS_NAMES = {"step": "step", "tokens": "tokens seen", "time": "wall time"}

@@ -8,6 +8,24 @@ scale, delta method), with the standard error from the seeds' own spread,
 ``sqrt(s_a^2 / m_a + s_b^2 / m_b)``: that spread contains both the seed-to-seed variation and each
 seed's sampling noise, so the interval covers both. Critical values are t with Welch–Satterthwaite
 degrees of freedom. Two or more seeds per group are needed.
+
+**Within-run uncertainty.** A seed's ratio is ``R_i = mu + b_i + e_i`` (stack value, seed effect,
+the run's own sampling error), so ``Var(R_i) = sigma_b^2 + sigma_e^2``: the seeds' sample variance
+already estimates the within-run part together with the between-seed part, and adding each run's
+own standard error on top would count it twice. The simulation (``simulation.run_level``) checks
+the coverage at 2-5 seeds with the seed spread from 0.5x to 3x the within-run spread.
+
+**Probability that b exceeds a** (``probability_greater``): ``F_t(value / se; df)``, Student's t
+distribution function at the standardised difference with the Welch degrees of freedom. It is the
+posterior probability that group b's value is above group a's under a flat prior on the difference
+and the t model the interval uses (equivalently, one minus the one-sided p-value of "b is not
+above a"); at no true difference it is uniform on (0, 1), so it exceeds 95 % in 5 % of
+comparisons.
+
+**Segments across seeds** (``segment_verdict``, ``throughout``): the same step range of every
+seed, each seed's ratio of sums over it, the same Welch interval; the verdict throughout is
+equivalent only when the whole window and every segment are (intersection–union), different when
+the window is or a segment's Bonferroni-widened interval lies beyond the margin.
 """
 
 from __future__ import annotations
@@ -17,8 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from cliptrack.compare.stats.estimate import ABSOLUTE, SCALES
-from cliptrack.compare.stats.quantiles import t_critical, t_quantile
+from cliptrack.compare.stats.estimate import (
+    ABSOLUTE,
+    DIFFERENT,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    INSUFFICIENT,
+    SCALES,
+    interval_verdict,
+)
+from cliptrack.compare.stats.quantiles import _special, t_critical, t_quantile
 
 
 @dataclass(frozen=True)
@@ -38,6 +64,13 @@ class GroupEstimate:
     between_sd_b: float
     df: float
     reason: str = ""
+    se: float = float("nan")
+    """Standard error of ``value`` (on the scale's units; NaN without an interval)."""
+
+    @property
+    def probability_greater(self) -> float:
+        """P(group b's value > group a's): ``probability_greater(value, se, df)`` (NaN without an interval)."""
+        return probability_greater(self.value, self.se, self.df)
 
     @property
     def has_interval(self) -> bool:
@@ -104,10 +137,48 @@ def group_difference(
     va, vb = (ga * sd_a) ** 2 / ma, (gb * sd_b) ** 2 / mb
     se = math.sqrt(va + vb)
     if se == 0:
-        return GroupEstimate(value, value, value, confidence, ma, mb, sd_a, sd_b, math.inf)
+        return GroupEstimate(value, value, value, confidence, ma, mb, sd_a, sd_b, math.inf, se=0.0)
     df = (va + vb) ** 2 / (va * va / (ma - 1) + vb * vb / (mb - 1))
     half = t_critical(confidence, df) * se
-    return GroupEstimate(value, value - half, value + half, confidence, ma, mb, sd_a, sd_b, df)
+    return GroupEstimate(value, value - half, value + half, confidence, ma, mb, sd_a, sd_b, df, se=se)
+
+
+def probability_greater(value: float, se: float, df: float) -> float:
+    """``P(b > a) = F_t(value / se; df)``: Student's t distribution function with ``df`` degrees of
+    freedom at the standardised difference (see the module docstring); 1 or 0 (0.5 at 0) when
+    ``se`` is 0; NaN when any input is undefined."""
+    if not (math.isfinite(value) and math.isfinite(se) and se >= 0 and df > 0):
+        return float("nan")
+    if se == 0:
+        return 1.0 if value > 0 else 0.0 if value < 0 else 0.5
+    return float(_special().stdtr(float(df), value / se))
+
+
+def segment_verdict(est: GroupEstimate, tolerance: float, k: int) -> str:
+    """One segment's verdict among ``k``: the plain interval's, except that "different" needs the
+    interval widened to the Bonferroni level ``1 - (1 - confidence) / k`` to lie beyond the margin
+    (so no segment is called different by chance among ``k``)."""
+    if not est.has_interval:
+        return INSUFFICIENT
+    plain = interval_verdict(est.low, est.high, tolerance)
+    if plain != DIFFERENT or k == 1 or not math.isfinite(est.df):
+        return plain
+    wider = t_critical(1.0 - (1.0 - est.confidence) / k, est.df) / t_critical(est.confidence, est.df)
+    half = (est.high - est.low) / 2.0 * wider
+    return interval_verdict(est.value - half, est.value + half, tolerance)
+
+
+def throughout(whole: str, segments: Sequence[str]) -> str:
+    """The verdict throughout: ``whole`` (the window's verdict) and the segments' verdicts, as the
+    pairs' intersection–union rule (``segments.throughout_verdict``): insufficient when the window
+    is; different when the window or a segment is; equivalent when all are; else inconclusive."""
+    if whole == INSUFFICIENT:
+        return INSUFFICIENT
+    if whole == DIFFERENT or DIFFERENT in segments:
+        return DIFFERENT
+    if whole == EQUIVALENT and all(v == EQUIVALENT for v in segments):
+        return EQUIVALENT
+    return INCONCLUSIVE
 
 
 def _check_seed_inputs(between_sd: float, within_se: float, margin: float, power: float) -> None:
@@ -153,3 +224,30 @@ def seeds_needed(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return max(2, hi)
+
+
+def steps_factor(
+    between_sd: float,
+    within_se: float,
+    margin: float,
+    seeds: int,
+    *,
+    confidence: float = 0.90,
+    power: float = 0.8,
+) -> float | None:
+    """How many times the steps per seed would settle ``±margin`` at ``seeds`` seeds per group with
+    the same power rule as ``seeds_needed``: more steps shrink only the within-run part
+    (``within_se^2`` scales as 1 / steps), so the factor is ``within_se^2 / (V - between_sd^2)``
+    with ``V = seeds margin^2 / (2 (t_{2 seeds - 2} + z)^2)`` the largest per-seed variance that
+    settles it; 1 when the present steps already do; None when no number of steps can (the
+    between-seed spread alone is too large, or there is no within-run spread to shrink)."""
+    _check_seed_inputs(between_sd, within_se, margin, power)
+    if seeds < 2:
+        raise ValueError(f"seeds must be >= 2, got {seeds}")
+    z = t_quantile(0.5 + power / 2.0, math.inf)
+    allowed = seeds * margin**2 / (2.0 * (t_critical(confidence, 2 * seeds - 2) + z) ** 2)
+    if between_sd**2 + within_se**2 <= allowed:
+        return 1.0
+    if within_se == 0 or between_sd**2 >= allowed:
+        return None
+    return within_se**2 / (allowed - between_sd**2)
