@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference, GroupSegment
@@ -31,7 +32,7 @@ from cliptrack.compare.stats import (
     MIN_UNITS,
     Estimate,
 )
-from cliptrack.compare.stats.estimate import MIN_SEGMENT_UNITS, counted
+from cliptrack.compare.stats.estimate import counted
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import html_text, markdown_lines, markdown_text, printable
 
@@ -362,8 +363,8 @@ def _subject(result: Findings) -> str:
         seeds = " and ".join(str(len(result.groups[g])) for g in reversed(names[:2]))
         pair = f"{names[1]} and {names[0]}" if len(names) == 2 else f"the groups compared with {names[0]}"
         return f"these stacks ({pair}, {seeds} seeds)"
-    if len(result.runs) == 2:
-        return f"{printable(result.runs[1])} and {printable(result.runs[0])}"
+    if len(result.runs) == 2:  # one pair answers for these runs, never for the stacks
+        return f"these runs ({printable(result.runs[1])} and {printable(result.runs[0])})"
     return f"the runs compared with {printable(result.reference)}"
 
 
@@ -406,12 +407,6 @@ def _what_differs(result: Findings, verdict: str) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def _segments_tested(result: Findings) -> bool:
-    """Whether every judged row was tested segment by segment (pairs of runs with 2+ segments)."""
-    rows = _judged(result)
-    return bool(rows) and all(isinstance(d, Difference) and len(d.segments) > 1 for d in rows)
-
-
 def _groups_segmented(result: Findings) -> bool:
     """Whether every judged group row was tested segment by segment across seeds (2+ segments)."""
     rows = _judged(result)
@@ -424,14 +419,9 @@ def _agree(result: Findings, subject: str, margins: str) -> str:
             f"Equally on-policy: {subject} agree throughout the window within {margins} (every segment "
             "judged across seeds)."
         )
-    if _segments_tested(result):
-        return f"Equally on-policy: {subject} agree throughout the window within {margins}."
     if result.groups:
         return f"Equally on-policy: {subject} agree on the window average over seeds within {margins}."
-    return (
-        f"Equally on-policy: {subject} agree over the window within {margins} (the window is too short "
-        f"to test segments of it: under {2 * MIN_SEGMENT_UNITS} paired units)."
-    )
+    return f"Equally on-policy: {subject} agree over the window within {margins}."
 
 
 def _insufficient_headline(result: Findings, subject: str) -> str:
@@ -760,3 +750,159 @@ def as_dict(result: Findings) -> dict[str, Any]:
 
 def as_json(result: Findings) -> str:
     return json.dumps(redact_value(as_dict(result)), indent=2, allow_nan=False)
+
+
+# ------------------------------------------------------------------------- the terminal's layout
+
+
+def compact_table(result: Findings) -> pd.DataFrame:
+    """``formatted_table`` with the columns a reader needs first (quantity, the two values, the
+    difference with its interval, the margin, the verdict); every other column is in
+    ``formatted_table`` (``--verbose``) and ``as_dict`` (``--json``)."""
+    pct = int(round(result.confidence * 100))
+    rows = []
+    if result.groups:
+        two = len(result.groups) == 2
+        for g in result.group_differences:
+            rows.append(
+                {
+                    "metric": g.metric,
+                    g.reference if two else "reference": _group_mean(result, g.reference, g.metric, not two),
+                    g.group if two else "group": _group_mean(result, g.group, g.metric, not two),
+                    f"difference [{pct}% CI]": ("≈" if g.approximate else "") + format_difference(result, g),
+                    "margin": _short_margin(result, g),
+                    "seeds": f"{g.estimate.seeds_a}+{g.estimate.seeds_b}",
+                    "verdict": _verdict_cell(g),
+                }
+            )
+        return _frame(rows)
+    two = len(result.runs) == 2
+    for d in result.differences:
+        percent = result.quantity(d.metric).percent
+        rows.append(
+            {
+                "metric": d.metric,
+                d.reference if two else "reference": _value(d.reference_paired, percent, ci=False),
+                d.run if two else "run": _value(d.run_paired, percent, ci=False),
+                f"difference [{pct}% CI]": ("≈" if d.approximate else "") + format_difference(result, d),
+                "margin": _short_margin(result, d),
+                "paired": d.estimate.n_units,
+                "verdict": _verdict_cell(d),
+            }
+        )
+    return _frame(rows)
+
+
+def _group_mean(result: Findings, group: str, metric: str, named: bool = False) -> str:
+    """The mean over a group's seeds of their window values (no seed count: the seeds column has
+    it), after the group's name when ``named``."""
+    values = [result.run_estimate(metric, r).estimate.value for r in result.groups[group]]
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "n/a"
+    mean = sum(finite) / len(finite)
+    text = _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    return f"{group} {text}" if named else text
+
+
+def _decisive(result: Findings) -> Difference | GroupDifference | None:
+    """The judged row that carries the on-policy verdict (the first with that verdict)."""
+    judged = _judged(result)
+    return next((d for d in judged if d.verdict == result.on_policy_verdict), judged[0] if judged else None)
+
+
+def _edge_margin(d: Difference | GroupDifference, far: bool) -> str:
+    """The margin at which a row's verdict would flip: its interval's nearest (or farthest) edge
+    from zero, in the margin's terms."""
+    lo, hi = d.estimate.low, d.estimate.high
+    edge = max(abs(lo), abs(hi)) if far else min(abs(lo), abs(hi))
+    if d.scale == LOG_RATIO:
+        return f"±{math.expm1(edge) * 100:.3g}%"
+    return f"±{edge:.4g}"
+
+
+def _what_would_change(result: Findings, d: Difference | GroupDifference) -> str:
+    """The third headline line: what would change the verdict, from the decisive row's numbers."""
+    what = _what(result, d.metric)
+    if d.verdict == DIFFERENT and d.estimate.has_interval:
+        return (
+            f"What would change it: a {what} margin wider than {_edge_margin(d, far=False)} (the "
+            "interval's edge nearest zero); more seeds or steps narrow the interval around the same gap."
+        )
+    if d.verdict == EQUIVALENT and d.estimate.has_interval:
+        return (
+            f"What would change it: a {what} margin narrower than {_edge_margin(d, far=True)} (the "
+            "interval's edge farthest from zero)."
+        )
+    if isinstance(d, GroupDifference):
+        if d.seeds_needed is not None:
+            return (
+                f"What would change it: {d.seeds_needed} seeds per stack would settle the {what} "
+                f"margin of {_short_margin(result, d)} at the measured spread."
+            )
+        return f"What would change it: more seeds per stack ({printable(d.reason)})."
+    if d.verdict == INSUFFICIENT:
+        return (
+            f"What would change it: more paired steps (at least {MIN_UNITS} paired units and an "
+            f"effective sample size of {MIN_ESS:g}; now {d.estimate.n_units} and {_ess(d.estimate)})."
+        )
+    return (
+        f"What would change it: a narrower {what} interval (more paired steps, or seeds compared "
+        "as groups) or a wider margin."
+    )
+
+
+def _figure(result: Findings, d: Difference | GroupDifference) -> str:
+    """The second headline line: the decisive row's values, difference, interval and margin."""
+    pct = int(round(result.confidence * 100))
+    if isinstance(d, GroupDifference):
+        e = d.estimate
+        values = (
+            f"{printable(d.group)} {_group_mean(result, d.group, d.metric)} vs {printable(d.reference)} "
+            f"{_group_mean(result, d.reference, d.metric)} (means of {e.seeds_b} and {e.seeds_a} seeds)"
+        )
+        over = "between-seed variation included"
+    else:
+        percent = result.quantity(d.metric).percent
+        values = (
+            f"{printable(d.run)} {_value(d.run_paired, percent, ci=False)} vs {printable(d.reference)} "
+            f"{_value(d.reference_paired, percent, ci=False)}"
+        )
+        over = f"{d.estimate.n_units} paired units"
+    return (
+        f"The figure: {_what(result, d.metric)} {values}; difference {format_difference(result, d)} "
+        f"({pct}% CI, {over}) against {_short_margin(result, d)}."
+    )
+
+
+def headline_lines(result: Findings) -> list[str]:
+    """At most three lines: the verdict (``headline``), the figure it rests on, what would change it."""
+    d = _decisive(result)
+    lines = [headline(result)]
+    if d is not None:
+        lines += [_figure(result, d), _what_would_change(result, d)]
+    return [redact(line) for line in lines]
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"each of {', '.join(names[:-1])} and {names[-1]}"
+
+
+def grouped_notes(result: Findings) -> list[str]:
+    """How the comparison was made (axis, window, intervals, gates), then the notes, warnings
+    first, each once: notes that say the same of several quantities are one line naming them all."""
+    grouped: dict[tuple[bool, str], list[str]] = {}
+    for n in result.notes:
+        text = printable(n.text)
+        metric = printable(n.metric)
+        shape = re.sub(rf"\b{re.escape(metric)}\b", "\x00", text) if metric else text
+        if shape == text or shape.count("\x00") != 1:  # not about one named quantity: as it is
+            shape, metric = text, ""
+        metrics = grouped.setdefault((not n.warning, shape), [])
+        if metric and metric not in metrics:
+            metrics.append(metric)
+    lines = [_context(result, int(round(result.confidence * 100)))]
+    for (is_note, shape), metrics in sorted(grouped.items(), key=lambda kv: kv[0][0]):
+        text = shape.replace("\x00", _listed(metrics)) if metrics else shape
+        lines.append(f"{'Note' if is_note else 'Warning'}: {text}")
+    return [redact(line) for line in lines]

@@ -48,6 +48,15 @@ class ComparisonResult(Findings):
     def formatted_table(self) -> pd.DataFrame:
         return report.formatted_table(self)
 
+    def compact_table(self) -> pd.DataFrame:
+        return report.compact_table(self)
+
+    def headline_lines(self) -> list[str]:
+        return report.headline_lines(self)
+
+    def grouped_notes(self) -> list[str]:
+        return report.grouped_notes(self)
+
     def summary(self) -> str:
         return report.summary(self)
 
