@@ -85,7 +85,9 @@ def test_seeds_needed_is_the_smallest_count_meeting_the_power_rule(between, with
     v = between**2 + within**2
 
     def ok(k: int) -> bool:
-        return margin / math.sqrt(2 * v / k) >= scipy_stats.t.ppf(0.95, 2 * k - 2) + scipy_stats.norm.ppf(0.9)
+        return margin / math.sqrt(2 * v / k) >= scipy_stats.t.ppf(0.95, k - 1) + scipy_stats.t.ppf(
+            0.9, 2 * k - 2
+        )
 
     assert ok(m) and (m == 2 or not ok(m - 1))
 

@@ -43,12 +43,14 @@ from cliptrack.compare.stats import (
     lead_lag,
     paired_difference,
     ratio_estimate,
+    seeds_needed,
     segment_differences,
     step_weighted_estimate,
     throughout_verdict,
 )
 from cliptrack.compare.stats.intervals import interval_rows
 from cliptrack.compare.stats.lrv import autocovariances, long_run_variance
+from cliptrack.compare.stats.seeds import MAX_SEEDS
 
 TOKENS = (5_000, 50_000)
 """Loss tokens per step, uniform integers in this closed range."""
@@ -443,6 +445,153 @@ def seeds(
     )
 
 
+# ------------------------------------------------------------------------ stacks judged on seeds
+
+RUN_STEPS = 100
+"""Steps per seed of the run-level cases (short runs: the within-run spread is not negligible)."""
+RUN_SEEDS = (2, 3, 5)
+"""Seeds per stack of the run-level cases."""
+RUN_SPREADS = (0.5, 1.0, 3.0)
+"""Between-seed sd as a multiple of the within-run sd of one seed's window value."""
+RUN_SHIFTS = (0.0, 1.0, 2.0)
+"""True stack difference in margins (log-ratio units of ``log 1.25``): none, at the margin, twice it."""
+
+
+@dataclass(frozen=True)
+class RunLevelRow:
+    """One run-level case (fractions of replicates): two stacks of ``seeds`` seeds each, seed sd
+    ``spread`` times the within-run sd, true difference ``shift`` margins. ``coverage``: the 90 %
+    interval covers the true log-ratio; ``equivalent``/``different``: the verdicts (at ``shift`` 1
+    these are the false "equivalent" and false "different" rates, nominal at most 5 %; at 0,
+    ``equivalent`` is the power; at 2, ``different`` is); ``p_above``: P(b > a) above 95 % (5 % at
+    no difference); ``seeds_needed``: median over replicates of the seeds per stack the tool says
+    the margin needs; ``within``: the within-run sd measured (relative to the mean)."""
+
+    seeds: int
+    spread: float
+    shift: float
+    steps: int
+    replicates: int
+    coverage: float
+    equivalent: float
+    different: float
+    p_above: float
+    seeds_needed: float
+    within: float
+
+
+def _stack_ratios(
+    rng: np.random.Generator, reps: int, seeds: int, n: int, mean: float, between: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(clipped totals, token totals, seed means)``, each ``(reps, seeds)``: every seed a run of
+    ``n`` steps (AR(1) wobble at ``phi`` 0.5, binomial clips) around its own mean, drawn
+    N(``mean``, ``between``^2)."""
+    offsets = rng.normal(0.0, between, (reps, seeds))
+    x = ar1(rng, reps * seeds, n, 0.5).reshape(reps, seeds, n)
+    p = np.clip(mean + offsets[..., None] + x, 0.0, 1.0)
+    tokens = rng.integers(TOKENS[0], TOKENS[1] + 1, (reps, seeds, n))
+    clipped = rng.binomial(tokens, p)
+    return clipped.sum(-1).astype(float), tokens.sum(-1).astype(float), mean + offsets
+
+
+def run_level(
+    seeds: int, spread: float, shift: float, reps: int, seed: int, n: int = RUN_STEPS
+) -> RunLevelRow:
+    """One run-level case through ``group_difference`` (log-ratio scale, margin ``log 1.25``), its
+    verdict, ``probability_greater`` and ``seeds_needed`` at the seeds' measured spread."""
+    from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
+
+    rng = np.random.default_rng([seed, 66, seeds, int(spread * 10), int(shift * 10), n])
+    tol = math.log1p(MARGIN_RELATIVE)
+    within = SD * math.sqrt(1.5 / (0.5 * n))  # sd of an AR(1) (phi 0.5) window mean, roughly
+    level_b = MEAN * math.exp(shift * tol)
+    ca, ta, sa = _stack_ratios(rng, reps, seeds, n, MEAN, spread * within)
+    cb, tb, sb = _stack_ratios(rng, reps, seeds, n, level_b, spread * within * level_b / MEAN)
+    truth = shift * tol
+    cover = eq = diff = above = 0
+    needed = []
+    for i in range(reps):
+        ga = [(ca[i, j : j + 1], ta[i, j : j + 1]) for j in range(seeds)]
+        gb = [(cb[i, j : j + 1], tb[i, j : j + 1]) for j in range(seeds)]
+        g = group_difference(ga, gb, scale=LOG_RATIO, confidence=CONFIDENCE)
+        cover += g.low < truth < g.high
+        verdict = interval_verdict(g.low, g.high, tol)
+        eq += verdict == EQUIVALENT
+        diff += verdict == "different"
+        above += g.probability_greater > 0.95
+        ra, rb = ca[i] / ta[i], cb[i] / tb[i]
+        rel = math.sqrt((np.var(ra, ddof=1) / ra.mean() ** 2 + np.var(rb, ddof=1) / rb.mean() ** 2) / 2)
+        try:
+            needed.append(seeds_needed(rel, 0.0, tol, confidence=CONFIDENCE))
+        except ValueError:
+            needed.append(MAX_SEEDS)
+    measured = float(
+        np.std(np.concatenate([(ca / ta - sa).ravel() / MEAN, (cb / tb - sb).ravel() / level_b]))
+    )
+    return RunLevelRow(
+        seeds,
+        spread,
+        shift,
+        n,
+        reps,
+        cover / reps,
+        eq / reps,
+        diff / reps,
+        above / reps,
+        float(np.median(needed)),
+        measured,
+    )
+
+
+def run_level_table(reps: int = 400, seed: int = 0) -> list[RunLevelRow]:
+    """Every run-level case (docs/STATISTICS.md, "Stacks judged on seeds")."""
+    return [
+        run_level(m, spread, shift, reps, seed)
+        for m in RUN_SEEDS
+        for spread in RUN_SPREADS
+        for shift in RUN_SHIFTS
+    ]
+
+
+def seeds_needed_check(spread: float, reps: int, seed: int, n: int = RUN_STEPS) -> tuple[int, float]:
+    """``(m, rate)``: the seeds per stack ``seeds_needed`` asks for at the true spread (seed sd
+    ``spread`` times the within-run sd, both stacks equal) and the share of replicates with that many
+    seeds called equivalent (nominal power 80 %)."""
+    from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
+
+    tol = math.log1p(MARGIN_RELATIVE)
+    within = SD * math.sqrt(1.5 / (0.5 * n))
+    total = math.sqrt(1.0 + spread**2) * within / MEAN
+    m = seeds_needed(total, 0.0, tol, confidence=CONFIDENCE)
+    rng = np.random.default_rng([seed, 77, int(spread * 10), n])
+    ca, ta, _ = _stack_ratios(rng, reps, m, n, MEAN, spread * within)
+    cb, tb, _ = _stack_ratios(rng, reps, m, n, MEAN, spread * within)
+    eq = 0
+    for i in range(reps):
+        ga = [(ca[i, j : j + 1], ta[i, j : j + 1]) for j in range(m)]
+        gb = [(cb[i, j : j + 1], tb[i, j : j + 1]) for j in range(m)]
+        g = group_difference(ga, gb, scale=LOG_RATIO, confidence=CONFIDENCE)
+        eq += interval_verdict(g.low, g.high, tol) == EQUIVALENT
+    return m, eq / reps
+
+
+def run_level_markdown(rows: list[RunLevelRow]) -> str:
+    """The run-level table as markdown (rates in %)."""
+    lines = [
+        "| seeds per stack | seed sd / within-run sd | true difference | steps | reps | coverage | "
+        "equivalent | different | P(b > a) > 95 % | seeds needed (median) |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    truth = {0.0: "none", 1.0: "= margin (+25 %)", 2.0: "2× margin (+56 %)"}
+    for r in rows:
+        lines.append(
+            f"| {r.seeds} | {r.spread:g}× | {truth.get(r.shift, f'{r.shift:g} margins')} | {r.steps} | "
+            f"{r.replicates} | {r.coverage * 100:.0f}% | {r.equivalent * 100:.0f}% | {r.different * 100:.0f}% | "
+            f"{r.p_above * 100:.0f}% | {r.seeds_needed:g} |"
+        )
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------ margins near zero
 
 MARGIN_RELATIVE = 0.25
@@ -612,7 +761,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer run lengths")
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
     parser.add_argument("--margins", action="store_true", help="the margins-near-zero table only")
+    parser.add_argument("--seeds", action="store_true", help="the stacks-judged-on-seeds table only")
     args = parser.parse_args(argv)
+    if args.seeds:
+        print(run_level_markdown(run_level_table(args.replicates, args.seed)))
+        for spread in RUN_SPREADS:
+            m, rate = seeds_needed_check(spread, args.replicates, args.seed)
+            print(
+                f"seed sd {spread:g}x within: seeds_needed says {m}; equivalent with {m} seeds: {rate * 100:.0f}%"
+            )
+        return 0
     if args.margins:
         print(margin_markdown(margin_table(args.replicates, args.seed)))
         return 0
