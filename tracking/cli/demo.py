@@ -1,10 +1,14 @@
 """``cliptrack demo``: train a small policy through both stacks, log both runs, compare them.
 
-Each run logs through :class:`cliptrack.Tracker` to the embedded MLflow store (sqlite, in the output
-folder), the JSONL spool and, with ``--wandb``, W&B offline. Then the comparison runs: the verdict
-table is printed, the HTML dashboard written, a comparison run logged to MLflow and the W&B
-panel specs written. The two paths differ in off-policyness: the Miles run samples from a policy
-``--miles-staleness`` steps old, so more of its tokens are clipped.
+A claim about stacks rests on seeds, so the demo trains ``--seeds`` short runs per stack: the
+Megatron path with a fresh sampler, the Miles path with a sampler ``--miles-staleness`` steps old
+(so more of its tokens are clipped and its mismatch KL is higher), and a control: the Megatron path
+with the same staleness as Miles, on other seeds. Each run logs through :class:`cliptrack.Tracker` to
+the embedded MLflow store (sqlite, in the output folder), the JSONL spool and, with ``--wandb``, W&B
+offline. Then two group comparisons: Miles against Megatron (the demo's question; the table, the
+headline and the notes are printed, the HTML dashboard written, a comparison run logged to MLflow
+and the W&B panel specs written), and Miles against the control (same staleness, other seeds:
+its headline is printed), which tells the staleness from the stack.
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ from typing import Any
 
 from cliptrack.cli.compare import format_result
 from cliptrack.cli.progress import Progress
-from cliptrack.compare.stats import MIN_UNITS
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact
 from cliptrack.log.tracker import Tracker
 
 EXPERIMENT = "cliptrack-demo"
 """The MLflow experiment of the demo's training runs (its comparison goes to its own experiment)."""
-DEFAULT_STEPS = 150
-"""Training steps per run: the comparison's minimum of paired steps (:data:`MIN_UNITS`) with
-margin, so that the default demo reaches a verdict on the clip fraction."""
+DEFAULT_STEPS = 20
+"""Training steps per run. A group comparison takes each seed's window value as one unit, so short
+runs suffice: at 20 steps and 3 seeds the stale Miles stack clips about 7 times as often as the
+Megatron stack (interval far beyond the margin) and the control is within it, and the whole demo
+fits in about two minutes on two busy cores."""
+DEFAULT_SEEDS = 3
+"""Seeds per stack (a stack-level verdict needs 2 or more)."""
 DEFAULT_EPOCHS = 4
 """Optimisation passes per sampled batch: every pass after the first is off-policy."""
 DEFAULT_OUT = "cliptrack-demo"
@@ -46,8 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=DEFAULT_STEPS,
-        help=f"training steps per run (default {DEFAULT_STEPS}; the comparison gives no verdict "
-        f"below {MIN_UNITS} paired steps)",
+        help=f"training steps per run (default {DEFAULT_STEPS})",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=DEFAULT_SEEDS,
+        help=f"seeds per stack, 2 or more for a verdict on the stacks (default {DEFAULT_SEEDS})",
     )
     parser.add_argument(
         "--loss", choices=("ppo", "cispo"), default="ppo", help="loss of both runs (default ppo)"
@@ -69,7 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2,
         help="steps the Miles run's sampler lags its policy (default 2; Megatron: 0)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of both runs (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="first seed (default 0): each stack trains seeds SEED.., the control the next ones",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default ./{DEFAULT_OUT})")
     parser.add_argument("--wandb", action="store_true", help="also log to W&B (offline without credentials)")
     parser.add_argument(
@@ -90,10 +107,46 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not paths:
         print(f"--paths: unknown path(s) {unknown}; choose from {', '.join(PATHS)}", file=sys.stderr)
         return 2
+    if args.seeds < 1 or args.steps < 1:
+        print("--seeds and --steps: 1 or more (2 seeds or more for a verdict)", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with third_party_output_to(out / LOG_FILE):
         return _demo(args, paths, out)
+
+
+CONTROL = "control"
+"""The control group's role: the Megatron path with the Miles run's staleness, on other seeds."""
+
+
+def plan(
+    paths: list[str], seeds: int, first_seed: int, staleness: int
+) -> dict[str, list[tuple[str, int, int]]]:
+    """The runs to train, by group: ``(path, staleness, seed)``. Each path trains ``seeds`` seeds
+    from ``first_seed`` (Miles with ``staleness``); with both paths and a stale Miles, the control
+    (the Megatron path, as stale as Miles, on the next seeds) is trained first, so the latest run of
+    each backend in the store is a stack's."""
+    groups: dict[str, list[tuple[str, int, int]]] = {}
+    if {"megatron", "miles"} <= set(paths) and staleness > 0:
+        groups[control_name(staleness)] = [
+            ("megatron", staleness, first_seed + seeds + i) for i in range(seeds)
+        ]
+    for path in paths:
+        stale = staleness if path == "miles" else 0
+        groups[path] = [(path, stale, first_seed + i) for i in range(seeds)]
+    return groups
+
+
+def control_name(staleness: int) -> str:
+    """The control group's name: the Megatron path at the Miles run's staleness."""
+    return f"megatron-stale{staleness}"
+
+
+def run_name(path: str, loss: str, staleness: int, seed: int) -> str:
+    """A training run's name; a stack's fresh Megatron and stale Miles runs keep the short form."""
+    stale = f"-stale{staleness}" if path == "megatron" and staleness else ""
+    return f"demo-{path}-{loss}{stale}-seed{seed}"
 
 
 def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
@@ -103,66 +156,74 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     backends = ["mlflow", "jsonl"] + (["wandb"] if args.wandb else [])
     experiment_id = _training_experiment(tracking_uri, out)
     started = time.perf_counter()
-    run_ids: dict[str, str] = {}
+    groups: dict[str, list[str]] = {}
     schedules: dict[str, str] = {}
     on_policy: dict[str, OnPolicy] = {}
     last: dict[str, Any] = {}
-    for path in paths:
-        config = RunConfig(
-            path=path,
-            loss=args.loss,
-            steps=args.steps,
-            epochs=args.epochs,
-            staleness=args.miles_staleness if path == "miles" else 0,
-            seed=args.seed,
-        )
-        with (
-            Tracker(
-                run_name=f"demo-{path}-{args.loss}-seed{args.seed}",
-                backends=backends,
-                backend_label=path,
-                config=config.as_config(),
-                sink_options={
-                    "mlflow": {"tracking_uri": tracking_uri},
-                    "wandb": {"project": "cliptrack-demo", "dir": out},
-                },
-                experiment=EXPERIMENT,
-                spool_dir=out / "spool",
-            ) as tracker,
-            Progress(config.steps, f"{path:>8}", enabled=not args.no_progress) as bar,
-        ):
-            for result in train(config):
-                if result.step == 0:  # which schedule ran the micro-batches: printed and an MLflow param
-                    tracker.log_config({"schedule": result.schedule})
-                    schedules[path] = result.schedule
-                tracker.log_output(result.step, result.output, extra=result.metrics)
-                bar.advance(
-                    clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
-                    reward=result.metrics[keys.REWARD],
+    for group, runs in plan(paths, args.seeds, args.seed, args.miles_staleness).items():
+        with Progress(args.steps * len(runs), f"{group:>8}", enabled=not args.no_progress) as bar:
+            for path, staleness, seed in runs:
+                config = RunConfig(
+                    path=path,
+                    loss=args.loss,
+                    steps=args.steps,
+                    epochs=args.epochs,
+                    staleness=staleness,
+                    seed=seed,
                 )
-                on_policy[path] = on_policy.get(path, OnPolicy(config.staleness)).add(result)
-                if result.checkpoint is not None:
-                    last[path] = (result, config)
-            assert tracker.run_id is not None
-            run_ids[path] = tracker.run_id
+                with Tracker(
+                    run_name=run_name(path, args.loss, staleness, seed),
+                    backends=backends,
+                    backend_label=path,
+                    config={**config.as_config(), "group": group},
+                    sink_options={
+                        "mlflow": {"tracking_uri": tracking_uri},
+                        "wandb": {"project": "cliptrack-demo", "dir": out},
+                    },
+                    experiment=EXPERIMENT,
+                    spool_dir=out / "spool",
+                ) as tracker:
+                    for result in train(config):
+                        if (
+                            result.step == 0
+                        ):  # which schedule ran the micro-batches: printed and an MLflow param
+                            tracker.log_config({"schedule": result.schedule})
+                            schedules[path] = result.schedule
+                        tracker.log_output(result.step, result.output, extra=result.metrics)
+                        bar.advance(
+                            clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
+                            reward=result.metrics[keys.REWARD],
+                        )
+                        on_policy[group] = on_policy.get(group, OnPolicy(config.staleness)).add(result)
+                        if result.checkpoint is not None:
+                            last[group] = (result, config)
+                    assert tracker.run_id is not None
+                    groups.setdefault(group, []).append(tracker.run_id)
     training_s = time.perf_counter() - started
 
     print()
-    summary_lines = [f"trained {len(paths)} run(s) in {training_s:.1f} s"]
+    runs_trained = sum(len(ids) for ids in groups.values())
+    summary_lines = [f"trained {runs_trained} runs ({args.seeds} seed(s) per group) in {training_s:.1f} s"]
     summary_lines += [f"{path} path ran through: {schedule}" for path, schedule in schedules.items()]
-    summary_lines += [f"{path} run: {summary.describe()}" for path, summary in on_policy.items()]
-    if len(run_ids) >= 2:
-        summary_lines += _compare(list(run_ids.values()), tracking_uri, out)
+    summary_lines += [
+        f"{group} ({len(groups[group])} seeds): {summary.describe()}" for group, summary in on_policy.items()
+    ]
+    stacks = {p: groups[p] for p in paths if p in groups}
+    if len(stacks) >= 2 and args.seeds >= 2:
+        summary_lines += _compare(stacks, groups, tracking_uri, out, control_name(args.miles_staleness))
         summary_lines += _probe(last[paths[0]])
+    elif len(stacks) >= 2:
+        summary_lines.append("no stack-level verdict with one seed per stack (--seeds 2 or more)")
     print("\n".join(summary_lines))
     print()
-    print(where_everything_is(out, tracking_uri, run_ids, wandb=args.wandb))
+    print(where_everything_is(out, tracking_uri, groups, wandb=args.wandb))
     print()
-    print(next_steps(out, tracking_uri, experiment_id, list(run_ids.values())))
+    print(next_steps(out, tracking_uri, experiment_id, stacks, groups))
+    print(f"\nthe demo took {time.perf_counter() - started:.1f} s")
     return 0
 
 
-def where_everything_is(out: Path, tracking_uri: str, run_ids: dict[str, str], *, wandb: bool) -> str:
+def where_everything_is(out: Path, tracking_uri: str, groups: dict[str, list[str]], *, wandb: bool) -> str:
     """The demo's outputs, one per line (no credential of the store: ``cliptrack.core.secrets``)."""
     lines = [
         "where everything is:",
@@ -174,32 +235,47 @@ def where_everything_is(out: Path, tracking_uri: str, run_ids: dict[str, str], *
         lines.append(
             f"  W&B offline    {out / 'wandb'}   (push later: wandb sync {out / 'wandb'}/offline-run-*)"
         )
-    if len(run_ids) >= 2:
+    if len(groups) >= 2:
         lines += [
             f"  dashboard      {out / 'dashboard.html'}",
             f"  comparison     MLflow experiment {EXPERIMENT}-comparisons, artifacts in "
             f"{out / 'comparison-artifacts'}",
             f"  W&B panels     {out / 'wandb-panels.json'}",
         ]
-    lines += [
-        f"  run {path:<9}  {run_id}   (cliptrack id, accepted by every command)"
-        for path, run_id in run_ids.items()
-    ]
+    lines += [f"  runs {group:<15} {' '.join(ids)}" for group, ids in groups.items()]
+    lines.append("  (cliptrack ids, accepted by every command)")
     return redact("\n".join(lines))
 
 
-def next_steps(out: Path, tracking_uri: str, experiment_id: str, run_ids: list[str]) -> str:
+def group_arguments(groups: dict[str, list[str]]) -> str:
+    """``--group NAME=ID,ID ...`` for ``cliptrack compare``."""
+    return " ".join(f"--group {name}={','.join(ids)}" for name, ids in groups.items())
+
+
+def next_steps(
+    out: Path,
+    tracking_uri: str,
+    experiment_id: str,
+    stacks: dict[str, list[str]],
+    groups: dict[str, list[str]],
+) -> str:
     """The exact commands that continue from this demo's runs (each line after ``$ `` runs as is)."""
     store = f"--tracking-uri {tracking_uri}"
     lines = ["next steps:"]
-    if len(run_ids) >= 2:
-        compared = " ".join(run_ids)
+    if len(stacks) >= 2 and min(len(ids) for ids in stacks.values()) >= 2:
+        compared = group_arguments(stacks)
         lines += [
-            "  compare the runs again (table and verdict):",
+            "  compare the stacks again (table, headline, notes; --verbose: every column):",
             f"    $ cliptrack compare {compared} {store}",
             "  every number as JSON:",
             f"    $ cliptrack compare {compared} {store} --json",
         ]
+        control = [g for g in groups if g not in stacks]
+        if control and "miles" in stacks:
+            lines += [
+                "  the control: Miles against the Megatron path as stale as Miles (other seeds):",
+                f"    $ cliptrack compare {group_arguments({control[0]: groups[control[0]], 'miles': stacks['miles']})} {store}",
+            ]
     lines += [
         "  list the store's runs (ids, status, start time, steps):",
         f"    $ cliptrack runs {store}",
@@ -207,7 +283,7 @@ def next_steps(out: Path, tracking_uri: str, experiment_id: str, run_ids: list[s
         f"    $ mlflow ui --backend-store-uri {tracking_uri} --port {UI_PORT}",
         f"    {mlflow_ui_url(experiment_id)}",
     ]
-    if len(run_ids) >= 2:
+    if len(stacks) >= 2:
         lines += ["  the dashboard (open in a browser):", f"    {(out / 'dashboard.html').as_uri()}"]
     lines += [
         "  the notebook on these runs (jupyter lab notebooks/compare_backends.ipynb to open it):",
@@ -322,19 +398,45 @@ def _probe(last: tuple[Any, Any]) -> list[str]:
     ]
 
 
-def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
-    """Compare the runs: print the table and verdict, write the dashboard and the panels."""
+def _labelled(runs: Any, groups: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The groups with each run id replaced by the run's label in ``runs`` (loaded in the groups'
+    order: a loaded run set keeps the order of the references it was given)."""
+    ids = [run_id for members in groups.values() for run_id in members]
+    label = dict(zip(ids, runs.labels, strict=True))
+    return {group: [label[run_id] for run_id in ids] for group, ids in groups.items()}
+
+
+def _compare(
+    stacks: dict[str, list[str]], groups: dict[str, list[str]], tracking_uri: str, out: Path, control: str
+) -> list[str]:
+    """Compare the stacks over seeds: print the table, the headline and the notes, write the
+    dashboard and the panels; then the control (Miles against the Megatron path as stale as Miles,
+    on other seeds): its headline."""
     from cliptrack.backends.load import load_runs
     from cliptrack.backends.mlflow.panels import log_comparison
     from cliptrack.backends.wandb.panels import save_or_write
     from cliptrack.compare.engine import compare
     from cliptrack.compare.views.dashboard import write_dashboard
 
-    runs = load_runs(run_ids, tracking_uri=tracking_uri)
-    result = compare(runs)
+    names = [run_id for ids in stacks.values() for run_id in ids]
+    runs = load_runs(names, tracking_uri=tracking_uri)
+    result = compare(runs, groups=_labelled(runs, stacks))
     print(format_result(result))
+    lines = [f"verdict on the stacks: {result.on_policy_verdict}"]
+    if control in groups and "miles" in stacks:
+        both = load_runs(groups[control] + stacks["miles"], tracking_uri=tracking_uri)
+        check = compare(both, groups=_labelled(both, {control: groups[control], "miles": stacks["miles"]}))
+        print()
+        print(f"the control: {control} (the Megatron path as stale as Miles, other seeds) against miles:")
+        print("\n".join(check.headline_lines()))
+        lines.append(
+            f"control verdict ({control} vs miles): {check.on_policy_verdict}. A gap between the stacks "
+            "that the control does not show comes from the staleness, not from the path"
+            if check.on_policy_verdict != "different" and result.on_policy_verdict == "different"
+            else f"control verdict ({control} vs miles): {check.on_policy_verdict}"
+        )
     dashboard = write_dashboard(
-        out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles"
+        out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles over seeds"
     )
     comparison_id = log_comparison(
         runs,
@@ -344,9 +446,6 @@ def _compare(run_ids: list[str], tracking_uri: str, out: Path) -> list[str]:
         artifact_dir=out / "comparison-artifacts",
     )
     panels: dict[str, Any] = save_or_write(
-        "cliptrack", "cliptrack-demo", run_ids, result.summary(), out=out / "wandb-panels.json", online=False
+        "cliptrack", "cliptrack-demo", names, result.summary(), out=out / "wandb-panels.json", online=False
     )
-    return [
-        f"verdict: {result.on_policy_verdict}",
-        f"MLflow comparison run {comparison_id}; W&B panel specs in {panels.get('path')}",
-    ]
+    return [*lines, f"MLflow comparison run {comparison_id}; W&B panel specs in {panels.get('path')}"]
