@@ -48,6 +48,7 @@ from cliptrack.compare.stats import (
     step_weighted_estimate,
     throughout_verdict,
 )
+from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
 from cliptrack.compare.stats.intervals import interval_rows
 from cliptrack.compare.stats.lrv import autocovariances, long_run_variance
 from cliptrack.compare.stats.seeds import MAX_SEEDS
@@ -499,8 +500,6 @@ def run_level(
 ) -> RunLevelRow:
     """One run-level case through ``group_difference`` (log-ratio scale, margin ``log 1.25``), its
     verdict, ``probability_greater`` and ``seeds_needed`` at the seeds' measured spread."""
-    from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
-
     rng = np.random.default_rng([seed, 66, seeds, int(spread * 10), int(shift * 10), n])
     tol = math.log1p(MARGIN_RELATIVE)
     within = SD * math.sqrt(1.5 / (0.5 * n))  # sd of an AR(1) (phi 0.5) window mean, roughly
@@ -557,8 +556,6 @@ def seeds_needed_check(spread: float, reps: int, seed: int, n: int = RUN_STEPS) 
     """``(m, rate)``: the seeds per stack ``seeds_needed`` asks for at the true spread (seed sd
     ``spread`` times the within-run sd, both stacks equal) and the share of replicates with that many
     seeds called equivalent (nominal power 80 %)."""
-    from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
-
     tol = math.log1p(MARGIN_RELATIVE)
     within = SD * math.sqrt(1.5 / (0.5 * n))
     total = math.sqrt(1.0 + spread**2) * within / MEAN
