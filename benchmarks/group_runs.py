@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             for members in result.groups.values()
         ]
         e = d.estimate
-        unit = "log-ratio" if d.relative else "abs"
+        unit = "log-ratio" if d.scale == "log-ratio" else "abs"
         lines.append(
             f"| {name} | {truth} | {means[0]:.2f} → {means[1]:.2f} | {e.value:+.3f} ({e.low:+.3f}, {e.high:+.3f}) {unit} | "
             f"{d.probability_greater * 100:.1f}% | {d.verdict} | {d.seeds_needed} | "
