@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ def test_both_runs_are_in_mlflow_with_every_clip_series(demo):
     runs = client.search_runs(
         [experiment.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_TRAINING}'"
     )
-    assert sorted(r.data.tags[keys.TAG_BACKEND] for r in runs) == ["megatron", "miles"]
+    assert sorted(r.data.tags[keys.TAG_BACKEND] for r in runs) == ["megatron"] * 6 + ["miles"] * 3
     for run in runs:
         assert run.info.status == "FINISHED"
         for key in keys.CLIP_SERIES_KEYS + (keys.REWARD, keys.THROUGHPUT):
@@ -60,8 +61,8 @@ def test_megatron_path_ran_through_megatron_cores_schedule(demo):
     assert f"megatron path ran through: {schedule}" in stdout
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cliptrack-demo")
-    [run] = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_BACKEND}` = 'megatron'")
-    assert run.data.params["schedule"] == schedule
+    runs = client.search_runs([experiment.experiment_id], f"tags.`{keys.TAG_BACKEND}` = 'megatron'")
+    assert len(runs) == 6 and {run.data.params["schedule"] for run in runs} == {schedule}
 
 
 def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
@@ -100,7 +101,10 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
         for r in runs
         if r.data.tags.get(keys.TAG_RUN_KIND) == keys.RUN_KIND_TRAINING
     }
-    assert sorted(training) == ["demo-megatron-ppo-seed0", "demo-miles-ppo-seed0"]
+    assert {"demo-megatron-ppo-seed0", "demo-miles-ppo-seed0", "demo-megatron-ppo-stale2-seed3"} <= set(
+        training
+    )
+    assert len(training) == 9  # 3 seeds of megatron, miles and the control
     assert len(runs) == len(training), "only the training runs belong in the training experiment"
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
     assert experiment.artifact_location.startswith(out.as_uri()), experiment.artifact_location
@@ -135,7 +139,8 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     html = (out / "dashboard.html").read_text(encoding="utf-8")
     assert "demo-megatron-ppo-seed0" in html and "demo-miles-ppo-seed0" in html
     assert (out / "wandb-panels.json").is_file()
-    assert "verdict:" in stdout and "clip_fraction" in stdout
+    assert "verdict on the stacks: different" in stdout and "clip_fraction" in stdout
+    assert re.search(r"control verdict \(megatron-stale2 vs miles\): (equivalent|inconclusive)", stdout)
     assert "mlflow ui --backend-store-uri" in stdout
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))
     from mlflow.tracking import MlflowClient
@@ -152,7 +157,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     assert (
         "clip_fraction.difference" in comparison.data.metrics
     )  # the numbers as metrics, apart from training keys
-    assert comparison.data.tags[keys.TAG_VERDICT] == "insufficient data"  # this short demo has too few steps
+    assert comparison.data.tags[keys.TAG_VERDICT] == "different"  # the stale stack, over 3 seeds each
     assert comparison.info.artifact_uri.startswith((out / "comparison-artifacts").resolve().as_uri())
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
     assert {"dashboard.html", "comparison.csv", "comparison.json"} <= artifacts
@@ -180,8 +185,6 @@ def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(d
     """The Miles run samples from a policy two steps stale: its mismatch KL (k3) and mean |log
     ratio|, ratios of sums over the run as logged to MLflow, are well above the Megatron run's, and
     the demo's own summary lines show the same numbers."""
-    import re
-
     from mlflow.tracking import MlflowClient
 
     out, stdout = demo
@@ -196,20 +199,21 @@ def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(d
         assert sorted(m.step for m in history) == list(range(STEPS)), key
         return math.fsum(m.value for m in history)
 
-    gauge = {}
+    sums: dict[str, list[float]] = {}
     for run in runs:
-        run_id, tokens = run.info.run_id, total(run.info.run_id, keys.LOSS_TOKENS)
-        gauge[run.data.tags[keys.TAG_BACKEND]] = {
-            "kl": total(run_id, keys.KL_K3_SUM) / tokens,
-            "abs": total(run_id, keys.ABS_LOG_RATIO_SUM) / tokens,
-        }
+        run_id = run.info.run_id
+        group = sums.setdefault(run.data.params["group"], [0.0, 0.0, 0.0])
+        group[0] += total(run_id, keys.LOSS_TOKENS)
+        group[1] += total(run_id, keys.KL_K3_SUM)
+        group[2] += total(run_id, keys.ABS_LOG_RATIO_SUM)
         for key in (keys.KL_K3_MEAN, keys.ABS_LOG_RATIO_MEAN, keys.LOG_RATIO_MAX, keys.LOG_RATIO_MIN):
             assert len(client.get_metric_history(run_id, key)) == STEPS, key
+    gauge = {g: {"kl": kl / tokens, "abs": a / tokens} for g, (tokens, kl, a) in sums.items()}
     assert gauge["miles"]["kl"] > 2 * gauge["megatron"]["kl"] > 0, gauge
     assert gauge["miles"]["abs"] > 1.5 * gauge["megatron"]["abs"] > 0, gauge
-    for backend, staleness in (("megatron", 0), ("miles", 2)):
+    for backend, staleness in (("megatron", 0), ("miles", 2), ("megatron-stale2", 2)):
         line = re.search(
-            rf"^{backend} run: clip fraction [0-9.]+, mismatch KL \(k3\) ([0-9.]+), mean \|log ratio\| "
+            rf"^{backend} \(3 seeds\): clip fraction [0-9.]+, mismatch KL \(k3\) ([0-9.]+), mean \|log ratio\| "
             rf"([0-9.]+) \(sampler {staleness} step\(s\) stale\)$",
             stdout,
             re.MULTILINE,
@@ -236,23 +240,25 @@ def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):
     assert loop[0][keys.LOSS_SUM] == pytest.approx(scheduled[0][keys.LOSS_SUM], rel=1e-6)
 
 
-def test_default_demo_trains_enough_steps_for_a_verdict():
-    """The default run length reaches the comparison's minimum of paired steps, with margin."""
+def test_default_demo_trains_seeds_per_stack_and_a_control_on_other_seeds():
+    """The default demo trains 2+ seeds per stack (a stack-level verdict needs them) and a control:
+    the Megatron path as stale as Miles, on seeds neither stack uses."""
     import argparse
 
     from cliptrack.adapters.demo.train import RunConfig
-    from cliptrack.cli.demo import add_arguments
-    from cliptrack.compare.stats import MIN_UNITS
+    from cliptrack.cli.demo import add_arguments, plan
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     defaults = parser.parse_args([])
-    assert defaults.steps >= MIN_UNITS * 1.2
-    assert STEPS < MIN_UNITS  # the short demo above is short, hence its "insufficient data"
-    assert (RunConfig(path="megatron").steps, RunConfig(path="megatron").epochs) == (
-        defaults.steps,
-        defaults.epochs,
-    )
+    assert defaults.seeds >= 2 and defaults.miles_staleness > 0
+    groups = plan(["megatron", "miles"], defaults.seeds, defaults.seed, defaults.miles_staleness)
+    assert list(groups) == ["megatron-stale2", "megatron", "miles"]  # the control first
+    control, megatron, miles = groups.values()
+    assert {s for _, _, s in control}.isdisjoint({s for _, _, s in megatron + miles})
+    assert {(p, st) for p, st, _ in control} == {("megatron", defaults.miles_staleness)}
+    assert [s for _, _, s in megatron] == [s for _, _, s in miles]
+    assert RunConfig(path="megatron").epochs == defaults.epochs
 
 
 @pytest.mark.slow
@@ -288,7 +294,7 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
         config = RunConfig(
             path=path,
             loss=defaults.loss,
-            steps=defaults.steps,
+            steps=150,  # one pair of runs long enough for a paired verdict
             epochs=defaults.epochs,
             staleness=staleness,
             seed=defaults.seed,

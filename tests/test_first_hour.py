@@ -50,7 +50,7 @@ def _printed_commands(stdout: str) -> list[str]:
 def test_output_is_quiet_and_third_party_messages_are_in_the_log(demo):
     out, proc = demo
     assert "\r" not in proc.stdout and "\x1b[" not in proc.stdout  # no bar frames in a file
-    assert f"megatron: step {STEPS}/{STEPS} (100%)" in proc.stdout
+    assert f"megatron: step {3 * STEPS}/{3 * STEPS} (100%)" in proc.stdout  # 3 seeds of STEPS steps
     for noise in ("Creating initial MLflow database tables", "UserWarning", "Apex is not installed", "INFO"):
         assert noise not in proc.stderr, proc.stderr
         assert noise not in proc.stdout
@@ -61,21 +61,32 @@ def test_output_is_quiet_and_third_party_messages_are_in_the_log(demo):
 def test_the_printed_commands_run_as_printed(demo):
     out, proc = demo
     commands = _printed_commands(proc.stdout)
-    run_ids = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("  run ")]
-    assert len(run_ids) == 2
-    compare, as_json, runs, ui, notebook = commands
-    assert compare.split()[:4] == ["cliptrack", "compare", *run_ids]  # the ids the demo printed
+    groups = {
+        line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines() if line.startswith("  runs ")
+    }
+    assert sorted(groups) == ["megatron", "megatron-stale2", "miles"]
+    assert all(len(ids) == 3 for ids in groups.values())
+    run_ids = [run_id for ids in groups.values() for run_id in ids]
+    compare, as_json, control, runs, ui, notebook = commands
+    stacks = f"--group megatron={','.join(groups['megatron'])} --group miles={','.join(groups['miles'])}"
+    assert compare.startswith(f"cliptrack compare {stacks} --tracking-uri ")  # the ids the demo printed
     assert as_json == compare + " --json"
+    assert control.startswith(
+        f"cliptrack compare --group megatron-stale2={','.join(groups['megatron-stale2'])}"
+    )
     assert ui.startswith("mlflow ui --backend-store-uri sqlite:///") and notebook.endswith(
         "compare_backends.ipynb"
     )
     table = _cliptrack(shlex.split(compare)[1:], out.parent)
     assert table.returncode == 0, table.stderr
-    assert "clip_fraction" in table.stdout and "insufficient data" in table.stdout
+    assert "clip_fraction" in table.stdout and "Not equally on-policy" in table.stdout
+    assert max(len(line) for line in table.stdout.splitlines()[:12]) <= 120  # the table fits
     numbers = _cliptrack(shlex.split(as_json)[1:], out.parent)
     assert numbers.returncode == 0, numbers.stderr
     result = json.loads(numbers.stdout)
-    assert result["verdict"] == "insufficient data"
+    assert result["verdict"] == "different"  # the stale Miles stack, over 3 seeds each
+    checked = _cliptrack(shlex.split(control)[1:], out.parent)
+    assert checked.returncode == 0 and "Not equally on-policy" not in checked.stdout, checked.stdout
     listing = _cliptrack(shlex.split(runs)[1:], out.parent)
     assert listing.returncode == 0, listing.stderr
     for run_id in run_ids:
