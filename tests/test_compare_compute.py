@@ -16,6 +16,7 @@ import pytest
 from cliptrack.backends import load_jsonl
 from cliptrack.compare import RunSet, compare
 from cliptrack.compare import quantities as qs
+from cliptrack.compare import reasons as r
 from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.notes import steps_text
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
@@ -137,31 +138,23 @@ def _episode_pair(seed: int, n: int = 1000):
     )
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_an_episode_is_never_called_equally_on_policy(seed):
-    result = compare(runset_of(*_episode_pair(seed)))
-    d = result.difference("clip_fraction")
-    assert d.verdict != EQUIVALENT and result.on_policy_verdict != EQUIVALENT
-    assert "Equally on-policy" not in result.summary()
-    if d.verdict != INSUFFICIENT:
-        assert d.differing, d.reason
-
-
 @pytest.mark.parametrize("seed", [1, 3])
-def test_an_episode_that_differs_is_named_by_its_steps(seed):
+def test_an_episode_of_one_pair_is_named_in_a_note_not_made_a_verdict(seed):
+    """One pair's episode (run b clips more during steps 420-490 only) is named by its steps and size
+    in a note; the verdict is the whole window's (issue #27: a spike in one run is no difference of
+    the runs, and more steps never make the answer worse)."""
     result = compare(runset_of(*_episode_pair(seed)))
     d = result.difference("clip_fraction")
-    assert d.verdict == DIFFERENT, d.reason
-    assert d.average_verdict != DIFFERENT and abs(d.estimate.value) < math.log(1.25)  # the average is within
+    assert d.verdict == d.average_verdict != DIFFERENT, d.reason
+    assert abs(d.estimate.value) < math.log(1.25)  # the average is within
     [episode] = [s for s in d.differing if s.verdict == DIFFERENT]
     assert 420 <= episode.start and episode.end <= 490 and episode.episode
     span = f"steps {episode.start:g}-{episode.end:g}"
-    headline = result.summary().splitlines()[0]
-    assert headline.startswith("Not equally on-policy") and span in headline
-    assert span in d.reason and span in result.formatted_table().loc[0, "segments"]
-    data = result.to_dict()["differences"][0]
-    assert data["metric"] == "clip_fraction" and [s["start"] for s in data["segments"] if s["differs"]]
-    assert "Difference over training" in result.to_markdown()
+    [stretch] = [n for n in result.notes if isinstance(n.reason, r.Stretches)]
+    assert span in stretch.text and "×" in stretch.text and "not a verdict" in stretch.text
+    assert stretch.warning and span in result.summary()
+    assert "Not equally on-policy" not in result.summary().splitlines()[0]
+    assert span in result.formatted_table().loc[0, "segments"]
     segments = result.to_dict()["differences"][0]["segments"]
     assert segments[0]["start"] == 0 and segments[-1]["end"] == 999
 

@@ -324,7 +324,9 @@ def test_one_to_four_steps_give_insufficient_data(n):
         assert d.verdict == INSUFFICIENT, d
         assert d.reason == f"only {n} paired unit{'s' if n > 1 else ''} (minimum {MIN_UNITS})"
     assert result.on_policy_verdict == INSUFFICIENT
-    assert result.summary().startswith("Insufficient data: the clip fractions of b and a cannot be compared")
+    assert result.summary().startswith(
+        "Insufficient data: the clip fractions of these runs (b and a) cannot be compared"
+    )
     assert "Not equally" not in result.summary()
 
 
@@ -521,7 +523,10 @@ def _est(low: float, high: float, n: int = 200, ess: float = 50.0) -> Estimate:
         (_est(-0.02, 0.0), INCONCLUSIVE),
         (_est(float("nan"), float("nan")), INSUFFICIENT),
         (_est(-0.01, 0.01, n=MIN_UNITS - 1), INSUFFICIENT),
-        (_est(0.03, 0.05, ess=MIN_ESS - 0.1), INSUFFICIENT),
+        (_est(0.03, 0.05, ess=MIN_ESS - 0.1), DIFFERENT),  # a direction is trusted below the ESS gate
+        (_est(-0.01, 0.01, ess=MIN_ESS - 0.1), INSUFFICIENT),  # equivalence is not
+        (_est(0.01, 0.03, ess=MIN_ESS - 0.1), INSUFFICIENT),
+        (_est(0.03, 0.05, n=MIN_UNITS - 1), INSUFFICIENT),
         (_est(-0.01, 0.01, n=MIN_UNITS, ess=MIN_ESS), EQUIVALENT),
     ],
 )

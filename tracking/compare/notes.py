@@ -8,6 +8,7 @@ reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import singledispatch
 
@@ -81,6 +82,17 @@ def _(reason: r.NotThroughout) -> str:
     else:
         whole = f"{sentence(reason.window)};"
     return f"{whole} not throughout the window: {spans}"
+
+
+@sentence.register
+def _(reason: r.RestsOnUnits) -> str:
+    where = ", ".join(f"{x:g}" for x in reason.xs)
+    unit = "step" if reason.by_step else "the unit at x ="
+    return (
+        f"the whole interval lies outside the margin only with {unit} {where}: leaving out any one of "
+        "them (or the outliers among them together) brings it back, and single steps do not make a "
+        "difference"
+    )
 
 
 @sentence.register
@@ -230,6 +242,25 @@ def _(reason: r.Influential) -> str:
         f"{reason.run} vs {reason.reference}: the whole-window {reason.metric} verdict ({reason.verdict}) "
         f"rests on single units: leaving out {unit} {where} (any one of them, or the outliers among them "
         "together) changes it; look at those steps"
+    )
+
+
+def _size_text(size: float, scale: str, percent: bool) -> str:
+    if scale == "log-ratio":
+        return f"{math.exp(size):.2g}×"
+    return f"{size * 100:+.3g} pp" if percent else f"{size:+.3g}"
+
+
+@sentence.register
+def _(reason: r.Stretches) -> str:
+    spans = ", ".join(
+        f"{span_text(s)} ({_size_text(v, reason.scale, reason.percent)})"
+        for s, v in zip(reason.spans, reason.sizes, strict=True)
+    )
+    return (
+        f"{reason.run} vs {reason.reference}: {reason.metric} differs beyond the margin during {spans}; "
+        "a stretch of one pair of runs is named, not a verdict (whether the stacks differ there needs "
+        "2+ seeds each)"
     )
 
 

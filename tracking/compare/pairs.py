@@ -185,12 +185,16 @@ def _step_weighted(q: Quantity, u: PairedUnits, scale: str, confidence: float) -
 
 
 def _pair_notes(q: Quantity, reference: str, label: str, d: Difference, align: str) -> list[Note]:
-    """Deciding units, an equivalence short of the long-memory test, a lag that explains the difference."""
+    """Deciding units, stretches beyond the margin (named, not a verdict), an equivalence short of the long-memory test, a lag that explains the difference."""
     found: list[r.NoteReason] = []
     if d.influential:
         found.append(
             r.Influential(label, reference, q.name, d.average_verdict, d.influential, align == "step")
         )
+    if d.differing:
+        spans = tuple(r.Span(align, s.start, s.end, s.verdict) for s in d.differing)
+        sizes = tuple(s.estimate.value for s in d.differing)
+        found.append(r.Stretches(label, reference, q.name, spans, sizes, d.scale, q.percent))
     if d.verdict == EQUIVALENT and not d.estimate.memory_tested:
         found.append(r.ShortMemory(label, reference, q.name, d.estimate.n_units))
     if d.lead is not None and d.lead.explained:

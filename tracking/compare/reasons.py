@@ -97,8 +97,25 @@ class TooLittleData:
     account: str
 
 
+@dataclass(frozen=True)
+class RestsOnUnits:
+    """The whole-window interval lies outside the margin only with the units at ``xs`` (leaving out
+    any one of them, or the outliers among them together, brings it back): no ``different`` from
+    them alone (``by_step``: x are steps)."""
+
+    xs: tuple[float, ...]
+    by_step: bool
+
+
 VerdictReason = (
-    WholeWindow | NotThroughout | NothingLogged | NoCommonUnits | ZeroDenominator | NoLogRatio | TooLittleData
+    WholeWindow
+    | NotThroughout
+    | RestsOnUnits
+    | NothingLogged
+    | NoCommonUnits
+    | ZeroDenominator
+    | NoLogRatio
+    | TooLittleData
 )
 """Why a difference got its verdict."""
 
@@ -264,6 +281,22 @@ class Influential:
 
 
 @dataclass(frozen=True)
+class Stretches:
+    """Stretches of the window where ``run`` and ``reference`` differ beyond the margin on ``metric``
+    (``spans``, with the difference over each in ``sizes``, on ``scale``: log-ratio units or the
+    quantity's own, ``percent`` for a fraction), named only: one pair's episode is no verdict."""
+
+    warning: ClassVar[bool] = True
+    run: str
+    reference: str
+    metric: str
+    spans: tuple[Span, ...]
+    sizes: tuple[float, ...]
+    scale: str
+    percent: bool
+
+
+@dataclass(frozen=True)
 class ShortMemory:
     """``metric`` of ``run`` vs ``reference`` is equivalent over ``units`` paired units, too few for the
     long-memory test."""
@@ -320,6 +353,7 @@ NoteReason = (
     | AbsoluteScale
     | PairedOnly
     | Influential
+    | Stretches
     | ShortMemory
     | Lagging
     | SeedsCovered

@@ -49,7 +49,7 @@ from cliptrack.compare.stats import (
     throughout_verdict,
 )
 from cliptrack.compare.stats.estimate import LOG_RATIO, interval_verdict
-from cliptrack.compare.stats.intervals import interval_rows
+from cliptrack.compare.stats.intervals import direction_rows, interval_rows
 from cliptrack.compare.stats.lrv import autocovariances, long_run_variance
 from cliptrack.compare.stats.seeds import MAX_SEEDS
 
@@ -589,6 +589,125 @@ def run_level_markdown(rows: list[RunLevelRow]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------- one pair: "different"
+
+PAIR_CASES = (
+    ("AR 0", 100), ("AR 0", 300), ("AR 0", 1000),
+    ("AR 0.5", 100), ("AR 0.5", 300), ("AR 0.5", 1000), ("AR 0.5", 3000),
+    ("AR 0.9", 100), ("AR 0.9", 300), ("AR 0.9", 1000),
+    ("AR 0.97", 100), ("AR 0.97", 300), ("AR 0.97", 1000),
+    ("AR 0.99", 100), ("AR 0.99", 300), ("AR 0.99", 1000),
+    ("ARFIMA d=0.2", 300), ("ARFIMA d=0.2", 1000),
+    ("ARFIMA d=0.3", 300), ("ARFIMA d=0.3", 1000),
+    ("ARFIMA d=0.4", 300), ("ARFIMA d=0.4", 1000),
+    ("drift 0.15→0.05", 200), ("drift 0.15→0.05", 2000),
+    ("t(2) noise", 150), ("t(2) noise", 1000),
+    ("1 % outlier steps", 1000),
+    ("one outlier step", 150),
+    ("one 20-step spike", 3000),
+)  # fmt: skip
+"""Regimes of the one-pair calibration: every stationary and drift regime of the main table
+(including those the ESS gate withholds), heavy tails, outliers and a single spike of one run."""
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One pair's whole-window verdicts in one regime (fractions of replicates): ``gated`` below
+    ``MIN_ESS`` (no ``equivalent`` possible, ``different`` still); ``different``: called different at
+    a true difference equal to the margin (nominal at most 5 %); ``equivalent``: called equivalent at
+    no difference; ``detected``: called different at four times the margin."""
+
+    case: str
+    steps: int
+    replicates: int
+    gated: float
+    different: float
+    equivalent: float
+    detected: float
+
+
+def _pair_noise(rng: np.random.Generator, case: str, reps: int, n: int) -> np.ndarray:
+    """``(reps, n)`` per-step values of one run around 0 (the level is added by the caller)."""
+    if case.startswith("AR "):
+        return ar1(rng, reps, n, float(case[3:]))
+    if case.startswith("ARFIMA"):
+        return arfima(rng, reps, n, float(case.split("=")[1]))
+    if case.startswith("drift"):
+        return np.linspace(0.05, -0.05, n)[None, :] + ar1(rng, reps, n, 0.5)
+    if case.startswith("t(2)"):
+        return SD / 2 * rng.standard_t(2, (reps, n))
+    x = ar1(rng, reps, n, 0.5)
+    if case.startswith("1 %"):
+        mask = rng.random((reps, n)) < 0.01
+        return np.where(mask, rng.choice([-0.5, 0.5], (reps, n)), x)
+    return x
+
+
+def _spike(case: str, reps: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """One run's spike (``one outlier step``: +1.0 at one step; ``one 20-step spike``: +0.5 over 20
+    steps), at a random place, with its window mean taken off the level so the truth is unchanged."""
+    bump = np.zeros((reps, n))
+    if case == "one outlier step":
+        bump[np.arange(reps), rng.integers(0, n, reps)] = 1.0
+    elif case == "one 20-step spike":
+        for i, s in enumerate(rng.integers(0, n - 20, reps)):
+            bump[i, s : s + 20] = 0.5
+    return bump - bump.mean(axis=1, keepdims=True)
+
+
+def _pair_verdicts(
+    rng: np.random.Generator, case: str, reps: int, n: int, shift: float
+) -> tuple[np.ndarray, ...]:
+    """``(gated, different, equivalent)`` per replicate for run b at ``shift`` above run a, whole
+    window, through the shipped interval code (``interval_rows``, ``direction_rows``)."""
+    ones = np.ones((reps, n))
+    a = MEAN + _pair_noise(rng, case, reps, n)
+    b = MEAN + shift + _pair_noise(rng, case, reps, n) + _spike(case, reps, n, rng)
+    ra, za = linearise_rows(a, ones)
+    rb, zb = linearise_rows(b, ones)
+    value, z = rb - ra, zb - za
+    v = long_run_variance(z)
+    low, high = interval_rows(value, n, v, CONFIDENCE)
+    d_low, d_high = direction_rows(value, n, v, z.std(axis=1))
+    enough = n >= MIN_UNITS
+    gated = ~(v.ess >= MIN_ESS)
+    different = enough & ((d_low > TOLERANCE) | (d_high < -TOLERANCE))
+    equivalent = enough & ~gated & ~different & (low > -TOLERANCE) & (high < TOLERANCE)
+    return gated, different, equivalent
+
+
+def pair_different(case: str, n: int, reps: int, seed: int) -> PairRow:
+    """One regime of the one-pair calibration: per-step values (a reward-like quantity, one unit per
+    step, so the truth is exact) of run a at ``MEAN`` and run b at ``MEAN + TOLERANCE`` (the margin),
+    ``MEAN`` (no difference) and ``MEAN + 4 TOLERANCE``, each with its own noise of ``case``. A
+    ``different`` that rests on single steps is further turned ``inconclusive`` by the comparison
+    (``verdicts.judge``), so these rates of ``different`` are upper bounds of the shipped ones."""
+    rng = np.random.default_rng([seed, 202, n, sum(map(ord, case))])
+    gated, at_margin, _ = _pair_verdicts(rng, case, reps, n, TOLERANCE)
+    _, _, at_zero = _pair_verdicts(rng, case, reps, n, 0.0)
+    _, far, _ = _pair_verdicts(rng, case, reps, n, 4 * TOLERANCE)
+    rate = lambda x: float(np.mean(x))  # noqa: E731
+    return PairRow(case, n, reps, rate(gated), rate(at_margin), rate(at_zero), rate(far))
+
+
+def pair_table(reps: int = 400, seed: int = 0) -> list[PairRow]:
+    """Every row of the one-pair calibration table (docs/STATISTICS.md, "One pair of runs")."""
+    return [pair_different(case, n, reps, seed) for case, n in PAIR_CASES]
+
+
+def pair_markdown(rows: list[PairRow]) -> str:
+    lines = [
+        "| regime | steps | reps | ESS below the gate | different at the margin | equivalent at 0 | different at 4× the margin |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.case} | {r.steps} | {r.replicates} | {r.gated * 100:.0f}% | {r.different * 100:.1f}% | "
+            f"{r.equivalent * 100:.0f}% | {r.detected * 100:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------ margins near zero
 
 MARGIN_RELATIVE = 0.25
@@ -759,7 +878,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print rows as JSON lines too")
     parser.add_argument("--margins", action="store_true", help="the margins-near-zero table only")
     parser.add_argument("--seeds", action="store_true", help="the stacks-judged-on-seeds table only")
+    parser.add_argument("--pairs", action="store_true", help="the one-pair 'different' calibration only")
     args = parser.parse_args(argv)
+    if args.pairs:
+        print(pair_markdown(pair_table(args.replicates, args.seed)))
+        return 0
     if args.seeds:
         print(run_level_markdown(run_level_table(args.replicates, args.seed)))
         for spread in RUN_SPREADS:

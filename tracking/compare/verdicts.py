@@ -1,7 +1,10 @@
-"""A pair's verdict throughout the window: the whole-window interval, the segments
-(``stats.segment_differences``, an intersection–union test: ``equivalent`` only when every segment
-is), the units that decide the verdict alone (``stats.influential_units``, run only when a cheap
-first-order screen says one could), and the reason for the verdict as data (``reasons``).
+"""A pair's verdict: the whole-window interval decides (``stats.equivalence_verdict``: a direction
+is trusted even at a small effective sample, equivalence is not); the segments and the episode scan
+(``stats.segment_differences``) only name the stretches that differ beyond the margin (a note, never
+a verdict: one run's spike is not a difference of the runs, and more steps never make the answer
+worse); a ``different`` that rests on single units (``stats.influential_units``, run only when a
+cheap first-order screen says one could) becomes ``inconclusive``; the reason for the verdict as
+data (``reasons``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
 from cliptrack.compare.findings import DifferenceSegment
-from cliptrack.compare.stats import DIFFERENT, INSUFFICIENT, Estimate, equivalence_verdict
+from cliptrack.compare.stats import DIFFERENT, INCONCLUSIVE, INSUFFICIENT, Estimate, equivalence_verdict
 from cliptrack.compare.stats.estimate import MIN_ESS, MIN_UNITS
 from cliptrack.compare.stats.influence import ROBUST_Z
 from cliptrack.compare.stats.intervals import difference_series
@@ -119,16 +122,6 @@ def could_hinge(pair: PairedUnits, est: Estimate, scale: str, tolerance: float) 
     )
 
 
-def _throughout_reason(
-    average: r.WholeWindow, differing: Sequence[DifferenceSegment], align: str
-) -> r.VerdictReason:
-    """The reason of a verdict throughout the window: the segments decide when some differ and the
-    whole window does not already say ``different``."""
-    if differing and average.verdict != DIFFERENT:
-        return r.NotThroughout(average, tuple(r.Span(align, s.start, s.end, s.verdict) for s in differing))
-    return average
-
-
 def judge(
     pair: PairedUnits,
     est: Estimate,
@@ -138,8 +131,9 @@ def judge(
     align: str,
     influence: bool,
 ) -> Judged:
-    """The verdict throughout the window, its reason, the segments and the deciding steps (for a
-    quantity with a verdict, ``influence``; a diagnostic one gets its whole-window verdict only)."""
+    """The pair's verdict (the whole window's), its reason, the segments, the stretches that differ
+    beyond the margin (``differing``: named, not a verdict) and the deciding steps (for a quantity
+    with a verdict, ``influence``; a diagnostic one gets its whole-window verdict only)."""
     average = equivalence_verdict(est, tolerance)
     if average == INSUFFICIENT:
         return Judged(INSUFFICIENT, None, average, (), (), ())
@@ -147,13 +141,19 @@ def judge(
         return Judged(average, whole_window(est, average, r.WINDOW), average, (), (), ())
     found = st.segment_differences(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     segments = _segments(pair, found)
-    throughout = st.throughout_verdict(est, found, tolerance)
-    ranges = set(throughout.differing)
-    differing = tuple(s for s in segments if (s.start_unit, s.stop_unit) in ranges)
-    tested = r.SEGMENTS if len(segments) > 1 else r.WINDOW  # one segment is the window itself
-    why = _throughout_reason(whole_window(est, average, tested), differing, align)
+    differing = (
+        tuple(s for s in segments if s.verdict == DIFFERENT)
+        if len(segments) > 1 or any(s.episode for s in segments)
+        else ()
+    )
+    why: r.VerdictReason = whole_window(est, average, r.WINDOW)
     units: list[int] = []
     if could_hinge(pair, est, scale, tolerance):
         units = st.influential_units(*pair.arrays, scale=scale, confidence=confidence, tolerance=tolerance)
     influential = tuple(float(pair.x[i]) for i in units)
-    return Judged(throughout.verdict, why, average, tuple(segments), differing, influential)
+    verdict = average
+    # a spike decides it (not a unit that only moves the ESS across its gate: near the gate the
+    # direction interval is already robust, GATED_SPREADS spreads of the series wide)
+    if average == DIFFERENT and influential and not _near_a_gate(pair.x.size, est):
+        verdict, why = INCONCLUSIVE, r.RestsOnUnits(influential, align == "step")
+    return Judged(verdict, why, average, tuple(segments), differing, influential)

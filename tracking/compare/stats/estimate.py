@@ -9,6 +9,15 @@ MIN_UNITS = 100
 """Fewest paired units (steps, or bins) for which a verdict is given."""
 MIN_ESS = 10.0
 """Smallest effective sample size (units) for which a verdict is given."""
+DIRECTION_CONFIDENCE = 0.99
+"""Two-sided level of the interval a ``different`` verdict needs (0.5 % per side): the 90 % interval
+lets a true difference equal to the margin pass as ``different`` in 6-17 % of windows under strong
+persistence or long memory over 100-300 steps (docs/STATISTICS.md, "One pair of runs")."""
+GATED_SPREADS = 4.0
+"""Below ``MIN_ESS`` the interval a ``different`` verdict needs is at least this many standard
+deviations of the paired unit series around its mean wide on each side: the difference must clear
+the margin by far more than the runs' own step-to-step spread (it persists), since the long-run
+variance of so persistent a window is not to be trusted."""
 MIN_SEGMENT_UNITS = 250
 """Fewest units per segment of the throughout-the-window test (``segments.segment_bounds``)."""
 
@@ -50,7 +59,9 @@ class Estimate:
     ``d`` behind that widening (0 when the batch check alone found it, or none was found);
     ``memory_tested``: the window had enough units for the long-memory test (about 470 for a flat
     series; below that the interval assumes short memory, see docs/STATISTICS.md);
-    ``reason``: why there is no trustworthy interval ("" when fine).
+    ``reason``: why there is no trustworthy interval ("" when fine); ``direction_low`` /
+    ``direction_high``: the interval a ``different`` verdict needs (``direction``; NaN when not
+    computed, e.g. a run's own estimate).
     """
 
     value: float
@@ -68,6 +79,16 @@ class Estimate:
     memory: float = 0.0
     memory_tested: bool = False
     reason: str = ""
+    direction_low: float = _NAN
+    direction_high: float = _NAN
+
+    @property
+    def direction(self) -> tuple[float, float]:
+        """The interval a ``different`` verdict needs (``DIRECTION_CONFIDENCE``, and below ``MIN_ESS``
+        at least ``GATED_SPREADS`` spreads wide); the interval itself where none was computed."""
+        if math.isfinite(self.direction_low) and math.isfinite(self.direction_high):
+            return self.direction_low, self.direction_high
+        return self.low, self.high
 
     @property
     def has_interval(self) -> bool:
@@ -122,17 +143,26 @@ def ess_reason(
 def equivalence_verdict(difference: Estimate, tolerance: float) -> str:
     """TOST-style verdict on a difference interval against ``±tolerance``.
 
-    ``insufficient data``: fewer than ``MIN_UNITS`` units, an effective sample size below
-    ``MIN_ESS``, a stated reason, or no interval at all; ``equivalent``: the whole interval lies
-    inside ``(-tolerance, tolerance)``; ``different``: the whole interval lies outside
-    ``[-tolerance, tolerance]``; otherwise ``inconclusive``. Symmetric: negating the interval
-    (swapping the runs) gives the same verdict.
+    ``different``: the direction interval (``Estimate.direction``: 99 %, and below ``MIN_ESS`` at
+    least ``GATED_SPREADS`` spreads of the paired series wide) lies wholly outside
+    ``[-tolerance, tolerance]`` over at least ``MIN_UNITS`` units: a direction is trusted even at a
+    small effective sample size. ``insufficient data``: fewer than ``MIN_UNITS`` units, a stated
+    reason, no interval, or (for anything but ``different``) an effective sample size below
+    ``MIN_ESS``; ``equivalent``: the whole 90 % interval lies inside ``(-tolerance, tolerance)``;
+    otherwise ``inconclusive``. Symmetric: negating the intervals (swapping the runs) gives the
+    same verdict.
     """
     if not tolerance > 0:
         raise ValueError(f"tolerance must be > 0, got {tolerance}")
-    if not difference.has_interval or not difference.enough_data:
+    if not difference.has_interval or difference.n_units < MIN_UNITS or difference.reason:
         return INSUFFICIENT
-    return interval_verdict(difference.low, difference.high, tolerance)
+    low, high = difference.direction
+    if low > tolerance or high < -tolerance:
+        return DIFFERENT
+    if not difference.enough_data:
+        return INSUFFICIENT
+    verdict = interval_verdict(difference.low, difference.high, tolerance)
+    return INCONCLUSIVE if verdict == DIFFERENT else verdict
 
 
 def interval_verdict(low: float, high: float, tolerance: float) -> str:

@@ -18,7 +18,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from cliptrack.compare.stats.estimate import ABSOLUTE, SCALES, Estimate
+from cliptrack.compare.stats.estimate import (
+    ABSOLUTE,
+    DIRECTION_CONFIDENCE,
+    GATED_SPREADS,
+    MIN_ESS,
+    SCALES,
+    Estimate,
+)
 from cliptrack.compare.stats.lrv import LongRunVariance, long_run_variance
 from cliptrack.compare.stats.quantiles import t_criticals
 
@@ -117,19 +124,39 @@ def interval_rows(
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
 
 
+def direction_rows(
+    values: np.ndarray, n: int, v: LongRunVariance, spread: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)`` per row of the interval a ``different`` verdict needs: ``values ± t sqrt(lrv /
+    n)`` at ``DIRECTION_CONFIDENCE``, and where the effective sample size is below ``MIN_ESS`` at
+    least ``GATED_SPREADS * spread`` (``spread``: the standard deviation of the linearised series
+    around its mean). Vectorised over rows, so the simulation measures exactly this code."""
+    values = np.asarray(values, dtype=float).reshape(-1)
+    half = t_criticals(DIRECTION_CONFIDENCE, v.df) * np.sqrt(np.maximum(v.lrv, 0.0) / n)
+    gated = ~(np.asarray(v.ess) >= MIN_ESS)
+    half = np.where(gated, np.maximum(half, GATED_SPREADS * np.asarray(spread, dtype=float)), half)
+    return values - half, values + half
+
+
 def estimate_from(
     value: float,
     n: int,
     v: LongRunVariance,
     confidence: float,
     bounds: tuple[float, float] | None = None,
+    spread: float = float("nan"),
 ) -> Estimate:
     """The ``Estimate`` of ``value`` whose first-order error is the mean of a series with long-run
-    variance ``v`` (its first row)."""
+    variance ``v`` (its first row); with the direction interval (``direction_rows``) when the
+    series' ``spread`` is given and there are no bounds (a difference)."""
     lrv, df = float(v.lrv[0]), float(v.df[0])
     if not (math.isfinite(value) and math.isfinite(lrv)):
         return nan_estimate(value, n, confidence)
     low, high = interval_rows(np.array([value]), n, v, confidence, bounds)
+    d_low, d_high = (float("nan"),) * 2
+    if bounds is None and math.isfinite(spread):
+        dl, dh = direction_rows(np.array([value]), n, v, np.array([spread]))
+        d_low, d_high = float(dl[0]), float(dh[0])
     terms = int(v.terms[0])
     return Estimate(
         float(value),
@@ -146,6 +173,8 @@ def estimate_from(
         long_memory=bool(v.long_memory[0]),
         memory=float(v.memory[0]),
         memory_tested=bool(v.memory_tested[0]),
+        direction_low=d_low,
+        direction_high=d_high,
     )
 
 
@@ -158,7 +187,7 @@ def mean_estimate(
     n = z.size
     if n < 2 or not math.isfinite(value) or not np.all(np.isfinite(z)):
         return nan_estimate(value, n, confidence)
-    return estimate_from(value, n, long_run_variance(z), confidence, bounds)
+    return estimate_from(value, n, long_run_variance(z), confidence, bounds, float(np.std(z)))
 
 
 def ratio_estimate(
