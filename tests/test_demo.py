@@ -154,9 +154,6 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     [comparison] = client.search_runs(
         [comparisons.experiment_id], f"tags.`{keys.TAG_RUN_KIND}` = '{keys.RUN_KIND_COMPARISON}'"
     )
-    assert (
-        "clip_fraction.difference" in comparison.data.metrics
-    )  # the numbers as metrics, apart from training keys
     assert comparison.data.tags[keys.TAG_VERDICT] == "different"  # the stale stack, over 3 seeds each
     assert comparison.info.artifact_uri.startswith((out / "comparison-artifacts").resolve().as_uri())
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}

@@ -137,6 +137,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_source_arguments(parser)
     add_comparison_arguments(parser)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="every column of the table (intervals per run, step-weighted difference, lag-1, ESS, "
+        "segments) and the full summary, however wide",
+    )
     parser.add_argument("--html", metavar="OUT", help="also write the self-contained HTML dashboard here")
     parser.add_argument("--markdown", metavar="OUT", help="also write summary and table as markdown here")
     parser.add_argument(
@@ -232,6 +238,9 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     margins, window = parse_margins(args), parse_window(args.window)  # usage errors before any loading
     runset = load_runs(refs, **source_arguments(args))
     check_window(runset, args.align, window)
+    if groups:  # each ref as the label it was loaded under (a run set keeps the order of its refs)
+        label = dict(zip(refs, runset.labels, strict=True))
+        groups = {name: [label[ref] for ref in members] for name, members in groups.items()}
     result = compare(
         runset,
         groups=groups or None,
@@ -245,16 +254,63 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
     return runset, result
 
 
-def format_result(result: Any) -> str:
-    """The verdict table and the plain-language summary, as printed in the terminal: every cell
-    and column name ``printable`` (the summary holds run-provided text so already)."""
+TERMINAL_WIDTH = 120
+"""Columns of the printed table when stdout is not a terminal (``shutil.get_terminal_size``'s fallback)."""
+OPTIONAL_COLUMNS = ("paired", "seeds", "margin")
+"""Columns of the short table left out, in this order, while it is wider than the terminal."""
+
+
+def terminal_width() -> int:
+    """The terminal's width in columns (``TERMINAL_WIDTH`` when stdout is not a terminal)."""
+    import shutil
+
+    return shutil.get_terminal_size((TERMINAL_WIDTH, 24)).columns
+
+
+def fit_table(frame: Any, width: int) -> str:
+    """``frame`` as text no wider than ``width``: optional columns left out first
+    (``OPTIONAL_COLUMNS``), then long cells cut short (``...``)."""
     import pandas as pd
 
-    frame = result.formatted_table()
+    def render(f: Any, colwidth: int | None) -> str:
+        with pd.option_context(
+            "display.width", 10_000, "display.max_columns", 100, "display.max_colwidth", colwidth
+        ):
+            return str(f.to_string(index=False))
+
+    def widest(text: str) -> int:
+        return max((len(line) for line in text.splitlines()), default=0)
+
+    text = render(frame, None)
+    for column in OPTIONAL_COLUMNS:
+        if widest(text) <= width:
+            return text
+        if column in frame.columns:
+            frame = frame.drop(columns=[column])
+            text = render(frame, None)
+    colwidth = max((len(str(v)) for v in frame.astype(str).to_numpy().ravel()), default=8)
+    while widest(text) > width and colwidth > 8:
+        colwidth -= 2
+        frame = frame.rename(columns=lambda c, w=colwidth: c if len(c) <= w else c[: w - 3] + "...")
+        text = render(frame, colwidth)
+    return text
+
+
+def format_result(result: Any, *, width: int | None = None, verbose: bool = False) -> str:
+    """What ``cliptrack compare`` prints: the verdict table fitted to ``width`` (default: the
+    terminal's, ``TERMINAL_WIDTH`` off a terminal), then the headline (at most three lines: the
+    verdict, the figure, what would change it), then the notes, grouped, each once. ``verbose``:
+    every column of the table and the full plain-language summary instead. Every cell and column
+    name is ``printable`` (the summary holds run-provided text so already)."""
+    frame = result.formatted_table() if verbose else result.compact_table()
     frame = frame.rename(columns=printable).map(lambda v: printable(v) if isinstance(v, str) else v)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 40):
-        table = frame.to_string(index=False)
-    return f"{table}\n\n{result.summary()}"
+    if verbose:
+        table = fit_table(frame, 10_000)
+        return f"{table}\n\n{result.summary()}"
+    table = fit_table(frame, width or terminal_width())
+    notes = result.grouped_notes()
+    parts = [table, "\n".join(result.headline_lines())] + (["\n".join(notes)] if notes else [])
+    return "\n\n".join(parts)
 
 
 def _gate(args: argparse.Namespace, result: Any) -> int:
@@ -288,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print(result.to_json())
         return _gate(args, result)
-    print(format_result(result))
+    print(format_result(result, verbose=args.verbose))
     if args.json:
         from pathlib import Path
 
