@@ -760,7 +760,7 @@ def compact_table(result: Findings) -> pd.DataFrame:
     difference with its interval, the margin, the verdict); every other column is in
     ``formatted_table`` (``--verbose``) and ``as_dict`` (``--json``)."""
     pct = int(round(result.confidence * 100))
-    rows = []
+    rows: list[dict[str, Any]] = []
     if result.groups:
         two = len(result.groups) == 2
         for g in result.group_differences:
