@@ -20,6 +20,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -149,17 +150,59 @@ def run_name(path: str, loss: str, staleness: int, seed: int) -> str:
     return f"demo-{path}-{loss}{stale}-seed{seed}"
 
 
-def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
-    from cliptrack.adapters.demo.train import OnPolicy, RunConfig, train
+@dataclass
+class _Trained:
+    """What the demo's training gathered: cliptrack run ids by group, the schedule each path ran
+    through, each group's on-policy summary, and each group's last checkpointed step."""
+
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    schedules: dict[str, str] = field(default_factory=dict)
+    on_policy: dict[str, Any] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+def _train_run(
+    args: argparse.Namespace, config: Any, group: str, out: Path, bar: Progress, seen: _Trained
+) -> None:
+    """Train one run of ``group`` and log it through a Tracker (MLflow, JSONL, W&B when asked)."""
+    from cliptrack.adapters.demo.train import OnPolicy, train
 
     tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
-    backends = ["mlflow", "jsonl"] + (["wandb"] if args.wandb else [])
+    with Tracker(
+        run_name=run_name(config.path, args.loss, config.staleness, config.seed),
+        backends=["mlflow", "jsonl"] + (["wandb"] if args.wandb else []),
+        backend_label=config.path,
+        config={**config.as_config(), "group": group},
+        sink_options={
+            "mlflow": {"tracking_uri": tracking_uri},
+            "wandb": {"project": "cliptrack-demo", "dir": out},
+        },
+        experiment=EXPERIMENT,
+        spool_dir=out / "spool",
+    ) as tracker:
+        for result in train(config):
+            if result.step == 0:  # which schedule ran the micro-batches: printed and an MLflow param
+                tracker.log_config({"schedule": result.schedule})
+                seen.schedules[config.path] = result.schedule
+            tracker.log_output(result.step, result.output, extra=result.metrics)
+            bar.advance(
+                clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
+                reward=result.metrics[keys.REWARD],
+            )
+            seen.on_policy[group] = seen.on_policy.get(group, OnPolicy(config.staleness)).add(result)
+            if result.checkpoint is not None:
+                seen.last[group] = (result, config)
+        assert tracker.run_id is not None
+        seen.groups.setdefault(group, []).append(tracker.run_id)
+
+
+def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
+    from cliptrack.adapters.demo.train import RunConfig
+
+    tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
     experiment_id = _training_experiment(tracking_uri, out)
     started = time.perf_counter()
-    groups: dict[str, list[str]] = {}
-    schedules: dict[str, str] = {}
-    on_policy: dict[str, OnPolicy] = {}
-    last: dict[str, Any] = {}
+    seen = _Trained()
     for group, runs in plan(paths, args.seeds, args.seed, args.miles_staleness).items():
         with Progress(args.steps * len(runs), f"{group:>8}", enabled=not args.no_progress) as bar:
             for path, staleness, seed in runs:
@@ -171,34 +214,8 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
                     staleness=staleness,
                     seed=seed,
                 )
-                with Tracker(
-                    run_name=run_name(path, args.loss, staleness, seed),
-                    backends=backends,
-                    backend_label=path,
-                    config={**config.as_config(), "group": group},
-                    sink_options={
-                        "mlflow": {"tracking_uri": tracking_uri},
-                        "wandb": {"project": "cliptrack-demo", "dir": out},
-                    },
-                    experiment=EXPERIMENT,
-                    spool_dir=out / "spool",
-                ) as tracker:
-                    for result in train(config):
-                        if (
-                            result.step == 0
-                        ):  # which schedule ran the micro-batches: printed and an MLflow param
-                            tracker.log_config({"schedule": result.schedule})
-                            schedules[path] = result.schedule
-                        tracker.log_output(result.step, result.output, extra=result.metrics)
-                        bar.advance(
-                            clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
-                            reward=result.metrics[keys.REWARD],
-                        )
-                        on_policy[group] = on_policy.get(group, OnPolicy(config.staleness)).add(result)
-                        if result.checkpoint is not None:
-                            last[group] = (result, config)
-                    assert tracker.run_id is not None
-                    groups.setdefault(group, []).append(tracker.run_id)
+                _train_run(args, config, group, out, bar, seen)
+    groups, schedules, on_policy, last = seen.groups, seen.schedules, seen.on_policy, seen.last
     training_s = time.perf_counter() - started
 
     print()
