@@ -398,8 +398,9 @@ def test_every_compared_quantity_has_a_difference_panel_and_a_new_one_is_one_ent
 
 def test_difference_panel_draws_the_result():
     """Run b clips +10 pp more during steps 600-659 of 1200: the panel draws every segment of the
-    result with its interval, shades the differing ones, and draws the margin and the average."""
-    from cliptrack.compare.stats import DIFFERENT
+    result with its interval, shades the differing ones, and draws the margin and the average. The
+    whole window decides the verdict (equivalent); the short episode is shaded, not the verdict."""
+    from cliptrack.compare.stats import DIFFERENT, EQUIVALENT
     from cliptrack.compare.views.plots import BAND, HLINE, LINE, SPAN, panel_figures
 
     a = synthetic_run("a", "a", "megatron", seed=1, n_steps=1200, clip_sd=0.003)
@@ -416,7 +417,8 @@ def test_difference_panel_draws_the_result():
     assert figs["clip"].x_range == (0.0, 1199.0)
     fig = figs["clip_fraction_difference"]
     d = result.difference("clip_fraction")
-    assert d.verdict == DIFFERENT and len(d.segments) >= 2
+    assert d.verdict == EQUIVALENT and len(d.segments) >= 2
+    assert [s.verdict for s in d.segments].count(DIFFERENT) >= 1
     segments = sorted(d.segments, key=lambda s: s.start)
     # each segment held from its first step until the next segment's first step (the last: its end)
     edges = [(s.start, t.start) for s, t in zip(segments, segments[1:], strict=False)]

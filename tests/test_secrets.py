@@ -127,9 +127,8 @@ def test_the_demo_prints_no_secret_of_its_store(tmp_path):
     from cliptrack.cli.demo import next_steps, where_everything_is
 
     uri = f"postgresql://ml:{PASSWORD}@db/mlflow?token={TOKEN}"
-    text = next_steps(tmp_path, uri, "1", ["a", "b"]) + where_everything_is(
-        tmp_path, uri, {"x": "a"}, wandb=True
-    )
+    groups = {"megatron": ["r1", "r2"], "miles": ["r3", "r4"]}
+    text = next_steps(tmp_path, uri, "1", groups, groups) + where_everything_is(tmp_path, uri, groups, wandb=True)
     assert PASSWORD not in text and TOKEN not in text
     assert f"ml:{MASK}@db/mlflow" in text
 
