@@ -399,7 +399,9 @@ def test_groups_compare_stacks_over_seeds():
     assert d.verdict == DIFFERENT and result.on_policy_verdict == DIFFERENT
     assert isinstance(d.seeds_needed, int) and d.seeds_needed >= 2
     assert {e.group for e in result.estimates if e.metric == "clip_fraction"} == {"megatron", "miles"}
-    assert result.summary().startswith("Not equally on-policy: these stacks (miles and megatron, 3 and 3 seeds)")
+    assert result.summary().startswith(
+        "Not equally on-policy: these stacks (miles and megatron, 3 and 3 seeds)"
+    )
     data = result.to_dict()
     assert data["seeds_covered"] and data["group_differences"][0]["difference"]["seeds_group"] == 3
     assert any("between-seed variation" in n.text for n in result.notes)

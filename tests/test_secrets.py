@@ -128,7 +128,9 @@ def test_the_demo_prints_no_secret_of_its_store(tmp_path):
 
     uri = f"postgresql://ml:{PASSWORD}@db/mlflow?token={TOKEN}"
     groups = {"megatron": ["r1", "r2"], "miles": ["r3", "r4"]}
-    text = next_steps(tmp_path, uri, "1", groups, groups) + where_everything_is(tmp_path, uri, groups, wandb=True)
+    text = next_steps(tmp_path, uri, "1", groups, groups) + where_everything_is(
+        tmp_path, uri, groups, wandb=True
+    )
     assert PASSWORD not in text and TOKEN not in text
     assert f"ml:{MASK}@db/mlflow" in text
 
