@@ -15,15 +15,22 @@ the table (docs/STATISTICS.md, "Real runs").
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from pathlib import Path
 
 import numpy as np
+from cliptrack.core import keys
 
 CACHE = Path(os.environ.get("CLIPTRACK_DEMO_CACHE", Path(__file__).resolve().parent / ".demo_runs"))
 SAME = {"seeds": (0, 1, 2, 3, 4, 5), "steps": 3000, "windows": (300, 1000, 3000)}
 STALE = {"seeds": (0, 1, 2, 3, 4, 5), "steps": 1000, "windows": (150, 300, 1000)}
 QUANTITIES = ("clip_fraction", "kl_k3")
+SUMS = {
+    "clip_fraction": (keys.CLIPPED_TOKENS, keys.LOSS_TOKENS),
+    "kl_k3": (keys.KL_K3_SUM, keys.LOSS_TOKENS),
+}
+"""Each quantity's numerator and denominator keys in a run's metrics."""
 
 
 def _path(staleness: int, seed: int) -> Path:
@@ -81,18 +88,32 @@ def _steps(data: dict[str, np.ndarray]) -> int:
     return len(next(iter(data.values())))
 
 
+def _window_value(data: dict[str, np.ndarray], q: str, n: int) -> float:
+    """One run's window value of ``q`` over its first ``n`` steps: the ratio of sums for the clip
+    fraction, the token-weighted mean for the KL."""
+    num, den = SUMS[q]
+    return float(np.nansum(data[num][:n]) / np.nansum(data[den][:n]))
+
+
+def _truth(pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]], q: str, n: int) -> str:
+    """The seed means' ratio b / a over the window (the truth the verdicts are read against)."""
+    a = np.mean([_window_value(x, q, n) for x, _ in pairs])
+    b = np.mean([_window_value(y, q, n) for _, y in pairs])
+    return f"{b / a:.2f}×"
+
+
 def table() -> str:
-    """Verdict counts per study, window and quantity over the pairs in the cache."""
+    """Verdict counts per study, window and quantity over the pairs in the cache: same recipe, every
+    pair of two seeds (truth: equal); staleness 2 against 0 on the same seed (truth: the ratio of
+    the seed means, printed)."""
     lines = [
-        "| study | steps | pairs | quantity | equivalent | different | inconclusive | insufficient data | median ESS |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| study | steps | pairs | quantity | truth: seed means b / a | equivalent | different | inconclusive | insufficient data | median ESS |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     same = [load(0, s) for s in SAME["seeds"]]
+    have = [r for r in same if r is not None]
     studies = {
-        "same recipe (two seeds)": (
-            [(same[i], same[i + 1]) for i in range(0, len(same) - 1, 2)],
-            SAME["windows"],
-        ),
+        "same recipe (two seeds)": (list(itertools.combinations(have, 2)), SAME["windows"]),
         "staleness 2 vs 0": ([(same[i], load(2, s)) for i, s in enumerate(STALE["seeds"])], STALE["windows"]),
     }
     for study, (pairs, windows) in studies.items():
@@ -110,8 +131,9 @@ def table() -> str:
                     for v in ("equivalent", "different", "inconclusive", "insufficient data")
                 }
                 ess = float(np.median([d.estimate.ess for d in ds]))
+                truth = "1 (same recipe)" if study.startswith("same") else _truth(ready, q, n)
                 lines.append(
-                    f"| {study} | {n} | {len(ds)} | {q} | {count['equivalent']} | {count['different']} | "
+                    f"| {study} | {n} | {len(ds)} | {q} | {truth} | {count['equivalent']} | {count['different']} | "
                     f"{count['inconclusive']} | {count['insufficient data']} | {ess:.1f} |"
                 )
     return "\n".join(lines)
@@ -120,12 +142,13 @@ def table() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generate", choices=("same", "stale"))
+    parser.add_argument("--seeds", type=int, default=len(SAME["seeds"]), help="generate the first N seeds")
     args = parser.parse_args(argv)
     if args.generate == "same":
-        for seed in SAME["seeds"]:
+        for seed in SAME["seeds"][: args.seeds]:
             generate(0, seed, SAME["steps"])
     elif args.generate == "stale":
-        for seed in STALE["seeds"]:
+        for seed in STALE["seeds"][: args.seeds]:
             generate(2, seed, STALE["steps"])
     else:
         print(table())

@@ -90,26 +90,29 @@ def relative_change(log_ratio: float) -> float:
     return math.expm1(log_ratio) if math.isfinite(log_ratio) else float("nan")
 
 
+def _difference_text(result: Findings, d: Difference | GroupDifference, x: float) -> str:
+    """One value of a difference in its terms: % (log-ratio), pp (fractions) or the quantity's units."""
+    if d.scale == LOG_RATIO:
+        return f"{relative_change(x) * 100:+.2f}%"
+    if result.quantity(d.metric).percent:
+        return f"{x * 100:+.3f} pp"
+    return f"{x:+.4g}"
+
+
 def format_difference(result: Findings, d: Difference | GroupDifference, e: Any = None) -> str:
     """The difference (``e``, default ``d.estimate``) and its interval, in pp (fractions), %
     (log-ratio) or the quantity's units."""
     e = d.estimate if e is None else e
     if not math.isfinite(e.value):
         return "n/a"
+    text = _difference_text(result, d, e.value)
+    if not e.has_interval:
+        return text + " [no interval]"
     if d.scale == LOG_RATIO:
-        text = f"{relative_change(e.value) * 100:+.2f}%"
-        bounds = (
-            f" [{relative_change(e.low) * 100:+.2f}, {relative_change(e.high) * 100:+.2f}]%"
-            if e.has_interval
-            else " [no interval]"
-        )
-    elif result.quantity(d.metric).percent:
-        text = f"{e.value * 100:+.3f} pp"
-        bounds = f" [{e.low * 100:+.3f}, {e.high * 100:+.3f}] pp" if e.has_interval else " [no interval]"
-    else:
-        text = f"{e.value:+.4g}"
-        bounds = f" [{e.low:+.4g}, {e.high:+.4g}]" if e.has_interval else " [no interval]"
-    return text + bounds
+        return text + f" [{relative_change(e.low) * 100:+.2f}, {relative_change(e.high) * 100:+.2f}]%"
+    if result.quantity(d.metric).percent:
+        return text + f" [{e.low * 100:+.3f}, {e.high * 100:+.3f}] pp"
+    return text + f" [{e.low:+.4g}, {e.high:+.4g}]"
 
 
 def format_margin(result: Findings, d: Difference | GroupDifference) -> str:
@@ -842,13 +845,25 @@ def _what_would_change(result: Findings, d: Difference | GroupDifference) -> str
             )
         return f"What would change it: more seeds per stack ({printable(d.reason)})."
     if d.verdict == INSUFFICIENT:
-        return (
-            f"What would change it: more paired steps (at least {MIN_UNITS} paired units and an "
-            f"effective sample size of {MIN_ESS:g}; now {d.estimate.n_units} and {_ess(d.estimate)})."
-        )
+        return _pair_insufficient(result, d)
     return (
         f"What would change it: a narrower {what} interval (more paired steps, or seeds compared "
         "as groups) or a wider margin."
+    )
+
+
+def _pair_insufficient(result: Findings, d: Difference) -> str:
+    """The third headline line of a pair that cannot be judged: what the runs plainly show, and
+    that seeds, not one pair's steps, answer for the stacks."""
+    need = (
+        f"at least {MIN_UNITS} paired units and an effective sample size of {MIN_ESS:g}; now "
+        f"{d.estimate.n_units} and {_ess(d.estimate)}"
+    )
+    if not math.isfinite(d.estimate.value):
+        return f"What would change it: more paired steps ({need})."
+    return (
+        f"These runs differ by about {_difference_text(result, d, d.estimate.value)}; whether the stacks do needs 2+ seeds each "
+        f"(--group NAME=RUN,RUN), or more paired steps ({need})."
     )
 
 
