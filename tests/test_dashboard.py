@@ -55,6 +55,33 @@ def test_self_contained_and_escaped(dashboard):
     assert all(f'data-panel="{panel.id}"' in text for panel in PANELS)  # the one panel list
 
 
+def test_opens_with_the_answer_and_folds_the_long_text(dashboard):
+    """The headline (three lines at most) and the difference plots come first; the runs' curves
+    after the verdict table; the whole summary folded in a <details> below them."""
+    path, result = dashboard
+    text = path.read_text(encoding="utf-8")
+    body = text[text.index("<body") :]
+    headline = re.search(r'<p class="headline ([^"]*)" id="headline">(.*?)</p>', body, re.S)
+    assert headline and headline.group(1) == result.on_policy_verdict.replace(" ", "-")
+    lines = headline.group(2).split("\n")
+    assert 1 <= len(lines) <= 3 and len(lines) == len(result.headline_lines())
+    opening = {
+        "equivalent": "Equally on-policy:",
+        "different": "Not equally on-policy:",
+        "inconclusive": "Inconclusive:",
+        "insufficient data": "Insufficient data:",
+    }
+    assert lines[0].startswith(opening[result.on_policy_verdict])
+    panels = re.findall(r'data-panel="([^"]+)"', body)
+    differences = [i for i, p in enumerate(panels) if p.endswith("_difference")]
+    assert differences and differences == list(range(len(differences)))  # the difference plots first
+    at = body.index
+    assert at('id="headline"') < at('data-panel="' + panels[0]) < at("Verdict table")
+    assert at("Verdict table") < at('data-panel="' + panels[len(differences)]) < at("<details")
+    details = body[at("<details") : at("</details>")]
+    assert 'id="summary"' in details and "<summary>" in details
+
+
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
     base = [
         CHROMIUM,

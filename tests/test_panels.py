@@ -230,6 +230,36 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     assert sorted(i.run.run_id for i in again.runs) == sorted(ids)
 
 
+def test_mlflow_comparison_run_of_stacks_over_seeds(tmp_path):
+    """A grouped comparison's run holds the stacks' numbers: per quantity the difference over seeds,
+    its interval, seeds per stack, P(b > a), the seed means, and a verdict tag per quantity."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    seeds = {
+        "megatron": [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i) for i in range(3)],
+        "miles": [synthetic_run(f"l{i}", f"l{i}", "miles", seed=10 + i, clip_p=0.2) for i in range(3)],
+    }
+    runset = _runset(*[r for group in seeds.values() for r in group])
+    result = compare(runset, groups={name: [r.run_name for r in runs] for name, runs in seeds.items()})
+    run = MlflowClient(tracking_uri=uri).get_run(log_comparison(runset, result, tracking_uri=uri))
+    metrics, tags = run.data.metrics, run.data.tags
+    g = result.group_difference("clip_fraction")
+    assert tags[f"{keys.TAG_VERDICT}.clip_fraction.stacks"] == g.verdict == "different"
+    assert metrics["clip_fraction.stacks.difference"] == pytest.approx(g.estimate.value, rel=1e-12)
+    assert metrics["clip_fraction.stacks.ci_low"] < g.estimate.value < metrics["clip_fraction.stacks.ci_high"]
+    assert metrics["clip_fraction.stacks.seeds_run"] == metrics["clip_fraction.stacks.seeds_reference"] == 3
+    assert metrics["clip_fraction.stacks.probability_greater"] > 0.99
+    # the seed means, from the points themselves: the ratio of sums of each seed, averaged
+    for key, runs in (("reference_value", seeds["megatron"]), ("run_value", seeds["miles"])):
+        per_seed = [
+            sum(p.metrics[keys.CLIPPED_TOKENS] for p in r.points)
+            / sum(p.metrics[keys.LOSS_TOKENS] for p in r.points)
+            for r in runs
+        ]
+        assert metrics[f"clip_fraction.stacks.{key}"] == pytest.approx(np.mean(per_seed), rel=1e-9)
+
+
 def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):
     from mlflow.tracking import MlflowClient
 

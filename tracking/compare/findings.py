@@ -8,6 +8,7 @@ renderings (``report``) as methods.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -275,6 +276,13 @@ class Findings:
             if e.metric == metric and e.run == run:
                 return e
         raise KeyError(f"no estimate for metric {metric!r} and run {run!r}")
+
+    def group_mean(self, group: str, metric: str) -> float:
+        """The mean over ``group``'s seeds of their window values of ``metric`` (the quantity's
+        units; seeds without a finite value left out; NaN when none has one)."""
+        values = [self.run_estimate(metric, r).estimate.value for r in self.groups[group]]
+        finite = [v for v in values if math.isfinite(v)]
+        return sum(finite) / len(finite) if finite else float("nan")
 
     def notes_for(self, metric: str) -> list[Note]:
         return [n for n in self.notes if n.metric == metric]

@@ -285,15 +285,12 @@ def _segments_cell(result: Findings, d: Difference) -> str:
 
 
 def _group_value(result: Findings, group: str, metric: str) -> str:
-    members = result.groups[group]
-    values = [result.run_estimate(metric, r).estimate.value for r in members]
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
+    mean = result.group_mean(group, metric)
+    if not math.isfinite(mean):
         return "n/a"
-    percent = result.quantity(metric).percent
-    mean = sum(finite) / len(finite)
-    text = _pct(mean) if percent else f"{mean:.4g}"
-    return f"{text} (mean of {len(finite)} seeds)"
+    seeds = sum(math.isfinite(result.run_estimate(metric, r).estimate.value) for r in result.groups[group])
+    text = _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    return f"{text} (mean of {seeds} seeds)"
 
 
 def _formatted_groups(result: Findings) -> pd.DataFrame:
@@ -799,11 +796,9 @@ def compact_table(result: Findings) -> pd.DataFrame:
 def _group_mean(result: Findings, group: str, metric: str, named: bool = False) -> str:
     """The mean over a group's seeds of their window values (no seed count: the seeds column has
     it), after the group's name when ``named``."""
-    values = [result.run_estimate(metric, r).estimate.value for r in result.groups[group]]
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
+    mean = result.group_mean(group, metric)
+    if not math.isfinite(mean):
         return "n/a"
-    mean = sum(finite) / len(finite)
     text = _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
     return f"{group} {text}" if named else text
 

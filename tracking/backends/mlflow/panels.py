@@ -5,15 +5,18 @@
 never charts the comparison's numbers beside the training series. It holds
 
 - tags: ``cliptrack.compared_runs`` (ids, reference first), ``cliptrack.verdict`` (the on-policy
-  verdict), ``cliptrack.verdict.<quantity>`` per compared pair, and the summary as the run
-  description (``mlflow.note.content``);
+  verdict), ``cliptrack.verdict.<quantity>`` per compared pair (``.stacks`` per compared group
+  of seeds), and the summary as the run description (``mlflow.note.content``);
 - params: alignment, window, confidence, method, minimum units and effective sample size,
   margins, the runs, and per quantity and pair the difference, its interval, the paired units,
   lag-1 autocorrelation, effective sample size and verdict;
 - metrics (step 0, so the MLflow UI shows and sorts them): the same numbers, one metric per
   quantity and pair (``comparison_metrics``: ``<quantity>.difference``, ``.ci_low``, ``.ci_high``,
-  ``.margin``, ``.paired_units``, ``.lag1``, ``.ess``, ``.reference_value``, ``.run_value``); their
-  names share nothing with the training series, so no training chart draws them;
+  ``.margin``, ``.paired_units``, ``.lag1``, ``.ess``, ``.reference_value``, ``.run_value``), and per
+  quantity and group of seeds ``<quantity>.stacks.difference``, ``.ci_low``, ``.ci_high``,
+  ``.margin``, ``.seeds_reference``, ``.seeds_run``, ``.probability_greater``, ``.seeds_needed``,
+  ``.reference_value``, ``.run_value`` (means over seeds); their names share nothing with the
+  training series, so no training chart draws them;
 - artifacts: ``comparison.json`` (every estimate, interval, ESS, verdict and note),
   ``comparison.csv``, ``comparison.md``, ``dashboard.html`` (the self-contained dashboard) and
   ``figures/<panel>.png`` (one per entry of ``panels.PANELS``, matplotlib).
@@ -47,6 +50,7 @@ from typing import Any
 
 from cliptrack.backends.mlflow._compat import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 from cliptrack.compare import report
+from cliptrack.compare.findings import GroupDifference
 from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.stats import MIN_ESS, MIN_UNITS
@@ -136,7 +140,34 @@ def _difference_fields(result: ComparisonResult) -> dict[str, Any]:
             ("run_value", d.run_paired.value),
         ):
             out[f"{d.metric}.{what}{suffix}"] = value
+    for g in result.group_differences:
+        out.update(_group_fields(result, g))
     return out
+
+
+def _group_fields(result: ComparisonResult, g: GroupDifference) -> dict[str, Any]:
+    """One group difference (stacks over seeds), keyed ``<quantity>.stacks.<what>`` (and the
+    group's index among the groups, beyond two): the difference and its interval over seeds,
+    scale, margin, seeds per stack, P(group > reference), seeds needed, verdict and both stacks'
+    mean per-seed values."""
+    names = list(result.groups)
+    suffix = "" if len(names) == 2 else f".{names.index(g.group)}"
+    e = g.estimate
+    fields = (
+        ("difference", e.value),
+        ("ci_low", e.low),
+        ("ci_high", e.high),
+        ("scale", g.scale),
+        ("margin", g.margin),
+        ("seeds_reference", e.seeds_a),
+        ("seeds_run", e.seeds_b),
+        ("probability_greater", g.probability_greater),
+        ("seeds_needed", g.seeds_needed),
+        ("verdict", g.verdict),
+        ("reference_value", result.group_mean(g.reference, g.metric)),
+        ("run_value", result.group_mean(g.group, g.metric)),
+    )
+    return {f"{g.metric}.stacks.{what}{suffix}": value for what, value in fields if value is not None}
 
 
 def comparison_metrics(result: ComparisonResult) -> dict[str, float]:
@@ -249,6 +280,14 @@ def _log_numbers(client: Any, run_id: str, runset: RunSet, result: ComparisonRes
             d.verdict,
         )
         for d in result.differences
+    ]
+    names = list(result.groups)
+    verdict_tags += [
+        RunTag(
+            f"{keys.TAG_VERDICT}.{g.metric}.stacks" + ("" if len(names) == 2 else f".{names.index(g.group)}"),
+            g.verdict,
+        )
+        for g in result.group_differences
     ]
     client.log_batch(
         run_id,

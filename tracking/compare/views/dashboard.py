@@ -238,10 +238,12 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;padding:20px 24px;
 color:#222;max-width:1400px}
 h1{font-size:1.5em;margin:0 0 4px} h2{font-size:1.15em;margin-top:28px}
-.summary{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-left:4px solid #888;
+.summary,.headline{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-left:4px solid #888;
 padding:10px 14px}
-.summary.equivalent{border-color:#2ca02c} .summary.different{border-color:#d62728}
-.summary.inconclusive{border-color:#ff7f0e} .summary.insufficient-data{border-color:#7f7f7f}
+.headline{font-size:1.05em}
+p.equivalent{border-color:#2ca02c} p.different{border-color:#d62728}
+p.inconclusive{border-color:#ff7f0e} p.insufficient-data{border-color:#7f7f7f}
+details{margin-top:28px} details>summary{cursor:pointer;font-weight:600;font-size:1.05em}
 .table-wrap{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;font-size:0.9em;margin:8px 0;max-width:100%}
 table.runs{width:100%;table-layout:fixed}
@@ -269,19 +271,41 @@ _BOOT = (
 )
 
 
+def _plots(keys: Sequence[str]) -> str:
+    return (
+        '<div class="grid">'
+        + "".join(f'<div class="plot" id="plot-{key}" data-panel="{key}"></div>' for key in keys)
+        + "</div>"
+    )
+
+
+def is_difference_panel(key: str) -> bool:
+    """Whether a panel draws a difference between the runs (its id ends in ``_difference``)."""
+    return key.endswith("_difference")
+
+
 def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison") -> str:
-    """The dashboard as one HTML string (plotly.js basic inline, ~1.2 MB, plus the figures' data)."""
+    """The dashboard as one HTML string (plotly.js basic inline, ~1.2 MB, plus the figures' data).
+
+    It opens with the answer: the headline (verdict, figure, what would change it) and the
+    difference plots, then the verdict table and the runs' own curves; the long text (how it was
+    compared, every row and note) is folded below, then the runs."""
     figs = figures(runset, result)
-    divs = "".join(f'<div class="plot" id="plot-{key}" data-panel="{key}"></div>' for key in figs)
+    differences = [k for k in figs if is_difference_panel(k)]
+    curves = [k for k in figs if not is_difference_panel(k)]
     verdict = result.on_policy_verdict.replace(" ", "-")
+    members = [m for group in stacks(result).values() for m in group]
     # what comes from the runs (names, config, store addresses) has no credential (cliptrack.core.secrets);
     # the vendored and static scripts are left as they are
     content = redact(
         f"<h1>{html_text(title)}</h1>"
-        f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p>'
+        f'<p class="headline {verdict}" id="headline">{html_lines(chr(10).join(result.headline_lines()))}</p>'
+        f"<h2>Differences</h2>{_plots(differences)}"
         f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
-        f'<h2>Plots</h2><div class="grid">{divs}</div>'
-        f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, [m for members in stacks(result).values() for m in members])}</div>'
+        f"<h2>The runs</h2>{_plots(curves)}"
+        '<details id="details"><summary>How they were compared, every row and note</summary>'
+        f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p></details>'
+        f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, members)}</div>'
         f'<script type="application/json" id="cliptrack-figures">{_safe_json(figs)}</script>'
     )
     return (
