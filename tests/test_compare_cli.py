@@ -163,6 +163,17 @@ def test_groups_on_the_command_line(tmp_path, capsys):
     assert clip["verdict"] == "different" and clip["difference"]["seeds_reference"] == 3
     assert main(["compare", "--jsonl", str(tmp_path), "--group", "megatron"]) == 2
     assert "must be NAME=RUN,RUN" in capsys.readouterr().err
+    # the same groups from a run parameter: every run of the store grouped by its "stack"
+    assert main(["compare", "--jsonl", str(tmp_path), "--json", "--group-by", "backend_label"]) == 0
+    by = json.loads(capsys.readouterr().out)
+    assert {g: sorted(r) for g, r in by["groups"].items()} == {g: sorted(r) for g, r in names.items()}
+    assert (
+        next(d for d in by["group_differences"] if d["metric"] == "clip_fraction")["verdict"] == "different"
+    )
+    assert main(["compare", "--jsonl", str(tmp_path), "--group-by", "no_such_param"]) == 2
+    assert "no_such_param" in capsys.readouterr().err
+    assert main(["compare", "--jsonl", str(tmp_path), "--group-by", "seed", "--group", "x=a,b"]) == 2
+    assert "not both" in capsys.readouterr().err
     assert main(["compare", "a", "b", "--jsonl", str(tmp_path), "--margin", "clip_fraction=x"]) == 2
     assert "QUANTITY=NUMBER" in capsys.readouterr().err
 

@@ -404,6 +404,16 @@ def test_groups_compare_stacks_over_seeds():
     )
     data = result.to_dict()
     assert data["seeds_covered"] and data["group_differences"][0]["difference"]["seeds_group"] == 3
+    row = next(g for g in data["group_differences"] if g["metric"] == "clip_fraction")
+    assert (
+        row["probability_greater"] == pytest.approx(d.probability_greater)
+        and row["probability_greater"] > 0.95
+    )
+    assert row["difference"]["se"] > 0 and row["seeds_needed"] == d.seeds_needed
+    assert [s["verdict"] for s in row["segments"]] == [s.verdict for s in d.segments]
+    assert json.loads(result.to_json())["group_differences"] == json.loads(
+        json.dumps(data["group_differences"])
+    )
     assert any("between-seed variation" in n.text for n in result.notes)
 
 

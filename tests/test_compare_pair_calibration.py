@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from cliptrack.compare import simulation as sim
 from cliptrack.compare.stats import DIFFERENT, INSUFFICIENT, MIN_ESS, equivalence_verdict, paired_difference
-from cliptrack.compare.stats.intervals import interval_rows
+from cliptrack.compare.stats.intervals import direction_rows, interval_rows
 from cliptrack.compare.stats.lrv import long_run_variance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 R = 200
 BOUND = 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / R)
@@ -70,3 +72,33 @@ def test_a_persistent_large_difference_is_different_below_the_ess_gate():
         d = paired_difference(a, ones, b, ones)
         assert d.ess < MIN_ESS and equivalence_verdict(d, sim.TOLERANCE) == verdict, d
         assert equivalence_verdict(paired_difference(b, ones, a, ones), sim.TOLERANCE) == verdict
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    phi=st.sampled_from([0.0, 0.5, 0.9, 0.99]),
+    n=st.integers(100, 400),
+    shift=st.floats(-0.2, 0.2),
+)
+def test_direction_interval_against_a_plain_reference(seed, phi, n, shift):
+    """``direction_rows`` against the rule written out with scipy: ``value ± t_(0.995 two-sided, df)
+    sqrt(lrv / n)``, at least ``4 × spread`` wide where the ESS is below the gate; it contains the
+    90 % interval and swapping the runs negates it."""
+    from scipy import stats as scipy_stats
+
+    rng = np.random.default_rng(seed)
+    z = shift + sim.ar1(rng, 1, n, phi)
+    v = long_run_variance(z)
+    value = z.mean(axis=1)
+    spread = z.std(axis=1)
+    low, high = direction_rows(value, n, v, spread)
+    half = scipy_stats.t.ppf(1 - (1 - 0.995) / 2, v.df) * np.sqrt(v.lrv / n)
+    if not v.ess[0] >= MIN_ESS:
+        half = np.maximum(half, 4.0 * spread)
+    np.testing.assert_allclose(high - value, half, rtol=1e-9)
+    np.testing.assert_allclose(value - low, half, rtol=1e-9)
+    low90, high90 = interval_rows(value, n, v, 0.90)
+    assert low[0] <= low90[0] and high90[0] <= high[0]
+    neg_low, neg_high = direction_rows(-value, n, long_run_variance(-z), spread)
+    np.testing.assert_allclose([neg_low[0], neg_high[0]], [-high[0], -low[0]], rtol=1e-9, atol=1e-15)

@@ -31,6 +31,7 @@ from cliptrack.compare.stats import (
     MIN_ESS,
     MIN_UNITS,
     Estimate,
+    GroupEstimate,
 )
 from cliptrack.compare.stats.estimate import counted
 from cliptrack.core.secrets import redact, redact_value
@@ -672,8 +673,22 @@ def _difference(d: Difference) -> dict[str, Any]:
     }
 
 
+def _group_estimate(e: GroupEstimate) -> dict[str, Any]:
+    return {
+        "value": _num(e.value),
+        "ci_low": _num(e.low),
+        "ci_high": _num(e.high),
+        "se": _num(e.se),
+        "confidence": e.confidence,
+        "seeds_reference": e.seeds_a,
+        "seeds_group": e.seeds_b,
+        "between_sd_reference": _num(e.between_sd_a),
+        "between_sd_group": _num(e.between_sd_b),
+        "df": _num(e.df),
+    }
+
+
 def _group_difference(d: GroupDifference) -> dict[str, Any]:
-    e = d.estimate
     return {
         "metric": d.metric,
         "reference": d.reference,
@@ -686,17 +701,20 @@ def _group_difference(d: GroupDifference) -> dict[str, Any]:
         "counts_for_verdict": d.counts_for_verdict,
         "approximate": d.approximate,
         "seeds_needed": d.seeds_needed,
-        "difference": {
-            "value": _num(e.value),
-            "ci_low": _num(e.low),
-            "ci_high": _num(e.high),
-            "confidence": e.confidence,
-            "seeds_reference": e.seeds_a,
-            "seeds_group": e.seeds_b,
-            "between_sd_reference": _num(e.between_sd_a),
-            "between_sd_group": _num(e.between_sd_b),
-            "df": _num(e.df),
-        },
+        "steps_factor": _num(d.steps_factor),
+        "probability_greater": _num(d.probability_greater),
+        "average_verdict": d.average_verdict,
+        "difference": _group_estimate(d.estimate),
+        "segments": [
+            {
+                "start": s.start,
+                "end": s.end,
+                "verdict": s.verdict,
+                "difference": _group_estimate(s.estimate),
+                "differs": s in d.differing,
+            }
+            for s in d.segments
+        ],
     }
 
 
