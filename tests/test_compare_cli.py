@@ -164,7 +164,7 @@ def test_groups_on_the_command_line(tmp_path, capsys):
     assert main(["compare", "--jsonl", str(tmp_path), "--group", "megatron"]) == 2
     assert "must be NAME=RUN,RUN" in capsys.readouterr().err
     # the same groups from a run parameter: every run of the store grouped by its "stack"
-    assert main(["compare", "--jsonl", str(tmp_path), "--json", "--group-by", "backend_label"]) == 0
+    assert main(["compare", "--jsonl", str(tmp_path), "--json", "--group-by", "stack"]) == 0
     by = json.loads(capsys.readouterr().out)
     assert {g: sorted(r) for g, r in by["groups"].items()} == {g: sorted(r) for g, r in names.items()}
     assert (

@@ -323,8 +323,8 @@ def test_the_token_weighting_note_fires_only_where_token_counts_vary():
 @pytest.mark.slow
 def test_two_against_four_ppo_epochs_of_the_demo_trainer_are_not_equally_on_policy():
     """The demo trainer (110 steps each): 2 PPO epochs clip about 0.03 % of tokens, 4 epochs about
-    2 %, some 60 times as many; the default margins call that different (an absolute ±2 pp margin
-    could not, the difference being about 2 pp)."""
+    2 %, some 60 times as many; the default margins never call that equivalent (an absolute ±2 pp
+    margin did: the difference is about 2 pp)."""
     from cliptrack.adapters.demo.train import RunConfig, train
 
     runs = []
@@ -336,7 +336,11 @@ def test_two_against_four_ppo_epochs_of_the_demo_trainer_are_not_equally_on_poli
         runs.append((LoadedRun(RunInfo(f"e{epochs}", f"epochs-{epochs}", "megatron"), "test"), points))
     result = compare(RunSet.from_points(runs))
     d = result.difference("clip_fraction")
-    assert d.verdict == DIFFERENT and result.on_policy_verdict == DIFFERENT, result.summary()
-    assert result.summary().startswith("Not equally on-policy")
+    # never "equivalent": the 90 % interval lies wholly beyond the floor near zero; "different"
+    # needs the 99.5 % direction interval there, which 110 steps (t = 4.8 on 4 degrees of freedom,
+    # p = 0.009) do not give, so "inconclusive" is the honest answer of one pair this short
+    assert d.estimate.low > d.tolerance and d.verdict in (DIFFERENT, INCONCLUSIVE), result.summary()
+    assert result.on_policy_verdict != EQUIVALENT
+    assert not result.summary().startswith("Equally on-policy")
     absolute = compare(RunSet.from_points(runs), margins={"clip_fraction": qs.absolute(0.02)})
     assert absolute.difference("clip_fraction").verdict != DIFFERENT

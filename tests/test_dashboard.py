@@ -76,8 +76,8 @@ def test_opens_with_the_answer_and_folds_the_long_text(dashboard):
     differences = [i for i, p in enumerate(panels) if p.endswith("_difference")]
     assert differences and differences == list(range(len(differences)))  # the difference plots first
     at = body.index
-    assert at('id="headline"') < at('data-panel="' + panels[0]) < at("Verdict table")
-    assert at("Verdict table") < at('data-panel="' + panels[len(differences)]) < at("<details")
+    assert at('id="headline"') < at(f'data-panel="{panels[0]}"') < at("Verdict table")
+    assert at("Verdict table") < at(f'data-panel="{panels[len(differences)]}"') < at("<details")
     details = body[at("<details") : at("</details>")]
     assert 'id="summary"' in details and "<summary>" in details
 

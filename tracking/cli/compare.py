@@ -126,8 +126,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--group-by",
         metavar="TAG",
-        help="group the runs named (or the experiment's) into stacks by a tag: 'stack' (the run's "
-        "backend label) or a run parameter such as 'recipe'; each group needs 2+ seeds",
+        help="group the runs named (or, with none named, every run of the store or experiment) into "
+        "stacks by a tag: 'stack' (the run's backend label) or a run parameter such as 'recipe'; "
+        "each group needs 2+ seeds",
     )
     parser.add_argument(
         "--fail-on",
@@ -327,9 +328,10 @@ def _gate(args: argparse.Namespace, result: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if len(args.runs) < 2 and not args.group and not args.experiment:
+    if len(args.runs) < 2 and not args.group and not args.experiment and not getattr(args, "group_by", None):
         print(
-            "cliptrack compare: name at least two runs (RUN_A RUN_B ...) or two groups (--group NAME=RUN,RUN)",
+            "cliptrack compare: name at least two runs (RUN_A RUN_B ...), two groups (--group "
+            "NAME=RUN,RUN), or group every run of the store by a parameter (--group-by PARAM)",
             file=sys.stderr,
         )
         return EXIT_ERROR
