@@ -11,7 +11,7 @@ TYPECHECK_TREE = build/typecheck
 # other runs; tests that share a session fixture run on one worker (xdist_group)
 PARALLEL = -n 2 --dist loadgroup
 
-.PHONY: demo test bench lint typecheck check test-fast
+.PHONY: demo test bench lint typecheck check test-fast docs-picture
 
 demo:
 	$(INSTALL) -e '.[all]' && cliptrack demo
@@ -36,3 +36,7 @@ check: lint typecheck
 
 test-fast:
 	$(PYTHON) -m pytest -m "not slow" $(PARALLEL)
+
+# docs/dashboard.png from the demo as it now runs (headless Chromium; tests/test_demo.py checks it)
+docs-picture:
+	$(PYTHON) -m benchmarks.dashboard_picture

@@ -133,6 +133,21 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
             assert key in dom, f"{name}: no chart of {key}"
 
 
+@pytest.mark.slow  # reads the session's demo run
+def test_the_readme_picture_shows_the_demo_as_it_now_runs(demo):
+    """docs/dashboard.png records the headline of the dashboard it shows (``make docs-picture``):
+    the demo's dashboard says the same now, numbers aside (the session's demo trains fewer steps)."""
+    from benchmarks.dashboard_picture import PICTURE, dashboard_headline, picture_headline, shape
+
+    out, _ = demo
+    now = dashboard_headline((out / "dashboard.html").read_text(encoding="utf-8"))
+    shown = picture_headline(PICTURE)
+    assert shown, f"{PICTURE} records no headline: regenerate it with make docs-picture"
+    assert [shape(line) for line in shown.splitlines()] == [shape(line) for line in now.splitlines()], (
+        f"{PICTURE} shows another dashboard than the demo writes now: regenerate it with make docs-picture"
+    )
+
+
 @pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
 def test_dashboard_panels_and_verdict_are_produced(demo):
     out, stdout = demo

@@ -151,7 +151,7 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
         "automargin": True,
     }
     if fig.percent:
-        yaxis["tickformat"] = ".1%"
+        yaxis["tickformat"] = ".3~%"  # 0.15%, 12.5%, 10%: enough digits near zero, none wasted
     return {
         # the title on its own line, below the (hover-only) toolbar's strip at the top
         "title": {

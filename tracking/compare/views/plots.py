@@ -294,11 +294,15 @@ def _margin_lines(
     return out
 
 
+LOG_RATIO_TITLE = "log(run / reference)"
+"""The y title of a difference drawn on the log-ratio scale (plain numbers: log 2 is twice as much)."""
+
+
 def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
     rows: list[Any] = result.group_differences if result.groups else result.differences
     scales = {d.scale for d in rows if d.metric == panel.quantity}
     if scales == {LOG_RATIO}:
-        return "log(run / reference)"
+        return LOG_RATIO_TITLE
     return "run − reference (percentage points)" if panel.percent else "run − reference"
 
 
@@ -341,7 +345,9 @@ def panel_figures(
             traces, y_title = _series_traces(panel, result, series, colors), panel.y_title
             drawn = [t for t in traces if t.kind in (LINE, MARKERS) and np.isfinite(t.y).any()]
             notes = [] if drawn else ["not logged by the compared runs"]
-        out.append(PanelFigure(panel, traces, x_title, y_title, panel.percent, x_range, notes))
+        # a log ratio is a plain number (its ticks are not percentages of anything)
+        percent = panel.percent and y_title != LOG_RATIO_TITLE
+        out.append(PanelFigure(panel, traces, x_title, y_title, percent, x_range, notes))
     return out
 
 
