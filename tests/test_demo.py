@@ -125,7 +125,9 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
     for key in (keys.CLIP_FRACTION, keys.CLIPPED_TOKENS, keys.LOSS_TOKENS):
         assert key in dom, f"no chart of {key} on the training runs' chart view"
     assert "clip_fraction.difference" not in dom and "compare:" not in dom
-    for name, run_id in training.items():  # each run's own metric page
+    # one run of each group's own metric page (the runs of a group are logged by the same code)
+    first_of_each = {"demo-megatron-ppo-seed0", "demo-miles-ppo-seed0", "demo-megatron-ppo-stale2-seed3"}
+    for name, run_id in ((n, i) for n, i in training.items() if n in first_of_each):
         page = f"{url}/#/experiments/{experiment.experiment_id}/runs/{run_id}/model-metrics"
         dom = _browse(page, tmp_path / f"profile-{name}", tall, "--dump-dom").stdout
         assert name in dom
@@ -279,14 +281,16 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     the stale Miles run, whose clip fraction rises and falls over the run (about 10 percentage
     points more on average). The paired difference's interval lies above zero; the verdict is
     "different", or "insufficient data" with the reason naming the effective sample size when the
-    long-run variance reads that rise and fall as persistence (it does at 150 steps: the window is
-    too short to tell a smooth trend of that shape from a persistent wander)."""
+    long-run variance reads that rise and fall as persistence (it does at 100-150 steps: the window
+    is too short to tell a smooth trend of that shape from a persistent wander; seeds settle it, as
+    the demo's grouped verdict does)."""
     import argparse
 
     import numpy as np
     from cliptrack.adapters.demo.train import RunConfig, train
     from cliptrack.cli.demo import add_arguments
-    from cliptrack.compare import DEFAULT_TOLERANCES
+    from cliptrack.compare import DEFAULT_TOLERANCES, compare
+    from cliptrack.compare.frame import LoadedRun, Point, RunInfo, RunSet
     from cliptrack.compare.stats import (
         DIFFERENT,
         INSUFFICIENT,
@@ -302,16 +306,18 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     defaults = parser.parse_args([])
     threads = torch.get_num_threads()
     counts = {}
+    logged: dict[str, list] = {}
     for path, staleness in (("megatron", 0), ("miles", defaults.miles_staleness)):
         config = RunConfig(
             path=path,
             loss=defaults.loss,
-            steps=150,  # one pair of runs long enough for a paired verdict
+            steps=100,  # one pair of runs just long enough for a paired verdict (MIN_UNITS)
             epochs=defaults.epochs,
             staleness=staleness,
             seed=defaults.seed,
         )
         metrics = [r.output.metrics for r in train(config)]
+        logged[path] = [Point(step, 1000.0 + step, dict(m)) for step, m in enumerate(metrics)]
         counts[path] = (
             np.array([m[keys.CLIPPED_TOKENS] for m in metrics]),
             np.array([m[keys.LOSS_TOKENS] for m in metrics]),
@@ -326,6 +332,16 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     assert verdict in (DIFFERENT, INSUFFICIENT), difference
     if verdict == INSUFFICIENT:
         assert difference.ess < MIN_ESS and "effective sample size" in difference.insufficiency(), difference
+    # the comparison says what the two runs plainly show, and that seeds answer for the stacks
+    runset = RunSet.from_points(
+        [(LoadedRun(RunInfo(path, path, path), "test"), points) for path, points in logged.items()]
+    )
+    result = compare(runset)
+    assert result.difference("clip_fraction").verdict == verdict
+    lines = result.headline_lines()
+    assert len(lines) <= 3 and result.on_policy_verdict in (DIFFERENT, INSUFFICIENT), lines
+    if result.on_policy_verdict == INSUFFICIENT:
+        assert lines[-1].startswith("These runs differ by about +") and "2+ seeds each" in lines[-1], lines
 
 
 def test_demo_refuses_bad_settings():
