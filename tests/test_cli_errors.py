@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from cliptrack.backends.preflight import PlainPathNote
 from cliptrack.cli.main import main
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
@@ -76,11 +78,22 @@ def test_plain_path_names_the_uri_to_pass(tmp_path, capsys, monkeypatch):
     assert "sqlite:///" in line
 
 
-def test_plain_path_to_a_database_file_names_its_sqlite_uri(tmp_path, capsys, monkeypatch):
+def test_plain_path_to_a_database_file_is_read_as_its_sqlite_uri(tmp_path, capsys, monkeypatch):
+    """The plain path works (tests/test_reading_never_writes.py); a run not found there names the
+    sqlite URI it was read as."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     write_mlflow(uri, megatron_vs_miles()[0])
-    line = _fails_cleanly(["compare", "a", "b", "--tracking-uri", "mlflow.db"], tmp_path, capsys, monkeypatch)
+    with pytest.warns(PlainPathNote):
+        line = _fails_cleanly(
+            ["compare", "a", "b", "--tracking-uri", "mlflow.db"], tmp_path, capsys, monkeypatch, "'a'"
+        )
     assert f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}" in line
+
+
+def test_plain_path_to_a_missing_file_says_it_does_not_exist(tmp_path, capsys, monkeypatch):
+    _fails_cleanly(
+        ["runs", "--tracking-uri", "nope.db"], tmp_path, capsys, monkeypatch, "nope.db", "does not exist"
+    )
 
 
 def test_dead_server_fails_within_the_bound(tmp_path, capsys, monkeypatch):

@@ -1,8 +1,15 @@
 """Checks before anything reads: the MLflow store named exists and answers, the window holds data.
 
-Reading never creates a store: MLflow's client makes a missing sqlite file (and its folder) and
-fills it with empty tables, so a mistyped path would "work" and then find no run. Every check here
-raises ``StoreError`` (a ``LookupError``) with one line saying what was tried and what to do.
+Reading never writes: MLflow's client makes a missing sqlite file (and its folder) and creates its
+tables (66 in MLflow 3.17) in any sqlite file it opens, so a mistyped path, or a path to another
+program's database, would "work", find no run, and leave MLflow's schema behind. So a sqlite file is
+opened here first, read-only with Python's ``sqlite3``, and it must already hold MLflow's own
+tables (``MLFLOW_TABLES``) before MLflow's client ever sees it. Every check here raises
+``StoreError`` (a ``LookupError``) with one line saying what was tried and what to do; each check
+reads, none writes (``sqlite_tables``).
+
+A plain path to an existing file (``--tracking-uri mlflow.db``) is read as
+``sqlite:///<absolute path>``, with a note (``PlainPathNote``) saying so.
 
 Time bound: a server is probed with one TCP connection (``PROBE_TIMEOUT_S``) before any request;
 the reads themselves run under ``_compat_mlflow.bounded_requests(reads=True)`` (2 retries, a
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
@@ -34,6 +43,12 @@ STORE_HINT = (
     "sqlite:///cliptrack-demo/mlflow.db) or http://HOST:PORT, or read the spool with --jsonl DIR"
 )
 SQLITE_MAGIC = b"SQLite format 3\x00"
+MLFLOW_TABLES = ("alembic_version", "experiments", "runs", "metrics")
+"""Tables every MLflow SQL store holds (MLflow 2 and 3): a sqlite file without them is not one."""
+WAL_HEADER_OFFSET = 18
+"""Byte of a sqlite header holding the write format version: 2 means WAL journal mode."""
+TABLES_SHOWN = 10
+"""Table names a refusal lists at most."""
 _AXIS_WORDS = {"step": "steps", "tokens_seen": "tokens seen", "elapsed_s": "elapsed seconds"}
 
 
@@ -41,8 +56,16 @@ class StoreError(LookupError):
     """The named store does not exist, cannot be read, or holds nothing to compare."""
 
 
+class PlainPathNote(UserWarning):
+    """A plain path given as a tracking URI is read as the ``sqlite:///`` URI of that file."""
+
+    label = "note"
+    """How the command line prefixes it (``cliptrack: note: ...``)."""
+
+
 def resolve_tracking_uri(tracking_uri: str | None) -> str:
-    """The MLflow URI to read, checked: it names an existing sqlite file or an answering server.
+    """The MLflow URI to read, checked: it names an existing MLflow sqlite store or an answering
+    server; a plain path to an existing file comes back as its ``sqlite:///`` URI.
 
     None means ``MLFLOW_TRACKING_URI``, else MLflow's default ``sqlite:///mlflow.db``.
     """
@@ -56,8 +79,33 @@ def resolve_tracking_uri(tracking_uri: str | None) -> str:
     elif scheme in ("http", "https"):
         _check_server(uri)
     elif scheme in ("", "file") or len(scheme) == 1:  # a plain path (a Windows drive letter too)
-        raise StoreError(_plain_path_message(uri))
+        return _plain_path_store(uri, origin)
     return uri
+
+
+def plain_path_uri(uri: str) -> str | None:
+    """``sqlite:///<absolute path>`` when ``uri`` is a plain path (or ``file:`` URI) naming an
+    existing file, else None (any other URI, a folder, a missing path)."""
+    scheme = urlparse(uri).scheme
+    if scheme not in ("", "file") and len(scheme) != 1:
+        return None
+    path = _plain_path(uri)
+    return f"sqlite:///{path.resolve()}" if path.is_file() else None
+
+
+def _plain_path(uri: str) -> Path:
+    return Path(unquote(urlparse(uri).path if uri.startswith("file:") else uri)).expanduser()
+
+
+def _plain_path_store(uri: str, origin: str) -> str:
+    """The ``sqlite:///`` URI a plain path to a file is read as, checked (``_check_sqlite``), with a
+    ``PlainPathNote``; StoreError for a folder or a missing path."""
+    sqlite_uri = plain_path_uri(uri)
+    if sqlite_uri is None:
+        raise StoreError(_plain_path_message(uri, origin))
+    _check_sqlite(sqlite_uri, f" (given as {uri}{origin})")
+    warnings.warn(f"{uri}{origin} is a plain path: reading it as {sqlite_uri}", PlainPathNote, stacklevel=3)
+    return sqlite_uri
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -69,6 +117,8 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def _check_sqlite(uri: str, origin: str) -> None:
+    """The sqlite file of ``uri`` exists, is a sqlite database and holds MLflow's tables; nothing
+    is created or written (StoreError otherwise)."""
     path = _sqlite_path(uri)
     if path is None:
         return
@@ -85,6 +135,50 @@ def _check_sqlite(uri: str, origin: str) -> None:
     if head != SQLITE_MAGIC:
         state = "an empty file" if not head else "not a sqlite database"
         raise StoreError(f"MLflow store {uri}{origin}: {str(path)!r} is {state}; {STORE_HINT}")
+    _check_mlflow_tables(path, uri, origin)
+
+
+def _check_mlflow_tables(path: Path, uri: str, origin: str) -> None:
+    """StoreError unless the sqlite file at ``path`` holds every table of ``MLFLOW_TABLES``."""
+    try:
+        tables = sqlite_tables(path)
+    except sqlite3.Error as exc:
+        raise StoreError(f"{uri}{origin} cannot be read as a sqlite database ({exc}); {STORE_HINT}") from None
+    missing = [name for name in MLFLOW_TABLES if name not in tables]
+    if not missing:
+        return
+    if not tables:
+        found = "it holds no tables"
+    else:
+        shown = ", ".join(tables[:TABLES_SHOWN])
+        more = f" and {len(tables) - TABLES_SHOWN} more" if len(tables) > TABLES_SHOWN else ""
+        found = f"tables found: {shown}{more} (no {', '.join(missing)})"
+    raise StoreError(
+        f"{uri}{origin} is not an MLflow store: {found}; it was left untouched (reading writes nothing); "
+        f"{STORE_HINT}"
+    )
+
+
+def sqlite_tables(path: Path) -> list[str]:
+    """The table names of the sqlite database at ``path``, sorted, read without writing anything.
+
+    The file is opened read-only (``mode=ro``). A database in WAL mode whose ``-wal`` or ``-shm``
+    file is missing is opened ``immutable`` instead: a read-only connection would create both
+    files (and leave them). sqlite3.Error when the file cannot be read as a database.
+    """
+    wal = path.with_name(path.name + "-wal")
+    shm = path.with_name(path.name + "-shm")
+    with path.open("rb") as handle:
+        header = handle.read(WAL_HEADER_OFFSET + 2)
+    in_wal_mode = len(header) == WAL_HEADER_OFFSET + 2 and header[WAL_HEADER_OFFSET] == 2
+    mode = "ro&immutable=1" if in_wal_mode and not (wal.exists() and shm.exists()) else "ro"
+    target = f"{path.resolve().as_uri()}?mode={mode}"
+    connection = sqlite3.connect(target, uri=True)
+    try:
+        rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    finally:
+        connection.close()
+    return sorted(str(name) for (name,) in rows)
 
 
 def _check_server(uri: str) -> None:
@@ -102,15 +196,23 @@ def _check_server(uri: str) -> None:
         ) from None
 
 
-def _plain_path_message(uri: str) -> str:
-    path = Path(unquote(urlparse(uri).path if uri.startswith("file:") else uri))
+def _plain_path_message(uri: str, origin: str = "") -> str:
+    """Why a plain path that names no file is not read, and what to type instead."""
+    path = _plain_path(uri)
+    given = f"{uri}{origin}"
     if path.is_dir() and (path / "mlflow.db").is_file():
-        return f"--tracking-uri {uri} is a folder: its database is sqlite:///{(path / 'mlflow.db').resolve()}"
-    if path.is_file():
-        return f"--tracking-uri {uri} is a plain path: a database file is read as sqlite:///{path.resolve()}"
+        return (
+            f"tracking URI {given} is a plain path to a folder: read its database with "
+            f"--tracking-uri sqlite:///{(path / 'mlflow.db').resolve()}"
+        )
+    if path.is_dir():
+        return (
+            f"tracking URI {given} is a plain path to a folder: MLflow's file store (mlruns/) is not "
+            f"read (MLflow 3 keeps it in maintenance mode); {STORE_HINT}"
+        )
     return (
-        f"--tracking-uri {uri} is a plain path: MLflow's file store (mlruns/) is not read (MLflow 3 "
-        f"keeps it in maintenance mode); {STORE_HINT}"
+        f"no MLflow store at {given}: the file {str(path)!r} does not exist (reading creates nothing); "
+        f"{STORE_HINT}"
     )
 
 

@@ -104,8 +104,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> str:
-    """A warning as ``cliptrack: warning: ...`` on one line (no source file and line)."""
-    return f"cliptrack: warning: {printable(' '.join(str(message).split()))}\n"
+    """A warning as ``cliptrack: warning: ...`` on one line (no source file and line); a category
+    with a ``label`` (``"note"``) is shown under that word instead."""
+    label = getattr(category, "label", "warning")
+    return f"cliptrack: {label}: {printable(' '.join(str(message).split()))}\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
                 print(f"no WANDB_API_KEY: wrote workspace and report specs to {outcome['path']}")
             return 0
         from cliptrack.backends.mlflow.panels import log_comparison
+        from cliptrack.backends.preflight import plain_path_uri
 
         runset, result = load_and_compare(args)
+        read_from = args.tracking_uri and (plain_path_uri(args.tracking_uri) or args.tracking_uri)
         run_id = log_comparison(
             runset,
             result,
-            tracking_uri=args.log_uri or args.tracking_uri,
+            tracking_uri=args.log_uri or read_from,  # a plain path to a file: the store it was read as
             experiment=args.log_experiment,
             artifact_dir=args.artifact_dir,
         )
