@@ -297,7 +297,7 @@ def next_steps(
         "  list the store's runs (ids, status, start time, steps):",
         f"    $ cliptrack runs {store}",
         "  browse the runs and their charts in MLflow (then open the address below):",
-        f"    $ mlflow ui --backend-store-uri {tracking_uri} --port {UI_PORT}",
+        f"    $ mlflow ui --backend-store-uri {tracking_uri} --port {UI_PORT} --workers 1",
         f"    {mlflow_ui_url(experiment_id)}",
     ]
     if len(stacks) >= 2:
