@@ -192,7 +192,8 @@ def _check_server(uri: str) -> None:
         reason = exc.strerror or type(exc).__name__
         raise StoreError(
             f"no MLflow server answers at {uri} ({reason}); start one "
-            f"(mlflow server --backend-store-uri sqlite:///PATH/mlflow.db --port {port}) or check the URI"
+            f"(mlflow server --backend-store-uri sqlite:///PATH/mlflow.db --port {port} --workers 1) "
+            "or check the URI"
         ) from None
 
 
