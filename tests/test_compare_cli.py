@@ -106,6 +106,62 @@ def test_compare_json_has_every_number(spool, tmp_path, capsys):
     assert json.loads(out.read_text()) == data
 
 
+def test_json_alone_before_the_run_ids_prints_to_stdout(spool, capsys):
+    """``--json`` takes no value: the run id after it is a run, not the JSON file's name."""
+    import json
+
+    assert main(["compare", "--json", "megatron-run", "miles-run", "--jsonl", str(spool)]) == 0
+    data = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
+    assert data["verdict"] == "different" and len(data["runs"]) == 2
+    assert not (spool / "megatron-run").exists()
+
+
+def test_json_to_a_file_is_json_file_or_json_equals(spool, tmp_path, capsys, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    base = ["compare", "megatron-run", "miles-run", "--jsonl", str(spool)]
+    assert main([*base, "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    for argv, name in (
+        (["--json-file", "a"], "a"),  # any name: the flag says it is a file
+        (["--json=b.out"], "b.out"),
+        (["--json", "c.json"], "c.json"),  # the older spelling, kept
+    ):
+        assert main([*base[:1], *argv, *base[1:]]) == 0, argv
+        out = capsys.readouterr().out
+        assert "Not equally on-policy" in out and f"json: {name}" in out, argv  # the table on stdout
+        assert json.loads((tmp_path / name).read_text()) == expected, argv
+    for argv in (["--json=-"], ["--json", "-"]):  # stdout, spelled as before
+        assert main([*base, *argv]) == 0
+        assert json.loads(capsys.readouterr().out) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b.out", "c.json"]
+
+
+def test_json_on_stdout_still_writes_the_files_asked_for(spool, tmp_path, capsys):
+    import json
+
+    md, js = tmp_path / "c.md", tmp_path / "c.json"
+    argv = ["compare", "--json", "megatron-run", "miles-run", "--jsonl", str(spool)]
+    assert main([*argv, "--markdown", str(md), "--json-file", str(js)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == json.loads(js.read_text())  # stdout stays the JSON alone
+    assert md.read_text().startswith("Not equally on-policy")
+    assert f"markdown: {md}" in captured.err and f"json: {js}" in captured.err
+
+
+def test_rewrite_argv_spells_json_as_the_parser_takes_it():
+    from cliptrack.cli.compare import rewrite_argv
+
+    assert rewrite_argv(["--json", "A", "B"]) == ["--json", "A", "B"]
+    assert rewrite_argv(["A", "B", "--json=out.txt"]) == ["A", "B", "--json-file", "out.txt"]
+    assert rewrite_argv(["A", "B", "--json=-"]) == ["A", "B", "--json"]
+    assert rewrite_argv(["A", "B", "--json", "-"]) == ["A", "B", "--json"]
+    assert rewrite_argv(["--json", "cmp.JSON", "A", "B"]) == ["--json-file", "cmp.JSON", "A", "B"]
+    assert rewrite_argv(["--jsonl", "d.json", "A", "B"]) == ["--jsonl", "d.json", "A", "B"]
+    assert rewrite_argv(["A", "--", "--json=x"]) == ["A", "--", "--json=x"]
+
+
 def test_fail_on_is_a_ci_gate_with_documented_exit_codes(spool, capsys):
     base = ["compare", "megatron-run", "miles-run", "--jsonl", str(spool)]
     assert main([*base, "--fail-on", "different"]) == 1  # 16 % against 10 %: beyond ±25 %
@@ -135,6 +191,7 @@ def test_help_states_the_exit_codes():
         check=True,
     ).stdout
     assert "--fail-on" in out and "--group" in out and "--margin" in out
+    assert "--json-file FILE" in out and "--json=FILE" in out and "takes no value" in out
     assert "exit codes: 0 compared" in " ".join(out.split()) and "1 the --fail-on gate tripped" in " ".join(
         out.split()
     )

@@ -148,12 +148,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="OUT", help="also write summary and table as markdown here")
     parser.add_argument(
         "--json",
-        nargs="?",
-        const="-",
-        metavar="FILE",
-        help="every estimate, interval, effective sample size, verdict and note as JSON: "
-        "printed alone on stdout, or written to FILE",
+        action="store_true",
+        help="every estimate, interval, effective sample size, verdict and note as JSON, printed "
+        "alone on stdout (--json takes no value: run ids may follow it)",
     )
+    parser.add_argument(
+        "--json-file",
+        metavar="FILE",
+        help="write that JSON to FILE, the table on stdout (also spelled --json=FILE)",
+    )
+
+
+JSON_FILE_SUFFIX = ".json"
+"""A word right after ``--json`` ending so is read as its file, as before ``--json-file`` (a run id
+never ends so)."""
+
+
+def rewrite_argv(argv: list[str]) -> list[str]:
+    """The words after ``compare`` with ``--json`` spelled as the parser takes it: ``--json=FILE``
+    and the older ``--json FILE.json`` become ``--json-file FILE``, ``--json=-`` and ``--json -``
+    become ``--json`` (stdout); a bare ``--json`` followed by run ids stays a flag. Words after
+    ``--`` are left as they are."""
+    out: list[str] = []
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            out += [word, *words]
+            break
+        if word.startswith("--json="):
+            target = word.partition("=")[2]
+            out += ["--json"] if target == "-" else ["--json-file", target]
+            continue
+        out.append(word)
+    return _older_json_file(out)
+
+
+def _older_json_file(argv: list[str]) -> list[str]:
+    """``--json -`` as ``--json``, ``--json FILE.json`` as ``--json-file FILE.json`` (the older
+    spellings of ``--json [FILE]``), before any ``--``."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    for i in range(end - 1):
+        if argv[i] != "--json":
+            continue
+        following = argv[i + 1]
+        if following == "-":
+            return [*argv[: i + 1], *argv[i + 2 :]]
+        if following.lower().endswith(JSON_FILE_SUFFIX) and not following.startswith("-"):
+            return [*argv[:i], "--json-file", *argv[i + 1 :]]
+    return argv
 
 
 def parse_groups(texts: list[str]) -> dict[str, list[str]]:
@@ -343,23 +385,32 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
         return EXIT_ERROR
-    if args.json == "-":
+    files = _write_files(args, runset, result)
+    if args.json:  # stdout is the JSON alone; where the files went, on stderr
         print(result.to_json())
+        for line in files:
+            print(line, file=sys.stderr)
         return _gate(args, result)
     print(format_result(result, verbose=args.verbose))
-    if args.json:
-        from pathlib import Path
+    for line in files:
+        print(line)
+    return _gate(args, result)
 
-        Path(args.json).write_text(result.to_json() + "\n", encoding="utf-8")
-        print(f"json: {args.json}")
+
+def _write_files(args: argparse.Namespace, runset: Any, result: Any) -> list[str]:
+    """Write what ``--json-file``, ``--html`` and ``--markdown`` ask for; one line per file written
+    saying where."""
+    from pathlib import Path
+
+    lines = []
+    if args.json_file:
+        Path(args.json_file).write_text(result.to_json() + "\n", encoding="utf-8")
+        lines.append(f"json: {args.json_file}")
     if args.html:
         from cliptrack.compare.views.dashboard import write_dashboard
 
-        path = write_dashboard(args.html, runset, result)
-        print(f"\ndashboard: {path}")
+        lines.append(f"\ndashboard: {write_dashboard(args.html, runset, result)}")
     if args.markdown:
-        from pathlib import Path
-
         Path(args.markdown).write_text(result.to_markdown(), encoding="utf-8")
-        print(f"markdown: {args.markdown}")
-    return _gate(args, result)
+        lines.append(f"markdown: {args.markdown}")
+    return lines

@@ -110,9 +110,26 @@ def _one_line_warning(message: Warning | str, category: type[Warning], *_: objec
     return f"cliptrack: {label}: {printable(' '.join(str(message).split()))}\n"
 
 
+def rewritten(selected: str | None, argv: list[str]) -> list[str]:
+    """``argv`` with the words after ``selected`` passed through its arguments module's
+    ``rewrite_argv`` when it has one (``compare``: ``--json=FILE`` as ``--json-file FILE``)."""
+    if selected is None:
+        return argv
+    try:
+        module = importlib.import_module(COMMANDS[selected].arguments_from)
+    except ImportError:
+        return argv
+    rewrite = getattr(module, "rewrite_argv", None)
+    if rewrite is None:
+        return argv
+    at = argv.index(selected) + 1
+    return [*argv[:at], *rewrite(argv[at:])]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(selected_command(argv)).parse_args(argv)
+    selected = selected_command(argv)
+    args = build_parser(selected).parse_args(rewritten(selected, argv))
     with redacted_output():  # no credential in anything a command prints (cliptrack.core.secrets)
         return _guarded(args)
 
