@@ -4,9 +4,9 @@ Every backend's reader turns what it reads into ``Point``s (or columns) and hand
 ``RunSet.from_points``, so the same run loaded from any store gives the same frame.
 
 Runs are named by id (cliptrack's or the store's) or by run name. A name that matches several runs
-picks the latest FINISHED one and says so (``catalog.choose_by_name``; W&B files, which keep no
-status, make it an error listing their ids); a reference that matches nothing is an error that lists
-what is there. Reading never writes.
+picks the latest FINISHED one and says so (``catalog.choose_by_name``; W&B run files give their
+status by their exit record); a reference that matches nothing is an error that lists what is there.
+Reading never writes (``preflight``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""W&B run files as ``cliptrack runs`` lists them (``RunEntry``; W&B files keep no status: ``-``)."""
+"""W&B run files as ``cliptrack runs`` lists them (``RunEntry``): start time and status from each
+run's file (``reader.run_status``), as the MLflow listing shows them."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from cliptrack.backends.wandb.reader import load_wandb_offline
 
 
 def wandb_entries(directory: str | Path) -> list[RunEntry]:
-    """Every run found in W&B run files under ``directory`` (W&B files keep no status: ``-``)."""
+    """Every run found in W&B run files under ``directory``: status, start time (unix seconds) and
+    steps (distinct steps logged) of each."""
     runset = load_wandb_offline([], directory)
+    frame = runset.frame
     entries = []
     for info in runset.runs:
-        steps = runset.frame.loc[runset.frame["run_id"] == info.run.run_id, "step"].nunique()
         run = info.run
+        steps = int(frame.loc[frame["run_id"] == run.run_id, "step"].nunique())
         entries.append(
             RunEntry(
-                run.run_id, run.run_id, run.run_name, run.backend_label or "", "-", run.started, int(steps)
+                run.run_id, run.run_id, run.run_name, run.backend_label or "", run.status, run.started, steps
             )
         )
     return entries

@@ -1,20 +1,27 @@
 """Runs read back from W&B for the comparison: offline run files on disk (``.wandb`` transaction
-logs, read by the W&B seam) or the public API (``entity/project/run_id``)."""
+logs, read by the W&B seam) or the public API (``entity/project/run_id``).
+
+A run file also gives the run's start time (its run record, unix seconds) and its status (its exit
+record: exit code 0 ``FINISHED``, 143 ``KILLED``, any other ``FAILED``; none yet ``RUNNING`` — still
+running, or killed before W&B could write one, as MLflow shows such a run), so ``cliptrack runs``
+lists W&B runs as it lists MLflow's and a name matching several runs takes the latest FINISHED one.
+"""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.catalog import choose_runs
+from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.wandb import _compat as compat_wandb
 from cliptrack.compare.aliases import canonical_points, foreign_step
 from cliptrack.compare.frame import LoadedRun, Point, RunSet
 from cliptrack.core import keys
-from cliptrack.store.records import RunInfo
+from cliptrack.store.records import EXIT_CODES, FAILED, RUNNING, RunInfo
 
 __all__ = ["load_wandb_offline", "load_wandb_online", "read", "wandb_run_files", "wandb_run_info"]
 
@@ -27,18 +34,34 @@ def _numeric(value: Any) -> float | None:
     return float(value)
 
 
+STATUS_OF_EXIT_CODE = {code: status for status, code in EXIT_CODES.items()}
+"""A W&B exit code -> the run status it records (``FAILED`` for any code not listed)."""
+
+
+def run_status(exit_code: int | None) -> str:
+    """The status of a W&B run whose file ends with ``exit_code`` (None: no exit record yet)."""
+    if exit_code is None:
+        return RUNNING
+    return STATUS_OF_EXIT_CODE.get(exit_code, FAILED)
+
+
 def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point]]:
-    """One ``.wandb`` file (read by the W&B seam's one reader; a damaged record is an error) as a run."""
-    run_id, name, group = "", "", ""
+    """One ``.wandb`` file (read by the W&B seam's one reader; a damaged record is an error) as a
+    run, with its start time (unix seconds) and status (``run_status``)."""
+    run_id, name, group, started = "", "", "", 0.0
+    exit_code: int | None = None
     config: dict[str, Any] = {}
     points: list[Point] = []
     for record in compat_wandb.records(path, strict=True):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run_id, name, group = record.run.run_id, record.run.display_name, record.run.run_group
+            started = started or _seconds(record.run.start_time)
             config.update(compat_wandb.items(record.run.config.update))
         elif kind == "config":
             config.update(compat_wandb.items(record.config.update))
+        elif kind == "exit":
+            exit_code = int(record.exit.exit_code)
         elif kind == "history":
             row = compat_wandb.items(record.history.item)
             point = _history_point(row)
@@ -46,18 +69,47 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point
                 points.append(point)
     backend = config.get(keys.TAG_BACKEND) or group
     points, approximate = canonical_points(points)
-    run = wandb_run_info(run_id or path.stem.removeprefix("run-"), name, backend, config)
+    run = wandb_run_info(
+        run_id or path.stem.removeprefix("run-"),
+        name,
+        backend,
+        config,
+        started=started or _first_wall_time(points) or _directory_time(path),
+        status=run_status(exit_code),
+    )
     return LoadedRun(run, source="wandb", location=location, approximate=approximate), points
 
 
-def wandb_run_info(run_id: str, name: str, backend: object, config: dict[str, Any]) -> RunInfo:
+def _seconds(timestamp: Any) -> float:
+    """A protobuf ``Timestamp`` as unix seconds (0.0 when unset)."""
+    return float(timestamp.seconds) + float(timestamp.nanos) / 1e9
+
+
+def _first_wall_time(points: Sequence[Point]) -> float:
+    """The earliest finite wall time of ``points`` (unix seconds; 0.0 when none: unknown)."""
+    times = [p.wall_time for p in points if p.wall_time == p.wall_time]
+    return min(times, default=0.0)
+
+
+def wandb_run_info(
+    run_id: str,
+    name: str,
+    backend: object,
+    config: dict[str, Any],
+    *,
+    started: float = 0.0,
+    status: str = RUNNING,
+) -> RunInfo:
     """The ``cliptrack.store.records.RunInfo`` of a W&B run: its id, display name, the ``cliptrack.backend``
-    config key (else the run group) as ``backend_label``, and its config without W&B's own keys."""
+    config key (else the run group) as ``backend_label``, its config without W&B's own keys, its
+    start (unix seconds, 0.0: unknown) and status."""
     return RunInfo(
         run_id=run_id,
         run_name=name or "",
         backend_label=str(backend) if backend else None,
         config={k: v for k, v in config.items() if not str(k).startswith("_")},
+        started=started,
+        status=status,
     )
 
 
@@ -101,6 +153,13 @@ def _started(path: Path) -> str:
     return found.group(1) if found else ""
 
 
+def _directory_time(path: Path) -> float:
+    """The start stamp of a W&B run directory's name as unix seconds (W&B names it in local time;
+    0.0 when absent): the start of a run killed before its first record reached the file."""
+    stamp = _started(path)
+    return time.mktime(time.strptime(stamp, "%Y%m%d_%H%M%S")) if stamp else 0.0
+
+
 def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple[LoadedRun, list[Point]]]:
     """One entry per W&B run id: a run resumed later (``cliptrack replay``, ``resume=``) leaves one
     run directory per process; their points are concatenated in the order the segments started."""
@@ -116,6 +175,8 @@ def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple
             run_name=first.run.run_name or info.run.run_name,
             backend_label=first.run.backend_label or info.run.backend_label,
             config={**first.run.config, **info.run.config},
+            started=first.run.started or info.run.started,
+            status=info.run.status,  # the latest segment's
         )
         merged[run_id] = (LoadedRun(run, first.source, first.location), kept + list(points))
     return list(merged.values())
@@ -131,9 +192,22 @@ def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
     files = sorted(wandb_run_files(directory), key=lambda p: (_started(p), str(p)))
     runs = _merge_segments([_wandb_offline_run(path, str(path.parent)) for path in files])
     chosen = choose_runs(
-        refs, [(run, run[0].run.run_id, run[0].run.run_name) for run in runs], f"W&B dir {directory}"
+        refs,
+        [(run, run[0].run.run_id, run[0].run.run_name) for run in runs],
+        f"W&B dir {directory}",
+        entry=lambda run: wandb_entry(*run),
     )
     return RunSet.from_points(chosen)
+
+
+def wandb_entry(info: LoadedRun, points: Sequence[Point]) -> RunEntry:
+    """A W&B run as ``cliptrack runs`` lists it: its id (cliptrack's and W&B's are one), name,
+    backend, status, start (unix seconds) and steps (distinct steps logged)."""
+    run = info.run
+    steps = len({p.step for p in points})
+    return RunEntry(
+        run.run_id, run.run_id, run.run_name, run.backend_label or "", run.status, run.started, steps
+    )
 
 
 def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
