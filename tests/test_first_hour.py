@@ -177,6 +177,8 @@ def test_the_readme_loop_runs_and_logs_what_the_readme_says(tmp_path):
     ]
     metrics = points[0]["metrics"]
     assert metrics[keys.LOSS_TOKENS] == 4 * 64  # four epochs of 64 tokens, summed
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "`loss_tokens:sum` is tokens × passes (here 64 × 4 = 256 a step)" in readme  # says so
     assert (
         0 < metrics[keys.CLIP_FRACTION] < 1
         and metrics[keys.CLIP_FRACTION] == metrics[keys.CLIPPED_TOKENS] / metrics[keys.LOSS_TOKENS]
