@@ -206,3 +206,19 @@ def test_writing_to_a_new_store_is_not_affected(tmp_path):
     from cliptrack.backends import list_runs
 
     assert [entry.name for entry in list_runs(tracking_uri=uri)] == ["fresh"]
+
+
+def test_panels_mlflow_logs_to_the_store_a_plain_path_was_read_as(tmp_path, monkeypatch, capsys):
+    """``panels mlflow --tracking-uri mlflow.db`` reads the runs there and logs the comparison run
+    into the same sqlite store (not into an MLflow file store named ``mlflow.db``)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ids = [write_mlflow(uri, run) for run in megatron_vs_miles()]
+    monkeypatch.chdir(tmp_path)
+    argv = ["panels", "mlflow", *ids, "--tracking-uri", "mlflow.db", "--artifact-dir", "artifacts"]
+    with pytest.warns(PlainPathNote):
+        assert main(argv) == 0
+    run_id = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
+    assert MlflowClient(tracking_uri=uri).get_run(run_id).data.tags["cliptrack.kind"] == "comparison"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts", "mlflow.db"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cliptrack.backends.preflight import plain_path_uri
 from cliptrack.cli.compare import add_comparison_arguments, add_source_arguments, load_and_compare
 from cliptrack.core.text import printable
 
@@ -74,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"no WANDB_API_KEY: wrote workspace and report specs to {outcome['path']}")
             return 0
         from cliptrack.backends.mlflow.panels import log_comparison
-        from cliptrack.backends.preflight import plain_path_uri
 
         runset, result = load_and_compare(args)
         read_from = args.tracking_uri and (plain_path_uri(args.tracking_uri) or args.tracking_uri)
