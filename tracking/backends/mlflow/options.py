@@ -12,8 +12,9 @@ STORE_OPTIONS = (
     StoreOption(
         "tracking_uri",
         "--tracking-uri",
-        help="MLflow tracking URI: sqlite:///PATH/mlflow.db or http://HOST:PORT "
-        "(default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db if that file exists)",
+        help="MLflow tracking URI: sqlite:///PATH/mlflow.db (a plain PATH to a database file is read "
+        "as that, with a note) or http://HOST:PORT; a sqlite file that is not an MLflow store is "
+        "refused untouched (default: MLFLOW_TRACKING_URI, else sqlite:///mlflow.db if that file exists)",
     ),
     StoreOption(
         "experiment", "--experiment", help="MLflow experiment (name or id) to look runs up in", role=SCOPE
