@@ -31,7 +31,6 @@ from cliptrack.compare.stats import (
     MIN_ESS,
     MIN_UNITS,
     Estimate,
-    GroupEstimate,
 )
 from cliptrack.compare.stats.estimate import counted
 from cliptrack.core.secrets import redact, redact_value
@@ -39,6 +38,7 @@ from cliptrack.core.text import html_text, markdown_lines, markdown_text, printa
 
 if TYPE_CHECKING:  # pandas is imported when a table is built, so importing the report stays light
     import pandas as pd
+    from cliptrack.compare.stats.seeds import GroupEstimate
 
 
 def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
