@@ -14,16 +14,23 @@ from tests._demo import DemoRun, run_demo
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that share one of the suite's own module- or session-scoped fixtures run on one
-    pytest-xdist worker (an ``xdist_group`` per module, unless the test names its group), so that
-    the fixture (a server, a launch of several processes, a compiled kernel) is built once per test
-    session rather than once per worker. pytest's built-in fixtures are defined nowhere in the suite
-    (no ``baseid``) and group nothing. Runs before xdist's own hook reads the groups."""
+    pytest-xdist worker, so that the fixture (the demo run, a server, a launch of several
+    processes, a compiled kernel) is built once per test session rather than once per worker: an
+    ``xdist_group`` named after the session fixture (the same group across modules, e.g. every
+    reader of the demo run), else after the module, unless the test names its group. Tests of the
+    same module that use no shared fixture stay free for any worker. pytest's built-in fixtures are
+    defined nowhere in the suite (no ``baseid``) and group nothing. Runs before xdist's own hook
+    reads the groups."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
         info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(fixture[-1].scope in ("module", "session") and fixture[-1].baseid for fixture in defs):
+        defs = [f[-1] for f in info.name2fixturedefs.values()] if info is not None else []
+        shared = [f for f in defs if f.scope in ("module", "session") and f.baseid]
+        session = sorted(f.argname for f in shared if f.scope == "session")
+        if session:
+            item.add_marker(pytest.mark.xdist_group(session[0]))
+        elif shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 

@@ -16,8 +16,8 @@ from tests._demo import DEMO_STEPS, DemoRun
 from tests._tools import CHROMIUM, needs_chromium
 
 STEPS = DEMO_STEPS
-# one worker runs every test that reads the session demo (tests/conftest.py), so the demo runs once
-pytestmark = pytest.mark.xdist_group("demo")
+# every test that reads the session demo runs on one worker (tests/conftest.py: the group of its
+# session fixture), so the demo runs once; the others run on any worker
 
 
 @pytest.fixture

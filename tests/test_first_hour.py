@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "compare_backends.ipynb"
 STEPS = DEMO_STEPS
 
-# one worker runs every test that reads the session demo (tests/conftest.py), so the demo runs once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
+# every test that reads the session demo runs on one worker (tests/conftest.py), so the demo runs once
+pytestmark = pytest.mark.slow
 
 
 def _cliptrack(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
