@@ -188,6 +188,7 @@ def test_clip_fractions_near_zero_use_the_floor_and_say_so_in_percentage_points(
 # ------------------------------------------------------------------------- the simulation
 
 
+@pytest.mark.slow
 def test_the_floor_keeps_size_power_and_twenty_fold_differences_by_simulation():
     """Fixed seed, 200 replicates, 1,000 steps of 1k-10k tokens: the chosen floors keep the false
     "equivalent" and false "different" at the margin within 5 % (Monte-Carlo bound 2 se), give

@@ -40,6 +40,7 @@ def _mlflow_steps(db: str, experiment: str, key: str = keys.LOSS_SUM) -> list[in
     return sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
 
 
+@pytest.mark.slow
 def test_mlflow_gets_every_point_while_the_spool_disk_is_full_and_the_journal_catches_up(tmpfs, caplog):  # noqa: F811
     caplog.set_level(logging.INFO, logger="cliptrack")
     db = f"sqlite:///{tmpfs.parent / 'mlflow.db'}"
@@ -82,6 +83,7 @@ def test_mlflow_gets_every_point_while_the_spool_disk_is_full_and_the_journal_ca
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
 
 
+@pytest.mark.slow
 def test_a_disk_full_until_close_is_reported_with_what_reached_no_backend(tmpfs, caplog):  # noqa: F811
     """The disk stays full to the end: a healthy MLflow still holds every point and the summary
     says how many points are not in the journal (none lost); with the server dead too, every such

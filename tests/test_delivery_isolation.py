@@ -10,6 +10,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pytest
 from cliptrack.backends import Sink, SinkError, SinkRejected
 from cliptrack.log.tracker import Tracker
 from cliptrack.store.records import Point, RunInfo
@@ -84,6 +85,7 @@ class StuckSink(PickySink):
         raise SinkError("connection reset")
 
 
+@pytest.mark.slow
 def test_a_lane_that_fails_after_its_run_closed_warns_no_more(tmp_path, caplog):
     """The closing summary already said what is pending; a request that fails after it must not
     announce retries that will never come (nor land in whatever is logging by then)."""

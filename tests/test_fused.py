@@ -288,6 +288,7 @@ _FAILING_COMPILER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_compile_failure_falls_back_to_eager_with_one_warning(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     env[fused.ENV_VAR] = "1"

@@ -94,6 +94,7 @@ def test_resuming_after_a_cut_delivers_every_point_and_flush_tells_the_truth(tmp
     assert sorted(step for step, _, _ in held) == list(range(700))  # the cut 300 stay where they were
 
 
+@pytest.mark.slow
 def test_replay_of_a_replaced_journal_reports_it_and_starts_over(tmp_path):
     spool, db = tmp_path / "spool", tmp_path / "mlflow.db"
     tracker = _log(spool, db, range(100))

@@ -231,6 +231,7 @@ def test_a_full_tmpfs_then_freed_keeps_every_point_once_in_order(tmpfs):
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss:sum")) == list(range(step))
 
 
+@pytest.mark.slow
 def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
     """A journal with a glued line (as a full disk left them before atomic batches): replay names
     it, pushes the other points of that run, and still replays the runs after it."""
@@ -272,6 +273,7 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
 
 
 # ---- 3. overload ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_overload_then_sigkill_loses_at_most_the_last_flush_interval(tmp_path, caplog):
     """A tight loop of 10-metric steps, faster than the writer: backpressure keeps the crash window
     at flush_interval_s (0.2 s) + 0.5 s; here, everything reported more than 2 s before the kill
@@ -349,6 +351,7 @@ def shared_wandb_service():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inherited_service", [False, True], ids=["own-service", "inherited-service"])
 def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path, request, inherited_service):
     """Kill -9 mid-run, then replay at once. With a W&B service inherited through ``WANDB_SERVICE``
@@ -388,6 +391,7 @@ def test_wandb_killed_mid_run_then_replay_has_every_row_once(tmp_path, request, 
 
 
 # ---- 5. dead MLflow server -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_is_bounded(
     tmp_path, monkeypatch, caplog
 ):
@@ -424,6 +428,7 @@ def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_i
     assert (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get()) == (7, 120)
 
 
+@pytest.mark.slow
 def test_sigterm_with_a_dead_server_ends_the_process_within_ten_seconds(tmp_path):
     spool_dir = tmp_path / "spool"
     env = _env()
