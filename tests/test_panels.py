@@ -539,7 +539,7 @@ def test_matplotlib_draws_what_the_dashboard_draws():
     labels = [t.get_text() for t in axes["clip_fraction_difference"].get_legend().get_texts()]
     d = result.difference("clip_fraction")
     assert d.scale == "log-ratio"
-    assert f"± margin {math.expm1(d.tolerance) * 100:.3g}%" in labels  # ±25 %, the default
+    assert f"± margin {math.log(1.25):.3g} (25%)" in labels  # the line's height, then ±25 %, the default
     assert "miles-run − megatron-run per segment" in labels
     import matplotlib.pyplot as plt
 

@@ -273,10 +273,11 @@ def _difference_traces(
 
 
 def _margin_label(tolerance: float, scale: str, percent: bool) -> str:
-    """The legend of a margin line, in the panel's units: ``± margin 25%`` on the log-ratio scale
-    (``|log(b / a)| < log(1.25)``), ``± margin 2 pp`` for a fraction, else the number."""
+    """The legend of a margin line, in the panel's units: ``± margin 0.223 (25%)`` on the log-ratio
+    scale (the line's height, ``log(1.25)``, then the relative margin it stands for), ``± margin 2 pp``
+    for a fraction, else the number."""
     if scale == LOG_RATIO:
-        return f"± margin {math.expm1(tolerance) * 100:.3g}%"
+        return f"± margin {tolerance:.3g} ({math.expm1(tolerance) * 100:.3g}%)"
     return f"± margin {tolerance * 100:.3g} pp" if percent else f"± margin {tolerance:.3g}"
 
 
