@@ -104,7 +104,23 @@ def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
 
 
 def _console(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+    """The page's console lines, less those Chromium writes of itself whatever the page does (its
+    network interventions on a busy machine: "Slow network is detected ...")."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line and not _chromium_own(line)]
+
+
+CHROMIUM_OWN = ("Slow network is detected",)
+"""Console messages Chromium writes of itself (interventions), not the page."""
+
+
+def _chromium_own(line: str) -> bool:
+    return any(text in line for text in CHROMIUM_OWN)
+
+
+def test_console_filter_keeps_the_pages_lines_and_drops_chromiums_own():
+    page = '[1:2:INFO:CONSOLE(1)] "Uncaught ReferenceError: x is not defined", source: file:///a.html (1)'
+    own = '[1:2:INFO:CONSOLE(0)] "[Intervention] Slow network is detected. See https://x", source:  (0)'
+    assert _console("\n".join([page, own, "[1:2:INFO:other] not a console line"])) == [page]
 
 
 @needs_chromium
