@@ -13,8 +13,10 @@ PARALLEL = -n 2 --dist loadgroup
 
 .PHONY: demo test bench lint typecheck check test-fast docs-picture
 
+# installs into the python3 first on PATH: make and activate a virtual environment first to keep it apart
 demo:
-	$(INSTALL) -e '.[all]' && cliptrack demo
+	@$(PYTHON) -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || echo "make demo: no virtual environment is active: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)') (python3 -m venv .venv && . .venv/bin/activate first to keep it apart)"
+	$(INSTALL) -e '.[demo]' && cliptrack demo
 
 test:
 	$(INSTALL) -e '.[dev]' && $(PYTHON) -m pytest $(PARALLEL)
