@@ -52,6 +52,10 @@ COMMANDS = {
     ),
     "runs": Command("list a store's runs: ids, names, status, start time, steps", "cliptrack.cli.runs"),
     "panels": Command("build W&B workspace/report or MLflow comparison panels", "cliptrack.cli.panels"),
+    "notebook": Command(
+        "run the comparison notebook on the demo's runs (or a store) and write the executed copy",
+        "cliptrack.cli.notebook",
+    ),
     "replay": Command(
         "push spooled points to their backends without duplicating any", "cliptrack.log.replay"
     ),
