@@ -303,8 +303,8 @@ def next_steps(
     if len(stacks) >= 2:
         lines += ["  the dashboard (open in a browser):", f"    {(out / 'dashboard.html').as_uri()}"]
     lines += [
-        "  the notebook on these runs (jupyter lab notebooks/compare_backends.ipynb to open it):",
-        f"    $ CLIPTRACK_DEMO_OUT={out} jupyter execute notebooks/compare_backends.ipynb",
+        "  the notebook on these runs, executed with its outputs (from any folder; it prints where):",
+        f"    $ cliptrack notebook --demo-out {out}",
     ]
     return redact("\n".join(lines))  # a store's password is never printed (cliptrack.core.secrets)
 
