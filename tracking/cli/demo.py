@@ -264,6 +264,13 @@ def where_everything_is(out: Path, tracking_uri: str, groups: dict[str, list[str
     return redact("\n".join(lines))
 
 
+def notebooks_installed() -> bool:
+    """Whether the notebook extra (nbclient, nbformat, ipykernel) is installed."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("nbclient", "nbformat", "ipykernel"))
+
+
 def group_arguments(groups: dict[str, list[str]]) -> str:
     """``--group NAME=ID,ID ...`` for ``cliptrack compare``."""
     return " ".join(f"--group {name}={','.join(ids)}" for name, ids in groups.items())
@@ -302,10 +309,14 @@ def next_steps(
     ]
     if len(stacks) >= 2:
         lines += ["  the dashboard (open in a browser):", f"    {(out / 'dashboard.html').as_uri()}"]
-    lines += [
-        "  the notebook on these runs, executed with its outputs (from any folder; it prints where):",
-        f"    $ cliptrack notebook --demo-out {out}",
-    ]
+    lines.append(
+        "  the notebook on these runs, executed with its outputs (from any folder; it prints where):"
+    )
+    if not notebooks_installed():
+        lines.append(
+            "  (first: pip install 'cliptrack[notebooks]': make demo leaves the notebook kernel out)"
+        )
+    lines.append(f"    $ cliptrack notebook --demo-out {out}")
     return redact("\n".join(lines))  # a store's password is never printed (cliptrack.core.secrets)
 
 
