@@ -662,6 +662,7 @@ def test_the_heap_is_frozen_out_of_collections_only_when_asked(tmp_path):
     tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
     tracker.close()
     assert gc.get_freeze_count() == 0
+    gc.collect()  # garbage left by earlier tests in this process could be collected before the freeze
     alive = len(gc.get_objects())
     tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=True)
     tracker.close()
