@@ -37,7 +37,7 @@ typecheck:
 check: lint typecheck
 
 test-fast:
-	$(PYTHON) -m pytest -m "not slow" $(PARALLEL)
+	$(PYTHON) -m pytest -m "not slow" $(PARALLEL) --hypothesis-profile fast
 
 # docs/dashboard.png from the demo as it now runs (headless Chromium; tests/test_demo.py checks it)
 docs-picture:
