@@ -39,7 +39,9 @@ settings.register_profile(
 )
 settings.register_profile("ci", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 # make test-fast (--hypothesis-profile fast): the everyday loop, fewer examples per property
-settings.register_profile("fast", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "fast", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
