@@ -25,6 +25,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen, port: int, log_path: Path, timeout_s: float) -> None:
+    """Wait until the MLflow server ``proc`` answers ``/health`` on ``port``; AssertionError with
+    the tail of its log when it dies or is not healthy within ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log_path.read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, (
+                f"mlflow server not healthy after {timeout_s:g} s: {log_path.read_text()[-2000:]}"
+            )
+            time.sleep(0.3)
+
+
 @contextlib.contextmanager
 def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120, command: str = "server") -> Iterator[int]:
     """``mlflow server`` (or ``command="ui"``: ``mlflow ui``, what the demo prints) on ``uri`` (one
@@ -41,15 +57,7 @@ def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120, command: str
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, f"mlflow server not healthy after {timeout_s:g} s"
-                time.sleep(0.3)
+        wait_healthy(proc, port, log_path, timeout_s)
         yield port
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -10,14 +10,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from cliptrack.cli.demo import next_steps
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
-from tests._mlflow_ui import free_port
+from tests._mlflow_ui import free_port, wait_healthy
 
 HEALTHY_WITHIN_S = 180.0
 """Seconds the printed command may take to answer ``/health`` (MLflow's start on two busy cores)."""
@@ -54,15 +53,7 @@ def test_the_printed_command_comes_up_and_serves_the_runs(tmp_path):
             env={**os.environ},
         )
     try:
-        deadline = time.monotonic() + HEALTHY_WITHIN_S
-        while True:
-            assert proc.poll() is None, log.read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()[-2000:]
-                time.sleep(0.3)
+        wait_healthy(proc, port, log, HEALTHY_WITHIN_S)
         query = json.dumps({"experiment_ids": ["1"]}).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",

@@ -145,13 +145,19 @@ def _difference_fields(result: ComparisonResult) -> dict[str, Any]:
     return out
 
 
+def _group_suffix(result: ComparisonResult, g: GroupDifference) -> str:
+    """What a group difference's keys end with: nothing between two groups, else ``.<index>`` of
+    the group among them."""
+    names = list(result.groups)
+    return "" if len(names) == 2 else f".{names.index(g.group)}"
+
+
 def _group_fields(result: ComparisonResult, g: GroupDifference) -> dict[str, Any]:
     """One group difference (stacks over seeds), keyed ``<quantity>.stacks.<what>`` (and the
     group's index among the groups, beyond two): the difference and its interval over seeds,
     scale, margin, seeds per stack, P(group > reference), seeds needed, verdict and both stacks'
     mean per-seed values."""
-    names = list(result.groups)
-    suffix = "" if len(names) == 2 else f".{names.index(g.group)}"
+    suffix = _group_suffix(result, g)
     e = g.estimate
     fields = (
         ("difference", e.value),
@@ -281,12 +287,8 @@ def _log_numbers(client: Any, run_id: str, runset: RunSet, result: ComparisonRes
         )
         for d in result.differences
     ]
-    names = list(result.groups)
     verdict_tags += [
-        RunTag(
-            f"{keys.TAG_VERDICT}.{g.metric}.stacks" + ("" if len(names) == 2 else f".{names.index(g.group)}"),
-            g.verdict,
-        )
+        RunTag(f"{keys.TAG_VERDICT}.{g.metric}.stacks{_group_suffix(result, g)}", g.verdict)
         for g in result.group_differences
     ]
     client.log_batch(
