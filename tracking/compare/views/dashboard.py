@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
+from cliptrack.compare.views.panels import PANELS
 from cliptrack.compare.views.plots import (
     BAND,
     HLINE,
@@ -279,11 +280,6 @@ def _plots(keys: Sequence[str]) -> str:
     )
 
 
-def is_difference_panel(key: str) -> bool:
-    """Whether a panel draws a difference between the runs (its id ends in ``_difference``)."""
-    return key.endswith("_difference")
-
-
 def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison") -> str:
     """The dashboard as one HTML string (plotly.js basic inline, ~1.2 MB, plus the figures' data).
 
@@ -291,8 +287,9 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
     difference plots, then the verdict table and the runs' own curves; the long text (how it was
     compared, every row and note) is folded below, then the runs."""
     figs = figures(runset, result)
-    differences = [k for k in figs if is_difference_panel(k)]
-    curves = [k for k in figs if not is_difference_panel(k)]
+    # a difference panel is one with a compared quantity (panels.Panel.quantity)
+    differences = [p.id for p in PANELS if p.quantity and p.id in figs]
+    curves = [k for k in figs if k not in differences]
     verdict = result.on_policy_verdict.replace(" ", "-")
     members = [m for group in stacks(result).values() for m in group]
     # what comes from the runs (names, config, store addresses) has no credential (cliptrack.core.secrets);
