@@ -337,7 +337,11 @@ def test_the_declaration_is_the_one_source_of_keys_fields_and_layout():
     )
     assert keys.GAUGE_MEAN_KEYS == ("abs_log_ratio:mean", "kl_k3:mean")
     assert losses.PACKED_FIELDS == measures.PACKED_FIELDS
-    assert measures.PACKED_FIELDS[losses.PACKED_ADDED :] == ("log_ratio:max", "-log_ratio:min")
+    assert measures.PACKED_FIELDS[losses.PACKED_ADDED :] == (
+        "log_ratio:max",
+        "-log_ratio:min",
+        "weight_lag:max",
+    )
     assert {m.field for m in measures.GAUGE_MEASURES} == set(keys.DATUM_GAUGE_FIELDS)
     assert miles_keys.GAUGE_ENTRIES == tuple(
         f for f in keys.DATUM_GAUGE_FIELDS if not f.endswith(("_max", "_min"))
@@ -439,5 +443,7 @@ def test_a_zero_extreme_is_positive_zero_on_policy():
     lp = torch.tensor([-0.5, -0.5, -0.1])
     with loss_path("0"):
         out = losses.importance_sampling(lp, lp.clone(), torch.ones(3), torch.tensor([1.0, 1.0, 0.0]))
-    packed = losses.pack(out).tolist()[losses.PACKED_ADDED :]  # the extremes as the collective combines them
-    assert [math.copysign(1.0, v) for v in packed] == [1.0, 1.0]
+    packed = losses.pack(out).tolist()  # the extremes as the collective combines them
+    slot = measures.declared().slot
+    extremes = [packed[slot[keys.LOG_RATIO_MAX]], packed[slot[keys.LOG_RATIO_MIN]]]
+    assert [math.copysign(1.0, v) for v in extremes] == [1.0, 1.0]

@@ -43,7 +43,8 @@ CISPO_CLIP_HIGH = 4.0
 """Tinker's default absolute upper ratio bound for CISPO."""
 
 INPUT_CHECKS = (
-    "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages or weights of {n} loss call(s)",
+    "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages, weights, old_logprobs or "
+    "weight_lag of {n} loss call(s)",
     "mask has {n} entries that are neither 0 nor 1",
     "clip thresholds have {n} entries that are negative, non-finite or with low > high",
 )
@@ -263,11 +264,26 @@ def _clipping(
     low: Threshold,
     high: Threshold,
     ratio_outside: tuple[float, float],
+    parts: tuple[Tensor | None, Tensor | None],
 ) -> LossOutput:
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
     _check_thresholds(low, high)
-    others = (sampling_logprobs, advantages, sources.get("mask"))
+    others = _rl_others(sources, sampling_logprobs, advantages)
     return _evaluate(name, sources, logprobs, others, ratio_outside, (low, high))
+
+
+def _rl_others(
+    sources: Mapping[str, Tensor], sampling_logprobs: Tensor, advantages: Tensor
+) -> tuple[Tensor | None, ...]:
+    """The per-token inputs of an RL formula after the logprobs: sampling log-probs, advantages,
+    the mask (detached), ``old_logprobs`` and ``weight_lag`` (detached; ``None`` when not given)."""
+    return (
+        sampling_logprobs,
+        advantages,
+        sources.get("mask"),
+        sources.get("old_logprobs"),
+        sources.get("weight_lag"),
+    )
 
 
 def ppo(
@@ -280,6 +296,8 @@ def ppo(
     clip_high_threshold: Threshold = PPO_CLIP_HIGH,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
+    old_logprobs: Tensor | None = None,
+    weight_lag: Tensor | None = None,
 ) -> LossOutput:
     """Clipped PPO: per token ``-min(r*A, clamp(r, low, high)*A)``, ``r = exp(logprobs - sampling_logprobs)``.
 
@@ -287,11 +305,24 @@ def ppo(
     high side ``A > 0, r > high``. Thresholds are absolute ratio bounds (floats, or tensors that
     broadcast to the token shape for per-datum thresholds). ``ratio_outside_low`` /
     ``ratio_outside_high``: the bounds of the gauge's ``ratio_outside_tokens:sum`` (:func:`gauge_of`).
+    ``old_logprobs`` (optional, the shape of ``logprobs``): the trainer's own log-probs at the
+    weights that sampled (what PPO implementations recompute as "old" log-probs); with it the gauge
+    is also split into its engine and drift parts (:func:`cliptrack.adapters.losses.formulas.causes_of`).
+    ``weight_lag`` (optional, the shape of ``logprobs``): each token's weight-version lag (training
+    version minus the version that sampled its datum), summed as ``weight_lag:sum``.
     The formula: :func:`cliptrack.adapters.losses.formulas.ppo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     return _clipping(
-        "ppo", logprobs, sampling_logprobs, advantages, mask, clip_low_threshold, clip_high_threshold, outside
+        "ppo",
+        logprobs,
+        sampling_logprobs,
+        advantages,
+        mask,
+        clip_low_threshold,
+        clip_high_threshold,
+        outside,
+        (old_logprobs, weight_lag),
     )
 
 
@@ -305,6 +336,8 @@ def cispo(
     clip_high_threshold: Threshold = CISPO_CLIP_HIGH,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
+    old_logprobs: Tensor | None = None,
+    weight_lag: Tensor | None = None,
 ) -> LossOutput:
     """CISPO: per token ``-(clamp(r, low, high).detach() * A * logprobs)``.
 
@@ -322,6 +355,7 @@ def cispo(
         clip_low_threshold,
         clip_high_threshold,
         outside,
+        (old_logprobs, weight_lag),
     )
 
 
@@ -333,11 +367,14 @@ def importance_sampling(
     *,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
+    old_logprobs: Tensor | None = None,
+    weight_lag: Tensor | None = None,
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips; the gauge as in :func:`ppo`."""
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
-    others = (sampling_logprobs, advantages, sources.get("mask"))
+    parts = (old_logprobs, weight_lag)
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
+    others = _rl_others(sources, sampling_logprobs, advantages)
     return _evaluate("importance_sampling", sources, logprobs, others, outside)
 
 
@@ -350,14 +387,17 @@ def dro(
     beta: float,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
+    old_logprobs: Tensor | None = None,
+    weight_lag: Tensor | None = None,
 ) -> LossOutput:
     """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips;
     the gauge as in :func:`ppo` (its ratio ``exp(l)`` formed for the gauge alone)."""
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask)
-    others = (sampling_logprobs, advantages, sources.get("mask"))
+    parts = (old_logprobs, weight_lag)
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
+    others = _rl_others(sources, sampling_logprobs, advantages)
     return _evaluate("dro", sources, logprobs, others, (0.5 * float(beta), *outside))
 
 
@@ -590,9 +630,13 @@ _RL_INPUTS = (
     TensorInput("sampling_logprobs", datum_fields=("logprobs",)),
     TensorInput("advantages"),
     TensorInput("mask", required=False, datum_fields=("mask", "weights")),
+    TensorInput("old_logprobs", required=False),
+    TensorInput("weight_lag", required=False),
 )
 """Inputs of the RL losses; on the Miles runtime the sampler's log-probs arrive as ``logprobs``
-and the eligible tokens as ``mask`` (else ``weights``)."""
+and the eligible tokens as ``mask`` (else ``weights``). ``old_logprobs`` (the trainer's log-probs
+at the sampling weights) and ``weight_lag`` (each token's weight-version lag) are optional: with
+them the gauge is split into engine and drift, and the lag summed."""
 
 
 GAUGE_OPTIONS = (
@@ -931,9 +975,11 @@ def _checked_sources(
     mask: Tensor | None,
     *,
     advantages_name: str = "advantages",
+    parts: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> dict[str, Tensor]:
     """Check types, shapes and devices now (TypeError / ValueError naming the input); the
-    detached inputs by argument name (kept to name bad entries later)."""
+    detached inputs by argument name (kept to name bad entries later). ``parts``: the optional
+    ``old_logprobs`` and ``weight_lag``."""
     _check_tensor("logprobs", logprobs, floating=True)
     sources = {"logprobs": logprobs.detach()}
     if sampling_logprobs is not None:
@@ -944,6 +990,13 @@ def _checked_sources(
     if mask is not None:
         _check_tensor("mask", mask, like=logprobs)
         sources["mask"] = mask.detach()
+    old_logprobs, weight_lag = parts
+    if old_logprobs is not None:
+        _check_tensor("old_logprobs", old_logprobs, like=logprobs, floating=True)
+        sources["old_logprobs"] = old_logprobs.detach()
+    if weight_lag is not None:
+        _check_tensor("weight_lag", weight_lag, like=logprobs)
+        sources["weight_lag"] = weight_lag.detach()
     return sources
 
 

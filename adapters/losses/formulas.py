@@ -171,17 +171,22 @@ def checks(
     gauge: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """``LossOutput.invalid``: [non-finite flag, bad mask entries, bad tensor-threshold entries].
-    ``gauge``: the gauge's values by key (:func:`gauge_of`), when the loss has them.
+    ``gauge``: the measured values by key, when the loss has the gauge (:func:`gauge_of`, and
+    :func:`causes_of` / :func:`staleness_of` where given).
 
     Non-finite inputs show in ``loss`` (advantages, weights, +inf/NaN logprobs) or in the sum of
     ``propagated`` (``logprobs - sampling_logprobs``, where a -inf that the ratio would turn into
     a harmless 0 still shows): one extra reduction. A sum that overflows from finite inputs
     (beyond 3.4e38, or an importance weight beyond float range: the gauge's ``is_weight_sq:sum``)
-    is flagged too.
+    is flagged too; so are non-finite ``old_logprobs`` (in the engine and drift sums) and
+    ``weight_lag`` (in its sum).
     """
     total = loss.detach() + propagated.detach().sum()
     if gauge is not None:
         total = total + gauge[keys.IS_WEIGHT_SQ_SUM]
+        for key in (keys.ENGINE_ABS_LOG_RATIO_SUM, keys.DRIFT_ABS_LOG_RATIO_SUM, keys.WEIGHT_LAG_SUM):
+            if key in gauge:
+                total = total + gauge[key]
     nonfinite = (~torch.isfinite(total)).to(torch.int64)
     if thresholds_bad is None:
         thresholds_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
@@ -196,8 +201,9 @@ def _as(grad: Tensor, like: Tensor) -> Tensor:
 # --- the gauge ------------------------------------------------------------------------------------
 
 
-def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
-    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)``; >= 0.
+def k3_terms(log_ratio: Tensor, weight: Tensor | None = None) -> Tensor:
+    """Per-token ``exp(l) - 1 - l`` without cancellation, from ``l`` and ``w = exp(l)`` (formed
+    here when not given); >= 0.
 
     Compiled (the fused kernel): for ``|l| < 1/2`` the Taylor series ``l**2/2! + ... + l**9/9!``
     by Horner in the dtype of ``l`` (truncation below ``3e-9`` relative there, a few ulps of
@@ -223,7 +229,7 @@ def k3_terms(log_ratio: Tensor, weight: Tensor) -> Tensor:
     poly = poly * x + 1 / 6
     poly = poly * x + 1 / 2
     series = x * x * poly
-    direct = weight - 1.0 - x
+    direct = (torch.exp(x) if weight is None else weight) - 1.0 - x
     return torch.clamp_min(torch.where(x.abs() < 0.5, series, direct), 0.0)  # 0.5: K3_SERIES_BELOW
 
 
@@ -372,6 +378,87 @@ def _extremes(lr: Tensor, lm: Tensor, on: Tensor | None) -> list[Tensor]:
     return [torch.where(none, -math.inf, v).to(f64) for v in (top, bottom)]
 
 
+def causes_of(
+    log_ratio: Tensor,
+    sampling_logprobs: Tensor,
+    old_logprobs: Tensor,
+    eligible: Tensor | None,
+    weight: Tensor | float | None = None,
+) -> dict[str, Tensor]:
+    """The gauge split into its causes (:data:`cliptrack.core.measures.CAUSES_MEASURES`) by
+    metric key, float64 0-dim tensors.
+
+    Per eligible token, with ``l`` the loss's own ``log_ratio`` (``logprobs - sampling_logprobs``):
+    the engine part ``e = old_logprobs - sampling_logprobs`` (the trainer at the sampling weights
+    against the sampler) and the drift part ``d = l - e`` (the trained policy against itself at the
+    sampling weights; ``logprobs - old_logprobs`` to the rounding of ``l``), both formed in float64,
+    so ``e + d == l`` per token (each a difference of two float32 or bfloat16 values, exact in
+    float64 while their exponents lie within 29 of each other) and ``log_ratio:sum ==
+    engine_log_ratio:sum + drift_log_ratio:sum`` to the float64 rounding of the sums. Their
+    ``|.|`` sums and k3 terms (:func:`k3_terms`; compiled: in the dtype of ``l``) accumulate in
+    float64. An ineligible token is zeroed by the mask's multiply, as in :func:`gauge_of`.
+    Detached, on the input's device, no host sync.
+    """
+    f64 = torch.float64
+    with torch.no_grad():
+        e = old_logprobs.detach().to(f64) - sampling_logprobs.detach().to(f64)
+        d = log_ratio.detach().to(f64) - e
+        if eligible is not None:
+            on = (eligible if not isinstance(weight, Tensor) else weight).to(f64)
+            e = e * on
+            d = d * on
+        if torch.compiler.is_compiling():
+            narrow = log_ratio.dtype if log_ratio.dtype in (torch.float32, f64) else torch.float32
+            kl_e, kl_d = (k3_terms(t.to(narrow)).sum(dtype=f64) for t in (e, d))
+        else:
+            kl_e, kl_d = (k3_terms(t).sum() for t in (e, d))
+        return {
+            keys.ENGINE_LOG_RATIO_SUM: e.sum(),
+            keys.ENGINE_ABS_LOG_RATIO_SUM: e.abs().sum(),
+            keys.ENGINE_KL_K3_SUM: kl_e,
+            keys.DRIFT_LOG_RATIO_SUM: d.sum(),
+            keys.DRIFT_ABS_LOG_RATIO_SUM: d.abs().sum(),
+            keys.DRIFT_KL_K3_SUM: kl_d,
+        }
+
+
+def staleness_of(weight_lag: Tensor, eligible: Tensor | None) -> dict[str, Tensor]:
+    """The weight-version lag (:data:`cliptrack.core.measures.STALENESS_MEASURES`) by metric key,
+    float64 0-dim tensors: ``weight_lag:sum`` over eligible tokens (versions x tokens) and
+    ``weight_lag:max`` (versions; ``-inf`` over no eligible token). Detached, no host sync."""
+    f64 = torch.float64
+    with torch.no_grad():
+        lag = weight_lag.detach().to(f64)
+        if eligible is None:
+            total = lag.sum()
+            top = lag.amax() if lag.numel() else torch.full((), -math.inf, dtype=f64, device=lag.device)
+        else:
+            total = torch.where(eligible, lag, 0.0).sum()
+            top = (
+                torch.where(eligible, lag, -math.inf).amax()
+                if lag.numel()
+                else torch.full((), -math.inf, dtype=f64, device=lag.device)
+            )
+        return {keys.WEIGHT_LAG_SUM: total, keys.WEIGHT_LAG_MAX: top}
+
+
+def _gauge_parts(
+    log_ratio: Tensor,
+    slp: Tensor,
+    old: Tensor | None,
+    lag: Tensor | None,
+    eligible: Tensor | None,
+    weight: Tensor | float,
+) -> dict[str, Tensor]:
+    """:func:`causes_of` and :func:`staleness_of` where their inputs are given (none: empty)."""
+    parts: dict[str, Tensor] = {}
+    if old is not None:
+        parts.update(causes_of(log_ratio, slp, old, eligible, weight))
+    if lag is not None:
+        parts.update(staleness_of(lag, eligible))
+    return parts
+
+
 # --- the formulas ---------------------------------------------------------------------------------
 
 
@@ -380,6 +467,8 @@ def ppo(
     slp: Tensor,
     adv: Tensor,
     mask: Tensor | None,
+    old: Tensor | None,
+    lag: Tensor | None,
     low: Threshold,
     high: Threshold,
     outside_low: float,
@@ -411,6 +500,7 @@ def ppo(
     n_clipped = count(bites, accumulate)
     n_low = count(bites & (adv < 0), accumulate)
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
     clip = _clip_counts(tokens, n_clipped, n_low)
     return Result(
@@ -423,6 +513,8 @@ def cispo(
     slp: Tensor,
     adv: Tensor,
     mask: Tensor | None,
+    old: Tensor | None,
+    lag: Tensor | None,
     low: Threshold,
     high: Threshold,
     outside_low: float,
@@ -445,6 +537,7 @@ def cispo(
     n_clipped = count(departs, accumulate)
     n_low = count(departs & (ratio < coefficient), accumulate)
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
     clip = _clip_counts(tokens, n_clipped, n_low)
     return Result(
@@ -487,6 +580,8 @@ def importance_sampling(
     slp: Tensor,
     adv: Tensor,
     mask: Tensor | None,
+    old: Tensor | None,
+    lag: Tensor | None,
     outside_low: float,
     outside_high: float,
     accumulate: torch.dtype,
@@ -499,6 +594,7 @@ def importance_sampling(
     loss = -(ratio * adv * weight).sum()
     grad = _as(-weight * adv, lp) * ratio if gradient else None
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
     measured = {keys.LOSS_TOKENS: tokens, **gauge}
     return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))
@@ -509,6 +605,8 @@ def dro(
     slp: Tensor,
     adv: Tensor,
     mask: Tensor | None,
+    old: Tensor | None,
+    lag: Tensor | None,
     half_beta: float,
     outside_low: float,
     outside_high: float,
@@ -524,6 +622,7 @@ def dro(
     grad = _as(-weight * adv, lp) + _as(weight * half_beta * (2 * log_ratio), lp) if gradient else None
     ratio = torch.exp(log_ratio.detach())
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
+    gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
     measured = {keys.LOSS_TOKENS: tokens, **gauge}
     return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))

@@ -64,6 +64,46 @@ ABS_LOG_RATIO_MEAN = "abs_log_ratio:mean"
 KL_K3_MEAN = "kl_k3:mean"
 """``kl_k3:sum / loss_tokens:sum``, formed once from merged sums; absent when no token was eligible."""
 
+# ---- The gauge's causes (group "causes"), given the trainer's log-probs at the sampling weights ---
+# Per eligible token, l = e + d: e = old_logprobs - sampling_logprobs (engine), d = l - e (drift).
+ENGINE_LOG_RATIO_SUM = "engine_log_ratio:sum"
+"""Sum of e = old_logprobs - sampling_logprobs over eligible tokens (the engine part of l), in nats."""
+ENGINE_ABS_LOG_RATIO_SUM = "engine_abs_log_ratio:sum"
+"""Sum of |e| over eligible tokens, in nats."""
+ENGINE_KL_K3_SUM = "engine_kl_k3:sum"
+"""Sum of exp(e) - 1 - e over eligible tokens (k3 KL(sampler || trainer at the sampling weights)), in nats."""
+DRIFT_LOG_RATIO_SUM = "drift_log_ratio:sum"
+"""Sum of d = l - e over eligible tokens (the drift part of l), in nats; log_ratio:sum = engine + drift."""
+DRIFT_ABS_LOG_RATIO_SUM = "drift_abs_log_ratio:sum"
+"""Sum of |d| over eligible tokens, in nats."""
+DRIFT_KL_K3_SUM = "drift_kl_k3:sum"
+"""Sum of exp(d) - 1 - d over eligible tokens (k3 KL(trainer at the sampling weights || trainer)), in nats."""
+ENGINE_KL_K3_MEAN = "engine_kl_k3:mean"
+"""``engine_kl_k3:sum / loss_tokens:sum``: the engine part's KL per eligible token, in nats."""
+DRIFT_KL_K3_MEAN = "drift_kl_k3:mean"
+"""``drift_kl_k3:sum / loss_tokens:sum``: the drift part's KL per eligible token, in nats."""
+ENGINE_ABS_LOG_RATIO_MEAN = "engine_abs_log_ratio:mean"
+"""``engine_abs_log_ratio:sum / loss_tokens:sum``, in nats."""
+DRIFT_ABS_LOG_RATIO_MEAN = "drift_abs_log_ratio:mean"
+"""``drift_abs_log_ratio:sum / loss_tokens:sum``, in nats."""
+WEIGHT_LAG_SUM = "weight_lag:sum"
+"""Sum over eligible tokens of their datum's weight-version lag, in versions x tokens."""
+WEIGHT_LAG_MAX = "weight_lag:max"
+"""Largest weight-version lag of an eligible token, in versions."""
+WEIGHT_LAG_MEAN = "weight_lag:mean"
+"""``weight_lag:sum / loss_tokens:sum``: the mean lag per eligible token, in versions."""
+CAUSES_KEYS = tuple(m.key for m in _measures.CAUSES_MEASURES)
+"""The engine and drift parts' sums, in declaration order; all present or none."""
+STALENESS_KEYS = tuple(m.key for m in _measures.STALENESS_MEASURES)
+"""The weight-version lag's sum and max."""
+CAUSES_SERIES_KEYS = (
+    ENGINE_KL_K3_MEAN,
+    DRIFT_KL_K3_MEAN,
+    ENGINE_ABS_LOG_RATIO_MEAN,
+    DRIFT_ABS_LOG_RATIO_MEAN,
+)
+"""The per-step series of the gauge's causes, in display order."""
+
 GAUGE_MEASURED_KEYS = tuple(m.key for m in _measures.GAUGE_MEASURES)
 """The gauge's measured keys (sums and extremes), in declaration order; all present or none."""
 GAUGE_MEAN_KEYS = tuple(m.key for m in _measures.GAUGE_MEANS)

@@ -21,7 +21,9 @@ loss call:
 - ``group``: which losses emit it (a :class:`Group`): :data:`EVERY` (every loss), :data:`CLIP`
   (losses that clip), :data:`SPLIT` (clipping losses that split the clipped tokens by side),
   :data:`GAUGE` (losses with sampling log-probs: PPO, CISPO, importance sampling, DRO; cross
-  entropy has none), or a group registered with the measure. A group's measures come together:
+  entropy has none), :data:`CAUSES` (the gauge split into engine and drift, for a gauge loss given
+  the trainer's log-probs at the sampling weights), :data:`STALENESS` (the weight-version lag, for a
+  gauge loss given it), or a group registered with the measure. A group's measures come together:
   all present or all absent (extremes may be unknown after a merge);
 - ``definition``: the per-token term or predicate, in words (units included);
 - ``nonnegative``: whether the value is >= 0 by definition (validation refuses a negative one);
@@ -46,6 +48,11 @@ added part and ``-inf`` (the identity of max) in the extremes. Every value is fl
 The gauge (:data:`GAUGE`): with ``l = logprobs - sampling_logprobs`` per eligible token, the policy
 being trained against the policy that sampled, it measures staleness, sampler-trainer numerics and
 the update's own drift within a step together (docs/CONTRACT.md, "The on-policy gauge").
+Given ``old_logprobs`` (the trainer's log-probs at the weights that sampled), :data:`CAUSES` splits
+it per token as ``l = e + d``: the engine part ``e = old_logprobs - sampling_logprobs`` (the
+inference engine's numerics and truncation against the trainer at the same weights) and the drift
+part ``d = l - e`` (the trained policy against itself at the sampling weights: staleness and the
+update's own drift). Given ``weight_lag``, :data:`STALENESS` sums each token's weight-version lag.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ from typing import Any
 
 __all__ = [
     "CALL_COUNTERS",
+    "CAUSES",
+    "CAUSES_MEASURES",
     "CLIP",
     "DATUM_MEASURES",
     "EVERY",
@@ -83,6 +92,8 @@ __all__ = [
     "RATIO_OUTSIDE_LOW_OPTION",
     "REDUCTIONS",
     "SPLIT",
+    "STALENESS",
+    "STALENESS_MEASURES",
     "SUM",
     "SUM_MEASURES",
     "Declaration",
@@ -114,6 +125,10 @@ SPLIT = "split"
 """Group: the low/high split of the clipped tokens (optional even for a clipping loss)."""
 GAUGE = "gauge"
 """Group: the on-policy gauge, measured by losses with sampling log-probs."""
+CAUSES = "causes"
+"""Group: the gauge split into its causes, engine and drift (a gauge loss given ``old_logprobs``)."""
+STALENESS = "staleness"
+"""Group: the sampler's weight-version lag (a gauge loss given ``weight_lag``)."""
 
 RATIO_OUTSIDE_LOW = 0.5
 """Default lower ratio bound of ``ratio_outside_tokens:sum`` (a per-call option of every gauge loss)."""
@@ -337,6 +352,18 @@ _BUILTIN_GROUPS = (
         dropped_when_mixed=True,
     ),
     Group(GAUGE, "losses with sampling log-probs (ppo, cispo, importance_sampling, dro)"),
+    Group(
+        CAUSES,
+        "losses with sampling log-probs given the trainer's log-probs at the sampling weights (old_logprobs)",
+        within=GAUGE,
+        dropped_when_mixed=True,
+    ),
+    Group(
+        STALENESS,
+        "losses with sampling log-probs given each token's weight-version lag (weight_lag)",
+        within=GAUGE,
+        dropped_when_mixed=True,
+    ),
 )
 
 LOSS = Measure("loss", SUM, False, EVERY, "the per-token loss (Tinker's loss:sum; unchanged by cliptrack)")
@@ -375,8 +402,58 @@ _BUILTIN_MEASURES: tuple[Measure, ...] = (
     ),
     Measure("is_weight", SUM, False, GAUGE, "the importance weight w = exp(l); dimensionless", True),
     Measure("is_weight_sq", SUM, False, GAUGE, "w**2 = exp(2 l) (ESS = (sum w)**2 / (n sum w**2))", True),
+    Measure(
+        "engine_log_ratio",
+        SUM,
+        False,
+        CAUSES,
+        "e = old_logprobs - sampling_logprobs, the trainer at the sampling weights against the sampler "
+        "(engine numerics, truncation); nats",
+    ),
+    Measure("engine_abs_log_ratio", SUM, False, CAUSES, "|e|; nats", True),
+    Measure(
+        "engine_kl_k3",
+        SUM,
+        False,
+        CAUSES,
+        "exp(e) - 1 - e, k3 KL(sampler || trainer at sampling weights); nats",
+        True,
+    ),
+    Measure(
+        "drift_log_ratio",
+        SUM,
+        False,
+        CAUSES,
+        "d = l - e (= logprobs - old_logprobs to the rounding of l), the policy trained against itself at "
+        "the sampling weights (staleness, the update's own drift); l = e + d per token; nats",
+    ),
+    Measure("drift_abs_log_ratio", SUM, False, CAUSES, "|d|; nats", True),
+    Measure(
+        "drift_kl_k3",
+        SUM,
+        False,
+        CAUSES,
+        "exp(d) - 1 - d, k3 KL(trainer at sampling weights || trainer); nats",
+        True,
+    ),
+    Measure(
+        "weight_lag",
+        SUM,
+        False,
+        STALENESS,
+        "the weight-version lag of the token's datum (training version - sampling version); versions x tokens",
+        True,
+    ),
     Measure("log_ratio", MAX, False, GAUGE, "the largest l; nats"),
     Measure("log_ratio", MIN, False, GAUGE, "the smallest l; nats"),
+    Measure(
+        "weight_lag",
+        MAX,
+        False,
+        STALENESS,
+        "the largest weight-version lag of an eligible token; versions",
+        True,
+    ),
 )
 """The built-in measures, in packed order within its part (sums first, then extremes)."""
 
@@ -386,6 +463,41 @@ _BUILTIN_MEANS: tuple[Mean, ...] = (
     Mean("abs_log_ratio:mean", "abs_log_ratio:sum", _TOKENS, False, "mean |l| per eligible token; nats"),
     Mean(
         "kl_k3:mean", "kl_k3:sum", _TOKENS, False, "mean k3 KL(sampler || trainer) per eligible token; nats"
+    ),
+    Mean(
+        "engine_abs_log_ratio:mean",
+        "engine_abs_log_ratio:sum",
+        _TOKENS,
+        False,
+        "mean |e| per eligible token, the engine part; nats",
+    ),
+    Mean(
+        "engine_kl_k3:mean",
+        "engine_kl_k3:sum",
+        _TOKENS,
+        False,
+        "mean k3 KL(sampler || trainer at sampling weights) per eligible token, the engine part; nats",
+    ),
+    Mean(
+        "drift_abs_log_ratio:mean",
+        "drift_abs_log_ratio:sum",
+        _TOKENS,
+        False,
+        "mean |d| per eligible token, the drift part; nats",
+    ),
+    Mean(
+        "drift_kl_k3:mean",
+        "drift_kl_k3:sum",
+        _TOKENS,
+        False,
+        "mean k3 KL(trainer at sampling weights || trainer) per eligible token, the drift part; nats",
+    ),
+    Mean(
+        "weight_lag:mean",
+        "weight_lag:sum",
+        _TOKENS,
+        False,
+        "mean weight-version lag per eligible token; versions",
     ),
 )
 """The built-in derived means, formed from merged sums."""
@@ -491,6 +603,10 @@ GAUGE_MEASURES: tuple[Measure, ...] = BUILTIN.members[GAUGE]
 """The on-policy gauge's measures (built-in: a registered measure joins a group of its own)."""
 GAUGE_MEANS: tuple[Mean, ...] = tuple(m for m in _BUILTIN_MEANS if BUILTIN.by_key[m.numerator].group == GAUGE)
 """The gauge's derived means (``abs_log_ratio:mean``, ``kl_k3:mean``)."""
+CAUSES_MEASURES: tuple[Measure, ...] = BUILTIN.members[CAUSES]
+"""The gauge's split into engine and drift parts (sums)."""
+STALENESS_MEASURES: tuple[Measure, ...] = BUILTIN.members[STALENESS]
+"""The weight-version lag (sum and max)."""
 
 
 def __getattr__(name: str) -> Any:
