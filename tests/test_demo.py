@@ -216,25 +216,52 @@ def test_miles_run_sits_further_off_policy_on_the_gauge_and_the_demo_prints_it(d
     sums: dict[str, list[float]] = {}
     for run in runs:
         run_id = run.info.run_id
-        group = sums.setdefault(run.data.params["group"], [0.0, 0.0, 0.0])
-        group[0] += total(run_id, keys.LOSS_TOKENS)
-        group[1] += total(run_id, keys.KL_K3_SUM)
-        group[2] += total(run_id, keys.ABS_LOG_RATIO_SUM)
+        group = sums.setdefault(run.data.params["group"], [0.0] * 6)
+        for i, key in enumerate(
+            (
+                keys.LOSS_TOKENS,
+                keys.KL_K3_SUM,
+                keys.ABS_LOG_RATIO_SUM,
+                keys.ENGINE_KL_K3_SUM,
+                keys.DRIFT_KL_K3_SUM,
+                keys.WEIGHT_LAG_SUM,
+            )
+        ):
+            group[i] += total(run_id, key)
         for key in (keys.KL_K3_MEAN, keys.ABS_LOG_RATIO_MEAN, keys.LOG_RATIO_MAX, keys.LOG_RATIO_MIN):
             assert len(client.get_metric_history(run_id, key)) == STEPS, key
-    gauge = {g: {"kl": kl / tokens, "abs": a / tokens} for g, (tokens, kl, a) in sums.items()}
+        # total = engine + drift, step by step, as logged
+        parts = [
+            {m.step: m.value for m in client.get_metric_history(run_id, key)}
+            for key in (keys.LOG_RATIO_SUM, keys.ENGINE_LOG_RATIO_SUM, keys.DRIFT_LOG_RATIO_SUM)
+        ]
+        for step, value in parts[0].items():
+            assert value == pytest.approx(parts[1][step] + parts[2][step], rel=1e-9, abs=1e-9)
+    gauge = {
+        g: {"kl": kl / n, "abs": a / n, "engine": e / n, "drift": d / n, "lag": lag / n}
+        for g, (n, kl, a, e, d, lag) in sums.items()
+    }
     assert gauge["miles"]["kl"] > 2 * gauge["megatron"]["kl"] > 0, gauge
     assert gauge["miles"]["abs"] > 1.5 * gauge["megatron"]["abs"] > 0, gauge
+    # why: the extra KL is drift (the sampler's staleness); the engine part is about 0 on both paths
+    for backend in ("megatron", "miles"):
+        assert gauge[backend]["engine"] < 1e-9 < gauge[backend]["drift"], gauge
+    assert gauge["miles"]["drift"] > 2 * gauge["megatron"]["drift"], gauge
+    assert gauge["megatron"]["lag"] == 0 and 1.5 < gauge["miles"]["lag"] <= 2, gauge
     for backend, staleness in (("megatron", 0), ("miles", 2), ("megatron-stale2", 2)):
         line = re.search(
-            rf"^{backend} \(3 seeds\): clip fraction [0-9.]+, mismatch KL \(k3\) ([0-9.]+), mean \|log ratio\| "
-            rf"([0-9.]+) \(sampler {staleness} step\(s\) stale\)$",
+            rf"^{backend} \(3 seeds\): clip fraction [0-9.]+, mismatch KL \(k3\) ([0-9.]+) \(engine part "
+            rf"([0-9.]+), drift part ([0-9.]+)\), mean \|log ratio\| ([0-9.]+) \(sampler {staleness} "
+            rf"step\(s\) stale, mean weight lag ([0-9.]+)\)$",
             stdout,
             re.MULTILINE,
         )
         assert line is not None, stdout
         assert float(line[1]) == pytest.approx(gauge[backend]["kl"], abs=1e-5)
-        assert float(line[2]) == pytest.approx(gauge[backend]["abs"], abs=1e-4)
+        assert float(line[2]) == pytest.approx(gauge[backend]["engine"], abs=1e-5)
+        assert float(line[3]) == pytest.approx(gauge[backend]["drift"], abs=1e-5)
+        assert float(line[4]) == pytest.approx(gauge[backend]["abs"], abs=1e-4)
+        assert float(line[5]) == pytest.approx(gauge[backend]["lag"], abs=1e-2)
 
 
 def test_megatron_core_schedule_and_plain_loop_give_the_same_step(tmp_path):

@@ -98,6 +98,12 @@ class Rollout:
     advantages: Tensor
     mask: Tensor
     reward: Tensor
+    old_logprobs: Tensor | None = None
+    """The trainer's log-probs of ``tokens`` at the weights that sampled them (the "old" log-probs
+    a PPO trainer recomputes), ``[sequences, length]``; ``None`` until the trainer sets them."""
+    weight_lag: Tensor | None = None
+    """Each token's weight-version lag: training steps between the weights that sampled it and the
+    weights it is trained from, ``[sequences, length]`` (float, whole numbers)."""
 
     @property
     def sequences(self) -> int:

@@ -19,6 +19,9 @@ Every step's output carries the on-policy gauge beside the clip counts. The demo
 samples from a policy two steps stale (``staleness=2``, ``cliptrack demo --miles-staleness``), so
 its ``kl_k3:mean`` and ``abs_log_ratio:mean`` sit well above the Megatron run's (about 6x the k3
 KL over 40 steps of the default task); :class:`OnPolicy` sums a run's steps into those numbers.
+Each batch carries the trainer's log-probs at the sampling weights and the weight-version lag, so
+the gauge is split into its causes: the Miles run's extra KL shows in the drift part (staleness),
+and the engine part is about 0 on both paths (trainer and sampler share the code here).
 """
 
 from __future__ import annotations
@@ -120,13 +123,15 @@ class StepResult:
 
 @dataclass(frozen=True)
 class OnPolicy:
-    """How far off-policy a run's steps so far were: ratios of its sums over every step.
+    """How far off-policy a run's steps so far were, and why: ratios of its sums over every step.
 
     ``staleness``: steps the sampler lagged the trained policy. ``loss_tokens`` and
     ``clipped_tokens``: summed tokens; ``kl_k3_sum`` and ``abs_log_ratio_sum``: the gauge's sums
-    (nats), ``ratio_outside_tokens``: tokens with a ratio outside [1/2, 2]. :meth:`add` a step's
-    result; the properties are the run's clip fraction, mean k3 KL(sampler || trainer) and mean
-    ``|l|`` per eligible token (``None`` before any token).
+    (nats), ``ratio_outside_tokens``: tokens with a ratio outside [1/2, 2]; ``engine_kl_k3_sum``
+    and ``drift_kl_k3_sum``: the k3 sums of the gauge's engine and drift parts (nats);
+    ``weight_lag_sum``: the summed weight-version lag (versions x tokens). :meth:`add` a step's
+    result; the properties are the run's clip fraction, mean k3 KL(sampler || trainer), mean
+    ``|l|`` per eligible token and the parts' means (``None`` before any token).
     """
 
     staleness: int = 0
@@ -135,10 +140,14 @@ class OnPolicy:
     ratio_outside_tokens: int = 0
     kl_k3_sum: float = 0.0
     abs_log_ratio_sum: float = 0.0
+    engine_kl_k3_sum: float = 0.0
+    drift_kl_k3_sum: float = 0.0
+    weight_lag_sum: float = 0.0
 
     def add(self, result: StepResult) -> OnPolicy:
         """These sums plus one step's (its merged output's ``loss_tokens:sum``, ``clipped_tokens:sum``,
-        ``ratio_outside_tokens:sum``, ``kl_k3:sum``, ``abs_log_ratio:sum``)."""
+        ``ratio_outside_tokens:sum``, ``kl_k3:sum``, ``abs_log_ratio:sum`` and, where carried, the
+        parts' ``engine_kl_k3:sum``, ``drift_kl_k3:sum`` and ``weight_lag:sum``)."""
         m = result.output.metrics
         return OnPolicy(
             self.staleness,
@@ -147,7 +156,13 @@ class OnPolicy:
             self.ratio_outside_tokens + int(m[keys.RATIO_OUTSIDE_TOKENS]),
             math.fsum((self.kl_k3_sum, m[keys.KL_K3_SUM])),
             math.fsum((self.abs_log_ratio_sum, m[keys.ABS_LOG_RATIO_SUM])),
+            math.fsum((self.engine_kl_k3_sum, m.get(keys.ENGINE_KL_K3_SUM, 0.0))),
+            math.fsum((self.drift_kl_k3_sum, m.get(keys.DRIFT_KL_K3_SUM, 0.0))),
+            math.fsum((self.weight_lag_sum, m.get(keys.WEIGHT_LAG_SUM, 0.0))),
         )
+
+    def _mean(self, total: float) -> float | None:
+        return total / self.loss_tokens if self.loss_tokens else None
 
     @property
     def clip_fraction(self) -> float | None:
@@ -156,20 +171,38 @@ class OnPolicy:
     @property
     def kl_k3(self) -> float | None:
         """Mean k3 KL(sampler || trainer) per eligible token, in nats."""
-        return self.kl_k3_sum / self.loss_tokens if self.loss_tokens else None
+        return self._mean(self.kl_k3_sum)
 
     @property
     def abs_log_ratio(self) -> float | None:
         """Mean ``|logprobs - sampling_logprobs|`` per eligible token, in nats."""
-        return self.abs_log_ratio_sum / self.loss_tokens if self.loss_tokens else None
+        return self._mean(self.abs_log_ratio_sum)
+
+    @property
+    def engine_kl_k3(self) -> float | None:
+        """Mean k3 KL of the engine part (sampler against the trainer at the sampling weights), nats."""
+        return self._mean(self.engine_kl_k3_sum)
+
+    @property
+    def drift_kl_k3(self) -> float | None:
+        """Mean k3 KL of the drift part (the trainer at the sampling weights against the trainer), nats."""
+        return self._mean(self.drift_kl_k3_sum)
+
+    @property
+    def weight_lag(self) -> float | None:
+        """Mean weight-version lag per eligible token, in versions (steps)."""
+        return self._mean(self.weight_lag_sum)
 
     def describe(self) -> str:
-        """One line: the run's clip fraction and gauge, and its sampler's staleness."""
+        """One line: the run's clip fraction and gauge, its split into engine and drift, and its
+        sampler's staleness."""
         if not self.loss_tokens:
             return "no eligible token yet"
         return (
-            f"clip fraction {self.clip_fraction:.4f}, mismatch KL (k3) {self.kl_k3:.5f}, "
-            f"mean |log ratio| {self.abs_log_ratio:.4f} (sampler {self.staleness} step(s) stale)"
+            f"clip fraction {self.clip_fraction:.4f}, mismatch KL (k3) {self.kl_k3:.5f} "
+            f"(engine part {self.engine_kl_k3:.5f}, drift part {self.drift_kl_k3:.5f}), "
+            f"mean |log ratio| {self.abs_log_ratio:.4f} (sampler {self.staleness} step(s) stale, "
+            f"mean weight lag {self.weight_lag:.2f})"
         )
 
 
@@ -216,6 +249,7 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
         sampler.load_state_dict(history[0])  # the oldest kept weights: ``staleness`` steps behind
         start = time.perf_counter()
         batch = rollout(sampler, run.task, run.prompts_per_step, run.group_size, generator)
+        _recompute_old(batch, sampler, lag=len(history) - 1)
         outputs = step_fn(policy, optimizer, batch, run, step)
         output = merge_outputs(outputs)
         seconds = time.perf_counter() - start
@@ -236,6 +270,15 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
         )
 
 
+def _recompute_old(batch: Rollout, sampler: Policy, lag: int) -> None:
+    """Set the batch's ``old_logprobs`` (the trainer's forward at the sampling weights, as a PPO
+    trainer recomputes them; here trainer and sampler share the code, so the engine part of the
+    gauge is about 0) and its ``weight_lag`` (``lag`` steps on every token)."""
+    with torch.no_grad():
+        batch.old_logprobs = sampler(batch.prompts, batch.tokens)
+    batch.weight_lag = torch.full_like(batch.mask, float(lag))
+
+
 def _micro_batch_bounds(sequences: int, parts: int) -> list[tuple[int, int]]:
     """Unequal micro-batches: sizes 1, 2, ... in proportion, covering all ``sequences``."""
     parts = min(parts, sequences)
@@ -248,11 +291,15 @@ def _micro_batch_bounds(sequences: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _loss_inputs(batch: Rollout, lo: int, hi: int) -> dict[str, Tensor]:
-    return {
+    inputs = {
         "sampling_logprobs": batch.sampling_logprobs[lo:hi],
         "advantages": batch.advantages[lo:hi],
         "mask": batch.mask[lo:hi],
     }
+    if batch.old_logprobs is not None and batch.weight_lag is not None:
+        inputs["old_logprobs"] = batch.old_logprobs[lo:hi]
+        inputs["weight_lag"] = batch.weight_lag[lo:hi]
+    return inputs
 
 
 def _megatron_loop_step(
@@ -358,6 +405,19 @@ class _MegatronScheduleStep:
         return outputs
 
 
+def _datum(batch: Rollout, i: int, length: int) -> dict[str, Tensor]:
+    """Completion ``i`` as a Miles datum's ``loss_fn_inputs``, trimmed to its ``length``."""
+    datum = {
+        "target_tokens": batch.tokens[i, :length],
+        "logprobs": batch.sampling_logprobs[i, :length],
+        "advantages": batch.advantages[i, :length],
+    }
+    if batch.old_logprobs is not None and batch.weight_lag is not None:
+        datum["old_logprobs"] = batch.old_logprobs[i, :length]
+        datum["weight_lag"] = batch.weight_lag[i, :length]
+    return datum
+
+
 class MilesClient:
     """The Miles path: a runtime computing per-datum losses, a client summing them per run."""
 
@@ -380,14 +440,7 @@ class MilesClient:
             for lo in range(0, batch.sequences, run.datums_per_chunk):
                 hi = min(lo + run.datums_per_chunk, batch.sequences)
                 current = policy(batch.prompts[lo:hi], batch.tokens[lo:hi])
-                datums = [
-                    {
-                        "target_tokens": batch.tokens[i, : lengths[i]],
-                        "logprobs": batch.sampling_logprobs[i, : lengths[i]],
-                        "advantages": batch.advantages[i, : lengths[i]],
-                    }
-                    for i in range(lo, hi)
-                ]
+                datums = [_datum(batch, i, lengths[i]) for i in range(lo, hi)]
                 result = forward_backward_loss(
                     datums, [current[i - lo, : lengths[i]] for i in range(lo, hi)], run.loss
                 )
