@@ -16,8 +16,9 @@ secrets.install_filter(logging.getLogger("cliptrack"))
 if TYPE_CHECKING:
     from cliptrack.backends.load import load_runs
     from cliptrack.log.tracker import Tracker
+    from cliptrack.log.watch import Watch
 
-__all__ = ["MeasuredSums", "Tracker", "keys", "load_runs"]
+__all__ = ["MeasuredSums", "Tracker", "Watch", "keys", "load_runs"]
 
 _RENAMED = {"ClipCounts": "MeasuredSums", "TokenCounts": "MeasuredSums"}
 """Former public names, kept for one release (a DeprecationWarning on use)."""
@@ -28,6 +29,10 @@ def __getattr__(name: str) -> object:
         from cliptrack.log.tracker import Tracker
 
         return Tracker
+    if name == "Watch":  # the live watch's settings (cliptrack.log.watch), with the tracker
+        from cliptrack.log.watch import Watch
+
+        return Watch
     if name == "load_runs":  # the comparison's reader imports numpy and pandas: on first use only
         from cliptrack.backends.load import load_runs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cliptrack.store.records import (
@@ -23,12 +24,14 @@ from cliptrack.store.records import (
 )
 
 __all__ = [
+    "ALERT_LEVELS",
     "EXIT_CODES",
     "FAILED",
     "FINISHED",
     "KILLED",
     "RUNNING",
     "STATUSES",
+    "Alert",
     "PartialWrite",
     "Point",
     "RunInfo",
@@ -36,6 +39,34 @@ __all__ = [
     "SinkError",
     "SinkRejected",
 ]
+
+
+ALERT_LEVELS = ("INFO", "WARN", "ERROR")
+"""An alert's levels (W&B's ``AlertLevel`` names)."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A live watch's breach, as every sink receives it (``cliptrack.log.watch``).
+
+    ``key``: the watched metric; ``step``: the trainer step of the point that completed the breach;
+    ``value``: that point's value (as logged); ``expected``: the band's prediction there (the
+    metric's own units); ``statistic``: the CUSUM, in long-run standard deviations; ``threshold``:
+    the CUSUM's limit; ``direction``: "up" or "down"; ``reference``: where the band came from;
+    ``title`` / ``text``: the sentence a sink shows; ``level``: one of ``ALERT_LEVELS``."""
+
+    run_id: str
+    key: str
+    step: int
+    value: float
+    expected: float
+    statistic: float
+    threshold: float
+    direction: str
+    reference: str
+    title: str
+    text: str
+    level: str = "WARN"
 
 
 class SinkError(Exception):
@@ -72,7 +103,7 @@ class Sink(ABC):
     ``check_key`` (refuse a key at ``log`` time), ``settings`` (what replay needs to reach the
     backend before the run was ever opened), ``log_config`` (config added mid-run),
     ``attributes`` / ``send_attributes`` (params and tags, sent until acknowledged),
-    ``delivered`` (what the backend really holds, read back after a crash).
+    ``alert`` (a live watch's breach, through the backend's own mechanism), ``delivered`` (what the backend really holds, read back after a crash).
     """
 
     name: str = ""
@@ -108,6 +139,11 @@ class Sink(ABC):
 
     def log_config(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
         """Add ``config`` to the run's configuration; failures only warn."""
+
+    def alert(self, alert: Alert) -> None:  # noqa: B027 - optional hook
+        """Raise ``alert`` (a live watch's breach) through the backend's own mechanism (W&B:
+        ``run.alert``; MLflow: a tag and a metric). Called on the sink's lane thread while the run is
+        open; a failure only warns. Default: nothing (the stderr line is the tracker's)."""
 
     def attributes(self, run: RunInfo) -> dict[str, str]:
         """The params and tags this backend should hold for ``run`` beside its points: name ->

@@ -56,6 +56,9 @@ COMMANDS = {
         "run the comparison notebook on the demo's runs (or a store) and write the executed copy",
         "cliptrack.cli.notebook",
     ),
+    "watch": Command(
+        "follow a run's series against a band and print each breach (a live watch)", "cliptrack.cli.watch"
+    ),
     "replay": Command(
         "push spooled points to their backends without duplicating any", "cliptrack.log.replay"
     ),

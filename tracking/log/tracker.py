@@ -79,7 +79,7 @@ from types import TracebackType
 from typing import Any
 
 from cliptrack.backends import SINKS, is_jsonl, jsonl_root, make_sink
-from cliptrack.backends.base import Sink
+from cliptrack.backends.base import Alert, Sink
 from cliptrack.core import keys
 from cliptrack.core.outputs import metrics_of
 from cliptrack.core.secrets import redact
@@ -93,6 +93,7 @@ from cliptrack.log._pipeline.writer import LOG, MAX_QUEUED_VALUES, BackgroundWri
 from cliptrack.log.limits import Limits
 from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank, rank_zero_only
 from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
+from cliptrack.log.watch import Watch, Watcher, watches
 from cliptrack.store import journal
 from cliptrack.store.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
 from cliptrack.store.spool import Ack, Journal, RunDir
@@ -173,6 +174,12 @@ class Tracker:
             ``with`` block, no ``close()``) learns a non-zero exit code and is marked FAILED.
         rank: force this process's global rank (0 logs the job's run); default: detected, see
             ``cliptrack.log.process.global_rank``.
+        watch: series to follow live against a band (``cliptrack.log.watch``): a ``Watch``
+            (``Watch("kl_k3:mean", reference=..., on_breach=...)``), its string form
+            (``"kl_k3:mean,window=100;abs_log_ratio:mean"``) or a list of either; default
+            ``CLIPTRACK_WATCH``, else none. A breach is a stderr line, each sink's own alert (W&B
+            ``run.alert``, an MLflow tag and metric), a line of the run's ``watch.jsonl`` and the
+            watch's callback; ``log`` never waits on it (``breaches`` lists them).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:
@@ -211,6 +218,7 @@ class Tracker:
         freeze_gc: bool = False,
         patch_sys_exit: bool = False,
         rank: int | None = None,
+        watch: Watch | str | Iterable[Watch | str] | None = None,
     ) -> None:
         self.owner = Owner()
         self._foreign_warned: int | None = None
@@ -244,7 +252,15 @@ class Tracker:
         self._longest_key = 64
         """Bytes of the longest key checked so far (at least 64: keys ``exact_clip_metrics`` adds)."""
         self._clock = StepClock()
+        chosen = watches(watch)  # bad watch settings or reference runs fail before the run is opened
         self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
+        self._watcher: Watcher | None = None
+        if chosen:
+            try:
+                self._watcher = Watcher(chosen, self.run_dir, self._alert)
+            except BaseException:
+                self.run_dir.unlock_sink("jsonl")
+                raise
         if (
             freeze_gc
         ):  # the heap built so far (modules, backends' clients, the model) is left out of collections
@@ -388,6 +404,18 @@ class Tracker:
         except WriterClosed:
             raise self._closed_error(step) from None
         self.points_logged += 1
+        if self._watcher is not None:
+            self._watcher.offer(step, values)
+
+    def _alert(self, alert: Alert) -> None:
+        """A watch's alert to every remote sink (raised on its lane thread)."""
+        for lane in self._lanes:
+            lane.offer_alert(alert)
+
+    @property
+    def breaches(self) -> list[Alert]:
+        """The live watch's alerts so far (``cliptrack.backends.base.Alert``), oldest first."""
+        return list(self._watcher.alerts) if self._watcher is not None else []
 
     def _warn_foreign(self, what: str) -> None:
         """Once per forked child: its ``log()`` calls are not logged (the run is the parent's)."""
@@ -466,6 +494,8 @@ class Tracker:
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
         try:
+            if self._watcher is not None:  # its last alerts reach the lanes before they stop
+                self._watcher.stop(min(timeout, DISK_DRAIN_S))
             writing = self._drain(time.monotonic() + timeout, timeout)
             if not writing:
                 self.journal.close()
@@ -674,6 +704,7 @@ NULL_ANSWERS: dict[str, Callable[..., Any]] = {
     "flush": lambda tracker, *args, **kwargs: True,  # nothing is waiting on this rank
     "locations": lambda tracker: {},
     "pending": lambda tracker: {},
+    "breaches": lambda tracker: [],
     "summary": _inactive_summary,
     "step": _inactive_step,
 }

@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from cliptrack.backends.base import Sink, SinkError, SinkRejected
+from cliptrack.backends.base import Alert, Sink, SinkError, SinkRejected
 from cliptrack.backends.mlflow import _compat as compat
 from cliptrack.core import keys, secrets
 from cliptrack.core.text import printable
@@ -61,6 +62,8 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
 
+MAX_TAG_VALUE_LENGTH = 8000
+"""Characters of a tag value MLflow's SQL stores keep."""
 MAX_RUN_NAME_LENGTH = 250
 """Characters of a run name MLflow's SQL stores keep (``runs.name`` is ``VARCHAR(250)``; PostgreSQL
 refuses a longer one)."""
@@ -340,6 +343,21 @@ class MlflowSink(Sink):
         except Exception as exc:
             raise _classify(exc, f"MLflow log_batch to {self.tracking_uri} failed") from exc
 
+    def alert(self, alert: Alert) -> None:
+        """A live watch's breach: the tag ``watch_tag(key)`` (the alert's text: the last breach of
+        the key) and the metric ``watch_metric(key)`` = 1 at the breach's step."""
+        from mlflow.entities import Metric, RunTag
+
+        if self._client is None or self.mlflow_run_id is None:
+            raise SinkError("MLflow run is not open")
+        tag = RunTag(watch_tag(alert.key), storable(alert.text, MAX_TAG_VALUE_LENGTH, "alert text"))
+        metric = Metric(watch_metric(alert.key), 1.0, int(time.time() * 1000), alert.step)
+        try:
+            with compat.bounded_requests():
+                self._client.log_batch(self.mlflow_run_id, metrics=[metric], tags=[tag], synchronous=True)
+        except Exception as exc:
+            raise _classify(exc, f"MLflow alert to {self.tracking_uri} failed") from exc
+
     def close(self, status: str) -> None:
         if self._client is None or self.mlflow_run_id is None:
             raise SinkError("MLflow run is not open")
@@ -348,6 +366,16 @@ class MlflowSink(Sink):
                 self._client.set_terminated(self.mlflow_run_id, status=status)
         except Exception as exc:
             raise _classify(exc, "could not mark the MLflow run ended") from exc
+
+
+def watch_tag(key: str) -> str:
+    """The MLflow tag holding the last breach of the watched ``key``."""
+    return f"cliptrack.watch.{key}"
+
+
+def watch_metric(key: str) -> str:
+    """The MLflow metric marking each breach of the watched ``key`` (1 at the breach's step)."""
+    return f"watch.{key}.breach"
 
 
 def _message(exc: BaseException) -> str:

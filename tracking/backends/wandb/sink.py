@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from cliptrack.backends.base import PartialWrite, Sink, SinkError, exit_code
+from cliptrack.backends.base import Alert, PartialWrite, Sink, SinkError, exit_code
 from cliptrack.backends.wandb import _compat as compat
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact_value
@@ -172,6 +172,14 @@ class WandbSink(Sink):
                 self.run.log(row)
             except Exception as exc:
                 raise PartialWrite(index, exc) from exc
+
+    def alert(self, alert: Alert) -> None:
+        """A live watch's breach through ``run.alert`` (title at most 63 characters, W&B's limit).
+        Online, W&B sends it by e-mail or Slack as the user's settings say; offline, it is a record
+        of the run's ``.wandb`` file, sent by ``wandb sync``."""
+        if self.run is None:
+            raise SinkError("W&B run is not open")
+        self.run.alert(title=alert.title[:63], text=alert.text, level=alert.level)
 
     def close(self, status: str) -> None:
         if self.run is None:

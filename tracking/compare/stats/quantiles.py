@@ -65,3 +65,11 @@ def f_quantile(p: float, d1: float, d2: float) -> float:
     if not 0.0 < p < 1.0 or not (d1 > 0 and d2 > 0):
         raise ValueError(f"F quantile needs 0 < p < 1 and positive degrees of freedom, got {p}, {d1}, {d2}")
     return float(_special().fdtri(float(d1), float(d2), float(p)))
+
+
+def chi2_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of the chi-square distribution with ``df > 0`` degrees of freedom."""
+    _check_probability(p, "chi-square quantile")
+    if not df > 0:
+        raise ValueError(f"chi-square quantile: degrees of freedom must be > 0, got {df}")
+    return float(_special().chdtri(float(df), 1.0 - float(p)))

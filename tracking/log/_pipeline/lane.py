@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from cliptrack.backends.base import Sink, SinkError
+from cliptrack.backends.base import Alert, Sink, SinkError
 from cliptrack.core.text import printable
 from cliptrack.log._pipeline.acks import AckBook
 from cliptrack.log._pipeline.delivery import Backlog, Batch, Refusals, Sender, rejected
@@ -126,6 +126,9 @@ class SinkLane:
         self._status: str | None = None
         self._warned = False
         self._configs: deque[dict[str, Any]] = deque()
+        self._alerts: deque[Alert] = deque()
+        self.alerts_sent = 0
+        """Alerts (a live watch's breaches) this lane's sink has taken."""
         if state is None:  # so that replay can reach a sink that never opened
             run_dir.update_meta(sinks={self.name: {**sink.settings(), "closed": False}})
         self._thread = threading.Thread(target=self._run, name=f"cliptrack-{self.name}", daemon=True)
@@ -174,7 +177,25 @@ class SinkLane:
             self._configs.append(config)
             self._cond.notify()
 
+    def offer_alert(self, alert: Alert) -> None:
+        """Queue a live watch's alert; raised on the lane thread before the next batch."""
+        with self._cond:
+            self._alerts.append(alert)
+            self._cond.notify()
+
+    def _apply_alerts(self) -> None:
+        while self._alerts:
+            alert = self._alerts.popleft()
+            try:
+                self.sink.alert(alert)
+                self.alerts_sent += 1
+            except Exception as exc:  # noqa: BLE001 - an alert never stops the metrics
+                LOG.warning(
+                    "%s did not take the alert %r: %s", self.name, printable(alert.title), printable(exc)
+                )
+
     def _apply_configs(self) -> None:
+        self._apply_alerts()
         while self._configs:
             config = self._configs.popleft()
             self.run.config.update(config)
@@ -404,7 +425,7 @@ class SinkLane:
             if self._from_journal and self.acks.current.offset >= self._journal_end.offset:
                 self._from_journal = False  # caught up from the journal: back to memory batches
             self._queue.drop_acknowledged(self.acks.current.offset)
-            if self._queue or self._from_journal or self._configs or self._params_due:
+            if self._queue or self._from_journal or self._configs or self._alerts or self._params_due:
                 break
             if self._stopping:
                 return False

@@ -1,0 +1,278 @@
+"""The live watch: its rule on planted series, its settings, and the tracker's alerts.
+
+The rule (``cliptrack.compare.stats.watch``) is checked on simulated series from the comparison's
+own generators (``cliptrack.compare.simulation``): a planted jump is found within a bound, healthy
+series stay under the stated false-alarm rate, and W&B's z-score filter on the same series does
+not. The tracker's alerts go through real sinks: MLflow on a sqlite file, W&B offline (its real
+local writer: the alert is a record of the run's ``.wandb`` file, which ``wandb sync`` would send;
+no W&B server is involved, nothing is mocked) and the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+from cliptrack.compare import simulation as sim
+from cliptrack.compare.stats import watch as rule
+from cliptrack.log import watch as live
+from cliptrack.log.tracker import NullTracker, Tracker
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+KL = "kl_k3:mean"
+
+
+def _alarms(x: np.ndarray, window: int = rule.WINDOW, **options: float) -> list[rule.Breach]:
+    """The rule's breaches over ``x`` (values as logged), band from its first ``window`` points."""
+    z = [rule.watched(float(v), "log") for v in x[:window]]
+    cusum = rule.Cusum(rule.own_band([v for v in z if v is not None]), **options)  # type: ignore[arg-type]
+    out = []
+    for i in range(window, x.size):
+        breach = cusum.update(i, float(x[i]))
+        if breach is not None:
+            out.append(breach)
+    return out
+
+
+def _kl(noise: np.ndarray) -> np.ndarray:
+    """A mismatch KL around 1e-3 with ``noise`` on the log scale."""
+    return 1e-3 * np.exp(noise)
+
+
+# ---- the rule on planted series --------------------------------------------------------------------
+@settings(deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    phi=st.floats(0.0, 0.5),
+    factor=st.floats(2.0, 10.0),
+    at=st.integers(150, 400),
+)
+def test_a_planted_jump_is_found_within_30_points(seed: int, phi: float, factor: float, at: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = _kl(sim.ar1(rng, 1, 500, phi, 0.1)[0])
+    x[at:] *= factor
+    alarms = _alarms(x)
+    if any(at - rule.COOLDOWN <= b.step < at for b in alarms):
+        return  # the jump starts within an episode already alerted (rule.COOLDOWN)
+    after = [b for b in alarms if b.step >= at]
+    assert after, f"a jump x{factor:.2f} at {at} was never found"
+    assert after[0].step - at <= 30
+    assert after[0].direction == "up" and after[0].value == x[after[0].step]
+
+
+@pytest.mark.parametrize(
+    ("regime", "make"),
+    [
+        ("AR(1) phi=0.9", lambda rng: sim.ar1(rng, 20, 2000, 0.9, 0.2)),
+        ("ARFIMA d=0.4", lambda rng: sim.arfima(rng, 20, 2000, 0.4, 0.2)),
+        (
+            "KL falling 100x",
+            lambda rng: sim.ar1(rng, 20, 2000, 0.5, 0.2) - np.log(100) * np.arange(2000) / 2000,
+        ),
+    ],
+)
+def test_false_alarms_per_1000_healthy_steps_stay_at_most_1(regime, make) -> None:
+    """Fixed seeds, 20 series of 2,000 points: the rule's rate at most 1 per 1,000 points, W&B's
+    z-score filter (window 30, threshold 3) on the same values at least 5 (it assumes independence)."""
+    series = _kl(make(np.random.default_rng(7)))
+    ours = sum(len(_alarms(x)) for x in series)
+    theirs = 0
+    for x in series:
+        z = rule.ZScoreFilter()
+        theirs += sum(z.update(float(v)) for v in x)
+    steps = series.shape[0] * (series.shape[1] - rule.WINDOW)
+    assert 1000 * ours / steps <= 1.0, regime
+    assert 1000 * theirs / (series.size) >= 5.0, regime
+
+
+def test_a_fall_is_watched_only_where_asked() -> None:
+    x = _kl(np.random.default_rng(3).normal(0, 0.1, 400))
+    x[250:] /= 5
+    assert not _alarms(x)
+    (down,) = _alarms(x, direction="both")
+    assert down.direction == "down" and 250 <= down.step <= 280
+
+
+def test_values_without_a_log_are_skipped() -> None:
+    cusum = rule.Cusum(rule.own_band([math.log(1e-3)] * 50 + [math.log(1.1e-3)] * 50))
+    for step, value in enumerate([0.0, -1.0, math.nan, math.inf]):
+        assert cusum.update(step, value) is None
+    assert cusum.index == 0
+
+
+def test_a_reference_run_sets_the_band() -> None:
+    rng = np.random.default_rng(5)
+    reference = _kl(sim.ar1(rng, 1, 300, 0.3, 0.1)[0]) * np.exp(-np.arange(300) / 300)
+    band = rule.reference_band(list(range(300)), [math.log(v) for v in reference])
+    watched = reference * np.exp(rng.normal(0, 0.05, 300))
+    watched[200:] *= 3
+    cusum = rule.Cusum(band)
+    steps = [s for s in range(300) if cusum.update(s, float(watched[s])) is not None]
+    assert steps and 200 <= steps[0] <= 210
+
+
+def test_zscore_filter_fires_on_an_outlier_once_per_episode() -> None:
+    z = rule.ZScoreFilter()
+    values = [1.0 + 0.01 * (i % 3) for i in range(40)] + [5.0, 5.0] + [1.0] * 5
+    fired = [i for i, v in enumerate(values) if z.update(v)]
+    assert fired == [40]
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+def test_the_string_form() -> None:
+    a, b = live.parse_watch("kl_k3:mean ; abs_log_ratio:mean,window=200,direction=both,h=9")
+    assert a == live.Watch(KL)
+    assert (b.key, b.window, b.direction, b.h) == ("abs_log_ratio:mean", 200, "both", 9.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kl_k3", "expected a metric key 'name:reduction'"),
+        ("kl_k3:mean,window=5", "window=5: expected an integer >= 20"),
+        ("kl_k3:mean,window=x", "window='x' is not a valid window"),
+        ("kl_k3:mean,speed=1", "'speed=1' is not 'option=value' with an option of"),
+        ("kl_k3:mean,direction=sideways", "direction='sideways': expected one of"),
+        (" ; ", "names no metric key"),
+    ],
+)
+def test_bad_watches_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        live.parse_watch(text)
+
+
+def test_the_environment_names_the_watches(monkeypatch) -> None:
+    monkeypatch.setenv(live.ENV, "kl_k3:mean,h=12")
+    assert live.watches(None) == [live.Watch(KL, h=12.0)]
+    with pytest.raises(ValueError, match="more than once"):
+        live.watches([KL, live.Watch(KL)])
+
+
+def test_other_ranks_watch_nothing(tmp_path) -> None:
+    tracker = Tracker("r", backends=["jsonl"], spool_dir=tmp_path, rank=1, watch=KL)
+    assert isinstance(tracker, NullTracker)
+    tracker.log(0, {KL: 1.0})
+    assert tracker.breaches == []
+
+
+# ---- the tracker ---------------------------------------------------------------------------------------
+def _planted(steps: int = 260, at: int = 200, factor: float = 5.0) -> list[float]:
+    x = _kl(np.random.default_rng(11).normal(0, 0.1, steps))
+    x[at:] *= factor
+    return [float(v) for v in x]
+
+
+def test_log_never_waits_on_a_slow_callback_nor_raises_from_a_failing_one(tmp_path, capfd) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(alert: object) -> None:
+        entered.set()
+        release.wait()
+        raise RuntimeError("checkpoint failed")
+
+    values = _planted()
+    done = threading.Event()
+    errors: list[BaseException] = []
+    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=live.Watch(KL, on_breach=slow)) as t:
+
+        def train() -> None:
+            try:
+                for step, value in enumerate(values):
+                    t.log(step, {KL: value})
+                entered.wait()  # the callback is running (and blocked) ...
+                for step in range(len(values), len(values) + 500):
+                    t.log(step, {KL: values[-1]})  # ... and log goes on
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=train)
+        worker.start()
+        assert done.wait(120), "log waited on the watch's callback"
+        assert not release.is_set() and entered.is_set()
+        assert t.points_logged == len(values) + 500
+        release.set()
+        worker.join()
+    assert not errors
+    assert t.breaches and 200 <= t.breaches[0].step <= 210
+    err = capfd.readouterr().err
+    assert "cliptrack watch: on_breach of kl_k3:mean raised RuntimeError: checkpoint failed" in err
+    assert f"cliptrack watch: run {t.run_id}: kl_k3:mean = " in err
+
+
+def test_the_spool_records_each_breach(tmp_path) -> None:
+    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=KL) as t:
+        for step, value in enumerate(_planted()):
+            t.log(step, {KL: value})
+    (alert,) = live.read_breaches(t.run_dir)
+    assert alert == t.breaches[0]
+    assert 200 <= alert.step <= 210 and alert.direction == "up" and alert.key == KL
+
+
+@pytest.mark.slow
+def test_each_sink_raises_the_alert_its_own_way(tmp_path, monkeypatch, capfd) -> None:
+    """MLflow (sqlite file): the tag and the breach metric; W&B offline: an alert record in the run's
+    ``.wandb`` file; stderr: one line; the callback: the same alert."""
+    from cliptrack.backends.mlflow.sink import MlflowSink, watch_metric, watch_tag
+    from cliptrack.backends.wandb.sink import WandbSink
+    from mlflow import MlflowClient
+
+    from tests._tracking_wandb_log import of_type
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    got: list[object] = []
+    reference = tmp_path / "reference"
+    with Tracker("ref", backends=["jsonl"], spool_dir=reference) as ref:
+        for step, value in enumerate(_kl(np.random.default_rng(2).normal(0, 0.1, 200))):
+            ref.log(step, {KL: float(value)})
+    watch = live.Watch(KL, reference=ref.run_dir.path, on_breach=got.append)
+    sinks = [MlflowSink(tracking_uri=uri), WandbSink(project="watch", mode="offline", dir=str(tmp_path))]
+    with Tracker("w", sinks=sinks, spool_dir=tmp_path / "spool", watch=watch) as t:
+        for step, value in enumerate(_planted()):
+            t.log(step, {KL: value})
+    alerts = t.breaches  # the run stays 5x above the reference: one alert per cooldown
+    alert = alerts[-1]
+    assert got == alerts and 200 <= alerts[0].step <= 210 and "reference run" in alert.text
+    assert all(b.step - a.step > rule.COOLDOWN for a, b in zip(alerts, alerts[1:], strict=False))
+
+    client = MlflowClient(uri)
+    run = client.get_run(sinks[0].mlflow_run_id)
+    assert run.data.tags[watch_tag(KL)] == alert.text
+    marks = client.get_metric_history(run.info.run_id, watch_metric(KL))
+    assert sorted((m.step, m.value) for m in marks) == [(a.step, 1.0) for a in alerts]
+
+    (wandb_file,) = tmp_path.glob(f"wandb/offline-run-*-{t.run_id}/run-{t.run_id}.wandb")
+    records = of_type(wandb_file, "alert")
+    assert [(r.title, r.text, r.level) for r in records] == [(a.title, a.text, "WARN") for a in alerts]
+
+    assert capfd.readouterr().err.count(f"cliptrack watch: run {t.run_id}: kl_k3:mean") == len(alerts)
+    lines = (t.run_dir.path / live.BREACHES_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [a.step for a in alerts]
+
+
+# ---- the command line ------------------------------------------------------------------------------------
+def test_cliptrack_watch_reads_a_run(tmp_path, capsys) -> None:
+    from cliptrack.cli.main import main
+
+    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=None) as jumped:
+        for step, value in enumerate(_planted()):
+            jumped.log(step, {KL: value})
+    with Tracker("h", backends=["jsonl"], spool_dir=tmp_path) as healthy:
+        for step, value in enumerate(_planted(factor=1.0)):
+            healthy.log(step, {KL: value})
+    capsys.readouterr()
+    assert main(["watch", str(jumped.run_dir.path), "--key", KL]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"run {jumped.run_id}: kl_k3:mean = ")
+    assert main(["watch", str(healthy.run_dir.path), "--watch", f"{KL},window=50", "--json"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["watch", str(tmp_path), "--key", KL]) == 2
+    assert "is not a run directory" in capsys.readouterr().err

@@ -1,0 +1,387 @@
+"""A live watch: chosen series followed during training against a band, alerts on a breach.
+
+``Tracker(..., watch=...)`` takes a ``Watch`` (or its string form, or a list of either); each names
+a metric key, where its band comes from (the run's own first ``window`` points, or a reference
+run: a run directory of the spool, or its values) and the rule's settings. The statistics are
+``cliptrack.compare.stats.watch`` (a CUSUM on the log of the series, scaled by the long-run sd of
+the reference window: autocorrelation and long memory widen it; docs/TRACKING.md "A live watch").
+
+``log`` never waits on the watch: it appends the watched values of a point to a bounded in-memory
+queue (O(number of watches); past ``MAX_QUEUED`` points the oldest are dropped and counted) and
+wakes the watch's own thread, which updates the rule and, on a breach, raises the alert:
+
+- one line on stderr, always (``cliptrack watch: ...``);
+- each remote sink's own mechanism, on the sink's lane thread (``cliptrack.backends.base.Sink.alert``:
+  W&B ``run.alert``; MLflow the tag ``cliptrack.watch.<key>`` and the metric ``watch.<key>.breach``);
+- a line of ``watch.jsonl`` in the run directory (the spool's record of the run's breaches);
+- the watch's ``on_breach(alert)`` callback, on the watch thread (to checkpoint, or to set a flag
+  the training loop reads and stops on). A callback that raises is reported (a warning and a
+  stderr line), never propagated; a slow one delays only later alerts, never ``log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cliptrack.backends.base import Alert
+from cliptrack.compare.stats import watch as rule
+from cliptrack.core.text import printable
+from cliptrack.store import journal
+from cliptrack.store.spool import RunDir
+
+LOG = logging.getLogger("cliptrack")
+
+ENV = "CLIPTRACK_WATCH"
+"""Environment variable holding the string form of the watches, read when ``Tracker(watch=None)``."""
+MAX_QUEUED = 100_000
+"""Points the watch's queue holds before dropping its oldest (the watch thread is behind)."""
+BREACHES_FILE = "watch.jsonl"
+"""The run directory's record of the breaches, one JSON object (an ``Alert``) per line."""
+
+OnBreach = Callable[[Alert], object]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One watched series.
+
+    ``key``: the metric key (``kl_k3:mean``); ``reference``: None for the run's own first ``window``
+    points, else a reference run: its run directory (``<spool>/<run id>``), or its values (a sequence,
+    one per point, or a mapping step -> value); ``window``: points of the reference window, and of
+    a reference run's smoothing; ``direction``: "up", "down" or "both"; ``scale``: "log" (positive
+    series: KL, fractions) or "value"; ``k``, ``h``: the CUSUM's allowance and threshold in long-run
+    sd; ``on_breach``: called with each ``Alert`` on the watch thread."""
+
+    key: str
+    reference: str | os.PathLike[str] | Sequence[float] | Mapping[int, float] | None = None
+    window: int = rule.WINDOW
+    direction: str = "up"
+    scale: str = "log"
+    k: float = rule.K
+    h: float = rule.H
+    on_breach: OnBreach | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or self.key.count(":") != 1:
+            raise ValueError(f"Watch key={self.key!r}: expected a metric key 'name:reduction'")
+        rule.check_settings(
+            scale=self.scale, direction=self.direction, window=self.window, k=self.k, h=self.h
+        )
+        if self.on_breach is not None and not callable(self.on_breach):
+            raise ValueError(f"Watch on_breach={self.on_breach!r}: expected a callable taking an Alert")
+
+    @property
+    def source(self) -> str:
+        """Where the band comes from, for humans."""
+        if self.reference is None:
+            return f"the run's first {self.window} points"
+        if isinstance(self.reference, (str, os.PathLike)):
+            return f"reference run {printable(os.fspath(self.reference))}"
+        return f"{len(self.reference)} reference values"
+
+
+_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "reference": str,
+    "window": int,
+    "direction": str,
+    "scale": str,
+    "k": float,
+    "h": float,
+}
+
+
+def parse_watch(text: str) -> list[Watch]:
+    """Watches from their string form (a config file, ``CLIPTRACK_WATCH``, the command line): entries
+    separated by ``;``, each ``KEY[,option=value...]`` with the options ``reference`` (a run
+    directory), ``window``, ``direction``, ``scale``, ``k``, ``h``. Example:
+    ``"kl_k3:mean;abs_log_ratio:mean,window=200,direction=both"``."""
+    if not isinstance(text, str):
+        raise ValueError(f"watch={text!r}: expected a string such as 'kl_k3:mean,window=100'")
+    out = []
+    for entry in text.split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        key, *options = (part.strip() for part in entry.split(","))
+        given: dict[str, Any] = {}
+        for option in options:
+            name, sep, value = option.partition("=")
+            name = name.strip()
+            if not sep or name not in _OPTIONS:
+                raise ValueError(
+                    f"watch {entry!r}: {option!r} is not 'option=value' with an option of {sorted(_OPTIONS)}"
+                )
+            try:
+                given[name] = _OPTIONS[name](value.strip())
+            except ValueError:
+                raise ValueError(f"watch {entry!r}: {name}={value.strip()!r} is not a valid {name}") from None
+        out.append(Watch(key, **given))
+    if not out:
+        raise ValueError(f"watch={text!r} names no metric key")
+    return out
+
+
+def watches(given: Watch | str | Iterable[Watch | str] | None) -> list[Watch]:
+    """The watches a ``Tracker(watch=...)`` argument names (``CLIPTRACK_WATCH`` when None); a key
+    watched twice is refused."""
+    if given is None:
+        env = os.environ.get(ENV, "").strip()
+        return parse_watch(env) if env else []
+    items: Iterable[Watch | str] = [given] if isinstance(given, (Watch, str)) else given
+    out: list[Watch] = []
+    for item in items:
+        if isinstance(item, Watch):
+            out.append(item)
+        elif isinstance(item, str):
+            out.extend(parse_watch(item))
+        else:
+            raise ValueError(f"watch: {item!r} is neither a Watch nor its string form")
+    keys = [w.key for w in out]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"watch names {twice} more than once")
+    return out
+
+
+def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
+    """The reference run's ``(steps, values)`` of the watched key: read from its run directory
+    (its journal), or the values given (steps 0, 1, ... for a sequence)."""
+    ref = watch.reference
+    if ref is None:
+        raise ValueError(f"watch {watch.key}: no reference run")
+    if isinstance(ref, (str, os.PathLike)):
+        path = Path(ref)
+        points_path = path / "points.jsonl" if path.is_dir() else path
+        if not points_path.is_file():
+            raise ValueError(
+                f"watch {watch.key}: reference {printable(os.fspath(ref))} holds no points.jsonl"
+            )
+        steps, values = [], []
+        for point in journal.load_points(points_path):
+            if watch.key in point.metrics:
+                steps.append(point.step)
+                values.append(point.metrics[watch.key])
+        return steps, values
+    if isinstance(ref, Mapping):
+        pairs = sorted((int(s), float(v)) for s, v in ref.items())
+        return [s for s, _ in pairs], [v for _, v in pairs]
+    values = [float(v) for v in ref]
+    return list(range(len(values))), values
+
+
+def band_of_reference(watch: Watch) -> rule.Band:
+    """The band a watch's reference run gives (ValueError naming the watch when it cannot)."""
+    steps, values = reference_series(watch)
+    kept = [
+        (s, z) for s, v in zip(steps, values, strict=True) if (z := rule.watched(v, watch.scale)) is not None
+    ]
+    try:
+        return rule.reference_band([s for s, _ in kept], [z for _, z in kept], watch.window, watch.scale)
+    except ValueError as exc:
+        raise ValueError(f"watch {watch.key}: reference {watch.source}: {exc}") from None
+
+
+class _Follow:
+    """One watch's state: the reference window being filled, then the CUSUM."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        self.cusum: rule.Cusum | None = None
+        self.window: list[float] = []
+        if watch.reference is not None:
+            self.cusum = self._rule(band_of_reference(watch))
+
+    def _rule(self, band: rule.Band) -> rule.Cusum:
+        w = self.watch
+        return rule.Cusum(band, direction=w.direction, k=w.k, h=w.h)
+
+    def update(self, step: int, value: float) -> rule.Breach | None:
+        if self.cusum is not None:
+            return self.cusum.update(step, value)
+        z = rule.watched(value, self.watch.scale)
+        if z is not None:
+            self.window.append(z)
+            if len(self.window) >= self.watch.window:
+                self.cusum = self._rule(rule.own_band(self.window, self.watch.scale))
+                self.window = []
+        return None
+
+
+def describe(watch: Watch, breach: rule.Breach, run_id: str) -> Alert:
+    """The ``Alert`` of a breach: its numbers and the sentence each sink shows."""
+    moved = "above" if breach.direction == "up" else "below"
+    title = f"cliptrack watch: {watch.key} {moved} its band"
+    text = (
+        f"run {run_id}: {watch.key} = {breach.value:.6g} at step {breach.step}, {moved} its band "
+        f"(expected {breach.expected:.6g}; CUSUM {breach.statistic:.1f} > {watch.h:g} long-run sd; "
+        f"band from {watch.source})"
+    )
+    return Alert(
+        run_id=run_id,
+        key=watch.key,
+        step=breach.step,
+        value=breach.value,
+        expected=breach.expected,
+        statistic=breach.statistic,
+        threshold=watch.h,
+        direction=breach.direction,
+        reference=watch.source,
+        title=title,
+        text=text,
+    )
+
+
+class Detector:
+    """The watches of one run, followed synchronously: ``update(step, metrics)`` returns the alerts
+    the point completes. The watch thread (``Watcher``) and ``cliptrack watch`` share it."""
+
+    def __init__(self, chosen: Sequence[Watch], run_id: str) -> None:
+        self.run_id = run_id
+        self.follows = [_Follow(w) for w in chosen]
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> list[Alert]:
+        out = []
+        for follow in self.follows:
+            value = metrics.get(follow.watch.key)
+            if value is None:
+                continue
+            breach = follow.update(step, float(value))
+            if breach is not None:
+                out.append(describe(follow.watch, breach, self.run_id))
+        return out
+
+
+class Watcher:
+    """A run's watches on their own thread (see the module docstring). ``deliver(alert)`` hands an
+    alert to the sinks' lanes; ``run_dir`` gets ``watch.jsonl``."""
+
+    def __init__(self, chosen: Sequence[Watch], run_dir: RunDir, deliver: Callable[[Alert], None]) -> None:
+        self.detector = Detector(chosen, run_dir.run_id)
+        self.watched = tuple(w.key for w in chosen)
+        self.callbacks = {w.key: w.on_breach for w in chosen}
+        self.run_dir = run_dir
+        self._deliver = deliver
+        self._queue: deque[tuple[int, tuple[float | None, ...]]] = deque()
+        self._wake = threading.Event()
+        self._progress = threading.Condition()
+        self._offered = 0
+        """Points queued so far (written by the training thread only)."""
+        self._done = 0
+        """Points followed so far (written by the watch thread only)."""
+        self._stopping = False
+        self.dropped = 0
+        """Points dropped from the queue because the watch thread was behind."""
+        self.alerts: list[Alert] = []
+        self.callback_errors = 0
+        self._thread = threading.Thread(target=self._run, name="cliptrack-watch", daemon=True)
+        self._thread.start()
+
+    # ---- training thread -------------------------------------------------------------------------
+    def offer(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Queue the watched values of one point; never waits (O(number of watches))."""
+        values = tuple(metrics.get(key) for key in self.watched)
+        if all(v is None for v in values):
+            return
+        if len(self._queue) >= MAX_QUEUED:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append((step, values))
+        self._offered += 1
+        self._wake.set()
+
+    # ---- any thread ------------------------------------------------------------------------------
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued point is followed (and its alerts raised); False on timeout."""
+        target = self._offered
+        with self._progress:
+            return self._progress.wait_for(lambda: self._done + self.dropped >= target, max(0.0, timeout_s))
+
+    def stop(self, timeout_s: float) -> None:
+        """Follow what is queued (up to ``timeout_s`` seconds), then end the thread."""
+        self.drain(timeout_s)
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(max(0.0, timeout_s))
+
+    # ---- watch thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                try:
+                    step, values = self._queue.popleft()
+                except IndexError:  # the training thread dropped it meanwhile
+                    break
+                self._follow(step, values)
+                self._done += 1
+                with self._progress:
+                    self._progress.notify_all()
+            if self._stopping and not self._queue:
+                return
+
+    def _follow(self, step: int, values: tuple[float | None, ...]) -> None:
+        metrics = {k: v for k, v in zip(self.watched, values, strict=True) if v is not None}
+        try:
+            alerts = self.detector.update(step, metrics)
+        except Exception as exc:  # noqa: BLE001 - a watch never stops training
+            LOG.warning("the watch failed at step %d: %s", step, printable(exc))
+            return
+        for alert in alerts:
+            self._raise(alert)
+
+    def _raise(self, alert: Alert) -> None:
+        self.alerts.append(alert)
+        _stderr(alert.text)
+        try:
+            with open(self.run_dir.path / BREACHES_FILE, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(asdict(alert), allow_nan=True) + "\n")
+        except OSError as exc:
+            LOG.warning("cannot record the breach in %s: %s", printable(self.run_dir.path), printable(exc))
+        try:
+            self._deliver(alert)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+            LOG.warning("the alert could not be handed to the sinks: %s", printable(exc))
+        callback = self.callbacks.get(alert.key)
+        if callback is None:
+            return
+        try:
+            callback(alert)
+        except Exception as exc:  # noqa: BLE001 - a failing callback is reported, never propagated
+            self.callback_errors += 1
+            why = f"{type(exc).__name__}: {exc}"
+            LOG.warning("the on_breach callback of watch %s raised %s", alert.key, printable(why))
+            _stderr(f"on_breach of {alert.key} raised {why}")
+
+
+def _stderr(text: str) -> None:
+    """One line on the process's stderr (looked up at call time), never raising."""
+    try:
+        stream = sys.stderr
+        stream.write(f"cliptrack watch: {printable(text)}\n")
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def read_breaches(run_dir: RunDir) -> list[Alert]:
+    """The breaches recorded in a run directory's ``watch.jsonl`` (a damaged line is skipped)."""
+    path = run_dir.path / BREACHES_FILE
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(Alert(**json.loads(line)))
+        except (TypeError, ValueError):
+            continue
+    return out
