@@ -49,6 +49,7 @@ EXPECTED = {
         _difference("kl_k3"),
         _difference("abs_log_ratio"),
         _difference("ratio_outside_fraction"),
+        [keys.ENGINE_KL_K3_MEAN, keys.DRIFT_KL_K3_MEAN],
         [keys.ABS_LOG_RATIO_MEAN],
     ],
 }

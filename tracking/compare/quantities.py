@@ -19,7 +19,10 @@ no run has (docs/STATISTICS.md, "Margins near zero", chose the floors by simulat
 - mean ``|log ratio|``: ±25 %, floor **±0.001 nats per token**;
 - throughput: **±5 %** on the log-ratio scale, ``|log(B / A)| < log(1.05)``; computed as
   ``sum(loss_tokens) / sum(step time)`` when every run logs ``step_time_s:mean``;
-- reward: ±5 %, floor **±0.02 reward units**.
+- reward: ±5 %, floor **±0.02 reward units**;
+- the mismatch KL's engine and drift parts (``engine_kl_k3``, ``drift_kl_k3``; for diagnosis, no
+  verdict of their own): the mismatch KL's margin; the mean weight lag: ±25 %, floor **±0.1
+  versions**.
 
 A relative margin with a floor (scale ``auto``) is used on the log-ratio scale when both runs are
 clearly away from zero (both intervals on one side of 0 and the smaller ``|value|`` at least
@@ -264,6 +267,8 @@ KL_MARGIN = GAUGE_MARGIN
 """Default margin of the mismatch KL (relative; ``KL_FLOOR`` near zero). Sampler–trainer KL of a
 healthy bf16 stack sits around 1e-3 and a visibly off-policy one at 1e-2 (the demo: 0.003 on-policy
 against 0.015 two steps stale), and it falls over training with the clip fraction."""
+WEIGHT_LAG_FLOOR = 0.1
+"""Default absolute floor of the mean weight lag (versions per token): a tenth of a version."""
 RELATIVE_MARGIN = 0.05
 """Default relative margin of reward and throughput (±5 %, on the log-ratio scale)."""
 REWARD_ABS_MARGIN = 0.02
@@ -351,6 +356,47 @@ QUANTITIES: tuple[Quantity, ...] = (
         bounds=FRACTION,
         percent=True,
         optional=True,
+    ),
+    Quantity(
+        "drift_kl_k3",
+        "mismatch KL, drift part",
+        "nats per loss token",
+        (Estimand(keys.DRIFT_KL_K3_SUM, keys.LOSS_TOKENS),),
+        AUTO,
+        KL_MARGIN,
+        abs_margin=KL_FLOOR,
+        bounds=NONNEGATIVE,
+        verdict=False,
+        optional=True,
+        approximate_key=keys.DRIFT_KL_K3_MEAN,
+        margin_of="kl_k3",
+    ),
+    Quantity(
+        "engine_kl_k3",
+        "mismatch KL, engine part",
+        "nats per loss token",
+        (Estimand(keys.ENGINE_KL_K3_SUM, keys.LOSS_TOKENS),),
+        AUTO,
+        KL_MARGIN,
+        abs_margin=KL_FLOOR,
+        bounds=NONNEGATIVE,
+        verdict=False,
+        optional=True,
+        approximate_key=keys.ENGINE_KL_K3_MEAN,
+        margin_of="kl_k3",
+    ),
+    Quantity(
+        "weight_lag",
+        "mean weight lag",
+        "versions per loss token",
+        (Estimand(keys.WEIGHT_LAG_SUM, keys.LOSS_TOKENS),),
+        AUTO,
+        GAUGE_MARGIN,
+        abs_margin=WEIGHT_LAG_FLOOR,
+        bounds=NONNEGATIVE,
+        verdict=False,
+        optional=True,
+        approximate_key=keys.WEIGHT_LAG_MEAN,
     ),
     Quantity(
         "reward",

@@ -724,6 +724,7 @@ def as_dict(result: Findings) -> dict[str, Any]:
     return {
         "verdict": result.on_policy_verdict,
         "headline": headline(result),
+        "why": why(result),
         "on_policy": list(result.on_policy),
         "seeds_covered": result.seeds_covered,
         "groups": {g: list(m) for g, m in result.groups.items()},
@@ -903,12 +904,80 @@ def _figure(result: Findings, d: Difference | GroupDifference) -> str:
     )
 
 
+CAUSES = (
+    ("drift_kl_k3", "drift", "staleness or the update's own drift"),
+    ("engine_kl_k3", "engine", "the inference engine's numerics or truncation"),
+)
+"""The mismatch KL's parts the "why" line reads (compared quantities), what each is called, and
+what a difference in it means."""
+_PART_VERDICT = {
+    DIFFERENT: "differs",
+    EQUIVALENT: "agrees",
+    INCONCLUSIVE: "is not shown equal or different",
+    INSUFFICIENT: "cannot be compared",
+}
+
+
+def _part_values(result: Findings, d: Difference | GroupDifference) -> str:
+    if isinstance(d, GroupDifference):
+        return (
+            f"{printable(d.group)} {_group_mean(result, d.group, d.metric)} vs {printable(d.reference)} "
+            f"{_group_mean(result, d.reference, d.metric)}"
+        )
+    return (
+        f"{printable(d.run)} {_value(d.run_paired, False, ci=False)} vs {printable(d.reference)} "
+        f"{_value(d.reference_paired, False, ci=False)}"
+    )
+
+
+def _bare_margin(d: Difference | GroupDifference) -> str:
+    """A row's margin as one number: ``±25%`` on the log-ratio scale, ``±1e-05`` on the absolute one."""
+    return f"±{d.margin * 100:.3g}%" if d.scale == LOG_RATIO else f"±{d.margin:.3g}"
+
+
+def why(result: Findings) -> str:
+    """Why the runs are (or are not) equally on-policy: the verdicts of the mismatch KL's drift and
+    engine parts (:data:`CAUSES`) for the decisive row's run or group, the sampler's weight lag
+    where logged, and which cause the gap comes from when exactly one part differs. Empty when
+    the runs do not log the parts."""
+    decisive = _decisive(result)
+    if decisive is None:
+        return ""
+    who = decisive.group if isinstance(decisive, GroupDifference) else decisive.run
+    rows = {
+        d.metric: d for d in _rows(result) if (d.group if isinstance(d, GroupDifference) else d.run) == who
+    }
+    parts = [(rows[name], label, cause) for name, label, cause in CAUSES if name in rows]
+    if not parts:
+        return ""
+    said = "; ".join(
+        f"the {label} part {_PART_VERDICT[d.verdict]} ({_part_values(result, d)}"
+        + (f", within {_bare_margin(d)})" if d.verdict == EQUIVALENT else ")")
+        for d, label, _ in parts
+    )
+    lag = rows.get("weight_lag")
+    lag_text = (
+        f"; the sampler's mean weight lag: {_part_values(result, lag)} versions" if lag is not None else ""
+    )
+    differing = [(label, cause) for d, label, cause in parts if d.verdict == DIFFERENT]
+    cause = (
+        f". The gap is in the {differing[0][0]} part: {differing[0][1]}"
+        if len(differing) == 1 and len(parts) == len(CAUSES)
+        else ""
+    )
+    return f"Why: of the mismatch KL, {said}{lag_text}{cause}."
+
+
 def headline_lines(result: Findings) -> list[str]:
-    """At most three lines: the verdict (``headline``), the figure it rests on, what would change it."""
+    """At most four lines: the verdict (``headline``), the figure it rests on, what would change
+    it, and, when the runs log the mismatch KL's parts, why (:func:`why`)."""
     d = _decisive(result)
     lines = [headline(result)]
     if d is not None:
         lines += [_figure(result, d), _what_would_change(result, d)]
+    reason = why(result)
+    if reason:
+        lines.append(reason)
     return [redact(line) for line in lines]
 
 

@@ -128,6 +128,16 @@ SERIES_PANELS: tuple[Panel, ...] = (
         (Line("kl_k3", keys.KL_K3_MEAN),),
     ),
     Panel(
+        "kl_parts",
+        "gauge",
+        "Mismatch KL split into its causes: engine (dotted) and drift (solid), nats per token",
+        "part's kl_k3:sum / loss tokens",
+        (
+            Line("engine_kl_k3", keys.ENGINE_KL_K3_MEAN, "engine", "dot"),
+            Line("drift_kl_k3", keys.DRIFT_KL_K3_MEAN, "drift"),
+        ),
+    ),
+    Panel(
         "abs_log_ratio",
         "gauge",
         "Mean |log ratio| (nats per token)",

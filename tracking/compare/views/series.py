@@ -38,6 +38,8 @@ SERIES_COLUMNS = (
     "step_time",
     "kl_k3",
     "abs_log_ratio",
+    "engine_kl_k3",
+    "drift_kl_k3",
 )
 
 
@@ -96,6 +98,8 @@ def run_series(
     for column, total, mean in (
         ("kl_k3", keys.KL_K3_SUM, keys.KL_K3_MEAN),
         ("abs_log_ratio", keys.ABS_LOG_RATIO_SUM, keys.ABS_LOG_RATIO_MEAN),
+        ("engine_kl_k3", keys.ENGINE_KL_K3_SUM, keys.ENGINE_KL_K3_MEAN),
+        ("drift_kl_k3", keys.DRIFT_KL_K3_SUM, keys.DRIFT_KL_K3_MEAN),
     ):  # per token, from the step's sum where logged (another tracker's mean otherwise)
         out[column] = _col(wide, total) / tokens.where(tokens > 0) if total in wide else _col(wide, mean)
     return out
