@@ -35,6 +35,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "ppo_empty_last_rank": {"loss_fn": "ppo", "config": {}, "empty_last_dp_rank": True},
     "cispo": {"loss_fn": "cispo", "config": {"clip_low_threshold": 0.85, "clip_high_threshold": 1.5}},
     "ppo_nothing_clips": {"loss_fn": "ppo", "config": {}, "zero_deltas": True},
+    "ppo_causes": {"loss_fn": "ppo", "config": {}, "causes": True},
     "cross_entropy": {"loss_fn": "cross_entropy", "config": {}},
 }
 """One training step each: the loss and how its global batch is built."""
@@ -79,6 +80,11 @@ class GlobalBatch:
     advantages: Tensor
     mask: Tensor
     deltas: Tensor
+    old_logprobs: Tensor | None = None
+    """With ``causes``: the trainer at the sampling weights, half of each token's log-ratio away from
+    the sampler (engine part ``deltas / 2``, drift part ``deltas / 2``)."""
+    weight_lag: Tensor | None = None
+    """With ``causes``: each token's weight-version lag, its row's index mod 3."""
 
 
 def global_batch(
@@ -107,19 +113,28 @@ def global_batch(
     if spec.get("empty_last_dp_rank"):
         rows = n_seq // dp
         mask[n_seq - rows :] = 0.0
-    sampling = reference_logprobs(tokens, labels) - deltas
-    return GlobalBatch(tokens, labels, sampling, advantages, mask, deltas)
+    reference = reference_logprobs(tokens, labels)
+    sampling = reference - deltas
+    if not spec.get("causes"):
+        return GlobalBatch(tokens, labels, sampling, advantages, mask, deltas)
+    old = reference - deltas / 2
+    lag = (torch.arange(n_seq) % 3).float()[:, None].expand(n_seq, seq_len).contiguous()
+    return GlobalBatch(tokens, labels, sampling, advantages, mask, deltas, old, lag)
 
 
 def loss_inputs(loss_fn: str, batch: GlobalBatch, rows: slice, cols: slice) -> dict[str, Tensor]:
     """The loss inputs of ``make_loss_func`` for a slice of the batch."""
     if loss_fn == "cross_entropy":
         return {"weights": batch.mask[rows, cols], "mask": batch.mask[rows, cols]}
-    return {
+    inputs = {
         "sampling_logprobs": batch.sampling_logprobs[rows, cols],
         "advantages": batch.advantages[rows, cols],
         "mask": batch.mask[rows, cols],
     }
+    if batch.old_logprobs is not None and batch.weight_lag is not None:
+        inputs["old_logprobs"] = batch.old_logprobs[rows, cols]
+        inputs["weight_lag"] = batch.weight_lag[rows, cols]
+    return inputs
 
 
 def expected_metrics(scenario: str, batch: GlobalBatch) -> dict[str, float]:

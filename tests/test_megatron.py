@@ -18,7 +18,7 @@ import torch
 from cliptrack.adapters import megatron as mg
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses.builtin import INPUT_CHECKS, ppo
-from cliptrack.core import keys
+from cliptrack.core import keys, measures
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,15 +46,29 @@ def _one_rank_data(scenario: str) -> tuple[setup.GlobalBatch, list[dict]]:
 # ---- the real schedule, one rank ------------------------------------------------------------------
 
 
+GAUGE_LIKE_KEYS = (
+    *keys.GAUGE_KEYS,
+    *keys.CAUSES_KEYS,
+    *keys.STALENESS_KEYS,
+    *(
+        m.key
+        for m in measures.BUILTIN.means
+        if measures.BUILTIN.by_key[m.numerator].group in (measures.CAUSES, measures.STALENESS)
+    ),
+)
+"""The gauge's keys, its engine and drift parts and the weight lag, with their means."""
+
+
 def assert_gauge_close(got: dict[str, float], expected: dict[str, float]) -> None:
     """The gauge of a reduction against one pass over the whole batch: the same keys, counts exact,
     sums and extremes to float32 rounding of the log-probs. The schedule's model computes them
     micro-batch by micro-batch (and split over ranks), so where the sampler's log-probs are the
     one-pass model's own (``l = 0`` exactly there) the gauge reads the layouts' float32 differences:
     up to about 1e-7 per token, which is what it is for."""
-    assert set(got) & set(keys.GAUGE_KEYS) == set(expected) & set(keys.GAUGE_KEYS)
+    watched = set(GAUGE_LIKE_KEYS)
+    assert set(got) & watched == set(expected) & watched
     tokens = expected[keys.LOSS_TOKENS]
-    for key in set(expected) & set(keys.GAUGE_KEYS):
+    for key in set(expected) & watched:
         if key == keys.RATIO_OUTSIDE_TOKENS:
             assert got[key] == expected[key]
         elif key.endswith(":sum"):

@@ -92,6 +92,16 @@ def _check_nontrivial(results: list[dict]) -> None:
     assert keys.CLIPPED_TOKENS not in metrics["cross_entropy"]["metrics"]
     assert set(keys.GAUGE_KEYS) <= set(metrics["ppo"]["metrics"])  # the gauge crossed the ranks
     assert set(keys.GAUGE_KEYS).isdisjoint(metrics["cross_entropy"]["metrics"])
+    causes = metrics["ppo_causes"]["metrics"]  # the split and the lag crossed the ranks, exactly split
+    assert set(keys.CAUSES_KEYS) | set(keys.STALENESS_KEYS) <= set(causes)
+    assert (
+        causes[keys.ENGINE_KL_K3_SUM] > 0
+        and causes[keys.DRIFT_KL_K3_SUM] > 0
+        and causes[keys.WEIGHT_LAG_MAX] == 2
+    )
+    total = causes[keys.ENGINE_LOG_RATIO_SUM] + causes[keys.DRIFT_LOG_RATIO_SUM]
+    assert causes[keys.LOG_RATIO_SUM] == pytest.approx(total, rel=1e-12, abs=1e-12)
+    assert set(keys.CAUSES_KEYS).isdisjoint(metrics["ppo"]["metrics"])
 
 
 @pytest.fixture
