@@ -341,3 +341,86 @@ def test_a_clients_gauge_is_the_exact_sum_of_its_datums_in_any_chunking(clients,
         assert metrics[keys.LOG_RATIO_MIN] == min(o["log_ratio_min"]["data"][0] for o in outputs)
         assert metrics[keys.KL_K3_MEAN] == metrics[keys.KL_K3_SUM] / tokens
         assert metrics[keys.ABS_LOG_RATIO_MEAN] == metrics[keys.ABS_LOG_RATIO_SUM] / tokens
+
+
+def _causes_reference(rows: list[tuple[float, float, float, float]]) -> dict:
+    """The engine and drift parts and the lag of eligible tokens ``(logprob, sampling, old, lag)``,
+    plainly in float64: ``e = old - sampling``, ``d = (logprob - sampling) - e``."""
+    es = [o - s for _, s, o, _ in rows]
+    ds = [(p - s) - e for (p, s, _, _), e in zip(rows, es, strict=True)]
+    return {
+        keys.ENGINE_LOG_RATIO_SUM: math.fsum(es),
+        keys.ENGINE_ABS_LOG_RATIO_SUM: math.fsum(abs(e) for e in es),
+        keys.ENGINE_KL_K3_SUM: math.fsum(math.expm1(e) - e for e in es),
+        keys.DRIFT_LOG_RATIO_SUM: math.fsum(ds),
+        keys.DRIFT_ABS_LOG_RATIO_SUM: math.fsum(abs(d) for d in ds),
+        keys.DRIFT_KL_K3_SUM: math.fsum(math.expm1(d) - d for d in ds),
+        keys.WEIGHT_LAG_SUM: math.fsum(g for *_, g in rows),
+    }
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    tokens=st.lists(token, min_size=1, max_size=60),
+    datum_cuts=st.lists(st.integers(1, 59), max_size=15),
+    chunk_cuts=st.lists(st.integers(1, 14), max_size=5),
+    loss_fn=st.sampled_from(sorted(GAUGE_LOSSES)),
+    seed=st.integers(0, 2**16),
+)
+def test_engine_drift_and_lag_travel_per_datum_and_sum_per_client_in_any_chunking(
+    tokens, datum_cuts, chunk_cuts, loss_fn, seed
+):
+    """Datums with old log-probs per token and one weight lag per datum: each datum's fields, the
+    runtime's metrics, the JSON and protobuf wire, tinker's combine and the client aggregator all
+    give the parts of a plain reference, and total = engine + drift after every merge."""
+    datums, policies, _ = batch(tokens, datum_cuts)
+    gen = torch.Generator().manual_seed(seed)
+    rows: list[tuple[float, float, float, float]] = []
+    for i, (datum, policy) in enumerate(zip(datums, policies, strict=True)):
+        datum["old_logprobs"] = datum["logprobs"] + 0.05 * torch.randn(policy.shape, generator=gen)
+        datum["weight_lag"] = [i % 4]  # one number for the datum's tokens
+        for p, s, o, m in zip(policy, datum["logprobs"], datum["old_logprobs"], datum["mask"], strict=True):
+            if m:
+                rows.append((float(p), float(s), float(o), float(i % 4)))
+    config = GAUGE_LOSSES[loss_fn]
+    whole = forward_backward_loss(datums, policies, loss_fn, config).output
+    expected = _causes_reference(rows)
+    parts = (*keys.CAUSES_KEYS, keys.WEIGHT_LAG_SUM)
+    unchunked = aggregate_datums(whole)
+    for key, value in expected.items():
+        assert unchunked[key] == pytest.approx(value, rel=1e-5, abs=1e-5 * max(1, len(rows))), key
+    assert (keys.WEIGHT_LAG_MAX in unchunked) == bool(rows)
+    if rows:
+        assert unchunked[keys.WEIGHT_LAG_MAX] == max(r[3] for r in rows)
+    for datum in whole.loss_fn_outputs:
+        assert {"engine_log_ratio", "drift_kl_k3", "weight_lag", "weight_lag_max"} <= set(datum)
+    outputs = [
+        forward_backward_loss([datums[i] for i in c], [policies[i] for i in c], loss_fn, config).output
+        for c in cut(list(range(len(datums))), chunk_cuts)
+    ]
+    random.Random(seed).shuffle(outputs)
+    wire = [json.loads(json.dumps(output_to_json(o), allow_nan=False)) for o in outputs]
+    proto = [deserialize_forward_backward_output(output_to_proto(o)) for o in outputs]
+    agg = ClientAggregator()
+    agg.register("run")
+    for i, o in enumerate(outputs):
+        agg.add("run", 1, wire[i] if i % 2 else o)
+    merged = combine_fwd_bwd_output_results([output_from_json(w) for w in wire])
+    for metrics in (
+        aggregate_datums(outputs),
+        aggregate_datums(wire),
+        aggregate_datums(proto),
+        aggregate_datums(merged),
+        agg.emit("run", 1).metrics,
+    ):
+        assert {k: metrics[k] for k in parts} == {k: unchunked[k] for k in parts}
+        identity = (
+            metrics[keys.LOG_RATIO_SUM]
+            - metrics[keys.ENGINE_LOG_RATIO_SUM]
+            - metrics[keys.DRIFT_LOG_RATIO_SUM]
+        )
+        scale = sum(
+            metrics[k]
+            for k in (keys.ABS_LOG_RATIO_SUM, keys.ENGINE_ABS_LOG_RATIO_SUM, keys.DRIFT_ABS_LOG_RATIO_SUM)
+        )
+        assert abs(identity) <= 1e-12 * scale + 1e-300  # float64 sums of values sent to 2**-48

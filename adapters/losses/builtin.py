@@ -431,12 +431,14 @@ class TensorInput:
 
     ``name``: the loss function's keyword. ``required``: whether a call must give it.
     ``datum_fields``: the Tinker ``Datum.loss_fn_inputs`` fields it is read from on the Miles
-    runtime, first present wins (default: ``(name,)``).
+    runtime, first present wins (default: ``(name,)``). ``per_datum``: a datum may give one value
+    for all its tokens (the Miles runtime repeats it over the datum's tokens).
     """
 
     name: str
     required: bool = True
     datum_fields: tuple[str, ...] = ()
+    per_datum: bool = False
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -631,12 +633,13 @@ _RL_INPUTS = (
     TensorInput("advantages"),
     TensorInput("mask", required=False, datum_fields=("mask", "weights")),
     TensorInput("old_logprobs", required=False),
-    TensorInput("weight_lag", required=False),
+    TensorInput("weight_lag", required=False, per_datum=True),
 )
 """Inputs of the RL losses; on the Miles runtime the sampler's log-probs arrive as ``logprobs``
 and the eligible tokens as ``mask`` (else ``weights``). ``old_logprobs`` (the trainer's log-probs
-at the sampling weights) and ``weight_lag`` (each token's weight-version lag) are optional: with
-them the gauge is split into engine and drift, and the lag summed."""
+at the sampling weights) and ``weight_lag`` (each token's weight-version lag; on the Miles runtime
+one number per datum will do) are optional: with them the gauge is split into engine and drift,
+and the lag summed."""
 
 
 GAUGE_OPTIONS = (

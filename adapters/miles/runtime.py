@@ -342,7 +342,10 @@ def _datum_tensors(spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tens
     for tensor_input in spec.inputs:
         name = next((f for f in tensor_input.fields if f in inputs), None)
         if name is not None:
-            tensors[tensor_input.name] = _input(inputs, name, lp)
+            tensor = _input(inputs, name, lp)
+            if tensor_input.per_datum and tensor.numel() == 1 and lp.numel() != 1:
+                tensor = tensor.reshape(()).expand(lp.shape)  # one value for the datum's tokens
+            tensors[tensor_input.name] = tensor
         elif tensor_input.required:
             missing.append(tensor_input.fields[0])
     if missing:
