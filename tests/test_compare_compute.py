@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from cliptrack.backends import load_jsonl
-from cliptrack.compare import RunSet, compare
+from cliptrack.compare import RunSet, compare, report
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare.frame import LoadedRun, Point
@@ -68,6 +68,53 @@ def test_the_mismatch_kl_is_one_entry_and_joins_the_on_policy_answer():
     assert {"metric": "kl_k3", "on_policy": True}.items() <= next(
         q for q in data["quantities"] if q["metric"] == "kl_k3"
     ).items()
+
+
+@pytest.mark.parametrize("cause", ["engine", "drift"])
+def test_the_why_line_names_the_part_of_the_mismatch_kl_that_differs(cause):
+    """Two runs whose mismatch KL differs tenfold through one part only (the other equal): the
+    parts are compared for diagnosis (no verdict of their own) and the headline's "Why:" line
+    names the part that carries the gap; without the parts there is no such line."""
+    n = 400
+    tokens = np.full(n, 3000)
+    low, high = (
+        tokens * 0.001 * noisy(3, n, level=1.0, sd=0.05),
+        tokens * 0.01 * noisy(4, n, level=1.0, sd=0.05),
+    )
+    same = tokens * 0.0005 * noisy(5, n, level=1.0, sd=0.05)
+    parts_a = {
+        keys.ENGINE_KL_K3_SUM: same if cause == "drift" else low,
+        keys.DRIFT_KL_K3_SUM: low if cause == "drift" else same,
+    }
+    parts_b = {
+        keys.ENGINE_KL_K3_SUM: same if cause == "drift" else high,
+        keys.DRIFT_KL_K3_SUM: high if cause == "drift" else same,
+    }
+    runs = []
+    for name, parts, seed in (("a", parts_a, 1), ("b", parts_b, 2)):
+        kl = parts[keys.ENGINE_KL_K3_SUM] + parts[keys.DRIFT_KL_K3_SUM]  # any total: k3 does not add
+        runs.append(
+            run_from_curves(
+                name, name, seed=seed, clip_p=noisy(seed, n), loss_tokens=tokens, extra={KL: kl, **parts}
+            )
+        )
+    result = compare(runset_of(*runs))
+    assert result.difference("kl_k3").verdict == DIFFERENT
+    own, other = (f"{cause}_kl_k3", "drift_kl_k3" if cause == "engine" else "engine_kl_k3")
+    assert result.difference(own).verdict == DIFFERENT and result.difference(other).verdict == EQUIVALENT
+    assert own not in result.on_policy  # diagnosis: the parts never add a verdict of their own
+    lines = result.headline_lines()
+    why = lines[-1]
+    assert why.startswith("Why: of the mismatch KL, ") and f"the {cause} part differs (b " in why
+    assert why.endswith(
+        f"The gap is in the {cause} part: {dict((c[1], c[2]) for c in report.CAUSES)[cause]}."
+    )
+    assert json.loads(result.to_json())["why"] == why
+    plain = [
+        run_from_curves(r.run_id, r.backend, seed=i + 1, clip_p=noisy(i + 1, n), loss_tokens=tokens)
+        for i, r in enumerate(runs)
+    ]
+    assert not any(line.startswith("Why:") for line in compare(runset_of(*plain)).headline_lines())
 
 
 def test_an_optional_on_policy_quantity_not_logged_is_left_out_of_the_answer():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as html_module
 import math
 import re
 import subprocess
@@ -176,6 +177,14 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
     assert {"dashboard.html", "comparison.csv", "comparison.json"} <= artifacts
     assert any((out / "comparison-artifacts").rglob("comparison.json"))
+    # why: the dashboard's headline names the part of the mismatch KL that differs (the stale
+    # sampler's drift), the engine part agreeing at 0
+    headline = re.search(r'id="headline">(.*?)</p>', html, re.S)
+    assert headline is not None
+    lines = html_module.unescape(headline.group(1)).split("\n")
+    why = next(line for line in lines if line.startswith("Why:"))
+    assert "the drift part differs (miles" in why and "the engine part agrees (miles 0 vs megatron 0" in why
+    assert why.endswith("The gap is in the drift part: staleness or the update's own drift."), why
 
 
 @pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)

@@ -935,36 +935,42 @@ def _bare_margin(d: Difference | GroupDifference) -> str:
     return f"±{d.margin * 100:.3g}%" if d.scale == LOG_RATIO else f"±{d.margin:.3g}"
 
 
+def _rows_for(
+    result: Findings, like: Difference | GroupDifference
+) -> dict[str, Difference | GroupDifference]:
+    """The rows of the run (or group) of ``like``, by quantity."""
+
+    def who(d: Difference | GroupDifference) -> str:
+        return d.group if isinstance(d, GroupDifference) else d.run
+
+    return {d.metric: d for d in _rows(result) if who(d) == who(like)}
+
+
+def _part_said(result: Findings, d: Difference | GroupDifference, label: str) -> str:
+    """One part of the mismatch KL in words: its verdict and the two values (its margin when equal)."""
+    within = f", within {_bare_margin(d)}" if d.verdict == EQUIVALENT else ""
+    return f"the {label} part {_PART_VERDICT[d.verdict]} ({_part_values(result, d)}{within})"
+
+
 def why(result: Findings) -> str:
     """Why the runs are (or are not) equally on-policy: the verdicts of the mismatch KL's drift and
     engine parts (:data:`CAUSES`) for the decisive row's run or group, the sampler's weight lag
     where logged, and which cause the gap comes from when exactly one part differs. Empty when
     the runs do not log the parts."""
     decisive = _decisive(result)
-    if decisive is None:
-        return ""
-    who = decisive.group if isinstance(decisive, GroupDifference) else decisive.run
-    rows = {
-        d.metric: d for d in _rows(result) if (d.group if isinstance(d, GroupDifference) else d.run) == who
-    }
+    rows = _rows_for(result, decisive) if decisive is not None else {}
     parts = [(rows[name], label, cause) for name, label, cause in CAUSES if name in rows]
     if not parts:
         return ""
-    said = "; ".join(
-        f"the {label} part {_PART_VERDICT[d.verdict]} ({_part_values(result, d)}"
-        + (f", within {_bare_margin(d)})" if d.verdict == EQUIVALENT else ")")
-        for d, label, _ in parts
-    )
+    said = "; ".join(_part_said(result, d, label) for d, label, _ in parts)
     lag = rows.get("weight_lag")
     lag_text = (
         f"; the sampler's mean weight lag: {_part_values(result, lag)} versions" if lag is not None else ""
     )
     differing = [(label, cause) for d, label, cause in parts if d.verdict == DIFFERENT]
-    cause = (
-        f". The gap is in the {differing[0][0]} part: {differing[0][1]}"
-        if len(differing) == 1 and len(parts) == len(CAUSES)
-        else ""
-    )
+    cause = ""
+    if len(differing) == 1 and len(parts) == len(CAUSES):
+        cause = f". The gap is in the {differing[0][0]} part: {differing[0][1]}"
     return f"Why: of the mismatch KL, {said}{lag_text}{cause}."
 
 
