@@ -1,0 +1,166 @@
+"""The worst sequences of a step: the sequences carrying the most sampler–trainer mismatch (torch-free).
+
+A step's gauge (:mod:`cliptrack.core.measures`) says how far off-policy its tokens are on the
+whole; the worst sequences say where: per step, for each of three criteria (:data:`CRITERIA`), the
+``k`` sequences ranking highest, each with its datum id, its eligible tokens, its own gauge sums
+and the position of its worst token (:class:`SequenceGauge`).
+
+The order is total and exact: by the criterion's value, largest first, ties by datum id, smallest
+first; a sequence without an eligible token never ranks. So the worst ``k`` of a union of parts is
+the worst ``k`` of the parts' worst ``k`` (:func:`merge_worst`), whatever the chunking, order or
+rank layout: the merge of micro-batches, ranks, tinker chunks and Miles clients is exact, and
+equals an offline sort of every sequence of the step.
+
+Units: ``log_ratio``, ``abs_log_ratio``, ``kl_k3`` are sums over the sequence's eligible tokens in
+nats (``l = logprobs - sampling_logprobs``, as the gauge); ``max_abs_log_ratio`` is the largest
+``|l|`` of one token, in nats; ``tokens`` counts eligible tokens; ``worst_token`` is the position
+(0-based, in the sequence) of the token with that largest ``|l|``, the first such on a tie.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "COLUMNS",
+    "CRITERIA",
+    "DEFAULT_K",
+    "SequenceGauge",
+    "Worst",
+    "merge_worst",
+    "rank_key",
+    "worst_of",
+]
+
+CRITERIA = ("abs_log_ratio", "kl_k3", "max_abs_log_ratio")
+"""What the worst sequences are ranked by: the sequence's summed ``|l|``, its summed k3 term, and
+its largest single-token ``|l|`` (each a :class:`SequenceGauge` field)."""
+
+COLUMNS = ("datum", "tokens", "log_ratio", "abs_log_ratio", "kl_k3", "max_abs_log_ratio", "worst_token")
+"""The fields of one sequence, in the order of a row (the device tensors' columns, the tables')."""
+
+DEFAULT_K = 8
+"""Sequences kept per criterion and step unless asked otherwise."""
+
+
+@dataclass(frozen=True)
+class SequenceGauge:
+    """One sequence's gauge (module docstring: units). ``datum``: its id (an integer the caller
+    gives, unique within the step: the sample's index in the global batch, a Miles datum's id)."""
+
+    datum: int
+    tokens: int
+    log_ratio: float
+    abs_log_ratio: float
+    kl_k3: float
+    max_abs_log_ratio: float
+    worst_token: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            raise ValueError(f"sequence {self.datum}: tokens must be >= 0, got {self.tokens}")
+        for name in ("log_ratio", "abs_log_ratio", "kl_k3", "max_abs_log_ratio"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"sequence {self.datum}: {name} must be finite, got {value!r}")
+        for name in ("abs_log_ratio", "kl_k3", "max_abs_log_ratio"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sequence {self.datum}: {name} must be >= 0, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_row(cls, row: Sequence[float]) -> SequenceGauge:
+        """A sequence from a row of :data:`COLUMNS` values (counts and positions as whole floats)."""
+        if len(row) != len(COLUMNS):
+            raise ValueError(f"a sequence row has {len(COLUMNS)} values {COLUMNS}, got {len(row)}")
+        values = dict(zip(COLUMNS, row, strict=True))
+        return cls(
+            datum=int(values["datum"]),
+            tokens=int(values["tokens"]),
+            log_ratio=float(values["log_ratio"]),
+            abs_log_ratio=float(values["abs_log_ratio"]),
+            kl_k3=float(values["kl_k3"]),
+            max_abs_log_ratio=float(values["max_abs_log_ratio"]),
+            worst_token=int(values["worst_token"]),
+        )
+
+    def value(self, criterion: str) -> float:
+        """The value this sequence is ranked by under ``criterion`` (one of :data:`CRITERIA`)."""
+        if criterion not in CRITERIA:
+            raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
+        return float(getattr(self, criterion))
+
+
+def rank_key(criterion: str) -> Any:
+    """The sort key of :data:`CRITERIA` order: value descending, then datum ascending."""
+    return lambda s: (-s.value(criterion), s.datum)
+
+
+def worst_of(sequences: Iterable[SequenceGauge], k: int = DEFAULT_K) -> dict[str, tuple[SequenceGauge, ...]]:
+    """The worst ``k`` sequences by each criterion (module docstring: the order), sequences without
+    an eligible token left out. ValueError for ``k < 1`` or a datum id given twice."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    ranked = [s for s in sequences if s.tokens > 0]
+    seen: set[int] = set()
+    for s in ranked:
+        if s.datum in seen:
+            raise ValueError(
+                f"datum {s.datum} appears twice among the step's sequences: datum ids must be unique"
+            )
+        seen.add(s.datum)
+    return {c: tuple(sorted(ranked, key=rank_key(c))[:k]) for c in CRITERIA}
+
+
+def merge_worst(
+    parts: Iterable[Mapping[str, Sequence[SequenceGauge]]], k: int = DEFAULT_K
+) -> dict[str, tuple[SequenceGauge, ...]]:
+    """The worst ``k`` of the union of ``parts`` (each a :func:`worst_of` result with at least
+    ``k`` per criterion, or all its sequences): exact, whatever their number and order. A sequence
+    listed under several criteria of one part counts once."""
+    union: dict[int, SequenceGauge] = {}
+    for part in parts:
+        for listed in part.values():
+            for s in listed:
+                kept = union.setdefault(s.datum, s)
+                if kept != s:
+                    raise ValueError(f"datum {s.datum} appears in two parts with different values")
+    return worst_of(union.values(), k)
+
+
+@dataclass(frozen=True)
+class Worst:
+    """One step's worst sequences: ``step``, ``k`` and, per criterion (every one of
+    :data:`CRITERIA`, in that order; none listed: an empty tuple), the sequences in order."""
+
+    step: int
+    k: int
+    by: dict[str, tuple[SequenceGauge, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.by) - set(CRITERIA))
+        if unknown:
+            raise ValueError(f"worst sequences by unknown criteria {unknown}; known: {CRITERIA}")
+        object.__setattr__(self, "by", {c: tuple(self.by.get(c, ())) for c in CRITERIA})
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat record per (criterion, rank): ``step``, ``criterion``, ``rank`` (1 = worst) and
+        the sequence's fields: the rows of the W&B table, the MLflow artifact and ``worst.jsonl``."""
+        return [
+            {"step": self.step, "criterion": c, "rank": i + 1, **asdict(s)}
+            for c in CRITERIA
+            for i, s in enumerate(self.by.get(c, ()))
+        ]
+
+    @classmethod
+    def from_records(cls, step: int, k: int, records: Iterable[Mapping[str, Any]]) -> Worst:
+        """The inverse of :meth:`records` (records of other steps are refused)."""
+        by: dict[str, list[tuple[int, SequenceGauge]]] = {}
+        for r in records:
+            if int(r["step"]) != step:
+                raise ValueError(f"a record of step {r['step']} among step {step}'s worst sequences")
+            s = SequenceGauge.from_row([r[c] for c in COLUMNS])
+            by.setdefault(str(r["criterion"]), []).append((int(r["rank"]), s))
+        return cls(step, k, {c: tuple(s for _, s in sorted(v, key=lambda x: x[0])) for c, v in by.items()})
