@@ -1,0 +1,140 @@
+"""The worst sequences on device: rows against a plain per-token reference, the top k of any
+micro-batch chunking equal to a sort of every sequence, and no host synchronisation."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+from cliptrack.adapters.losses.worst import WIDTH, merge_top, sequence_rows, top_rows, worst_from_block
+from cliptrack.core.worst import CRITERIA, SequenceGauge, worst_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests._harness import host_sync_forbidden
+
+
+@st.composite
+def batches(draw):
+    """(lp, slp, mask, ids): ``[sequences, tokens]`` float32 with ties and masked rows, unique ids."""
+    rows = draw(st.integers(1, 24))
+    cols = draw(st.integers(1, 12))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    slp = -torch.rand(rows, cols, generator=gen) * 3
+    coarse = draw(st.booleans())  # few distinct log-ratios: ties across sequences
+    noise = (
+        torch.randint(-2, 3, (rows, cols), generator=gen).float() * 0.25
+        if coarse
+        else torch.randn(rows, cols, generator=gen)
+    )
+    lp = slp + noise * draw(st.sampled_from([1e-3, 0.3, 2.0]))
+    mask = (torch.rand(rows, cols, generator=gen) > draw(st.sampled_from([0.0, 0.4, 0.9]))).float()
+    ids = torch.tensor(random.Random(int(gen.initial_seed())).sample(range(10_000), rows))
+    return lp, slp, mask, ids
+
+
+def plain_rows(lp, slp, mask, ids) -> list[SequenceGauge]:
+    """Per sequence in Python floats: the eligible tokens' l (as float32 computes lp - slp), sums by
+    fsum, the first largest |l| and its position."""
+    out = []
+    for r in range(lp.shape[0]):
+        ls = [
+            (i, float(x))
+            for i, (x, m) in enumerate(zip((lp[r] - slp[r]).tolist(), mask[r].tolist(), strict=True))
+            if m
+        ]
+        top = max((abs(x) for _, x in ls), default=0.0)
+        out.append(
+            SequenceGauge(
+                datum=int(ids[r]),
+                tokens=len(ls),
+                log_ratio=math.fsum(x for _, x in ls),
+                abs_log_ratio=math.fsum(abs(x) for _, x in ls),
+                kl_k3=math.fsum(math.expm1(x) - x for _, x in ls),
+                max_abs_log_ratio=top,
+                worst_token=next((i for i, x in ls if abs(x) == top), -1),
+            )
+        )
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=batches())
+def test_rows_match_a_plain_per_token_reference(data):
+    lp, slp, mask, ids = data
+    rows = sequence_rows(lp, slp, mask, datum_ids=ids).tolist()
+    for got, want in zip(
+        (SequenceGauge.from_row(r) for r in rows), plain_rows(lp, slp, mask, ids), strict=True
+    ):
+        assert (got.datum, got.tokens, got.worst_token, got.max_abs_log_ratio) == (
+            want.datum,
+            want.tokens,
+            want.worst_token,
+            want.max_abs_log_ratio,
+        )
+        for name in ("log_ratio", "abs_log_ratio", "kl_k3"):
+            assert abs(getattr(got, name) - getattr(want, name)) <= 1e-12 * (
+                1 + want.abs_log_ratio + want.kl_k3
+            ), name
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=batches(),
+    k=st.integers(1, 10),
+    cuts=st.lists(st.integers(0, 24), max_size=6),
+    seed=st.integers(0, 99),
+)
+def test_the_top_k_of_any_micro_batching_equals_a_sort_of_every_sequence(data, k, cuts, seed):
+    """Micro-batches of rows, each reduced to its top k on device, merged in any order (as the
+    ranks' blocks after the collective): the worst k of every sequence, as a plain sort finds them."""
+    lp, slp, mask, ids = data
+    n = lp.shape[0]
+    points = sorted({0, n, *(c % (n + 1) for c in cuts)})
+    parts = [(a, b) for a, b in zip(points[:-1], points[1:], strict=False)]
+    rows = [sequence_rows(lp[a:b], slp[a:b], mask[a:b], datum_ids=ids[a:b]) for a, b in parts]
+    blocks = [top_rows(r, k) for r in rows]
+    random.Random(seed).shuffle(blocks)
+    merged = worst_from_block(merge_top(torch.stack(blocks), k).tolist(), step=5, k=k)
+    every = [SequenceGauge.from_row(r) for r in torch.cat(rows).tolist()]
+    assert merged.by == worst_of(every, k)
+    # and through the plain sort, by hand
+    for c in CRITERIA:
+        kept = sorted((s for s in every if s.tokens), key=lambda s: s.datum)
+        kept.sort(key=lambda s: s.value(c), reverse=True)
+        assert merged.by[c] == tuple(kept[:k])
+
+
+def test_a_sequence_without_tokens_never_ranks_and_blocks_keep_their_shape():
+    lp = torch.tensor([[-1.0, -2.0], [-1.0, -1.0]])
+    rows = sequence_rows(lp, lp - 0.5, torch.tensor([[0.0, 0.0], [1.0, 0.0]]))
+    assert rows.tolist()[0] == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0]
+    block = top_rows(rows, 4)
+    assert block.shape == (len(CRITERIA), 4, WIDTH)
+    worst = worst_from_block(block.tolist(), 0, 4)
+    assert all(len(v) == 1 and v[0].datum == 1 for v in worst.by.values())
+
+
+def test_positions_name_the_worst_token_in_the_whole_sequence():
+    lp = torch.tensor([[-1.0, -1.0, -1.0]])
+    slp = torch.tensor([[-1.0, -3.0, -1.5]])
+    rows = sequence_rows(lp, slp, positions=torch.tensor([[10, 11, 12]]))
+    assert rows[0, -1].item() == 11.0 and rows[0, 5].item() == 2.0
+
+
+def test_no_host_sync():
+    lp = -torch.rand(6, 9)
+    slp = lp + 0.2 * torch.randn(6, 9)
+    mask = torch.rand(6, 9) > 0.3
+    with host_sync_forbidden():
+        block = merge_top(
+            torch.stack(
+                [
+                    top_rows(sequence_rows(lp[:3], slp[:3], mask[:3]), 4),
+                    top_rows(sequence_rows(lp[3:], slp[3:], mask[3:], datum_ids=torch.arange(3, 6)), 4),
+                ]
+            ),
+            4,
+        )
+    assert worst_from_block(block.tolist(), 0, 4).by["abs_log_ratio"]
