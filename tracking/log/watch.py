@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cliptrack.backends.base import Alert
+from cliptrack.compare.quantities import ABS_LOG_RATIO_FLOOR, CLIP_FLOOR, KL_FLOOR, WEIGHT_LAG_FLOOR
 from cliptrack.compare.stats import watch as rule
 from cliptrack.core.text import printable
 from cliptrack.store import journal
@@ -49,6 +50,23 @@ BREACHES_FILE = "watch.jsonl"
 
 OnBreach = Callable[[Alert], object]
 
+FLOORS = {
+    "kl_k3": KL_FLOOR,
+    "drift_kl_k3": KL_FLOOR,
+    "engine_kl_k3": KL_FLOOR,
+    "clip_fraction": CLIP_FLOOR,
+    "abs_log_ratio": ABS_LOG_RATIO_FLOOR,
+    "weight_lag": WEIGHT_LAG_FLOOR,
+}
+"""The log scale's floor per metric name: the comparison's floor near zero of the quantity
+(``cliptrack.compare.quantities``); a watched value ``x`` is read as ``log(x + floor)``."""
+
+
+def default_floor(key: str, scale: str) -> float:
+    """The floor a watch of ``key`` uses unless given one: the quantity's (``FLOORS``) on the log
+    scale, else 0."""
+    return FLOORS.get(key.partition(":")[0], 0.0) if scale == "log" else 0.0
+
 
 @dataclass(frozen=True)
 class Watch:
@@ -59,7 +77,8 @@ class Watch:
     one per point, or a mapping step -> value); ``window``: points of the reference window, and of
     a reference run's smoothing; ``direction``: "up", "down" or "both"; ``scale``: "log" (positive
     series: KL, fractions) or "value"; ``k``, ``h``: the CUSUM's allowance and threshold in long-run
-    sd; ``on_breach``: called with each ``Alert`` on the watch thread."""
+    sd; ``floor``: on the log scale the series is ``log(x + floor)`` (None: the quantity's floor,
+    ``FLOORS``, else 0); ``on_breach``: called with each ``Alert`` on the watch thread."""
 
     key: str
     reference: str | os.PathLike[str] | Sequence[float] | Mapping[int, float] | None = None
@@ -68,16 +87,27 @@ class Watch:
     scale: str = "log"
     k: float = rule.K
     h: float = rule.H
+    floor: float | None = None
     on_breach: OnBreach | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or self.key.count(":") != 1:
             raise ValueError(f"Watch key={self.key!r}: expected a metric key 'name:reduction'")
         rule.check_settings(
-            scale=self.scale, direction=self.direction, window=self.window, k=self.k, h=self.h
+            scale=self.scale,
+            direction=self.direction,
+            window=self.window,
+            k=self.k,
+            h=self.h,
+            floor=self.offset,
         )
         if self.on_breach is not None and not callable(self.on_breach):
             raise ValueError(f"Watch on_breach={self.on_breach!r}: expected a callable taking an Alert")
+
+    @property
+    def offset(self) -> float:
+        """The floor in use (``floor``, or the quantity's default)."""
+        return default_floor(self.key, self.scale) if self.floor is None else self.floor
 
     @property
     def source(self) -> str:
@@ -96,13 +126,14 @@ _OPTIONS: dict[str, Callable[[str], Any]] = {
     "scale": str,
     "k": float,
     "h": float,
+    "floor": float,
 }
 
 
 def parse_watch(text: str) -> list[Watch]:
     """Watches from their string form (a config file, ``CLIPTRACK_WATCH``, the command line): entries
     separated by ``;``, each ``KEY[,option=value...]`` with the options ``reference`` (a run
-    directory), ``window``, ``direction``, ``scale``, ``k``, ``h``. Example:
+    directory), ``window``, ``direction``, ``scale``, ``k``, ``h``, ``floor``. Example:
     ``"kl_k3:mean;abs_log_ratio:mean,window=200,direction=both"``."""
     if not isinstance(text, str):
         raise ValueError(f"watch={text!r}: expected a string such as 'kl_k3:mean,window=100'")
@@ -182,10 +213,14 @@ def band_of_reference(watch: Watch) -> rule.Band:
     """The band a watch's reference run gives (ValueError naming the watch when it cannot)."""
     steps, values = reference_series(watch)
     kept = [
-        (s, z) for s, v in zip(steps, values, strict=True) if (z := rule.watched(v, watch.scale)) is not None
+        (s, z)
+        for s, v in zip(steps, values, strict=True)
+        if (z := rule.watched(v, watch.scale, watch.offset)) is not None
     ]
     try:
-        return rule.reference_band([s for s, _ in kept], [z for _, z in kept], watch.window, watch.scale)
+        return rule.reference_band(
+            [s for s, _ in kept], [z for _, z in kept], watch.window, watch.scale, watch.offset
+        )
     except ValueError as exc:
         raise ValueError(f"watch {watch.key}: reference {watch.source}: {exc}") from None
 
@@ -207,11 +242,11 @@ class _Follow:
     def update(self, step: int, value: float) -> rule.Breach | None:
         if self.cusum is not None:
             return self.cusum.update(step, value)
-        z = rule.watched(value, self.watch.scale)
+        z = rule.watched(value, self.watch.scale, self.watch.offset)
         if z is not None:
             self.window.append(z)
             if len(self.window) >= self.watch.window:
-                self.cusum = self._rule(rule.own_band(self.window, self.watch.scale))
+                self.cusum = self._rule(rule.own_band(self.window, self.watch.scale, self.watch.offset))
                 self.window = []
         return None
 

@@ -1,41 +1,59 @@
-"""A live watch's statistics: the healthy band of a series and a CUSUM rule scaled by its long-run sd.
+"""A live watch's statistics: the healthy band of a series and a robust CUSUM rule against it.
 
-A watched series ``x_t`` (one value per logged point) is read on its watched scale ``z_t`` (the
-natural log of the value for a positive quantity such as the mismatch KL, which falls by orders of
-magnitude over training; the value itself otherwise). The **band** comes from a reference window:
+A watched series ``x_t`` (one value per logged point) is read on its watched scale ``z_t``: on the
+"log" scale ``log(x + floor)`` (a positive quantity such as the mismatch KL, which falls by orders of
+magnitude over training), with ``floor`` the quantity's floor near zero (the comparison's: 1e-5 nats
+per token for the KL, ``cliptrack.compare.quantities``), so that values far below it — the KL of
+a fresh sampler at 1e-12, or exactly 0 — read as the floor, not as a fall of ten orders of
+magnitude whose noise would swamp every band; on the "value" scale ``x`` itself.
 
-- the run's own first ``window`` points: a straight line fitted to ``z`` over them (level at the
-  window's end, slope per point), and the long-run standard deviation ``sd`` of the residual around
-  it (``cliptrack.compare.stats.lrv``: the equal-weighted cosine estimate, taken at the upper
-  ``1 - SD_BOUND`` bound of its chi-square, and never below the residual's own sd). Its persistence
-  and long-memory widening are left off here: on a 100-point window they multiply the sd by up to
-  10 on short-memory noise, and the simulated long memory (``d = 0.4``) stays under the rate
-  without them;
-- or a reference run (the other stack's baseline): its smoothed trajectory (a centred moving mean of
-  ``z`` over ``window`` points), read at the watched point's step, and the long-run sd of its
-  residual around that trajectory.
+The **band** has a level, a scale and, for a reference run, a trajectory:
 
-Each new point is predicted — from the trajectory, or from the run's own band carried forward by
-Holt's linear smoothing (level and slope updated with ``alpha`` and ``beta`` while nothing is
-suspected, so that a healthy drift, KL falling tenfold, moves the prediction along) — and its
-residual is standardised, ``r = (z - prediction) / sd``. Two one-sided CUSUMs accumulate it:
-``S+ = max(0, S+ + r - k)``, ``S- = max(0, S- - r - k)``; a breach is ``S > h`` in a watched
-direction. Scaling by the long-run sd (not the point-to-point sd) is what makes the sum of ``n``
-autocorrelated residuals comparable to ``h`` (its variance is about ``n sd^2``); independent
-z-scores of single points (W&B's ``MetricZScoreFilter``) fire on every excursion of a persistent
-series. ``k`` and ``h`` were chosen by simulation (``benchmarks/watch.py``, docs/TRACKING.md "A live
-watch"): at most 1 false alarm per 1,000 healthy steps under AR(1) noise up to ``phi = 0.9``, long
-memory up to ``d = 0.4``, and drift, and a doubling of the mismatch KL found within a few steps.
+- from the run's own first ``window`` points: a line fitted to ``z`` (its level at the window's end),
+  and the long-run sd of the residual around it;
+- or from a reference run (the other stack's baseline): its smoothed trajectory (a centred moving
+  median of ``z`` over ``window`` points), read at the watched point's step, and the long-run sd of
+  its residual around that trajectory.
 
-After a breach the next ``cooldown`` points raise none (one alert per episode): the CUSUM restarts
-from 0 after them, and an own-window band's level is their mean, so that a lasting shift becomes
-the new level and a passing one is forgotten. Everything
-after the band is pure Python, O(1) per point; the band itself is one long-run variance, computed
-once (numpy).
+The long-run sd (``long_run_sd``) is the watch's own estimate: the residual is winsorised at
+``CLIP`` robust sd (a spike in the window does not widen the band), then the equal-weighted cosine
+estimate over ``0.4 n^(2/3)`` cosines (about 8 on 100 points, Lazarus, Lewis, Stock & Watson 2018)
+is taken at the upper ``1 - SD_BOUND`` bound of its chi-square, never below the residual's own sd.
+The comparison's ``lrv.long_run_variance`` is not used here: its persistence check compares batch
+variances over as few as 4 batches, which on a 100-point window raises the estimate by up to 30
+times by chance (the batch ratio ``v`` of about 2 degrees of freedom enters as ``v^2.5``).
+
+Each new point is compared with its prediction — the band's level (own window), or the
+trajectory plus an offset (reference) — and its residual is standardised by the current scale and
+clipped at ``CLIP`` (one wild point adds at most ``CLIP - k``: a healthy spike that decays in a few
+steps is not an episode), ``r = clip((z - prediction) / scale, -CLIP, CLIP)``. Two one-sided
+CUSUMs accumulate it: ``S+ = max(0, S+ + r - k)``, ``S- = max(0, S- - r - k)``; a breach is
+``S > h`` in a watched direction. Scaling by the long-run sd (not the point-to-point sd) is what
+makes the sum of ``n`` autocorrelated residuals comparable to ``h``; independent z-scores of single
+points (W&B's ``MetricZScoreFilter``) fire on every excursion of a persistent series.
+
+While nothing is suspected (both CUSUMs below ``h / 2``), the band follows the run slowly:
+
+- the **level** (own window) moves towards each point by ``alpha`` (half-life ``HALF_LIFE``
+  points) of its residual, the residual limited to one scale in a watched direction (a drift is
+  followed; a jump, whose points are all beyond the band, moves it by at most ``alpha`` scale a
+  point, and is found long before it is absorbed); a fall in an "up" watch is followed at once;
+- the **scale** is never below the band's and widens with the run's own noise: the running mean
+  (half-life ``SCALE_HALF_LIFE``) of the squared clipped residuals, times the band's ratio of
+  long-run to point sd, where larger. A run whose KL sinks to the floor and then shows healthy
+  bursts back to its early level widens its band over those bursts instead of alarming on each.
+
+After a breach the next ``cooldown`` points raise none (one alert per episode): the CUSUMs restart
+from 0 after them, and the band re-centres on the series: the level (own window) or the
+trajectory's offset (reference) becomes the median of those points' ``z`` (their residuals from the
+trajectory), so a lasting shift, above a reference run or above the run's own past, is alerted once
+and is then the new level; a passing one is forgotten as the band follows again. Everything after
+the band is pure Python, O(1) per point; the band itself is computed once (numpy).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,23 +64,33 @@ K = 0.5
 """CUSUM allowance, in long-run sd: shifts below ``2 K`` sd are not chased."""
 H = 8.0
 """CUSUM decision threshold, in long-run sd (chosen by ``benchmarks/watch.py``)."""
+CLIP = 2.0
+"""Each standardised residual is clipped to ``[-CLIP, CLIP]`` before the CUSUM (and a reference
+window's residual winsorised there before its long-run sd): one point adds at most ``CLIP - K``."""
 WINDOW = 100
 """Default reference window, points."""
 MIN_WINDOW = 20
 """Fewest points a band is estimated from."""
 HALF_LIFE = 50.0
-"""Half-life (points) of the level and slope updates of an own-window band."""
+"""Half-life (points) of the level's updates of an own-window band."""
+SCALE_HALF_LIFE = 200.0
+"""Half-life (points) of the running mean of squared residuals that widens the scale."""
+FALL = 2.0
+"""A move away from the watched direction (a fall in an "up" watch) moves the level by up to this
+many scales times ``alpha`` a point (a move towards it by one)."""
+SCALE_CLIP = 5.0
+"""Residuals widen the running scale up to this many scales each."""
+RHO_MAX = 0.8
+"""Highest lag-1 autocorrelation the running scale's long-run factor ``sqrt((1 + rho) / (1 - rho))``
+uses (a factor of 3)."""
+ABS_TO_SD = math.sqrt(math.pi / 2.0)
+"""The sd of normal noise over its mean absolute value."""
 COOLDOWN = 30
-"""Points after a breach that raise none (one alert per episode): the CUSUM stays at 0 and an
-own-window band's level is the mean of these points after them, so a lasting shift is the new
-level, and a passing one is forgotten. A shift that starts within them is part of that episode."""
+"""Points after a breach that raise none (one alert per episode); the band then re-centres on them."""
 SD_BOUND = 0.25
 """The band's sd is the upper ``1 - SD_BOUND`` confidence bound of the long-run sd (its chi-square
-with the estimate's degrees of freedom): a reference window of 100 points estimates it from a few
-cosines, and an sd estimated low by chance would alarm all run long."""
-MAX_SD_RATIO = 5.0
-"""Cap of the band's sd, in residual sd: the long-run sd of AR(1) noise with ``phi = 0.92``; a few
-cosines of a 100-point window can estimate 30 times more by chance, which would blind the watch."""
+with the estimate's degrees of freedom): a reference window of 100 points estimates it from about
+8 cosines, and an sd estimated low by chance would alarm all run long."""
 MIN_SD = 1e-3
 """Floor of the band's sd on the log scale (a 0.1 % wobble); on the value scale, this fraction of
 the level's magnitude (plus 1e-12)."""
@@ -74,18 +102,20 @@ SCALES = ("log", "value")
 class Band:
     """The healthy band of one series on its watched scale (``scale``: "log" or "value").
 
-    ``level``: the predicted ``z`` at the last reference point; ``slope``: per point; ``sd``: the
-    long-run standard deviation of the residual (watched-scale units); ``points``: reference points;
-    ``long_memory``: the long-run variance found persistence at the window's scale (and widened for
-    it); ``trajectory``: a reference run's smoothed ``(steps, z levels)``, read at each step, or
-    empty for an own-window band (carried forward by Holt's smoothing)."""
+    ``level``: the predicted ``z`` at the last reference point; ``slope``: the fitted line's slope
+    per point (reported; predictions follow the run instead); ``sd``: the long-run standard deviation
+    of the residual (watched-scale units); ``points``: reference points; ``ratio``: long-run over
+    point sd of the residual (at least 1: widens the running scale); ``floor``: added to the value
+    before the log; ``trajectory``: a reference run's smoothed ``(steps, z levels)``, read at each
+    step, or empty for an own-window band."""
 
     level: float
     slope: float
     sd: float
     points: int
     scale: str = "log"
-    long_memory: bool = False
+    ratio: float = 1.0
+    floor: float = 0.0
     trajectory: tuple[tuple[int, ...], tuple[float, ...]] = field(default=((), ()), repr=False)
 
     def at(self, step: int) -> float:
@@ -93,8 +123,6 @@ class Band:
         steps, levels = self.trajectory
         if not steps:
             raise ValueError("this band has no reference trajectory")
-        import bisect
-
         i = bisect.bisect_left(steps, step)
         if i <= 0:
             return levels[0]
@@ -121,7 +149,9 @@ class Breach:
     direction: str
 
 
-def check_settings(*, scale: str, direction: str, window: int, k: float, h: float) -> None:
+def check_settings(
+    *, scale: str, direction: str, window: int, k: float, h: float, floor: float = 0.0
+) -> None:
     """ValueError naming the setting that is out of range."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r}: expected one of {SCALES}")
@@ -133,47 +163,68 @@ def check_settings(*, scale: str, direction: str, window: int, k: float, h: floa
         raise ValueError(f"k={k!r}: expected a finite number >= 0 (long-run sd)")
     if not (math.isfinite(h) and h > 0):
         raise ValueError(f"h={h!r}: expected a finite number > 0 (long-run sd)")
+    if not (math.isfinite(floor) and floor >= 0):
+        raise ValueError(f"floor={floor!r}: expected a finite number >= 0 (the value's units)")
 
 
-def watched(value: float, scale: str) -> float | None:
-    """``value`` on the watched scale; None where it has none (not finite; <= 0 on the log scale)."""
+def watched(value: float, scale: str, floor: float = 0.0) -> float | None:
+    """``value`` on the watched scale: ``log(value + floor)`` on the log scale, the value itself
+    otherwise; None where it has none (not finite; ``value + floor <= 0`` or ``value < 0`` on the log
+    scale)."""
     if not math.isfinite(value):
         return None
     if scale == "log":
-        return math.log(value) if value > 0 else None
+        if value < 0 or value + floor <= 0:
+            return None
+        return math.log(value + floor)
     return value
 
 
-def shown(z: float, scale: str) -> float:
+def shown(z: float, scale: str, floor: float = 0.0) -> float:
     """A watched-scale number back on the value's own scale."""
-    return math.exp(z) if scale == "log" else z
+    return max(math.exp(z) - floor, 0.0) if scale == "log" else z
 
 
-def _floor(sd: float, level: float, scale: str) -> float:
+def _floor_sd(sd: float, level: float, scale: str) -> float:
     if scale == "log":
         return max(sd, MIN_SD)
     return max(sd, MIN_SD * abs(level) + 1e-12)
 
 
-def _upper_sd(lrv: object, fallback: float) -> tuple[float, bool]:
-    """The upper confidence bound (``SD_BOUND``) of the long-run sd of one row's ``LongRunVariance``,
-    at least ``fallback`` (the residual's own sd: many degrees of freedom, and below the long-run sd
-    of a positively correlated series) and at most ``MAX_SD_RATIO`` times it, and whether it found
-    long memory."""
-    value, df = float(lrv.lrv[0]), float(lrv.df[0])  # type: ignore[attr-defined]
-    if not (math.isfinite(value) and value >= 0):
-        return fallback, False
-    if math.isfinite(df) and df > 0:
-        value *= df / chi2_quantile(SD_BOUND, df)
-    sd = min(max(math.sqrt(value), fallback), MAX_SD_RATIO * fallback) if fallback > 0 else math.sqrt(value)
-    return sd, bool(lrv.long_memory[0])  # type: ignore[attr-defined]
+def long_run_sd(residual: Sequence[float], degree: int) -> tuple[float, float]:
+    """``(long-run sd, point sd)`` of a reference window's residual (around a polynomial trend of
+    ``degree`` already removed; ``degree`` sets the cosines' correction): the residual winsorised at
+    ``CLIP`` robust sd (1.4826 median absolute deviations), then the equal-weighted cosine estimate
+    over ``0.4 n^(2/3)`` cosines (at least 4) at the upper ``1 - SD_BOUND`` bound of its chi-square,
+    never below the winsorised residual's own sd."""
+    import numpy as np
+    from cliptrack.compare.stats.cosines import cosine_coefficients, polynomial_overlap
+
+    e = np.asarray(residual, dtype=float)
+    n = e.size
+    centre = float(np.median(e))
+    robust = 1.4826 * float(np.median(np.abs(e - centre)))
+    if robust > 0:
+        e = np.clip(e, centre - CLIP * robust, centre + CLIP * robust)
+    e = e - e.mean()
+    point = float(np.std(e))
+    k = int(min(max(4, math.floor(0.4 * n ** (2.0 / 3.0))), n // 2 - degree - 1))
+    if k < 1 or point == 0:
+        return point, point
+    coef = cosine_coefficients(e, k)
+    b = polynomial_overlap(n, degree, k)  # the part of each cosine the trend took: tr(C) < k
+    bb = b @ b.T
+    tr = k - float(np.trace(bb))
+    tr2 = k - 2.0 * float(np.trace(bb)) + float(np.sum(bb * bb))
+    lrv, df = float(np.sum(coef * coef)) / tr, tr * tr / tr2
+    lrv *= df / chi2_quantile(SD_BOUND, df)
+    return max(math.sqrt(lrv), point), point
 
 
-def own_band(z: Sequence[float], scale: str = "log") -> Band:
+def own_band(z: Sequence[float], scale: str = "log", floor: float = 0.0) -> Band:
     """The band of a run's own reference window ``z`` (watched-scale values, in order): a line fitted
     by least squares, its level at the last point, and the long-run sd of the residual."""
     import numpy as np
-    from cliptrack.compare.stats.lrv import long_run_variance
 
     if len(z) < MIN_WINDOW:
         raise ValueError(f"a band needs at least {MIN_WINDOW} points, got {len(z)}")
@@ -181,20 +232,18 @@ def own_band(z: Sequence[float], scale: str = "log") -> Band:
     n = arr.size
     t = np.arange(n, dtype=float)
     slope, intercept = np.polyfit(t, arr, 1)
-    sd, memory = _upper_sd(
-        long_run_variance(arr, degree=1, floor=False), float(np.std(arr - (intercept + slope * t)))
-    )
+    sd, point = long_run_sd(arr - (intercept + slope * t), degree=1)
     level = float(intercept + slope * (n - 1))
-    return Band(level, float(slope), _floor(sd, level, scale), n, scale, memory)
+    ratio = sd / point if point > 0 else 1.0
+    return Band(level, float(slope), _floor_sd(sd, level, scale), n, scale, ratio, floor)
 
 
 def reference_band(
-    steps: Sequence[int], z: Sequence[float], window: int = WINDOW, scale: str = "log"
+    steps: Sequence[int], z: Sequence[float], window: int = WINDOW, scale: str = "log", floor: float = 0.0
 ) -> Band:
-    """The band of a reference run: its trajectory (a centred moving mean of ``z`` over ``window``
+    """The band of a reference run: its trajectory (a centred moving median of ``z`` over ``window``
     points, at each of its ``steps``) and the long-run sd of ``z`` around it."""
     import numpy as np
-    from cliptrack.compare.stats.lrv import long_run_variance
 
     if len(steps) != len(z):
         raise ValueError(f"reference steps ({len(steps)}) and values ({len(z)}) differ in length")
@@ -205,19 +254,20 @@ def reference_band(
     arr = np.asarray(z, dtype=float)[order]
     half = max(1, min(window, arr.size) // 2)
     padded = np.pad(arr, half, mode="edge")
-    kernel = np.ones(2 * half + 1) / (2 * half + 1)
-    smooth = np.convolve(padded, kernel, mode="valid")
+    smooth = np.median(np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1), axis=1)
     residual = arr - smooth
-    sd, memory = _upper_sd(long_run_variance(residual, degree=0, floor=False), float(np.std(residual)))
+    sd, point = long_run_sd(residual, degree=0)
     level = float(smooth[-1])
+    ratio = sd / point if point > 0 else 1.0
     trajectory = (tuple(int(x) for x in s), tuple(float(x) for x in smooth))
-    return Band(level, 0.0, _floor(sd, level, scale), int(arr.size), scale, memory, trajectory)
+    return Band(level, 0.0, _floor_sd(sd, level, scale), int(arr.size), scale, ratio, floor, trajectory)
 
 
 class Cusum:
     """The online rule for one series against ``band``: ``update(step, value)`` per point, O(1),
     returning a ``Breach`` or None. ``direction``: "up" (the mismatch KL rising), "down" or
-    "both"; ``k``, ``h`` in long-run sd; ``half_life`` of the level/slope updates (points)."""
+    "both"; ``k``, ``h`` in long-run sd; ``half_life`` of the level's updates (points);
+    ``cooldown``: points after a breach that raise none, over which the band re-centres."""
 
     def __init__(
         self,
@@ -228,61 +278,73 @@ class Cusum:
         h: float = H,
         half_life: float = HALF_LIFE,
         cooldown: int = COOLDOWN,
-        trend: bool = False,
     ) -> None:
-        check_settings(scale=band.scale, direction=direction, window=max(band.points, MIN_WINDOW), k=k, h=h)
+        check_settings(
+            scale=band.scale,
+            direction=direction,
+            window=max(band.points, MIN_WINDOW),
+            k=k,
+            h=h,
+            floor=band.floor,
+        )
         self.band = band
         self.direction = direction
         self.k = k
         self.h = h
         self.alpha = 1.0 - 0.5 ** (1.0 / half_life)
-        self.beta = self.alpha if trend else 0.0
+        self.gamma = 1.0 - 0.5 ** (1.0 / SCALE_HALF_LIFE)
         self.cooldown = cooldown
-        self.level = band.level
-        self.slope = band.slope if trend else 0.0
+        self.level = 0.0 if band.trajectory[0] else band.level
+        """The own band's level, or the offset added to a reference trajectory."""
+        self.sd = band.sd
+        """The current scale (long-run sd, watched-scale units): never below ``band.sd``."""
+        point = band.sd / band.ratio
+        rho = (band.ratio**2 - 1.0) / (band.ratio**2 + 1.0)
+        self._abs = point / ABS_TO_SD
+        """Running mean of the clipped residuals' absolute values (watched-scale units)."""
+        self._sq = point * point
+        self._cross = min(rho, RHO_MAX) * point * point
+        """Running means of the clipped residual's square and of its product with the previous one."""
+        self._last = 0.0
         self.up = 0.0
         self.down = 0.0
         self.index = 0
         self.quiet = 0
-        self._quiet_sum, self._quiet_n = 0.0, 0
+        self._quiet: list[float] = []
         self.breaches = 0
 
     def expected(self, step: int) -> float:
-        """The prediction for the next point (watched scale)."""
+        """The prediction for the point at ``step`` (watched scale)."""
         if self.band.trajectory[0]:
-            return self.band.at(step)
-        return self.level + self.slope
+            return self.band.at(step) + self.level
+        return self.level
 
     def update(self, step: int, value: float) -> Breach | None:
         """Take one logged point; a ``Breach`` when it completes one. A value without a watched-scale
-        reading (NaN, inf, <= 0 on the log scale) is skipped: it moves nothing."""
-        z = watched(value, self.band.scale)
+        reading (NaN, inf, a negative value on the log scale) is skipped: it moves nothing."""
+        z = watched(value, self.band.scale, self.band.floor)
         if z is None:
             return None
         index = self.index
         self.index += 1
-        own = not self.band.trajectory[0]
-        if self.quiet:  # after a breach: no CUSUM; the level is then the mean of these points
-            self.quiet -= 1
-            self._quiet_sum += z
-            self._quiet_n += 1
-            if own:
-                self.level = self._quiet_sum / self._quiet_n
-            return None
         predicted = self.expected(step)
-        r = (z - predicted) / self.band.sd
-        self.up = max(0.0, self.up + r - self.k)
-        self.down = max(0.0, self.down - r - self.k)
+        if self.quiet:  # after a breach: no CUSUM; the band re-centres on these points
+            self.quiet -= 1
+            self._quiet.append(z - predicted + self.level)
+            if not self.quiet:
+                ordered = sorted(self._quiet)
+                self.level = ordered[len(ordered) // 2]
+                self._quiet = []
+            return None
+        r = (z - predicted) / self.sd
+        clipped = max(-CLIP, min(CLIP, r))
+        self.up = max(0.0, self.up + clipped - self.k)
+        self.down = max(0.0, self.down - clipped - self.k)
         suspect = (self.direction != "down" and self.up >= 0.5 * self.h) or (
             self.direction != "up" and self.down >= 0.5 * self.h
         )
-        if own and not suspect:
-            level = self.level + self.slope
-            new_level = level + self.alpha * (z - level)
-            self.slope += self.beta * (new_level - self.level - self.slope)
-            self.level = new_level
-        elif own:
-            self.level += self.slope  # suspect: carried along its line, not pulled by the points
+        if not suspect:
+            self._follow(r)
         direction = self._crossed()
         if direction is None:
             return None
@@ -290,8 +352,26 @@ class Cusum:
         self.breaches += 1
         self.up = self.down = 0.0
         self.quiet = self.cooldown
-        self._quiet_sum, self._quiet_n = 0.0, 0
-        return Breach(index, step, value, shown(predicted, self.band.scale), statistic, direction)
+        self._quiet = []
+        return Breach(
+            index, step, value, shown(predicted, self.band.scale, self.band.floor), statistic, direction
+        )
+
+    def _follow(self, r: float) -> None:
+        """Move the level (own band) towards a healthy point and widen the scale by its residual ``r``
+        (standardised, unclipped)."""
+        if not self.band.trajectory[0]:
+            hi = 1.0 if self.direction != "down" else FALL
+            lo = -1.0 if self.direction != "up" else -FALL
+            self.level += self.alpha * max(lo, min(hi, r)) * self.sd
+        e = max(-SCALE_CLIP, min(SCALE_CLIP, r)) * self.sd
+        g = self.gamma
+        self._abs += g * (abs(e) - self._abs)
+        self._sq += g * (e * e - self._sq)
+        self._cross += g * (e * self._last - self._cross)
+        self._last = e
+        rho = min(max(self._cross / self._sq, 0.0), RHO_MAX) if self._sq > 0 else 0.0
+        self.sd = max(self.band.sd, math.sqrt(self._sq * (1.0 + rho) / (1.0 - rho)))
 
     def _crossed(self) -> str | None:
         """The watched direction whose CUSUM is past ``h``, if any."""
