@@ -68,20 +68,68 @@ def default_floor(key: str, scale: str) -> float:
     return FLOORS.get(key.partition(":")[0], 0.0) if scale == "log" else 0.0
 
 
+STORES = {"jsonl:": "jsonl_dir", "csv:": "csv_dir", "wandb:": "wandb_dir"}
+"""A reference's store prefix -> the ``load_runs`` keyword it names; any other store text before
+``#`` is an MLflow tracking URI (``sqlite:///mlflow.db``, ``http://host:5000``)."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A reference run in any store ``cliptrack.load_runs`` reads: ``run`` (an id or a run name, as
+    ``load_runs`` takes it) and ``store``, its keywords as ``(name, value)`` pairs
+    (``(("tracking_uri", "sqlite:///mlflow.db"),)``, ``(("jsonl_dir", "spool"),)``,
+    ``(("wandb_dir", "wandb"),)``). The string form is ``STORE#RUN``: ``sqlite:///mlflow.db#RUN_ID``
+    (an MLflow tracking URI), ``jsonl:DIR#RUN``, ``csv:DIR#RUN``, ``wandb:DIR#RUN``."""
+
+    run: str
+    store: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> RunRef:
+        """The reference ``STORE#RUN`` names (ValueError without a ``#`` or a run)."""
+        store, sep, run = text.rpartition("#")
+        if not sep or not store or not run:
+            raise ValueError(
+                f"reference {printable(text)!r}: expected STORE#RUN (sqlite:///mlflow.db#RUN_ID)"
+            )
+        for prefix, keyword in STORES.items():
+            if store.startswith(prefix):
+                return cls(run, ((keyword, store[len(prefix) :]),))
+        return cls(run, (("tracking_uri", store),))
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{k}={v}" for k, v in self.store)
+        return f"{self.run} ({where})" if where else self.run
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """The run's ``(steps, values)`` of ``key``, read through ``load_runs``."""
+        from cliptrack.backends.load import load_runs
+
+        runset = load_runs([self.run], **dict(self.store))
+        label = runset.labels[0]
+        wide = runset.wide(label)
+        if key not in wide.columns:
+            return [], []
+        column = wide[key].dropna()
+        return [int(s) for s in column.index], [float(v) for v in column.to_numpy()]
+
+
 @dataclass(frozen=True)
 class Watch:
     """One watched series.
 
     ``key``: the metric key (``kl_k3:mean``); ``reference``: None for the run's own first ``window``
-    points, else a reference run: its run directory (``<spool>/<run id>``), or its values (a sequence,
-    one per point, or a mapping step -> value); ``window``: points of the reference window, and of
+    points, else a reference run: a ``RunRef`` (or its string form ``STORE#RUN``, e.g.
+    ``sqlite:///mlflow.db#RUN_ID``: any store ``load_runs`` reads), its spool run directory
+    (``<spool>/<run id>``), or its values (a sequence, one per point, or a mapping step -> value);
+    ``window``: points of the reference window, and of
     a reference run's smoothing; ``direction``: "up", "down" or "both"; ``scale``: "log" (positive
     series: KL, fractions) or "value"; ``k``, ``h``: the CUSUM's allowance and threshold in long-run
     sd; ``floor``: on the log scale the series is ``log(x + floor)`` (None: the quantity's floor,
     ``FLOORS``, else 0); ``on_breach``: called with each ``Alert`` on the watch thread."""
 
     key: str
-    reference: str | os.PathLike[str] | Sequence[float] | Mapping[int, float] | None = None
+    reference: RunRef | str | os.PathLike[str] | Sequence[float] | Mapping[int, float] | None = None
     window: int = rule.WINDOW
     direction: str = "up"
     scale: str = "log"
@@ -114,6 +162,10 @@ class Watch:
         """Where the band comes from, for humans."""
         if self.reference is None:
             return f"the run's first {self.window} points"
+        if isinstance(self.reference, RunRef):
+            return f"reference run {printable(str(self.reference))}"
+        if isinstance(self.reference, str) and "#" in self.reference:
+            return f"reference run {printable(str(RunRef.parse(self.reference)))}"
         if isinstance(self.reference, (str, os.PathLike)):
             return f"reference run {printable(os.fspath(self.reference))}"
         return f"{len(self.reference)} reference values"
@@ -184,11 +236,19 @@ def watches(given: Watch | str | Iterable[Watch | str] | None) -> list[Watch]:
 
 
 def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
-    """The reference run's ``(steps, values)`` of the watched key: read from its run directory
-    (its journal), or the values given (steps 0, 1, ... for a sequence)."""
+    """The reference run's ``(steps, values)`` of the watched key: read through ``load_runs`` (a
+    ``RunRef`` or ``STORE#RUN``), from its spool run directory (its journal), or the values given
+    (steps 0, 1, ... for a sequence)."""
     ref = watch.reference
     if ref is None:
         raise ValueError(f"watch {watch.key}: no reference run")
+    if isinstance(ref, str) and "#" in ref:
+        ref = RunRef.parse(ref)
+    if isinstance(ref, RunRef):
+        try:
+            return ref.series(watch.key)
+        except (KeyError, LookupError, OSError, ValueError) as exc:
+            raise ValueError(f"watch {watch.key}: reference {watch.source}: {printable(str(exc))}") from None
     if isinstance(ref, (str, os.PathLike)):
         path = Path(ref)
         points_path = path / "points.jsonl" if path.is_dir() else path

@@ -242,7 +242,7 @@ def reference_band(
     steps: Sequence[int], z: Sequence[float], window: int = WINDOW, scale: str = "log", floor: float = 0.0
 ) -> Band:
     """The band of a reference run: its trajectory (a centred moving median of ``z`` over ``window``
-    points, at each of its ``steps``) and the long-run sd of ``z`` around it."""
+    points, fewer at its ends, at each of its ``steps``) and the long-run sd of ``z`` around it."""
     import numpy as np
 
     if len(steps) != len(z):
@@ -253,8 +253,7 @@ def reference_band(
     s = np.asarray(steps, dtype=np.int64)[order]
     arr = np.asarray(z, dtype=float)[order]
     half = max(1, min(window, arr.size) // 2)
-    padded = np.pad(arr, half, mode="edge")
-    smooth = np.median(np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1), axis=1)
+    smooth = np.array([np.median(arr[max(0, i - half) : i + half + 1]) for i in range(arr.size)])
     residual = arr - smooth
     sd, point = long_run_sd(residual, degree=0)
     level = float(smooth[-1])
@@ -361,8 +360,7 @@ class Cusum:
         """Move the level (own band) towards a healthy point and widen the scale by its residual ``r``
         (standardised, unclipped)."""
         if not self.band.trajectory[0]:
-            hi = 1.0 if self.direction != "down" else FALL
-            lo = -1.0 if self.direction != "up" else -FALL
+            hi, lo = CLIP, -CLIP
             self.level += self.alpha * max(lo, min(hi, r)) * self.sd
         e = max(-SCALE_CLIP, min(SCALE_CLIP, r)) * self.sd
         g = self.gamma
