@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     )
     from cliptrack.backends.csv.reader import load_csv
     from cliptrack.backends.jsonl.reader import load_jsonl
-    from cliptrack.backends.load import load_runs
+    from cliptrack.backends.load import load_runs, load_worst
     from cliptrack.backends.mlflow.reader import load_mlflow
     from cliptrack.backends.wandb.reader import load_wandb_offline, load_wandb_online
 
@@ -99,6 +99,7 @@ __all__ = [
     "load_runs",
     "load_wandb_offline",
     "load_wandb_online",
+    "load_worst",
     "make_sink",
     "register_backend",
     "register_sink",
@@ -119,6 +120,7 @@ _HOMES = {
     "load_jsonl": "cliptrack.backends.jsonl.reader",
     "load_mlflow": "cliptrack.backends.mlflow.reader",
     "load_runs": "cliptrack.backends.load",
+    "load_worst": "cliptrack.backends.load",
     "load_wandb_offline": "cliptrack.backends.wandb.reader",
     "load_wandb_online": "cliptrack.backends.wandb.reader",
 }

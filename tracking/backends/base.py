@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cliptrack.core.worst import Worst
 from cliptrack.store.records import (
     EXIT_CODES,
     FAILED,
@@ -103,7 +104,8 @@ class Sink(ABC):
     ``check_key`` (refuse a key at ``log`` time), ``settings`` (what replay needs to reach the
     backend before the run was ever opened), ``log_config`` (config added mid-run),
     ``attributes`` / ``send_attributes`` (params and tags, sent until acknowledged),
-    ``alert`` (a live watch's breach, through the backend's own mechanism), ``delivered`` (what the backend really holds, read back after a crash).
+    ``alert`` (a live watch's breach, through the backend's own mechanism), ``log_worst`` (a step's
+    worst sequences as a table), ``delivered`` (what the backend really holds, read back after a crash).
     """
 
     name: str = ""
@@ -144,6 +146,13 @@ class Sink(ABC):
         """Raise ``alert`` (a live watch's breach) through the backend's own mechanism (W&B:
         ``run.alert``; MLflow: a tag and a metric). Called on the sink's lane thread while the run is
         open; a failure only warns. Default: nothing (the stderr line is the tracker's)."""
+
+    def log_worst(self, worst: Worst) -> None:  # noqa: B027 - optional hook
+        """Log a step's worst sequences (``cliptrack.core.worst.Worst``) as a table of
+        ``cliptrack.store.worst.TABLE_COLUMNS`` at ``worst.step`` (W&B: a ``wandb.Table``; MLflow: a
+        JSON artifact). Called on the sink's lane thread while the run is open; a failure is retried
+        with the lane's next work and at close, then reported (``worst.jsonl`` keeps every table).
+        Default: nothing (the run directory's ``worst.jsonl`` is the tracker's)."""
 
     def attributes(self, run: RunInfo) -> dict[str, str]:
         """The params and tags this backend should hold for ``run`` beside its points: name ->

@@ -11,15 +11,17 @@ Reading never writes (``preflight``).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from typing import Any
 
 from cliptrack.backends.catalog import RunNotFoundError
 from cliptrack.backends.options import choose_backend
-from cliptrack.backends.registry import resolve
-from cliptrack.compare.frame import RunSet
+from cliptrack.backends.registry import BACKENDS, resolve
+from cliptrack.compare.frame import LoadedRun, RunSet
+from cliptrack.core.worst import Worst
 
-__all__ = ["RunNotFoundError", "load_runs"]
+__all__ = ["RunNotFoundError", "load_runs", "load_worst"]
 
 
 def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
@@ -36,3 +38,21 @@ def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
     found, own = choose_backend(refs, store)
     runset: RunSet = resolve(found, "reader")(refs, **own)
     return runset
+
+
+def load_worst(runs: RunSet | LoadedRun) -> dict[str, list[Worst]]:
+    """The worst-sequence tables each run logged (``Tracker.log_worst``), by run label, one table per
+    step (the last logged), by step; ``[]`` for a run that logged none or whose store cannot hold
+    them. Read by the ``read_worst(run)`` function beside the backend's reader (JSONL: the run's
+    ``worst.jsonl``; MLflow: its ``worst_sequences/`` artifacts; W&B: the tables in its run files);
+    a backend without one has none."""
+    loaded = [runs] if isinstance(runs, LoadedRun) else list(runs.runs)
+    out: dict[str, list[Worst]] = {}
+    for run in loaded:
+        declared = BACKENDS.get(run.source)
+        target = None if declared is None else declared.reader
+        read = None
+        if isinstance(target, str):
+            read = getattr(importlib.import_module(target.partition(":")[0]), "read_worst", None)
+        out[run.display] = list(read(run)) if read is not None else []
+    return out

@@ -94,7 +94,9 @@ from cliptrack.log.limits import Limits
 from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank, rank_zero_only
 from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
 from cliptrack.log.watch import Watch, Watcher, watches
+from cliptrack.log.worst import WorstLog
 from cliptrack.store import journal
+from cliptrack.store import worst as worst_store
 from cliptrack.store.records import FINISHED, KILLED, RUNNING, RunInfo, check_run_id
 from cliptrack.store.spool import Ack, Journal, RunDir
 from cliptrack.store.stamps import StepClock
@@ -255,6 +257,7 @@ class Tracker:
         chosen = watches(watch)  # bad watch settings or reference runs fail before the run is opened
         self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
         self._watcher: Watcher | None = None
+        self._worst_log: WorstLog | None = None
         if chosen:
             try:
                 self._watcher = Watcher(chosen, self.run_dir, self._alert)
@@ -407,6 +410,30 @@ class Tracker:
         if self._watcher is not None:
             self._watcher.offer(step, values)
 
+    def log_worst(self, step: int, worst: Any) -> None:
+        """Record ``worst``, a step's worst sequences (``cliptrack.core.worst.Worst`` of ``step``):
+        a line of the run directory's ``worst.jsonl``, a W&B table (``worst_sequences`` at the step),
+        an MLflow artifact (``worst_sequences/step_000012.json``); ``cliptrack.store.worst``.
+
+        Checks on the calling thread (TypeError for anything but a ``Worst``, ValueError naming the
+        step for a step mismatch or a bad value; nothing logged before is affected), then hands the
+        table to a thread of its own (``cliptrack.log.worst``): never waits on the disk or a sink."""
+        if self._closed:
+            raise self._closed_error(step)
+        if not self.owner.is_current():
+            self._warn_foreign("log_worst")
+            return
+        step = self._check_step(step)
+        table = worst_store.checked(step, worst)
+        if self._worst_log is None:
+            self._worst_log = WorstLog(self.run_dir, self._deliver_worst)
+        self._worst_log.offer(table)
+
+    def _deliver_worst(self, worst: Any) -> None:
+        """A step's worst sequences to every remote sink (logged on its lane thread)."""
+        for lane in self._lanes:
+            lane.offer_worst(worst)
+
     def _alert(self, alert: Alert) -> None:
         """A watch's alert to every remote sink (raised on its lane thread)."""
         for lane in self._lanes:
@@ -496,6 +523,8 @@ class Tracker:
         try:
             if self._watcher is not None:  # its last alerts reach the lanes before they stop
                 self._watcher.stop(min(timeout, DISK_DRAIN_S))
+            if self._worst_log is not None:  # its last tables too
+                self._worst_log.stop(max(DISK_DRAIN_S, timeout))
             writing = self._drain(time.monotonic() + timeout, timeout)
             if not writing:
                 self.journal.close()
@@ -563,6 +592,10 @@ class Tracker:
                 f"{printable(writer.journal_error or 'stalled')}), {writer.lost_points()} of them "
                 "written nowhere (lost)"
             )
+        if self._worst_log is not None and self._worst_log.unwritten:
+            parts.append(
+                f"{self._worst_log.unwritten} worst-sequence tables NOT in worst.jsonl (the disk refused them)"
+            )
         behind = False
         for lane in self._lanes:
             parts.append(self._lane_summary(lane))
@@ -585,6 +618,8 @@ class Tracker:
         lost = f", {lane.lost_points} points in no journal missed" if lane.lost_points else ""
         params = lane.params_summary()
         tail = (f", {refused}" if refused else "") + lost + (f", {params}" if params else "")
+        if lane.worst_pending:
+            tail += f", {lane.worst_pending} worst-sequence tables not taken (they are in worst.jsonl)"
         healthy = lane.state in (LaneState.OK, LaneState.CLOSED)
         if pending == 0 and healthy and not lane.lost_points:
             if not params:

@@ -10,10 +10,12 @@ import numpy as np
 from cliptrack.backends.catalog import choose_runs
 from cliptrack.backends.jsonl.listing import spool_entry
 from cliptrack.compare.frame import Columns, LoadedRun, MetricCodes, RunSet
+from cliptrack.core.worst import Worst
 from cliptrack.store import journal
+from cliptrack.store import worst as worst_store
 from cliptrack.store.spool import RunDir, spool_runs
 
-__all__ = ["load_jsonl", "read"]
+__all__ = ["load_jsonl", "read", "read_worst"]
 
 
 def _jsonl_runs(directory: Path) -> list[RunDir]:
@@ -58,6 +60,13 @@ def _spool_columns(run_dir: RunDir) -> Columns:
         MetricCodes(np.frombuffer(cols.code, dtype=np.int32), np.asarray(cols.names, dtype=object)),
         np.frombuffer(cols.value, dtype=np.float64),
     )
+
+
+def read_worst(run: LoadedRun) -> list[Worst]:
+    """A spool run's worst-sequence tables (its ``worst.jsonl``), one per step (the last logged),
+    by step; ``[]`` when it logged none."""
+    run_dir = RunDir(run.location, run.run.run_id)
+    return worst_store.latest_per_step(worst_store.read_worst_file(run_dir.path))
 
 
 def read(refs: Sequence[str], *, jsonl_dir: str | Path) -> RunSet:

@@ -6,7 +6,9 @@ Reading never writes: the store is checked first (``preflight``).
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -20,9 +22,11 @@ from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
 from cliptrack.compare.aliases import canonical_points, needs_aliases
 from cliptrack.compare.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.core import keys
+from cliptrack.core.worst import Worst
+from cliptrack.store import worst as worst_store
 from cliptrack.store.records import RunInfo
 
-__all__ = ["load_mlflow", "mlflow_run_info", "read"]
+__all__ = ["load_mlflow", "mlflow_run_info", "read", "read_worst"]
 
 
 def _mlflow_quote(value: str) -> str:
@@ -192,6 +196,30 @@ def _points_of(columns: Columns) -> list[Point]:
         by_step.setdefault(int(step), {})[str(name)] = float(value)
         wall[int(step)] = max(wall.get(int(step), -math.inf), float(when))
     return [Point(step, wall[step], metrics) for step, metrics in sorted(by_step.items())]
+
+
+def read_worst(run: LoadedRun) -> list[Worst]:
+    """An MLflow run's worst-sequence tables (its ``worst_sequences/step_*.json`` artifacts), by
+    step; ``[]`` when it logged none. The directory is downloaded once, to a temporary directory."""
+    from mlflow.tracking import MlflowClient
+
+    with bounded_requests(reads=True):
+        client = MlflowClient(tracking_uri=run.location or None)
+        listed = client.list_artifacts(run.run.run_id, worst_store.ARTIFACT_DIR)
+        if not any(worst_store.artifact_step(f.path) is not None for f in listed):
+            return []
+        with tempfile.TemporaryDirectory() as tmp:
+            local = client.download_artifacts(run.run.run_id, worst_store.ARTIFACT_DIR, tmp)
+            tables = []
+            for f in listed:
+                step = worst_store.artifact_step(f.path)
+                if step is None:
+                    continue
+                name = f.path.rsplit("/", 1)[-1]
+                with open(f"{local}/{name}", encoding="utf-8") as fh:
+                    table = json.load(fh)
+                tables.append(worst_store.from_rows(table["columns"], table["data"], step))
+    return worst_store.latest_per_step(tables)
 
 
 def read(refs: Sequence[str], *, tracking_uri: str | None = None, experiment: str | None = None) -> RunSet:

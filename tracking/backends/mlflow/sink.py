@@ -49,6 +49,8 @@ from cliptrack.backends.base import Alert, Sink, SinkError, SinkRejected
 from cliptrack.backends.mlflow import _compat as compat
 from cliptrack.core import keys, secrets
 from cliptrack.core.text import printable
+from cliptrack.core.worst import Worst
+from cliptrack.store import worst as worst_store
 from cliptrack.store.params import PARAM, TAG
 from cliptrack.store.records import Point, RunInfo
 from cliptrack.store.stamps import millisecond
@@ -357,6 +359,21 @@ class MlflowSink(Sink):
                 self._client.log_batch(self.mlflow_run_id, metrics=[metric], tags=[tag], synchronous=True)
         except Exception as exc:
             raise _classify(exc, f"MLflow alert to {self.tracking_uri} failed") from exc
+
+    def log_worst(self, worst: Worst) -> None:
+        """A step's worst sequences as the artifact ``worst_store.artifact_path(step)``: MLflow's
+        table layout (``{"columns": [...], "data": [...]}``) written with ``log_dict``, which replaces
+        the file, so a table sent again (a retry) stays one table. ``log_table`` is not used: it
+        appends to an existing file (a retry would double the rows) and lists every file in one run
+        tag, which a long run would outgrow."""
+        if self._client is None or self.mlflow_run_id is None:
+            raise SinkError("MLflow run is not open")
+        table = {"columns": list(worst_store.TABLE_COLUMNS), "data": worst_store.table_rows(worst)}
+        try:
+            with compat.bounded_requests():
+                self._client.log_dict(self.mlflow_run_id, table, worst_store.artifact_path(worst.step))
+        except Exception as exc:
+            raise _classify(exc, f"MLflow artifact to {self.tracking_uri} failed") from exc
 
     def close(self, status: str) -> None:
         if self._client is None or self.mlflow_run_id is None:

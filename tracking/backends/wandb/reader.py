@@ -9,6 +9,7 @@ lists W&B runs as it lists MLflow's and a name matching several runs takes the l
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -21,9 +22,18 @@ from cliptrack.backends.wandb import _compat as compat_wandb
 from cliptrack.compare.aliases import canonical_points, foreign_step
 from cliptrack.compare.frame import LoadedRun, Point, RunSet
 from cliptrack.core import keys
+from cliptrack.core.worst import Worst
+from cliptrack.store import worst as worst_store
 from cliptrack.store.records import EXIT_CODES, FAILED, RUNNING, RunInfo
 
-__all__ = ["load_wandb_offline", "load_wandb_online", "read", "wandb_run_files", "wandb_run_info"]
+__all__ = [
+    "load_wandb_offline",
+    "load_wandb_online",
+    "read",
+    "read_worst",
+    "wandb_run_files",
+    "wandb_run_info",
+]
 
 _SKIP_WANDB_KEYS = frozenset({keys.WANDB_STEP_METRIC, keys.WANDB_WALL_TIME})
 
@@ -124,14 +134,25 @@ def _history_point(row: dict[str, Any]) -> Point | None:
     wall = _numeric(row.get(keys.WANDB_WALL_TIME))
     if wall is None:
         wall = _numeric(row.get("_timestamp"))
+    media = _media(row)
     metrics = {}
     for key, value in row.items():
         if key.startswith("_") or key in _SKIP_WANDB_KEYS or key in keys.FOREIGN_STEP_COLUMNS:
             continue
+        if key.partition(compat_wandb.NESTED_KEY_SEPARATOR)[0] in media:
+            continue  # a table's or an image's own fields (size, nrows, ...), no metric
         number = _numeric(value)
         if number is not None:
             metrics[key] = number
+    if media and not metrics:
+        return None  # a row of media only (a worst-sequences table): no point of the run
     return Point(int(step), wall if wall is not None else float("nan"), metrics)
+
+
+def _media(row: dict[str, Any]) -> set[str]:
+    """The keys of a history row holding W&B media (a table, an image: ``<key>._type`` is set)."""
+    suffix = compat_wandb.NESTED_KEY_SEPARATOR + "_type"
+    return {k[: -len(suffix)] for k, v in row.items() if k.endswith(suffix) and isinstance(v, str)}
 
 
 def wandb_run_files(directory: str | Path) -> list[Path]:
@@ -232,6 +253,28 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
         info = wandb_run_info(run.id, run.name, backend, config)
         items.append((LoadedRun(info, source="wandb", location=path, approximate=approximate), points))
     return RunSet.from_points(items)
+
+
+def read_worst(run: LoadedRun) -> list[Worst]:
+    """A W&B run's worst-sequence tables read from its run files on disk (every segment of a resumed
+    run): each history row's ``worst_sequences`` table file, by step; ``[]`` when it logged none, and
+    for a run read through the public API (not read from there)."""
+    location = Path(run.location)
+    if not location.is_dir():
+        return []
+    files = compat_wandb.run_files(location.parent.parent, run.run.run_id) or wandb_run_files(location)
+    tables = []
+    key = worst_store.WANDB_KEY + compat_wandb.NESTED_KEY_SEPARATOR
+    for path in files:
+        for row in compat_wandb.history_rows(path, strict=True):
+            if row.get(key + "_type") != "table-file":
+                continue
+            table = json.loads((path.parent / "files" / str(row[key + "path"])).read_text(encoding="utf-8"))
+            step = _numeric(row.get(keys.WANDB_STEP_METRIC))
+            tables.append(
+                worst_store.from_rows(table["columns"], table["data"], None if step is None else int(step))
+            )
+    return worst_store.latest_per_step(tables)
 
 
 def read(refs: Sequence[str], *, wandb_dir: str | Path | None = None, wandb_api: Any = None) -> RunSet:

@@ -32,6 +32,8 @@ from cliptrack.backends.base import Alert, PartialWrite, Sink, SinkError, exit_c
 from cliptrack.backends.wandb import _compat as compat
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact_value
+from cliptrack.core.worst import Worst
+from cliptrack.store import worst as worst_store
 from cliptrack.store.records import Point, RunInfo
 
 DEFAULT_PROJECT = "cliptrack"
@@ -180,6 +182,18 @@ class WandbSink(Sink):
         if self.run is None:
             raise SinkError("W&B run is not open")
         self.run.alert(title=alert.title[:63], text=alert.text, level=alert.level)
+
+    def log_worst(self, worst: Worst) -> None:
+        """A step's worst sequences as a ``wandb.Table`` (``worst_store.TABLE_COLUMNS``) under
+        ``worst_store.WANDB_KEY`` at the trainer step. The row carries no wall time, so ``delivered``
+        (which matches rows to journal points) never takes it for a point; offline, the table is a
+        file of the run's ``files/media/table`` that ``wandb sync`` uploads."""
+        import wandb
+
+        if self.run is None:
+            raise SinkError("W&B run is not open")
+        table = wandb.Table(columns=list(worst_store.TABLE_COLUMNS), data=worst_store.table_rows(worst))
+        self.run.log({keys.WANDB_STEP_METRIC: worst.step, worst_store.WANDB_KEY: table})
 
     def close(self, status: str) -> None:
         if self.run is None:

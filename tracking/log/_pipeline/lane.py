@@ -24,6 +24,7 @@ from typing import Any
 
 from cliptrack.backends.base import Alert, Sink, SinkError
 from cliptrack.core.text import printable
+from cliptrack.core.worst import Worst
 from cliptrack.log._pipeline.acks import AckBook
 from cliptrack.log._pipeline.delivery import Backlog, Batch, Refusals, Sender, rejected
 from cliptrack.store.params import ParamBook
@@ -127,8 +128,14 @@ class SinkLane:
         self._warned = False
         self._configs: deque[dict[str, Any]] = deque()
         self._alerts: deque[Alert] = deque()
+        self._worst_warned = False
         self.alerts_sent = 0
         """Alerts (a live watch's breaches) this lane's sink has taken."""
+        self._worst: deque[Worst] = deque()
+        self._worst_failed: list[Worst] = []
+        """Tables the sink failed to take: tried again with the lane's next work and before close."""
+        self.worst_sent = 0
+        """Tables of worst sequences this lane's sink has taken."""
         if state is None:  # so that replay can reach a sink that never opened
             run_dir.update_meta(sinks={self.name: {**sink.settings(), "closed": False}})
         self._thread = threading.Thread(target=self._run, name=f"cliptrack-{self.name}", daemon=True)
@@ -194,8 +201,48 @@ class SinkLane:
                     "%s did not take the alert %r: %s", self.name, printable(alert.title), printable(exc)
                 )
 
+    def offer_worst(self, worst: Worst) -> None:
+        """Queue a step's worst sequences; logged on the lane thread before the next batch."""
+        with self._cond:
+            self._worst.append(worst)
+            self._cond.notify()
+
+    @property
+    def worst_pending(self) -> int:
+        """Tables of worst sequences offered that the sink has not taken (yet)."""
+        with self._cond:
+            return len(self._worst) + len(self._worst_failed)
+
+    def _apply_worst(self) -> None:
+        """Log the tables that failed before, then the queued ones, in order; at the first failure
+        the rest wait for the lane's next work (one warning per run of failures)."""
+        with self._cond:
+            todo = self._worst_failed + list(self._worst)
+            self._worst_failed = []
+            self._worst.clear()
+        for index, worst in enumerate(todo):
+            try:
+                self.sink.log_worst(worst)
+            except Exception as exc:  # noqa: BLE001 - a table never stops the metrics
+                with self._cond:
+                    self._worst_failed = todo[index:] + self._worst_failed
+                if not self._worst_warned:
+                    self._worst_warned = True
+                    LOG.warning(
+                        "%s did not take the worst sequences of step %d: %s (kept in %s; tried again)",
+                        self.name,
+                        worst.step,
+                        printable(exc),
+                        printable(self.run_dir.path),
+                    )
+                return
+            self.worst_sent += 1
+            self._worst_warned = False
+
     def _apply_configs(self) -> None:
         self._apply_alerts()
+        if self._worst or self._worst_failed:
+            self._apply_worst()
         while self._configs:
             config = self._configs.popleft()
             self.run.config.update(config)
@@ -294,6 +341,8 @@ class SinkLane:
             self.run_dir.unlock_sink(self.name)
 
     def _close_sink(self) -> None:
+        if self._worst or self._worst_failed:  # the last tables (and those that failed) before the run ends
+            self._apply_worst()
         try:
             self.sink.close(self._status or FINISHED)
             self.closed_cleanly = True
@@ -425,7 +474,14 @@ class SinkLane:
             if self._from_journal and self.acks.current.offset >= self._journal_end.offset:
                 self._from_journal = False  # caught up from the journal: back to memory batches
             self._queue.drop_acknowledged(self.acks.current.offset)
-            if self._queue or self._from_journal or self._configs or self._alerts or self._params_due:
+            if (
+                self._queue
+                or self._from_journal
+                or self._configs
+                or self._alerts
+                or self._worst
+                or self._params_due
+            ):
                 break
             if self._stopping:
                 return False
