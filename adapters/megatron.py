@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from cliptrack.adapters._compat import megatron as megatron_compat
 from cliptrack.adapters.losses import formulas
+from cliptrack.adapters.losses import worst as worst_rows
 from cliptrack.adapters.losses.builtin import (
     CISPO_CLIP_HIGH,
     CISPO_CLIP_LOW,
@@ -67,6 +69,7 @@ from cliptrack.adapters.losses.builtin import (
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.adapters.miles.runtime import datum_outputs
 from cliptrack.core import keys, measures
+from cliptrack.core.worst import COLUMNS, CRITERIA, DEFAULT_K, Worst
 from torch import Tensor
 
 __all__ = [
@@ -74,12 +77,14 @@ __all__ = [
     "PACKED_FIELDS",
     "REPORT_INVALID",
     "LossFunc",
+    "ReducedStep",
     "broadcast_from_last_stage",
     "make_loss_func",
     "merge_packed",
     "merged_sums",
     "output_from_sums",
     "reduce_losses",
+    "reduce_step",
     "report_of",
     "sum_reports",
 ]
@@ -94,6 +99,12 @@ REPORT_PROBE = "cliptrack/probe"
 """Private report key (``probe``): present when the per-datum outputs carry the probe's fields."""
 REPORT_CLIP_SIDES = "cliptrack/clip_sides"
 """Private report key (``probe``, ppo/cispo): per-token clip sides, ``[sequences, tokens]`` int8."""
+REPORT_SEQUENCES = "cliptrack/sequences"
+"""Private report key (``sequences``): one gauge row per sequence, ``[sequences, WIDTH]`` float64
+(:func:`cliptrack.adapters.losses.worst.sequence_rows`)."""
+REPORT_POSITIONS = "cliptrack/positions"
+"""Private report key (``sequences`` with ``token_positions``): present when the rows' worst-token
+positions are positions in the whole sequence (needed under context parallelism)."""
 
 _SUMMED = "summed over micro-batches and ranks"
 _THRESHOLDS = {"ppo": (PPO_CLIP_LOW, PPO_CLIP_HIGH), "cispo": (CISPO_CLIP_LOW, CISPO_CLIP_HIGH)}
@@ -135,6 +146,9 @@ def make_loss_func(
     output_to_logprobs: Callable[[Tensor], Tensor] | None = None,
     datum_outputs: bool = False,
     probe: bool = False,
+    sequences: bool = False,
+    datum_ids: Tensor | None = None,
+    token_positions: Tensor | None = None,
 ) -> LossFunc:
     """Build the loss function of one micro-batch for a Megatron-Core ``forward_step_func``.
 
@@ -167,6 +181,15 @@ def make_loss_func(
     ``ppo``/``cispo``, its per-token ``clip_sides`` (a paired probe's fields,
     :func:`cliptrack.compare.probe.compare_outputs`). Each datum costs one more loss call on
     detached tensors, so both are off by default; the loss, its gradient and the metrics are the same.
+
+    ``sequences=True`` (a loss with sampling log-probs, ``[sequences, tokens]`` inputs): the report
+    also carries one gauge row per sequence (:func:`cliptrack.adapters.losses.worst.sequence_rows`,
+    detached, on device, no sync), from which :func:`reduce_step` finds the step's worst sequences.
+    ``datum_ids``: ``[sequences]`` integer ids of the micro-batch's sequences, unique in the step
+    (e.g. each sample's index in the global batch; default ``0, 1, ...``, which only a step of one
+    micro-batch on one rank keeps unique). ``token_positions``: ``[sequences, tokens]`` positions
+    of the tokens in their whole sequence (Megatron's ``position_ids``), needed under context
+    parallelism, where a rank holds slices of each sequence.
     """
     spec = loss_spec(loss_fn)
     if spec is None and not callable(loss_fn):
@@ -181,6 +204,7 @@ def make_loss_func(
         spec.check_arguments(inputs, config)
     if output_to_logprobs is not None and not callable(output_to_logprobs):
         raise TypeError(f"output_to_logprobs must be callable, got {type(output_to_logprobs).__name__}")
+    _check_sequences(spec, name, sequences, datum_ids, token_positions)
 
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logprobs = output_tensor if output_to_logprobs is None else output_to_logprobs(output_tensor)
@@ -192,10 +216,49 @@ def make_loss_func(
         report = report_of(out)
         if datum_outputs or probe:
             report.update(_datum_report(fn, name, logprobs, inputs, config, probe))
+        if sequences:
+            report.update(_sequence_report(logprobs, inputs, datum_ids, token_positions))
         return out.loss, out.loss_tokens, report
 
     loss_func.__name__ = f"{name}_loss_func"
     return loss_func
+
+
+def _check_sequences(
+    spec: LossSpec | None,
+    name: str,
+    sequences: bool,
+    datum_ids: Tensor | None,
+    token_positions: Tensor | None,
+) -> None:
+    """ValueError when ``sequences=True`` is asked of a loss without sampling log-probs, or the
+    sequences' ids or positions come without it."""
+    if sequences and (spec is None or not spec.gauge):
+        raise ValueError(
+            f"sequences=True needs a loss with sampling log-probs (ppo, cispo, importance_sampling, dro), not {name}"
+        )
+    if not sequences and (datum_ids is not None or token_positions is not None):
+        raise ValueError(
+            "datum_ids and token_positions describe the sequences: pass sequences=True with them"
+        )
+
+
+def _sequence_report(
+    logprobs: Tensor, inputs: Mapping[str, Tensor], datum_ids: Tensor | None, token_positions: Tensor | None
+) -> dict[str, Tensor]:
+    """The report's sequence rows (and the positions flag), on device, no sync."""
+    report = {
+        REPORT_SEQUENCES: worst_rows.sequence_rows(
+            logprobs,
+            inputs["sampling_logprobs"],
+            inputs.get("mask"),
+            datum_ids=datum_ids,
+            positions=token_positions,
+        )
+    }
+    if token_positions is not None:
+        report[REPORT_POSITIONS] = torch.ones((), dtype=torch.int64, device=logprobs.device)
+    return report
 
 
 def _row(value: Any, index: int, rows: int, like: Tensor) -> Any:
@@ -402,26 +465,33 @@ def merge_packed(packed: Tensor, group: Any) -> Tensor:
     """Combine a packed vector (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`) over the ranks of ``group``
     with exactly one collective: its added part summed, its extremes by max.
 
-    Every rank receives every rank's vector and combines the ``world`` rows locally, in rank order
-    (:func:`cliptrack.adapters.losses.builtin.combine_packed`), so one collective carries the sums and the gauge's
-    extremes alike, with a bit-identical result on every rank. A CPU tensor on a gloo group goes
-    through one ``all_to_all_single`` (gloo's ring ``all_reduce`` and ``all_gather`` need
-    ``world - 1`` or more dependent rounds, the all-to-all one: ``benchmarks/merge.py``); any
-    other tensor/backend (NCCL on GPU) through one ``all_gather_into_tensor``. Exact for integer
-    counts in float64.
+    Every rank receives every rank's vector (:func:`gather_vectors`) and combines the ``world``
+    rows locally, in rank order (:func:`cliptrack.adapters.losses.builtin.combine_packed`), so one
+    collective carries the sums and the gauge's extremes alike, with a bit-identical result on
+    every rank. Exact for integer counts in float64.
     """
-    if packed.dim() != 1:
-        raise ValueError(f"packed must be a 1-D vector, got shape {tuple(packed.shape)}")
+    return combine_packed(gather_vectors(packed, group))
+
+
+def gather_vectors(vector: Tensor, group: Any) -> Tensor:
+    """Every rank's ``vector`` (1-D, the same length on every rank) as the rows of a ``[world,
+    length]`` tensor, in rank order, on every rank: **one** collective. A CPU tensor on a gloo group
+    goes through one ``all_to_all_single`` (gloo's ring ``all_reduce`` and ``all_gather`` need
+    ``world - 1`` or more dependent rounds, the all-to-all one: ``benchmarks/merge.py``); any other
+    tensor/backend (NCCL on GPU) through one ``all_gather_into_tensor``; one rank: a no-op sum, so
+    every layout communicates alike."""
+    if vector.dim() != 1:
+        raise ValueError(f"packed must be a 1-D vector, got shape {tuple(vector.shape)}")
     world = dist.get_world_size(group)
-    if world == 1:  # still the one collective (a no-op sum), so every layout communicates alike
-        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
-        return packed
-    gathered = torch.empty(world * packed.numel(), dtype=packed.dtype, device=packed.device)
-    if packed.device.type == "cpu" and "gloo" in str(dist.get_backend(group)).lower():
-        dist.all_to_all_single(gathered, packed.repeat(world), group=group)
+    if world == 1:
+        dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=group)
+        return vector.reshape(1, -1)
+    gathered = torch.empty(world * vector.numel(), dtype=vector.dtype, device=vector.device)
+    if vector.device.type == "cpu" and "gloo" in str(dist.get_backend(group)).lower():
+        dist.all_to_all_single(gathered, vector.repeat(world), group=group)
     else:
-        dist.all_gather_into_tensor(gathered, packed.contiguous(), group=group)
-    return combine_packed(gathered.view(world, packed.numel()))
+        dist.all_gather_into_tensor(gathered, vector.contiguous(), group=group)
+    return gathered.view(world, vector.numel())
 
 
 def reduce_losses(
@@ -454,27 +524,154 @@ def reduce_losses(
     means (docs/CONTRACT.md, "The on-policy gauge"). A loss that never clips emits no clip keys,
     cross entropy no gauge.
     """
-    if group is AUTO:
-        state = megatron_compat.parallel_state()
-        if state is not None:
-            if not megatron_compat.is_last_pipeline_stage(state):
-                if losses_reduced:
-                    raise ValueError(
-                        f"losses_reduced has {len(losses_reduced)} reports on a rank that is not on the "
-                        "last pipeline stage; Megatron returns [] there"
-                    )
-                return None
-            group = megatron_compat.data_parallel_group(state)
-        else:
-            group = _default_group()
-    packed = merged_sums(losses_reduced, group=group, device=device)
-    output = output_from_sums(packed.tolist(), loss_fn_output_type=loss_fn_output_type)
+    return reduce_step(
+        losses_reduced, group=group, loss_fn_output_type=loss_fn_output_type, device=device, worst_k=0
+    ).output
+
+
+@dataclass(frozen=True)
+class ReducedStep:
+    """A step reduced by :func:`reduce_step`: its ``output`` (``None`` off the last pipeline stage)
+    and its ``worst`` sequences (``None`` unless asked for and carried by the reports)."""
+
+    output: ForwardBackwardOutput | None
+    worst: Worst | None = None
+
+
+def reduce_step(
+    losses_reduced: Sequence[Mapping[str, Tensor]],
+    *,
+    step: int = 0,
+    worst_k: int = DEFAULT_K,
+    group: Any = AUTO,
+    loss_fn_output_type: str = "ArrayRecord",
+    device: torch.device | str | None = None,
+) -> ReducedStep:
+    """:func:`reduce_losses`, and the step's worst sequences found on the way.
+
+    With reports from loss functions built with ``sequences=True`` and ``worst_k >= 1``: this rank's
+    sequence rows are reduced on device to their top ``worst_k`` per criterion
+    (:func:`cliptrack.adapters.losses.worst.top_rows`), the block rides in the sums' **one**
+    collective (appended to the packed vector), every rank merges the ranks' blocks exactly
+    (:func:`cliptrack.adapters.losses.worst.merge_top`) and reads them with the sums in the step's
+    one host read: ``worst`` is a :class:`cliptrack.core.worst.Worst` of ``step``, equal to a sort
+    of every sequence of the step. Under context parallelism (``group=AUTO`` with a CP size above 1)
+    a rank holds slices of each sequence: their rows are first gathered over the CP group (one more
+    collective, only then) and combined, which needs ``token_positions`` in the loss functions; with
+    an explicit ``group`` each rank must hold whole sequences. ``worst_k=0``: no worst sequences, the
+    rows are ignored. Every rank of the group must pass the same ``worst_k``; a rank without
+    reports contributes none.
+    """
+    group, state = _step_group(losses_reduced, group)
+    if group is _OFF_STAGE:
+        return ReducedStep(None, None)
+    if isinstance(worst_k, bool) or not isinstance(worst_k, int) or worst_k < 0:
+        raise ValueError(f"worst_k must be an integer >= 0, got {worst_k!r}")
+    if device is None and not losses_reduced and group is not None:
+        device = _collective_device(group)
+    packed = sum_reports(losses_reduced, device=device)  # checks the reports first
+    carried = _carry_sequences(losses_reduced)
+    width = packed.numel()
+    block = None
+    if worst_k and (carried or not losses_reduced):
+        block = _worst_block(losses_reduced, worst_k, state if group is not None else None, packed.device)
+        packed = torch.cat([packed, block.reshape(-1)])
+    rows = packed.reshape(1, -1) if group is None else gather_vectors(packed, group)
+    merged = combine_packed(rows[:, :width])
+    if block is not None:
+        parts = rows[:, width:].reshape(rows.shape[0], len(CRITERIA), worst_k, worst_rows.WIDTH)
+        merged = torch.cat([merged, worst_rows.merge_top(parts, worst_k).reshape(-1)])
+    values = merged.tolist()  # the step's one host read
+    output = output_from_sums(values[:width], loss_fn_output_type=loss_fn_output_type)
+    worst = None
+    if block is not None:
+        nested = torch.tensor(values[width:], dtype=PACKED_DTYPE).reshape(len(CRITERIA), worst_k, -1).tolist()
+        worst = worst_rows.worst_from_block(nested, step, worst_k)
     datums = _datum_outputs(losses_reduced)
-    if datums is None:
-        return output
-    return ForwardBackwardOutput(
-        loss_fn_output_type=output.loss_fn_output_type, loss_fn_outputs=datums, metrics=output.metrics
-    )
+    if datums is not None:
+        output = ForwardBackwardOutput(
+            loss_fn_output_type=output.loss_fn_output_type, loss_fn_outputs=datums, metrics=output.metrics
+        )
+    return ReducedStep(output, worst)
+
+
+class _OffStage:
+    def __repr__(self) -> str:
+        return "OFF_STAGE"
+
+
+_OFF_STAGE: Any = _OffStage()
+
+
+def _step_group(losses_reduced: Sequence[Mapping[str, Tensor]], group: Any) -> tuple[Any, Any]:
+    """The group a step merges over and Megatron's ``parallel_state`` (``None`` when not used):
+    ``_OFF_STAGE`` for a rank off the last pipeline stage (it holds no reports)."""
+    if group is not AUTO:
+        return group, None
+    state = megatron_compat.parallel_state()
+    if state is None:
+        return _default_group(), None
+    if not megatron_compat.is_last_pipeline_stage(state):
+        if losses_reduced:
+            raise ValueError(
+                f"losses_reduced has {len(losses_reduced)} reports on a rank that is not on the "
+                "last pipeline stage; Megatron returns [] there"
+            )
+        return _OFF_STAGE, state
+    return megatron_compat.data_parallel_group(state), state
+
+
+def _carry_sequences(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:
+    """Whether the reports carry sequence rows: all or none (ValueError when only some do)."""
+    carried = [REPORT_SEQUENCES in report for report in losses_reduced]
+    if any(carried) and not all(carried):
+        raise ValueError(
+            "some micro-batch reports carry sequence rows and others do not: build every loss "
+            "function with the same sequences="
+        )
+    return any(carried)
+
+
+def _worst_block(
+    losses_reduced: Sequence[Mapping[str, Tensor]], k: int, state: Any, device: torch.device
+) -> Tensor:
+    """This rank's top ``k`` block (``[len(CRITERIA), k, WIDTH]``); under context parallelism the
+    CP ranks' slices of each sequence combined first (one all-gather over the CP group) and only
+    CP rank 0's block kept (the others' are empty, so no sequence counts twice)."""
+    if losses_reduced:
+        rows = torch.cat([report[REPORT_SEQUENCES].to(device) for report in losses_reduced])
+    else:
+        rows = torch.zeros((0, worst_rows.WIDTH), dtype=PACKED_DTYPE, device=device)
+    cp_group, cp_size, cp_rank = (None, 1, 0) if state is None else megatron_compat.context_parallel(state)
+    if cp_size > 1:
+        if not all(REPORT_POSITIONS in report for report in losses_reduced):
+            raise ValueError(
+                "under context parallelism the worst sequences need token_positions in make_loss_func "
+                "(each token's position in its whole sequence, e.g. Megatron's position_ids)"
+            )
+        rows = _combine_slices(
+            gather_vectors(rows.reshape(-1), cp_group).reshape(cp_size, -1, worst_rows.WIDTH)
+        )
+        if cp_rank != 0:
+            rows = rows[:0]
+    return worst_rows.top_rows(rows, k)
+
+
+def _combine_slices(slices: Tensor) -> Tensor:
+    """Rows of the same sequences from ``[cp, n, WIDTH]`` CP slices as whole sequences: counts and
+    sums added, the largest ``|l|`` and its position from the slice holding it (the smallest
+    position on a tie)."""
+    col = {name: i for i, name in enumerate(COLUMNS)}
+    out = slices[0].clone()
+    for name in ("tokens", "log_ratio", "abs_log_ratio", "kl_k3"):
+        out[:, col[name]] = slices[:, :, col[name]].sum(dim=0)
+    largest = slices[:, :, col["max_abs_log_ratio"]]
+    top = largest.max(dim=0).values
+    holds = (largest == top) & (slices[:, :, col["tokens"]] > 0)
+    position = torch.where(holds, slices[:, :, col["worst_token"]], torch.inf).min(dim=0).values
+    out[:, col["max_abs_log_ratio"]] = top
+    out[:, col["worst_token"]] = torch.where(out[:, col["tokens"]] > 0, position, -1.0)
+    return out
 
 
 def _carry_datums(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:

@@ -36,6 +36,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "cispo": {"loss_fn": "cispo", "config": {"clip_low_threshold": 0.85, "clip_high_threshold": 1.5}},
     "ppo_nothing_clips": {"loss_fn": "ppo", "config": {}, "zero_deltas": True},
     "ppo_causes": {"loss_fn": "ppo", "config": {}, "causes": True},
+    "ppo_worst": {"loss_fn": "ppo", "config": {}, "worst": True},
     "cross_entropy": {"loss_fn": "cross_entropy", "config": {}},
 }
 """One training step each: the loss and how its global batch is built."""
@@ -102,6 +103,8 @@ def global_batch(
     deltas = torch.tensor(DELTAS)[torch.randint(0, len(DELTAS), (n_seq, seq_len), generator=gen)]
     if spec.get("zero_deltas"):
         deltas = torch.zeros_like(deltas)
+    if spec.get("worst"):  # every sequence's sums distinct: one order whatever the layout's rounding
+        deltas = deltas * (1 + 0.01 * torch.arange(n_seq, dtype=torch.float32))[:, None]
     advantages = torch.randint(-1, 2, (n_seq, seq_len), generator=gen).float()
     mask = torch.zeros(n_seq, seq_len)
     for row in range(n_seq):
@@ -135,6 +138,20 @@ def loss_inputs(loss_fn: str, batch: GlobalBatch, rows: slice, cols: slice) -> d
         inputs["old_logprobs"] = batch.old_logprobs[rows, cols]
         inputs["weight_lag"] = batch.weight_lag[rows, cols]
     return inputs
+
+
+WORST_K = 5
+"""Sequences kept per criterion in the worst-sequences scenario."""
+
+
+def expected_worst(batch: GlobalBatch, k: int = WORST_K) -> Any:
+    """One process over the whole global batch: the worst sequences of the reference log-probs
+    (datum id = the sequence's row in the global batch)."""
+    from cliptrack.adapters.losses.worst import sequence_rows
+    from cliptrack.core.worst import SequenceGauge, worst_of
+
+    rows = sequence_rows(reference_logprobs(batch.tokens, batch.labels), batch.sampling_logprobs, batch.mask)
+    return worst_of([SequenceGauge.from_row(r) for r in rows.tolist()], k)
 
 
 def expected_metrics(scenario: str, batch: GlobalBatch) -> dict[str, float]:
@@ -276,6 +293,8 @@ def micro_batches(scenario: str, batch: GlobalBatch, dp_rank: int, cp_rank: int,
             "tokens": batch.tokens[rows, cols],
             "labels": batch.labels[rows, cols],
             "inputs": loss_inputs(loss_fn, batch, rows, cols),
+            "datum_ids": torch.arange(start, start + MICRO_BATCH),
+            "positions": torch.arange(seq_len)[cols].expand(MICRO_BATCH, -1),
         }
 
 
@@ -289,8 +308,13 @@ def run_step(model: Any, scenario: str, data: list[dict], seq_len: int, forward_
     def forward_step(data_iterator: Iterator[dict], model: Any) -> tuple[Tensor, Any]:
         micro = next(data_iterator)
         output = model(micro["tokens"], micro["labels"])
+        sequences = (
+            {"sequences": True, "datum_ids": micro["datum_ids"], "token_positions": micro["positions"]}
+            if spec.get("worst")
+            else {}
+        )
         loss_func = make_loss_func(
-            spec["loss_fn"], micro["inputs"], spec["config"], output_to_logprobs=torch.neg
+            spec["loss_fn"], micro["inputs"], spec["config"], output_to_logprobs=torch.neg, **sequences
         )
         return output, loss_func
 

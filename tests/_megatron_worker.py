@@ -41,7 +41,7 @@ def _explicit_group(rank: int, world: int) -> dict:
 def _layout(tp: int, pp: int, cp: int, rank: int, world: int) -> dict:
     """Every scenario under one TP x PP x CP layout (the data-parallel size follows from the world)."""
     import torch.distributed as dist
-    from cliptrack.adapters.megatron import broadcast_from_last_stage, reduce_losses
+    from cliptrack.adapters.megatron import broadcast_from_last_stage, reduce_losses, reduce_step
     from megatron.core import parallel_state
 
     from tests import _megatron_setup as setup
@@ -61,6 +61,7 @@ def _layout(tp: int, pp: int, cp: int, rank: int, world: int) -> dict:
         dp_cp = parallel_state.get_data_parallel_group(with_context_parallel=True)
         result["dp_cp_ranks"] = dist.get_process_group_ranks(dp_cp)
         result["tp_ranks"] = dist.get_process_group_ranks(parallel_state.get_tensor_model_parallel_group())
+        result["tp_rank_zero"] = parallel_state.get_tensor_model_parallel_rank() == 0
         result["last_stage"] = parallel_state.is_pipeline_last_stage()
         model = setup.build_model(
             pre_process=parallel_state.is_pipeline_first_stage(),
@@ -72,14 +73,22 @@ def _layout(tp: int, pp: int, cp: int, rank: int, world: int) -> dict:
             data = list(setup.micro_batches(scenario, batch, dp_rank, cp_rank, cp))
             model.zero_grad(set_to_none=True)
             reports = setup.run_step(model, scenario, data, seq_len=setup.SEQ_LEN // cp)
+            worst = None
             with setup.counted_collectives() as calls:
-                fbo = reduce_losses(reports)
+                if setup.SCENARIOS[scenario].get("worst"):
+                    reduced = reduce_step(reports, step=7, worst_k=setup.WORST_K)
+                    fbo, worst = reduced.output, reduced.worst
+                else:
+                    fbo = reduce_losses(reports)
             everywhere = broadcast_from_last_stage(fbo)
             result["steps"][scenario] = {
                 "n_reports": len(reports),
                 "collectives": calls,
                 "metrics": None if fbo is None else fbo.metrics,
                 "broadcast_metrics": everywhere.metrics,
+                "worst": None if worst is None else worst.records(),
+                "rows": [r["cliptrack/sequences"].tolist() for r in reports if "cliptrack/sequences" in r],
+                "cp_rank": cp_rank,
             }
         parallel_state.destroy_model_parallel()
     if tp == pp == cp == 1:

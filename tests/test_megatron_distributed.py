@@ -64,8 +64,11 @@ def _check_layout(results: list[dict], dp: int) -> None:
                 assert step["collectives"] == []
             else:
                 assert step["n_reports"] == setup.N_MICRO
-                assert len(step["collectives"]) == 1, (
-                    f"{scenario}: one collective per step, got {step['collectives']}"
+                # one collective per step; the worst sequences ride in it, but under context parallelism
+                # their slices are first gathered over the CP group (one more)
+                expected_calls = 2 if setup.SCENARIOS[scenario].get("worst") and _cp(results) > 1 else 1
+                assert len(step["collectives"]) == expected_calls, (
+                    f"{scenario}: {expected_calls} collective(s) per step, got {step['collectives']}"
                 )
                 got = step["metrics"]
                 assert set(got) == set(expected), f"{scenario} rank {res['rank']}: keys {sorted(got)}"
@@ -78,6 +81,67 @@ def _check_layout(results: list[dict], dp: int) -> None:
             # every rank, any pipeline stage, ends up with the last stage's output
             last = next(r for r in results if r["last_stage"])
             assert step["broadcast_metrics"] == last["steps"][scenario]["metrics"]
+    _check_worst(results, dp)
+
+
+def _cp(results: list[dict]) -> int:
+    return 1 + max(r["steps"]["ppo_worst"]["cp_rank"] for r in results)
+
+
+def _check_worst(results: list[dict], dp: int) -> None:
+    """Every last-stage rank's worst sequences equal (a) a plain sort of every sequence of the step
+    as the ranks computed them (their rows, CP slices combined by hand) and (b) the worst of one
+    process over the whole batch, the same sequences in the same order, values to float32 rounding."""
+    from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst, worst_of
+
+    n_seq = dp * setup.N_MICRO * setup.MICRO_BATCH
+    last = [r for r in results if r["last_stage"]]
+    whole: dict[int, list[list[float]]] = {}
+    for r in last:
+        if r["tp_rank_zero"]:
+            for rows in r["steps"]["ppo_worst"]["rows"]:
+                for row in rows:
+                    whole.setdefault(int(row[0]), []).append(row)
+    col = {name: i for i, name in enumerate(COLUMNS)}
+    sequences = []
+    for datum, slices in whole.items():
+        with_tokens = [s for s in slices if s[col["tokens"]] > 0]
+        top = max((s[col["max_abs_log_ratio"]] for s in with_tokens), default=0.0)
+        sequences.append(
+            SequenceGauge(
+                datum,
+                int(sum(s[col["tokens"]] for s in slices)),
+                sum(s[col["log_ratio"]] for s in slices),
+                sum(s[col["abs_log_ratio"]] for s in slices),
+                sum(s[col["kl_k3"]] for s in slices),
+                top,
+                int(
+                    min(
+                        (s[col["worst_token"]] for s in with_tokens if s[col["max_abs_log_ratio"]] == top),
+                        default=-1,
+                    )
+                ),
+            )
+        )
+    assert len(sequences) == n_seq
+    plain = worst_of(sequences, setup.WORST_K)
+    batch = setup.global_batch("ppo_worst", n_seq, dp=dp)
+    reference = setup.expected_worst(batch)
+    for r in last:
+        got = Worst.from_records(7, setup.WORST_K, r["steps"]["ppo_worst"]["worst"])
+        for c in CRITERIA:
+            assert len(got.by[c]) == min(setup.WORST_K, sum(1 for s in sequences if s.tokens)) > 0
+            for mine, theirs, ref in zip(got.by[c], plain[c], reference[c], strict=True):
+                assert mine == theirs or mine.datum == theirs.datum, c
+                assert mine.datum == ref.datum and mine.tokens == theirs.tokens == ref.tokens, c
+                # the worst token: one with the sequence's largest |l| (tokens of equal |l| differ by
+                # the layout's rounding, so which of them is not fixed)
+                eligible = batch.deltas[mine.datum].abs() * (batch.mask[mine.datum] != 0)
+                assert eligible[mine.worst_token] == eligible.max()
+                for name in ("log_ratio", "abs_log_ratio", "kl_k3", "max_abs_log_ratio"):
+                    # the CP slices add in another order on the ranks than by hand: float64 rounding
+                    assert getattr(mine, name) == pytest.approx(getattr(theirs, name), rel=1e-12, abs=1e-12)
+                    assert getattr(mine, name) == pytest.approx(getattr(ref, name), rel=1e-5, abs=1e-5), name
 
 
 def _check_nontrivial(results: list[dict]) -> None:

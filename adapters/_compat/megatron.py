@@ -82,6 +82,15 @@ def data_parallel_group(state: Any) -> Any:
     return state.get_data_parallel_group(with_context_parallel=True)
 
 
+def context_parallel(state: Any) -> tuple[Any, int, int]:
+    """This rank's context-parallel group, its size and this rank's index in it."""
+    return (
+        state.get_context_parallel_group(),
+        int(state.get_context_parallel_world_size()),
+        int(state.get_context_parallel_rank()),
+    )
+
+
 def pipeline_group(state: Any) -> tuple[Any, int]:
     """This rank's pipeline-parallel group and the global rank of its last stage."""
     return state.get_pipeline_model_parallel_group(), int(state.get_pipeline_model_parallel_last_rank())
