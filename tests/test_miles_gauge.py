@@ -424,3 +424,78 @@ def test_engine_drift_and_lag_travel_per_datum_and_sum_per_client_in_any_chunkin
             for k in (keys.ABS_LOG_RATIO_SUM, keys.ENGINE_ABS_LOG_RATIO_SUM, keys.DRIFT_ABS_LOG_RATIO_SUM)
         )
         assert abs(identity) <= 1e-12 * scale + 1e-300  # float64 sums of values sent to 2**-48
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    tokens=st.lists(token, min_size=1, max_size=60),
+    datum_cuts=st.lists(st.integers(1, 59), max_size=20),
+    chunk_cuts=st.lists(st.integers(1, 19), max_size=5),
+    loss_fn=st.sampled_from(sorted(GAUGE_LOSSES)),
+    k=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_the_worst_sequences_of_a_step_in_any_chunking_equal_a_sort_of_every_datum(
+    tokens, datum_cuts, chunk_cuts, loss_fn, k, seed
+):
+    """Datums with ids: each output names its datums' worst token; the aggregator's (and the
+    JSON, protobuf and tinker-combined outputs') worst sequences equal a plain sort of every datum
+    by its own fields, in any chunking and order."""
+    from cliptrack.adapters.miles.client import datum_sequence, worst_of_outputs
+    from cliptrack.core.worst import CRITERIA
+
+    datums, policies, _ = batch(tokens, datum_cuts)
+    ids = random.Random(seed).sample(range(1000), len(datums))
+    for datum, datum_id in zip(datums, ids, strict=True):
+        datum[keys.DATUM_ID] = [datum_id]
+    config = GAUGE_LOSSES[loss_fn]
+    whole = forward_backward_loss(datums, policies, loss_fn, config).output
+    sequences = [datum_sequence(d) for d in whole.loss_fn_outputs]
+    for datum, policy, seq in zip(datums, policies, sequences, strict=True):
+        assert seq is not None
+        ratios = [
+            (float(p) - float(s)) if m else None
+            for p, s, m in zip(policy, datum["logprobs"], datum["mask"], strict=True)
+        ]
+        eligible = [abs(x) for x in ratios if x is not None]
+        assert seq.tokens == len(eligible)
+        if eligible:  # the first token with the largest |l|
+            assert seq.worst_token == next(
+                i for i, x in enumerate(ratios) if x is not None and abs(x) == max(eligible)
+            )
+            assert seq.max_abs_log_ratio == pytest.approx(max(eligible), rel=1e-6, abs=1e-7)
+    plain = {}
+    for c in CRITERIA:
+        kept = sorted((s for s in sequences if s.tokens), key=lambda s: s.datum)
+        kept.sort(key=lambda s: s.value(c), reverse=True)
+        plain[c] = tuple(kept[:k])
+    outputs = [
+        forward_backward_loss([datums[i] for i in c], [policies[i] for i in c], loss_fn, config).output
+        for c in cut(list(range(len(datums))), chunk_cuts)
+    ]
+    random.Random(seed).shuffle(outputs)
+    wire = [json.loads(json.dumps(output_to_json(o), allow_nan=False)) for o in outputs]
+    proto = [deserialize_forward_backward_output(output_to_proto(o)) for o in outputs]
+    agg = ClientAggregator()
+    agg.register("run")
+    for i in range(len(outputs)):
+        agg.add("run", 2, wire[i] if i % 2 else proto[i])
+    merged = combine_fwd_bwd_output_results([output_from_json(w) for w in wire])
+    emitted = agg.emit_step("run", 2, worst_k=k)
+    assert emitted.worst is not None and emitted.worst.step == 2
+    for worst in (emitted.worst, worst_of_outputs(outputs, 2, k), worst_of_outputs(merged, 2, k)):
+        assert worst is not None and worst.by == plain
+
+
+def test_datum_ids_are_all_or_none_and_whole_numbers():
+    sampling = torch.full((4,), -1.0)
+    datum = {"logprobs": sampling, "advantages": torch.ones(4)}
+    with pytest.raises(ValueError, match=r"datums \[1\] have no 'datum_id' while others do"):
+        forward_backward_loss([{**datum, keys.DATUM_ID: [3]}, datum], [sampling, sampling], "ppo")
+    with pytest.raises(ValueError, match=r"datum 0: loss_fn_inputs\['datum_id'\] must be one integer"):
+        forward_backward_loss([{**datum, keys.DATUM_ID: [1.5]}], [sampling], "ppo")
+    plain = forward_backward_loss([datum], [sampling], "ppo").output
+    agg = ClientAggregator()
+    agg.register("run")
+    agg.add("run", 0, plain)
+    assert agg.emit_step("run", 0).worst is None  # no ids: no worst sequences, the sums as before

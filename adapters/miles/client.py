@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_metrics
-from cliptrack.adapters.miles.wire import read_count, read_float
+from cliptrack.adapters.miles.wire import read_array, read_count, read_float
 from cliptrack.core import keys, measures
 from cliptrack.core.outputs import is_output, read_output
 from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.validation import check_metrics, check_step
+from cliptrack.core.worst import DEFAULT_K, SequenceGauge, Worst, worst_of
 
 
 def _from_datums() -> tuple[str, ...]:
@@ -56,6 +57,8 @@ class _Chunk:
     metrics: dict[str, float]
     datum_outputs: list[Any]
     output_type: str
+    sequences: tuple[SequenceGauge, ...] = ()
+    """The gauge of each datum that carries an id (:func:`datum_sequence`), for the worst sequences."""
 
 
 def datum_counts(datum: object, where: str = "datum") -> MeasuredSums:
@@ -233,6 +236,11 @@ def _read_output(output: object, where: str) -> _Chunk:
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
     _check_metrics_agree(checked, counts, where)
+    sequences = tuple(
+        s
+        for i, d in enumerate(parts.loss_fn_outputs)
+        if (s := datum_sequence(d, f"{where}.loss_fn_outputs[{i}]")) is not None
+    )
     return _Chunk(
         counts,
         terms,
@@ -240,7 +248,57 @@ def _read_output(output: object, where: str) -> _Chunk:
         checked,
         list(parts.loss_fn_outputs),
         parts.loss_fn_output_type,
+        sequences,
     )
+
+
+def datum_sequence(datum: object, where: str = "datum") -> SequenceGauge | None:
+    """One datum's sequence gauge (:class:`cliptrack.core.worst.SequenceGauge`) from its output
+    fields, when it carries an id (``datum_id``, with ``worst_token``) and the gauge; else ``None``.
+    Its largest ``|l|`` is the larger of ``|log_ratio_max|`` and ``|log_ratio_min|``."""
+    if not isinstance(datum, Mapping) or keys.DATUM_ID not in datum:
+        return None
+    counts = datum_counts(datum, where)
+    if not counts.has_gauge or keys.DATUM_WORST_TOKEN not in datum:
+        raise ValueError(
+            f"{where} has a {keys.DATUM_ID!r} but no gauge and {keys.DATUM_WORST_TOKEN!r} to rank it by"
+        )
+    tokens = counts.loss_tokens
+    largest = (
+        max(abs(float(counts[keys.LOG_RATIO_MAX])), abs(float(counts[keys.LOG_RATIO_MIN]))) if tokens else 0.0
+    )
+    return SequenceGauge(
+        datum=read_count(datum[keys.DATUM_ID], f"{where}[{keys.DATUM_ID!r}]"),
+        tokens=tokens,
+        log_ratio=float(counts[keys.LOG_RATIO_SUM]),
+        abs_log_ratio=float(counts[keys.ABS_LOG_RATIO_SUM]),
+        kl_k3=float(counts[keys.KL_K3_SUM]),
+        max_abs_log_ratio=largest,
+        worst_token=_position(datum[keys.DATUM_WORST_TOKEN], f"{where}[{keys.DATUM_WORST_TOKEN!r}]"),
+    )
+
+
+def _position(value: object, where: str) -> int:
+    """A worst token's position: a count, or -1 (no eligible token)."""
+    try:
+        return read_count(value, where)
+    except ValueError:
+        array, _ = read_array(value, where)
+        if list(array) == [-1]:
+            return -1
+        raise
+
+
+def worst_of_outputs(outputs: object, step: int, k: int = DEFAULT_K) -> Worst | None:
+    """The worst sequences among the datums of ``outputs`` (one output, or several: a request's
+    chunks, tinker's merge of them, a step's requests) that carry ids; ``None`` when none does.
+    Exact in any chunking and order (:func:`cliptrack.core.worst.worst_of`)."""
+    sequences = [
+        s for i, o in enumerate(_as_outputs(outputs)) for s in _read_output(o, f"outputs[{i}]").sequences
+    ]
+    if not sequences:
+        return None
+    return Worst(step, k, worst_of(sequences, k))
 
 
 def _check_metrics_agree(metrics: Mapping[str, float], counts: MeasuredSums | None, where: str) -> None:
@@ -306,6 +364,15 @@ def _step_metrics(chunks: Sequence[_Chunk], total: MeasuredSums | None) -> dict[
 class _StepState:
     chunks: list[_Chunk] = field(default_factory=list)
     total: MeasuredSums | None = None
+
+
+@dataclass(frozen=True)
+class EmittedStep:
+    """A step emitted by :meth:`ClientAggregator.emit_step`: its ``output`` and its ``worst``
+    sequences (``None`` when its datums carry no ids)."""
+
+    output: ForwardBackwardOutput
+    worst: Worst | None = None
 
 
 class UnknownClientError(LookupError):
@@ -386,6 +453,14 @@ class ClientAggregator:
         Metrics: the outputs' metrics merged with Tinker's reductions, with ``loss_tokens:sum``,
         the clip counts and ``clip_fraction:mean`` from the exact per-datum sums.
         """
+        return self.emit_step(client_id, step, worst_k=0).output
+
+    def emit_step(self, client_id: str, step: int, *, worst_k: int = DEFAULT_K) -> EmittedStep:
+        """:meth:`emit`, and the step's worst ``worst_k`` sequences among its datums that carry an id
+        (``datum_id``; ``None`` when none does, or ``worst_k=0``): exact whatever the chunking and
+        order of arrival (:func:`cliptrack.core.worst.worst_of` over every such datum of the step)."""
+        if isinstance(worst_k, bool) or not isinstance(worst_k, int) or worst_k < 0:
+            raise ValueError(f"worst_k must be an integer >= 0, got {worst_k!r}")
         step = _check_step(step)
         with self._lock:
             steps = self._client(client_id)
@@ -396,11 +471,14 @@ class ClientAggregator:
             metrics = _step_metrics(state.chunks, state.total)
             output_type = next((c.output_type for c in state.chunks if c.output_type), "")
             datum_outputs = [d for c in state.chunks for d in c.datum_outputs]
+            sequences = [s for c in state.chunks for s in c.sequences]
+            worst = Worst(step, worst_k, worst_of(sequences, worst_k)) if sequences and worst_k else None
             del steps[step]
             self._emitted[client_id].add(step)
-        return ForwardBackwardOutput(
+        output = ForwardBackwardOutput(
             loss_fn_output_type=output_type, loss_fn_outputs=datum_outputs, metrics=metrics
         )
+        return EmittedStep(output, worst)
 
     def _client(self, client_id: str) -> dict[int, _StepState]:
         try:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import formulas
+from cliptrack.adapters.losses import worst as worst_rows
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.adapters.miles.client import sum_datums
 from cliptrack.adapters.miles.wire import count_data, float_data, read_array, tensor_data
@@ -106,9 +107,14 @@ def forward_backward_loss(
     if not outs:
         return _no_datums_result(spec, device)
 
-    sums, flat_logprobs, flat_sides = _host_sums(outs, logprobs, sides)
+    ids = _datum_ids(spec, datums, logprobs) if spec.gauge else None
+    sums, flat_logprobs, flat_sides, worst_tokens = _host_sums(outs, logprobs, sides, ids)
     shapes = [tuple(lp.shape) for lp in logprobs]
     loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
+    if ids is not None and worst_tokens is not None:
+        for out, (datum_id, _), position in zip(loss_fn_outputs, ids, worst_tokens, strict=True):
+            out[keys.DATUM_ID] = count_data(datum_id)
+            out[keys.DATUM_WORST_TOKEN] = count_data(int(position))
     total = sum_datums([datum.counts for datum in sums])
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
@@ -161,21 +167,31 @@ def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestRes
 
 
 def _host_sums(
-    outs: list[losses.LossOutput], logprobs: list[Tensor], sides: list[Tensor] | None = None
-) -> tuple[list[losses.PackedSums], np.ndarray, np.ndarray | None]:
+    outs: list[losses.LossOutput],
+    logprobs: list[Tensor],
+    sides: list[Tensor] | None = None,
+    ids: list[tuple[int, Tensor]] | None = None,
+) -> tuple[list[losses.PackedSums], np.ndarray, np.ndarray | None, np.ndarray | None]:
     """The one device-to-host transfer of a request: each datum's unpacked sums (the inputs'
-    validity checked, ValueError naming the datum), every datum's log-probs, flat, float32, and
-    (given ``sides``) every datum's clip sides, flat, int64."""
-    host = _to_host(outs, logprobs, sides)
+    validity checked, ValueError naming the datum), every datum's log-probs, flat, float32,
+    (given ``sides``) every datum's clip sides, flat, int64, and (given ``ids``) each datum's worst
+    token position."""
+    positions = None if ids is None else [position for _, position in ids]
+    host = _to_host(outs, logprobs, sides, positions)
     n = len(outs)
     width = len(measures.PACKED_FIELDS)
     rows = host[: n * width].reshape(n, width)
     sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
     _raise_invalid(sums, outs)
     tokens = sum(lp.numel() for lp in logprobs)
-    flat_logprobs = host[n * width : n * width + tokens].astype(np.float32)
-    flat_sides = None if sides is None else host[n * width + tokens :].astype(np.int64)
-    return sums, flat_logprobs, flat_sides
+    end = n * width + tokens
+    flat_logprobs = host[n * width : end].astype(np.float32)
+    flat_sides = None
+    if sides is not None:
+        flat_sides = host[end : end + tokens].astype(np.int64)
+        end += tokens
+    worst_tokens = None if ids is None else host[end : end + n].astype(np.int64)
+    return sums, flat_logprobs, flat_sides, worst_tokens
 
 
 def datum_outputs(
@@ -394,17 +410,60 @@ def _per_datum_option(inputs: Mapping[str, object], name: str, lp: Tensor) -> Te
 
 
 def _to_host(
-    outs: list[losses.LossOutput], logprobs: list[Tensor], sides: list[Tensor] | None = None
+    outs: list[losses.LossOutput],
+    logprobs: list[Tensor],
+    sides: list[Tensor] | None = None,
+    positions: list[Tensor] | None = None,
 ) -> np.ndarray:
     """Every datum's packed output (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`), then every log-prob,
-    then (given) every datum's clip sides: ONE device-to-host copy.
+    then (given) every datum's clip sides, then (given) every datum's worst token position: ONE
+    device-to-host copy.
 
     Values travel as float64: counts are exact below 2**53 tokens, float32 log-probs exactly.
     """
     rows = torch.stack([losses.pack(out) for out in outs])
     flat = [rows.reshape(-1)] + [lp.detach().reshape(-1).to(losses.PACKED_DTYPE) for lp in logprobs]
     flat += [side.reshape(-1).to(losses.PACKED_DTYPE) for side in sides or ()]
+    flat += [p.reshape(-1).to(losses.PACKED_DTYPE) for p in positions or ()]
     return torch.cat(flat).cpu().numpy()
+
+
+def _datum_ids(
+    spec: losses.LossSpec, datums: Sequence[object], logprobs: Sequence[Tensor]
+) -> list[tuple[int, Tensor]] | None:
+    """Each datum's id (its ``datum_id`` input) and the position of its worst token, a 1-element
+    device tensor (:func:`cliptrack.adapters.losses.worst.sequence_rows`, no sync); ``None`` when no
+    datum has an id. ValueError naming the datum when only some have one, or one is not an integer."""
+    inputs = [_loss_fn_inputs(datum, i) for i, datum in enumerate(datums)]
+    given = [keys.DATUM_ID in i for i in inputs]
+    if not any(given):
+        return None
+    if not all(given):
+        missing = [i for i, has in enumerate(given) if not has][:5]
+        raise ValueError(
+            f"datums {missing} have no {keys.DATUM_ID!r} while others do: give every datum its id"
+        )
+    out = []
+    for i, (datum_inputs, lp) in enumerate(zip(inputs, logprobs, strict=True)):
+        tensors = _datum_tensors(spec, datum_inputs, lp)
+        row = worst_rows.sequence_rows(lp, tensors["sampling_logprobs"], tensors.get("mask"))
+        out.append((_datum_id(datum_inputs[keys.DATUM_ID], i), row[0, -1:]))
+    return out
+
+
+def _datum_id(value: object, i: int) -> int:
+    """A datum's ``datum_id`` input as an int (a number, or a one-element array / TensorData)."""
+    where = f"datum {i}: loss_fn_inputs[{keys.DATUM_ID!r}]"
+    if isinstance(value, Tensor):
+        values = value.reshape(-1).tolist()
+    elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        values = [int(value)]
+    else:
+        array, _ = read_array(value, where)
+        values = np.asarray(array).reshape(-1).tolist()
+    if len(values) != 1 or isinstance(values[0], bool) or float(values[0]) != int(values[0]):
+        raise ValueError(f"{where} must be one integer, got {value!r}")
+    return int(values[0])
 
 
 def _raise_invalid(sums: list[losses.PackedSums], outs: list[losses.LossOutput]) -> None:

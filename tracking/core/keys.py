@@ -127,6 +127,12 @@ DATUM_CLIP_SIDES = "clip_sides"
 ``logprobs``; -1 where clipping bites below the band, +1 above it, 0 elsewhere (and on tokens that
 are not eligible)."""
 DATUM_PROBE_FIELDS = (DATUM_LOSS, DATUM_CLIP_SIDES)
+DATUM_ID = "datum_id"
+"""Optional per-datum field, in ``loss_fn_inputs`` and echoed in the output: the datum's integer id
+(unique within a step; ``[1]`` int64), which names it among the step's worst sequences."""
+DATUM_WORST_TOKEN = "worst_token"
+"""Per-datum output field beside :data:`DATUM_ID` (a loss with sampling log-probs): the position of
+the datum's eligible token with the largest ``|l|`` (``-1`` without one), int64 ``[1]``."""
 """The per-datum fields a paired probe adds to ``logprobs`` and the measured fields."""
 DATUM_CLIP_FIELDS = tuple(_BUILTIN.by_key[key].field for key in CLIP_COUNT_KEYS)
 """Per-datum count fields of a loss that clips (``clipped_tokens`` always, the split when known)."""

@@ -9,7 +9,9 @@ The order is total and exact: by the criterion's value, largest first, ties by d
 first; a sequence without an eligible token never ranks. So the worst ``k`` of a union of parts is
 the worst ``k`` of the parts' worst ``k`` (:func:`merge_worst`), whatever the chunking, order or
 rank layout: the merge of micro-batches, ranks, tinker chunks and Miles clients is exact, and
-equals an offline sort of every sequence of the step.
+equals an offline sort of every sequence of the step. A datum seen more than once in a step (one
+per optimisation pass over the batch: PPO epochs) ranks once, by its largest value under each
+criterion (its :func:`_best` pass), which keeps every merge exact.
 
 Units: ``log_ratio``, ``abs_log_ratio``, ``kl_k3`` are sums over the sequence's eligible tokens in
 nats (``l = logprobs - sampling_logprobs``, as the gauge); ``max_abs_log_ratio`` is the largest
@@ -98,36 +100,40 @@ def rank_key(criterion: str) -> Any:
     return lambda s: (-s.value(criterion), s.datum)
 
 
+def _best(criterion: str) -> Any:
+    """Which of a datum's several passes ranks it under ``criterion``: the largest value, ties by the
+    rest of the row (largest), so the choice never depends on the order of arrival."""
+    return lambda s: (s.value(criterion), *(getattr(s, c) for c in COLUMNS[1:]))
+
+
 def worst_of(sequences: Iterable[SequenceGauge], k: int = DEFAULT_K) -> dict[str, tuple[SequenceGauge, ...]]:
     """The worst ``k`` sequences by each criterion (module docstring: the order), sequences without
-    an eligible token left out. ValueError for ``k < 1`` or a datum id given twice."""
+    an eligible token left out, a datum seen more than once ranked by its best pass. ValueError for
+    ``k < 1``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    ranked = [s for s in sequences if s.tokens > 0]
-    seen: set[int] = set()
-    for s in ranked:
-        if s.datum in seen:
-            raise ValueError(
-                f"datum {s.datum} appears twice among the step's sequences: datum ids must be unique"
-            )
-        seen.add(s.datum)
-    return {c: tuple(sorted(ranked, key=rank_key(c))[:k]) for c in CRITERIA}
+    passes: dict[int, list[SequenceGauge]] = {}
+    for s in sequences:
+        if s.tokens > 0:
+            passes.setdefault(s.datum, []).append(s)
+    out = {}
+    for c in CRITERIA:
+        best = [max(seen, key=_best(c)) for seen in passes.values()]
+        out[c] = tuple(sorted(best, key=rank_key(c))[:k])
+    return out
 
 
 def merge_worst(
     parts: Iterable[Mapping[str, Sequence[SequenceGauge]]], k: int = DEFAULT_K
 ) -> dict[str, tuple[SequenceGauge, ...]]:
     """The worst ``k`` of the union of ``parts`` (each a :func:`worst_of` result with at least
-    ``k`` per criterion, or all its sequences): exact, whatever their number and order. A sequence
-    listed under several criteria of one part counts once."""
-    union: dict[int, SequenceGauge] = {}
+    ``k`` per criterion, or all its sequences): exact, whatever their number and order. Each
+    criterion merges its own lists (a datum in several parts: its best pass)."""
+    lists: dict[str, list[SequenceGauge]] = {c: [] for c in CRITERIA}
     for part in parts:
-        for listed in part.values():
-            for s in listed:
-                kept = union.setdefault(s.datum, s)
-                if kept != s:
-                    raise ValueError(f"datum {s.datum} appears in two parts with different values")
-    return worst_of(union.values(), k)
+        for c in CRITERIA:
+            lists[c].extend(part.get(c, ()))
+    return {c: worst_of(lists[c], k)[c] for c in CRITERIA}
 
 
 @dataclass(frozen=True)
