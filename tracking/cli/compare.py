@@ -36,6 +36,7 @@ from cliptrack.compare.quantities import (
 )
 from cliptrack.compare.result import FAIL_ON
 from cliptrack.compare.window import parse_window
+from cliptrack.compare.worst import worst_sequences
 from cliptrack.core.text import printable
 
 EXIT_PASSED = 0
@@ -294,7 +295,23 @@ def load_and_compare(args: argparse.Namespace) -> tuple[Any, Any]:
         reward_abs_tolerance=args.reward_abs_tolerance,
         confidence=args.confidence,
     )
+    result.worst = worst_of_runs(runset, window if args.align == "step" else None)
     return runset, result
+
+
+def worst_of_runs(runset: Any, window: Any = None) -> Any:
+    """The runs' worst sequences and those that recur (``cliptrack.compare.worst``), over the step
+    ``window`` when the comparison aligns by step; None when no run logged a table. Reading them
+    never fails the comparison: a store that cannot give them back is named on stderr."""
+    from cliptrack.backends.load import load_worst
+
+    try:
+        tables = load_worst(runset)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the verdicts stand without it
+        print(f"cliptrack compare: the worst sequences could not be read: {printable(exc)}", file=sys.stderr)
+        return None
+    bounds = (None, None) if window is None else (window.start, window.end)
+    return worst_sequences(tables, steps=bounds)
 
 
 TERMINAL_WIDTH = 120
@@ -347,13 +364,15 @@ def format_result(result: Any, *, width: int | None = None, verbose: bool = Fals
     name is ``printable`` (the summary holds run-provided text so already)."""
     frame = result.formatted_table() if verbose else result.compact_table()
     frame = frame.rename(columns=printable).map(lambda v: printable(v) if isinstance(v, str) else v)
+    worst = getattr(result, "worst", None)  # the worst sequences' lines (a diagnostic), last
+    tail = "\n\n" + "\n".join(printable(line) for line in worst.note_lines()) if worst is not None else ""
     if verbose:
         table = fit_table(frame, 10_000)
-        return f"{table}\n\n{result.summary()}"
+        return f"{table}\n\n{result.summary()}{tail}"
     table = fit_table(frame, width or terminal_width())
     notes = result.grouped_notes()
     parts = [table, "\n".join(result.headline_lines())] + (["\n".join(notes)] if notes else [])
-    return "\n\n".join(parts)
+    return "\n\n".join(parts) + tail
 
 
 def _gate(args: argparse.Namespace, result: Any) -> int:

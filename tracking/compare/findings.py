@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from cliptrack.compare.reasons import NoteReason, VerdictReason
     from cliptrack.compare.stats.seeds import GroupEstimate
     from cliptrack.compare.window import Window
+    from cliptrack.compare.worst import WorstSequences
 
 FAIL_ON = ("different", "not-equivalent")
 """``--fail-on`` choices: trip the gate on a ``different`` answer, or on anything but ``equivalent``."""
@@ -239,6 +240,9 @@ class Findings:
     on_policy: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)
     group_differences: list[GroupDifference] = field(default_factory=list)
+    worst: WorstSequences | None = None
+    """The runs' worst sequences and those that recur (``cliptrack.compare.worst``): a diagnostic
+    beside the verdicts, set by ``cliptrack compare`` when the runs logged tables; no verdict reads it."""
 
     @property
     def reference(self) -> str:

@@ -8,6 +8,7 @@ here too, so a result and its parts import from one place.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from cliptrack.compare import report
@@ -22,6 +23,7 @@ from cliptrack.compare.findings import (
     RunEstimate,
     combined_verdict,
 )
+from cliptrack.core.secrets import redact_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +69,12 @@ class ComparisonResult(Findings):
         return report.html_table(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return report.as_dict(self)
+        out = report.as_dict(self)
+        if self.worst is not None:  # the diagnostic beside the verdicts (cliptrack.compare.worst)
+            out["worst_sequences"] = self.worst.to_dict()
+        return out
 
     def to_json(self) -> str:
-        return report.as_json(self)
+        if self.worst is None:
+            return report.as_json(self)
+        return json.dumps(redact_value(self.to_dict()), indent=2, allow_nan=False)

@@ -39,10 +39,13 @@ from cliptrack.compare.views.plots import (
     Trace,
     nice_ticks,
     stacks,
+    worst_spread,
 )
 from cliptrack.compare.views.plots import panel_figures as _panel_figures
+from cliptrack.compare.worst import CRITERION_WORDS, IDS_CAVEAT, WorstSequences
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import html_lines, html_text
+from cliptrack.core.worst import COLUMNS, CRITERIA
 
 __all__ = ["PALETTE", "figures", "render_dashboard", "write_dashboard"]
 
@@ -54,6 +57,12 @@ LEGEND_WIDTH = 600
 """Pixels of legend row assumed when counting legend rows (a half-width panel at 1400 px)."""
 LEGEND_ROW = 20
 """Pixels per legend row."""
+WORST_PANEL = "worst-spread"
+"""The figure id of the worst sequences' per-sequence spread."""
+RECURRING_SHOWN = 5
+"""Recurring sequences shown per run (by summed ``|l|``); the rest are folded."""
+RECURRING_ROWS = 10
+"""Recurring sequences listed per run and criterion in the folded table."""
 
 
 def _legend_rows(names: list[str]) -> int:
@@ -208,6 +217,138 @@ def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
     return out
 
 
+def _worst_figure(worst: WorstSequences, runs: Sequence[str]) -> dict[str, Any]:
+    """The per-sequence spread (``plots.worst_spread``): per step, the summed ``|l|`` of each of
+    a run's worst sequences, one marker each (hover: the datum id), a colour per run."""
+    data = []
+    for run, points in worst_spread(worst).items():
+        color = PALETTE[runs.index(run) % len(PALETTE)] if run in runs else PALETTE[-1]
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": html_text(run),
+                "x": points.step,
+                "y": _xs(points.value),
+                "customdata": points.datum,
+                "hovertemplate": "step %{x}<br>datum %{customdata}<br>%{y:.4g} nats<extra></extra>",
+                "marker": {"size": 6, "color": color, "opacity": 0.6},
+            }
+        )
+    words = CRITERION_WORDS[CRITERIA[0]]
+    rows = _legend_rows([str(run) for run in worst.tables])
+    return {
+        "data": data,
+        "layout": {
+            "title": {
+                "text": f"The worst sequences' {words}, per step (hover: the datum id)",
+                "x": 0.01,
+                "xanchor": "left",
+                "xref": "container",
+                "y": 1,
+                "yanchor": "top",
+                "yref": "container",
+                "pad": {"t": 34},
+                "font": {"size": 14},
+            },
+            "xaxis": {"title": {"text": "step"}, "gridcolor": "#eeeeee", "zeroline": False},
+            "yaxis": {"title": {"text": f"{words} of a sequence (nats)"}, "gridcolor": "#eeeeee"},
+            "margin": {"l": 64, "r": 16, "t": 64, "b": 44 + LEGEND_ROW * rows},
+            "height": PANEL_HEIGHT,
+            "paper_bgcolor": "white",
+            "plot_bgcolor": "white",
+            "legend": {"orientation": "h", "x": 0, "y": 0, "yref": "container", "yanchor": "bottom"},
+        },
+    }
+
+
+def _cells(values: Sequence[Any], tag: str = "td") -> str:
+    return "<tr>" + "".join(f"<{tag}>{html_text(str(v))}</{tag}>" for v in values) + "</tr>"
+
+
+def _number(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _recurring_table(worst: WorstSequences, criteria: Sequence[str], most: int) -> str:
+    """Per run and criterion of ``criteria``, the ``most`` datums among the worst in the most steps."""
+    head = (
+        "run",
+        "ranked by",
+        "datum",
+        "steps among the worst",
+        "share",
+        "first-last step",
+        "largest",
+        "best rank",
+    )
+    rows = [
+        (
+            r.run,
+            CRITERION_WORDS[r.criterion],
+            r.datum,
+            f"{r.steps} of {r.tables}",
+            f"{r.share:.0%}",
+            f"{r.first_step}-{r.last_step}",
+            _number(r.largest),
+            r.rank,
+        )
+        for run in worst.tables
+        for c in criteria
+        for r in worst.recurring_in(run, c)[:most]
+    ]
+    if not rows:
+        return f"<p>No datum is among the worst in {worst.min_steps} or more steps of a run.</p>"
+    body = "".join(_cells(row) for row in rows)
+    return f'<table class="worst recurring"><thead>{_cells(head, "th")}</thead><tbody>{body}</tbody></table>'
+
+
+def _last_tables(worst: WorstSequences) -> str:
+    """Each run's table of its last step: every criterion's worst, in rank order."""
+    parts = []
+    for run in worst.tables:
+        last = worst.last(run)
+        if last is None:
+            continue
+        head = ("ranked by", "rank", *COLUMNS)
+        body = "".join(
+            _cells(
+                [
+                    CRITERION_WORDS[r["criterion"]],
+                    r["rank"],
+                    *(_number(r[c]) if isinstance(r[c], float) else r[c] for c in COLUMNS),
+                ]
+            )
+            for r in last.records()
+        )
+        parts.append(
+            f"<h3>{html_text(run)}: step {last.step} (k = {last.k})</h3>"
+            f'<div class="table-wrap"><table class="worst last"><thead>{_cells(head, "th")}</thead>'
+            f"<tbody>{body}</tbody></table></div>"
+        )
+    return "".join(parts)
+
+
+def _worst_section(worst: WorstSequences | None) -> str:
+    """The worst sequences (a diagnostic, no verdict): the per-sequence spread, the datums that
+    recur, and each run's last table folded."""
+    if worst is None:
+        return ""
+    return (
+        '<h2 id="worst">Worst sequences</h2>'
+        f'<p class="note">The sequences carrying the most sampler-trainer mismatch, per step (a diagnostic, '
+        f"no verdict); {html_text(IDS_CAVEAT)}.</p>"
+        f"{_plots([WORST_PANEL])}"
+        "<h3>Sequences that recur as worst (by summed |log ratio|)</h3>"
+        f'<div class="table-wrap">{_recurring_table(worst, CRITERIA[:1], RECURRING_SHOWN)}</div>'
+        '<details id="worst-recurring"><summary>Every criterion: summed |log ratio|, summed k3, largest '
+        "token |log ratio|</summary>"
+        f'<div class="table-wrap">{_recurring_table(worst, CRITERIA, RECURRING_ROWS)}</div></details>'
+        '<details id="worst-last"><summary>The last step\'s worst sequences, per run</summary>'
+        f"{_last_tables(worst)}</details>"
+    )
+
+
 def _safe_json(obj: Any) -> str:
     text = json.dumps(redact_value(obj), allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -255,6 +396,8 @@ td.verdict.equivalent{background:#e6f4ea} td.verdict.different{background:#fce8e
 td.verdict.inconclusive{background:#fff4e5} td.verdict.insufficient-data{background:#eeeeee}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(560px,100%),1fr));gap:12px}
 .plot{min-height:380px;min-width:0;border:1px solid #eee}
+h3{font-size:1em;margin-top:18px} p.note{color:#444}
+table.worst td{font-variant-numeric:tabular-nums}
 """
 
 
@@ -287,9 +430,11 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
     difference plots, then the verdict table and the runs' own curves; the long text (how it was
     compared, every row and note) is folded below, then the runs."""
     figs = figures(runset, result)
+    if result.worst is not None:
+        figs[WORST_PANEL] = _worst_figure(result.worst, result.runs)
     # a difference panel is one with a compared quantity (panels.Panel.quantity)
     differences = [p.id for p in PANELS if p.quantity and p.id in figs]
-    curves = [k for k in figs if k not in differences]
+    curves = [k for k in figs if k not in differences and k != WORST_PANEL]
     verdict = result.on_policy_verdict.replace(" ", "-")
     members = [m for group in stacks(result).values() for m in group]
     # what comes from the runs (names, config, store addresses) has no credential (cliptrack.core.secrets);
@@ -300,6 +445,7 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
         f"<h2>Differences</h2>{_plots(differences)}"
         f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
         f"<h2>The runs</h2>{_plots(curves)}"
+        f"{_worst_section(result.worst)}"
         '<details id="details"><summary>How they were compared, every row and note</summary>'
         f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p></details>'
         f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, members)}</div>'

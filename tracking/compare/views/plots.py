@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,8 @@ from cliptrack.compare.stats import DIFFERENT, LOG_RATIO
 from cliptrack.compare.views import downsample
 from cliptrack.compare.views.panels import PANELS, Panel
 from cliptrack.compare.views.series import AXIS_TITLES, run_series
+from cliptrack.compare.worst import WorstSequences
+from cliptrack.core.worst import CRITERIA
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 """Colours of the runs (or seed groups), in the comparison's order."""
@@ -72,6 +74,14 @@ class PanelFigure:
     percent: bool
     x_range: tuple[float, float]
     notes: list[str] = field(default_factory=list)
+
+
+class Spread(NamedTuple):
+    """Points of a per-sequence spread: ``step``, ``value`` and ``datum`` of each sequence listed."""
+
+    step: list[int]
+    value: list[float]
+    datum: list[int]
 
 
 def _arr(values: Any) -> np.ndarray:
@@ -364,3 +374,13 @@ def nice_ticks(lo: float, hi: float, target: int = 8) -> tuple[float, float]:
     if first < lo:  # lo / step underflowed (a subnormal lo) or rounded down
         first += step
     return first, step
+
+
+def worst_spread(worst: WorstSequences, criterion: str = CRITERIA[0]) -> dict[str, Spread]:
+    """The per-sequence spread of each run's worst sequences by ``criterion``: per run, the step,
+    the value under the criterion (nats) and the datum id of every sequence its tables list."""
+    out = {}
+    for run, tables in worst.tables.items():
+        rows = [(w.step, s.value(criterion), s.datum) for w in tables for s in w.by.get(criterion, ())]
+        out[run] = Spread([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+    return out
