@@ -14,11 +14,11 @@ from cliptrack.core.sums import MeasuredSums
 secrets.install_filter(logging.getLogger("cliptrack"))
 
 if TYPE_CHECKING:
-    from cliptrack.backends.load import load_runs
+    from cliptrack.backends.load import load_runs, load_worst
     from cliptrack.log.tracker import Tracker
     from cliptrack.log.watch import Watch
 
-__all__ = ["MeasuredSums", "Tracker", "Watch", "keys", "load_runs"]
+__all__ = ["MeasuredSums", "Tracker", "Watch", "keys", "load_runs", "load_worst"]
 
 _RENAMED = {"ClipCounts": "MeasuredSums", "TokenCounts": "MeasuredSums"}
 """Former public names, kept for one release (a DeprecationWarning on use)."""
@@ -37,6 +37,10 @@ def __getattr__(name: str) -> object:
         from cliptrack.backends.load import load_runs
 
         return load_runs
+    if name == "load_worst":  # the runs' worst-sequence tables, read like load_runs (on first use)
+        from cliptrack.backends.load import load_worst
+
+        return load_worst
     if name in _RENAMED:
         warnings.warn(
             f"cliptrack.{name} is renamed cliptrack.{_RENAMED[name]} (built from a mapping of metric "
