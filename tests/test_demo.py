@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html as html_module
+import json
 import math
 import re
 import subprocess
@@ -152,6 +153,36 @@ def test_the_readme_picture_shows_the_demo_as_it_now_runs(demo):
 
 
 @pytest.mark.slow  # reads the session's demo run (a subprocess training and logging both runs)
+def test_the_demo_prints_and_logs_each_groups_worst_sequences(demo):
+    """Both paths find each step's worst sequences (Megatron's reduce_step, the Miles aggregator):
+    every run's spool holds one table per step, and the line the demo prints for a group is its
+    first run's last table, as logged."""
+    from cliptrack.core.worst import CRITERIA
+    from cliptrack.store.worst import WORST_FILE, read_worst_file
+
+    out, stdout = demo
+    tables = {}
+    for run_dir in (out / "spool").iterdir():
+        if not (run_dir / "run.json").is_file():
+            continue
+        meta = json.loads((run_dir / "run.json").read_text())
+        logged = read_worst_file(run_dir / WORST_FILE)
+        assert [w.step for w in logged] == list(range(STEPS)), run_dir
+        for w in logged:
+            assert all(1 <= len(w.by[c]) <= w.k for c in CRITERIA)
+            values = [s.abs_log_ratio for s in w.by["abs_log_ratio"]]
+            assert values == sorted(values, reverse=True)
+            assert len({s.datum for s in w.by["abs_log_ratio"]}) == len(values)
+        tables[meta["run_name"]] = logged[-1]
+    for group, name in (("megatron", "demo-megatron-ppo-seed0"), ("miles", "demo-miles-ppo-seed0")):
+        line = re.search(
+            rf"^{group} worst sequences \(step {STEPS - 1} of its first seed\): (.*)$", stdout, re.M
+        )
+        assert line is not None, stdout
+        printed = [int(d) for d in re.findall(r"#(\d+) sum \|log ratio\| ", line.group(1))]
+        assert printed == [s.datum for s in tables[name].by["abs_log_ratio"][:3]]
+
+
 def test_dashboard_panels_and_verdict_are_produced(demo):
     out, stdout = demo
     html = (out / "dashboard.html").read_text(encoding="utf-8")

@@ -39,6 +39,7 @@ from cliptrack.adapters.demo import megatron_cpu
 from cliptrack.adapters.demo.task import Policy, Rollout, TaskConfig, rollout
 from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_outputs
 from cliptrack.core import keys
+from cliptrack.core.worst import DEFAULT_K, Worst, merge_worst
 from torch import Tensor
 
 PATHS = ("megatron", "miles")
@@ -119,6 +120,10 @@ class StepResult:
     sampler: dict[str, Tensor] | None = None
     """The last step's only: the weights its batch was sampled with (``staleness`` steps behind the
     weights it started from)."""
+    worst: Worst | None = None
+    """The step's worst sequences over its epochs (datum id: the completion's index in the step's
+    batch; a completion ranks by its worst epoch), found on each path's own way: Megatron's
+    :func:`cliptrack.adapters.megatron.reduce_step`, the Miles client aggregator's ``emit_step``."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,10 @@ SCHEDULE_LOOP = "plain micro-batch loop (megatron-core not installed)"
 SCHEDULE_MILES = "cliptrack.adapters.miles.forward_backward_loss (Miles runtime)"
 
 
-StepFn = Callable[[Policy, torch.optim.Optimizer, Rollout, RunConfig, int], list[ForwardBackwardOutput]]
+StepFn = Callable[
+    [Policy, torch.optim.Optimizer, Rollout, RunConfig, int], tuple[list[ForwardBackwardOutput], Worst | None]
+]
+"""One training step of a path: its outputs (one per epoch, or one for the step) and its worst sequences."""
 
 
 def train(run: RunConfig, *, use_schedule: bool | None = None) -> Iterator[StepResult]:
@@ -250,7 +258,7 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
         start = time.perf_counter()
         batch = rollout(sampler, run.task, run.prompts_per_step, run.group_size, generator)
         _recompute_old(batch, sampler, lag=len(history) - 1)
-        outputs = step_fn(policy, optimizer, batch, run, step)
+        outputs, worst = step_fn(policy, optimizer, batch, run, step)
         output = merge_outputs(outputs)
         seconds = time.perf_counter() - start
         metrics = {
@@ -267,6 +275,7 @@ def _train(run: RunConfig, step_fn: StepFn) -> Iterator[StepResult]:
             or (SCHEDULE_MILES if run.path == "miles" else SCHEDULE_LOOP),
             checkpoint=copy.deepcopy(policy.state_dict()) if last else None,
             sampler=history[0] if last else None,
+            worst=worst,
         )
 
 
@@ -302,26 +311,44 @@ def _loss_inputs(batch: Rollout, lo: int, hi: int) -> dict[str, Tensor]:
     return inputs
 
 
+def _loss_func(run: RunConfig, batch: Rollout, lo: int, hi: int) -> Any:
+    """The Megatron path's loss function of sequences ``lo:hi``, with their gauge rows (datum ids:
+    their indices in the step's batch)."""
+    from cliptrack.adapters.megatron import make_loss_func
+
+    return make_loss_func(
+        run.loss, _loss_inputs(batch, lo, hi), sequences=True, datum_ids=torch.arange(lo, hi)
+    )
+
+
+def _step_worst(step: int, passes: list[Worst | None]) -> Worst | None:
+    """The step's worst sequences over its epochs (each completion by its worst epoch)."""
+    found = [w.by for w in passes if w is not None]
+    return Worst(step, DEFAULT_K, merge_worst(found, DEFAULT_K)) if found else None
+
+
 def _megatron_loop_step(
     policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
-) -> list[ForwardBackwardOutput]:
-    from cliptrack.adapters.megatron import make_loss_func, reduce_losses
+) -> tuple[list[ForwardBackwardOutput], Worst | None]:
+    from cliptrack.adapters.megatron import reduce_step
 
     total_tokens = float(batch.mask.sum())
-    outputs = []
+    outputs, passes = [], []
     for _ in range(run.epochs):
         optimizer.zero_grad(set_to_none=True)
         reports = []
         for lo, hi in _micro_batch_bounds(batch.sequences, run.micro_batches):
-            loss_func = make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
-            loss, _num_tokens, report = loss_func(policy(batch.prompts[lo:hi], batch.tokens[lo:hi]))
+            loss, _num_tokens, report = _loss_func(run, batch, lo, hi)(
+                policy(batch.prompts[lo:hi], batch.tokens[lo:hi])
+            )
             (loss / total_tokens).backward()  # token mean over the step's batch
             reports.append(report)
         optimizer.step()
-        output = reduce_losses(reports, group=None)
-        assert output is not None
-        outputs.append(output)
-    return outputs
+        reduced = reduce_step(reports, group=None, step=step)
+        assert reduced.output is not None
+        outputs.append(reduced.output)
+        passes.append(reduced.worst)
+    return outputs, _step_worst(step, passes)
 
 
 def _megatron_model(policy: Policy) -> Any:
@@ -365,8 +392,8 @@ class _MegatronScheduleStep:
 
     def __call__(
         self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
-    ) -> list[ForwardBackwardOutput]:
-        from cliptrack.adapters.megatron import make_loss_func, reduce_losses
+    ) -> tuple[list[ForwardBackwardOutput], Worst | None]:
+        from cliptrack.adapters.megatron import reduce_step
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         if self.model is None or self.model.policy is not policy:
@@ -377,9 +404,9 @@ class _MegatronScheduleStep:
         def forward_step(data_iterator: Iterator[tuple[int, int]], model: Any) -> tuple[Tensor, Any]:
             lo, hi = next(data_iterator)
             output = model(batch.prompts[lo:hi], batch.tokens[lo:hi])
-            return output, make_loss_func(run.loss, _loss_inputs(batch, lo, hi))
+            return output, _loss_func(run, batch, lo, hi)
 
-        outputs = []
+        outputs, passes = [], []
         for _ in range(run.epochs):
             optimizer.zero_grad(set_to_none=True)
             forward_backward = get_forward_backward_func()
@@ -399,15 +426,18 @@ class _MegatronScheduleStep:
                 if parameter.grad is not None:
                     parameter.grad /= total_tokens
             optimizer.step()
-            output = reduce_losses(reports)
-            assert output is not None, "one process is the last pipeline stage"
-            outputs.append(output)
-        return outputs
+            reduced = reduce_step(reports, step=step)
+            assert reduced.output is not None, "one process is the last pipeline stage"
+            outputs.append(reduced.output)
+            passes.append(reduced.worst)
+        return outputs, _step_worst(step, passes)
 
 
-def _datum(batch: Rollout, i: int, length: int) -> dict[str, Tensor]:
-    """Completion ``i`` as a Miles datum's ``loss_fn_inputs``, trimmed to its ``length``."""
-    datum = {
+def _datum(batch: Rollout, i: int, length: int) -> dict[str, Any]:
+    """Completion ``i`` as a Miles datum's ``loss_fn_inputs``, trimmed to its ``length`` (its id: its
+    index in the step's batch)."""
+    datum: dict[str, Any] = {
+        keys.DATUM_ID: [i],
         "target_tokens": batch.tokens[i, :length],
         "logprobs": batch.sampling_logprobs[i, :length],
         "advantages": batch.advantages[i, :length],
@@ -430,7 +460,7 @@ class MilesClient:
 
     def step(
         self, policy: Policy, optimizer: torch.optim.Optimizer, batch: Rollout, run: RunConfig, step: int
-    ) -> list[ForwardBackwardOutput]:
+    ) -> tuple[list[ForwardBackwardOutput], Worst | None]:
         from cliptrack.adapters.miles import forward_backward_loss, output_from_json, output_to_json
 
         lengths = [int(n) for n in batch.mask.sum(dim=1).long()]
@@ -448,4 +478,5 @@ class MilesClient:
                 reply = output_from_json(output_to_json(result.output))  # over the wire, as over HTTP
                 self.aggregator.add(self.client_id, step, reply)
             optimizer.step()
-        return [self.aggregator.emit(self.client_id, step)]
+        emitted = self.aggregator.emit_step(self.client_id, step)
+        return [emitted.output], emitted.worst

@@ -159,6 +159,8 @@ class _Trained:
     schedules: dict[str, str] = field(default_factory=dict)
     on_policy: dict[str, Any] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
+    worst: dict[str, Any] = field(default_factory=dict)
+    """Each group's first run's last step's worst sequences (a ``cliptrack.core.worst.Worst``)."""
 
 
 def _train_run(
@@ -185,6 +187,10 @@ def _train_run(
                 tracker.log_config({"schedule": result.schedule})
                 seen.schedules[config.path] = result.schedule
             tracker.log_output(result.step, result.output, extra=result.metrics)
+            if result.worst is not None:
+                tracker.log_worst(result.step, result.worst)
+                if result.checkpoint is not None:
+                    seen.worst.setdefault(group, result.worst)
             bar.advance(
                 clip=result.output.metrics.get(keys.CLIP_FRACTION, 0.0),
                 reward=result.metrics[keys.REWARD],
@@ -194,6 +200,22 @@ def _train_run(
                 seen.last[group] = (result, config)
         assert tracker.run_id is not None
         seen.groups.setdefault(group, []).append(tracker.run_id)
+
+
+WORST_SHOWN = 3
+"""Worst sequences printed per group."""
+
+
+def worst_line(group: str, worst: Any) -> str:
+    """One line: a group's worst sequences at its first run's last step, by summed ``|log ratio|``
+    (datum: the completion's index in the step's batch)."""
+    shown = worst.by["abs_log_ratio"][:WORST_SHOWN]
+    listed = "; ".join(
+        f"#{s.datum} sum |log ratio| {s.abs_log_ratio:.3f} over {s.tokens} tokens, worst token {s.worst_token} "
+        f"(|log ratio| {s.max_abs_log_ratio:.3f})"
+        for s in shown
+    )
+    return f"{group} worst sequences (step {worst.step} of its first seed): {listed or 'none'}"
 
 
 def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
@@ -225,6 +247,7 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     summary_lines += [
         f"{group} ({len(groups[group])} seeds): {summary.describe()}" for group, summary in on_policy.items()
     ]
+    summary_lines += [worst_line(group, worst) for group, worst in seen.worst.items()]
     stacks = {p: groups[p] for p in paths if p in groups}
     if len(stacks) >= 2 and args.seeds >= 2:
         summary_lines += _compare(stacks, groups, tracking_uri, out, control_name(args.miles_staleness))
