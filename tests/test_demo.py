@@ -406,9 +406,14 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     result = compare(runset)
     assert result.difference("clip_fraction").verdict == verdict
     lines = result.headline_lines()
-    assert len(lines) <= 3 and result.on_policy_verdict in (DIFFERENT, INSUFFICIENT), lines
+    assert len(lines) <= 4 and result.on_policy_verdict in (DIFFERENT, INSUFFICIENT), lines
+    # the fourth line says why: the stale run's extra mismatch is drift, its engine part 0
+    assert (
+        lines[-1].startswith("Why: of the mismatch KL, the drift part")
+        and "the engine part agrees" in lines[-1]
+    )
     if result.on_policy_verdict == INSUFFICIENT:
-        assert lines[-1].startswith("These runs differ by about +") and "2+ seeds each" in lines[-1], lines
+        assert lines[2].startswith("These runs differ by about +") and "2+ seeds each" in lines[2], lines
 
 
 def test_demo_refuses_bad_settings():
