@@ -560,7 +560,8 @@ def reduce_step(
     collective, only then) and combined, which needs ``token_positions`` in the loss functions; with
     an explicit ``group`` each rank must hold whole sequences. ``worst_k=0``: no worst sequences, the
     rows are ignored. Every rank of the group must pass the same ``worst_k``; a rank without
-    reports contributes none.
+    reports, or with reports without rows, contributes an empty block (``worst`` is then ``None``
+    where the reports carry no rows).
     """
     group, state = _step_group(losses_reduced, group)
     if group is _OFF_STAGE:
@@ -571,21 +572,12 @@ def reduce_step(
         device = _collective_device(group)
     packed = sum_reports(losses_reduced, device=device)  # checks the reports first
     carried = _carry_sequences(losses_reduced)
-    width = packed.numel()
-    block = None
-    if worst_k and (carried or not losses_reduced):
-        block = _worst_block(losses_reduced, worst_k, state if group is not None else None, packed.device)
-        packed = torch.cat([packed, block.reshape(-1)])
-    rows = packed.reshape(1, -1) if group is None else gather_vectors(packed, group)
-    merged = combine_packed(rows[:, :width])
-    if block is not None:
-        parts = rows[:, width:].reshape(rows.shape[0], len(CRITERIA), worst_k, worst_rows.WIDTH)
-        merged = torch.cat([merged, worst_rows.merge_top(parts, worst_k).reshape(-1)])
-    values = merged.tolist()  # the step's one host read
-    output = output_from_sums(values[:width], loss_fn_output_type=loss_fn_output_type)
+    # every rank appends a block of the same size (empty without rows), so the one collective matches
+    values, worst_values = _merged(losses_reduced if carried else [], packed, worst_k, group, state)
+    output = output_from_sums(values, loss_fn_output_type=loss_fn_output_type)
     worst = None
-    if block is not None:
-        nested = torch.tensor(values[width:], dtype=PACKED_DTYPE).reshape(len(CRITERIA), worst_k, -1).tolist()
+    if worst_values is not None and (carried or not losses_reduced):
+        nested = torch.tensor(worst_values, dtype=PACKED_DTYPE).reshape(len(CRITERIA), worst_k, -1).tolist()
         worst = worst_rows.worst_from_block(nested, step, worst_k)
     datums = _datum_outputs(losses_reduced)
     if datums is not None:
@@ -593,6 +585,25 @@ def reduce_step(
             loss_fn_output_type=output.loss_fn_output_type, loss_fn_outputs=datums, metrics=output.metrics
         )
     return ReducedStep(output, worst)
+
+
+def _merged(
+    losses_reduced: Sequence[Mapping[str, Tensor]], packed: Tensor, k: int, group: Any, state: Any
+) -> tuple[list[float], list[float] | None]:
+    """The step's merged sums and (``k`` >= 1) its merged worst-sequence block, host values: this
+    rank's top ``k`` block appended to the packed vector, **one** collective over ``group`` (none
+    for ``None``), the ranks' sums combined and blocks merged on device, one host read."""
+    width = packed.numel()
+    if k:
+        block = _worst_block(losses_reduced, k, state if group is not None else None, packed.device)
+        packed = torch.cat([packed, block.reshape(-1)])
+    rows = packed.reshape(1, -1) if group is None else gather_vectors(packed, group)
+    merged = combine_packed(rows[:, :width])
+    if k:
+        parts = rows[:, width:].reshape(rows.shape[0], len(CRITERIA), k, worst_rows.WIDTH)
+        merged = torch.cat([merged, worst_rows.merge_top(parts, k).reshape(-1)])
+    values = merged.tolist()  # the step's one host read
+    return values[:width], (values[width:] if k else None)
 
 
 class _OffStage:

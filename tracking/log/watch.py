@@ -250,23 +250,27 @@ def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
         except (KeyError, LookupError, OSError, ValueError) as exc:
             raise ValueError(f"watch {watch.key}: reference {watch.source}: {printable(str(exc))}") from None
     if isinstance(ref, (str, os.PathLike)):
-        path = Path(ref)
-        points_path = path / "points.jsonl" if path.is_dir() else path
-        if not points_path.is_file():
-            raise ValueError(
-                f"watch {watch.key}: reference {printable(os.fspath(ref))} holds no points.jsonl"
-            )
-        steps, values = [], []
-        for point in journal.load_points(points_path):
-            if watch.key in point.metrics:
-                steps.append(point.step)
-                values.append(point.metrics[watch.key])
-        return steps, values
+        return _spool_series(watch, ref)
     if isinstance(ref, Mapping):
         pairs = sorted((int(s), float(v)) for s, v in ref.items())
         return [s for s, _ in pairs], [v for _, v in pairs]
     values = [float(v) for v in ref]
     return list(range(len(values))), values
+
+
+def _spool_series(watch: Watch, ref: str | os.PathLike[str]) -> tuple[list[int], list[float]]:
+    """The watched key's ``(steps, values)`` from a spool run directory's journal (or the journal
+    file itself)."""
+    path = Path(ref)
+    points_path = path / "points.jsonl" if path.is_dir() else path
+    if not points_path.is_file():
+        raise ValueError(f"watch {watch.key}: reference {printable(os.fspath(ref))} holds no points.jsonl")
+    steps, values = [], []
+    for point in journal.load_points(points_path):
+        if watch.key in point.metrics:
+            steps.append(point.step)
+            values.append(point.metrics[watch.key])
+    return steps, values
 
 
 def band_of_reference(watch: Watch) -> rule.Band:
