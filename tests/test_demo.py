@@ -187,6 +187,7 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     out, stdout = demo
     html = (out / "dashboard.html").read_text(encoding="utf-8")
     assert "demo-megatron-ppo-seed0" in html and "demo-miles-ppo-seed0" in html
+    assert "Sequences that recur as worst" in html  # where: the worst sequences, read back from MLflow
     assert (out / "wandb-panels.json").is_file()
     assert "verdict on the stacks: different" in stdout and "clip_fraction" in stdout
     assert re.search(r"control verdict \(megatron-stale2 vs miles\): (equivalent|inconclusive)", stdout)

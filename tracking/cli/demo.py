@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cliptrack.cli.compare import format_result
+from cliptrack.cli.compare import format_result, worst_of_runs
 from cliptrack.cli.progress import Progress
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact
@@ -472,6 +472,7 @@ def _compare(
     names = [run_id for ids in stacks.values() for run_id in ids]
     runs = load_runs(names, tracking_uri=tracking_uri)
     result = compare(runs, groups=_labelled(runs, stacks))
+    result.worst = worst_of_runs(runs)  # the sequences that recur as worst: the dashboard shows them
     print(format_result(result))
     lines = [f"verdict on the stacks: {result.on_policy_verdict}"]
     if control in groups and "miles" in stacks:
