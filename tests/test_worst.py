@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 import torch
 from cliptrack.adapters.losses.worst import WIDTH, merge_top, sequence_rows, top_rows, worst_from_block
 from cliptrack.core.worst import CRITERIA, SequenceGauge, worst_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests._harness import host_sync_forbidden
+from tests._harness import host_sync_forbidden, loss_path
 
 
 @st.composite
@@ -138,3 +139,27 @@ def test_no_host_sync():
             4,
         )
     assert worst_from_block(block.tolist(), 0, 4).by["abs_log_ratio"]
+
+
+@pytest.mark.parametrize("path", ["0", "1"])
+def test_a_megatron_loss_function_with_sequences_adds_no_host_sync(path):
+    """The loss function of a micro-batch with its sequence rows, eager and fused: forward and
+    backward without a host read (the rows wait on device for the step's one read)."""
+    from cliptrack.adapters.megatron import REPORT_SEQUENCES, make_loss_func
+
+    gen = torch.Generator().manual_seed(2)
+    lp = -torch.rand(4, 30, generator=gen)
+    inputs = {
+        "sampling_logprobs": lp + 0.1 * torch.randn(4, 30, generator=gen),
+        "advantages": torch.randn(4, 30, generator=gen),
+        "mask": (torch.rand(4, 30, generator=gen) > 0.2).float(),
+    }
+    loss_func = make_loss_func("ppo", inputs, sequences=True, datum_ids=torch.arange(10, 14))
+    with loss_path(path):
+        loss_func(lp.clone().requires_grad_(True))[0].backward()  # a first call compiles
+        x = lp.clone().requires_grad_(True)
+        with host_sync_forbidden():
+            loss, _, report = loss_func(x)
+            loss.backward()
+    assert report[REPORT_SEQUENCES].shape == (4, WIDTH)
+    assert [int(d) for d in report[REPORT_SEQUENCES][:, 0].tolist()] == [10, 11, 12, 13]
