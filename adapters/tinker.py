@@ -15,7 +15,9 @@ Two pieces, for where users meet a ``ForwardBackwardOutput``:
   and hands back the very futures and outputs the client returned. Outputs carrying only the
   seed's keys (``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum``, ``clip_fraction:mean``)
   or the full set with the low/high split are both merged; a service whose outputs carry no
-  counts gets its own metrics merged by tinker's rules.
+  counts gets its own metrics merged by tinker's rules. When the outputs' datums carry ids
+  (``datum_id``, echoed by the Miles runtime behind the service), the step's worst sequences over
+  all its calls are logged too (``Tracker.log_worst``; exact in any number and order of calls).
 * ``CookbookLogger`` (created on first use, as it subclasses tinker-cookbook's
   ``ml_log.Logger``) sends the cookbook's own per-step metrics (reward, KL, timings) into the same
   cliptrack run; put it in the cookbook's ``MultiplexLogger`` beside its W&B logger.
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cliptrack.adapters.losses.output import merge_outputs
+from cliptrack.adapters.miles.client import worst_of_outputs
 from cliptrack.core import keys
 
 __all__ = ["COOKBOOK_KEYS", "TrackedTrainingClient", "cookbook_metrics"]
@@ -198,14 +201,29 @@ class TrackedTrainingClient:
                 )
             elif record.calls:
                 try:
-                    merged = merge_outputs([record.outputs[i] for i in range(record.calls)])
-                    self._tracker.log_output(step, merged)
+                    outputs = [record.outputs[i] for i in range(record.calls)]
+                    self._tracker.log_output(step, merge_outputs(outputs))
+                    worst = _worst(outputs, step)
+                    if worst is not None:
+                        self._tracker.log_worst(step, worst)
                     self.logged_steps.append(step)
                 except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
                     warnings.warn(
                         f"step {step}: could not log the merged output: {exc}", RuntimeWarning, stacklevel=2
                     )
         self._changed.notify_all()
+
+
+def _worst(outputs: list[Any], step: int) -> Any:
+    """The step's worst sequences among its outputs' datums, when they carry ids (``datum_id``: the
+    Miles runtime behind a tinker service echoes them); ``None`` otherwise."""
+    if not any(
+        isinstance(d, Mapping) and keys.DATUM_ID in d
+        for o in outputs
+        for d in getattr(o, "loss_fn_outputs", ())
+    ):
+        return None
+    return worst_of_outputs(outputs, step)
 
 
 def _concurrent_future(future: Any) -> concurrent.futures.Future[Any]:

@@ -409,3 +409,32 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
     assert (tmp_path / "json" / "metrics.jsonl").is_file()  # the cookbook's loggers ran alongside
     assert any(p.suffix == ".wandb" for p in (tmp_path / "wandb").rglob("*.wandb"))
     assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_datums_with_ids_log_the_steps_worst_sequences_over_all_its_calls(tmp_path):
+    """Datums sent with ids: the step's worst sequences over every call, however they resolve,
+    are logged beside the point and equal a plain sort of every datum the calls returned."""
+    from cliptrack.adapters.miles.client import datum_sequence
+    from cliptrack.core.worst import CRITERIA
+    from cliptrack.store.worst import WORST_FILE, read_worst_file
+
+    service = InProcessService()
+    tracker = Tracker("tinker-worst", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker, first_step=4)
+    futures = []
+    for call, n in enumerate((3, 5, 2)):
+        data, _ = make_data(service, n, 40 + call)
+        for i, datum in enumerate(data):
+            datum.loss_fn_inputs[keys.DATUM_ID] = types.TensorData.from_torch(torch.tensor([call * 100 + i]))
+        futures.append(client.forward_backward(data, "ppo"))
+    client.optim_step(types.AdamParams(learning_rate=0.1))
+    service.resolve([2, 0, 1])
+    sequences = [datum_sequence(d) for f in futures for d in f.result().loss_fn_outputs]
+    assert client.flush(timeout_s=60)
+    tracker.close()
+    (logged,) = read_worst_file(next(p for p in tmp_path.iterdir() if p.is_dir()) / WORST_FILE)
+    assert logged.step == 4
+    for c in CRITERIA:
+        kept = sorted((s for s in sequences if s is not None and s.tokens), key=lambda s: s.datum)
+        kept.sort(key=lambda s: s.value(c), reverse=True)
+        assert logged.by[c] == tuple(kept[: logged.k])
