@@ -39,9 +39,13 @@ While nothing is suspected (both CUSUMs below ``h / 2``), the band follows the r
   followed; a jump, whose points are all beyond the band, moves it by at most ``alpha`` scale a
   point, and is found long before it is absorbed); a fall in an "up" watch is followed at once;
 - the **scale** is never below the band's and widens with the run's own noise: the running mean
-  (half-life ``SCALE_HALF_LIFE``) of the squared clipped residuals, times the band's ratio of
-  long-run to point sd, where larger. A run whose KL sinks to the floor and then shows healthy
-  bursts back to its early level widens its band over those bursts instead of alarming on each.
+  (half-life ``SCALE_HALF_LIFE``) of the squared clipped residuals, or where larger twice the
+  running mean of those on the watched side (the semi-variance: above the prediction for an "up"
+  watch, below for "down", the larger of the two for "both"), times the long-run factor of their
+  lag-1 autocorrelation. Noise that is one-sided — a KL sitting at its floor, which can only
+  burst upwards — is measured by the side the CUSUM sums: a run whose KL sinks to the floor and
+  then shows healthy bursts back to its early level widens its band over those bursts instead of
+  alarming on each cluster of them; on symmetric noise both estimates agree.
 
 After a breach the next ``cooldown`` points raise none (one alert per episode): the CUSUMs restart
 from 0 after them, and the band re-centres on the series: the level (own window) or the
@@ -304,6 +308,9 @@ class Cusum:
         self._sq = point * point
         self._cross = min(rho, RHO_MAX) * point * point
         """Running means of the clipped residual's square and of its product with the previous one."""
+        self._above = self._below = point * point
+        """Running means of twice the clipped residual's square where it is above (below) the
+        prediction, else 0: the upper (lower) semi-variance, times 2."""
         self._last = 0.0
         self.up = 0.0
         self.down = 0.0
@@ -366,10 +373,18 @@ class Cusum:
         g = self.gamma
         self._abs += g * (abs(e) - self._abs)
         self._sq += g * (e * e - self._sq)
+        self._above += g * ((2.0 * e * e if e > 0 else 0.0) - self._above)
+        self._below += g * ((2.0 * e * e if e < 0 else 0.0) - self._below)
         self._cross += g * (e * self._last - self._cross)
         self._last = e
         rho = min(max(self._cross / self._sq, 0.0), RHO_MAX) if self._sq > 0 else 0.0
-        self.sd = max(self.band.sd, math.sqrt(self._sq * (1.0 + rho) / (1.0 - rho)))
+        self.sd = max(self.band.sd, math.sqrt(self.variance() * (1.0 + rho) / (1.0 - rho)))
+
+    def variance(self) -> float:
+        """The running point variance the scale is made of (watched-scale units squared): the mean
+        square of the residuals, or twice the semi-variance on the watched side where larger."""
+        side = {"up": self._above, "down": self._below}.get(self.direction, max(self._above, self._below))
+        return max(self._sq, side)
 
     def _crossed(self) -> str | None:
         """The watched direction whose CUSUM is past ``h``, if any."""
