@@ -259,7 +259,8 @@ def _run(repeats: int) -> list[Row]:
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
         kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32, True))
         assert kernel is not None
-        return fused._Fused.apply(kernel, [], x.reshape(-1), *flat)[0]
+        no_old, no_lag = None, None
+        return fused._Fused.apply(kernel, [], x.reshape(-1), *flat, no_old, no_lag)[0]
 
     plain = _plain_objectives(b)
     compile_s["ppo objective compiled"] = _first_call_seconds(
