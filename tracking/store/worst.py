@@ -28,6 +28,7 @@ LOG = logging.getLogger("cliptrack")
 
 __all__ = [
     "ARTIFACT_DIR",
+    "TAG",
     "TABLE_COLUMNS",
     "WANDB_KEY",
     "WORST_FILE",
@@ -47,6 +48,10 @@ WANDB_KEY = "worst_sequences"
 """The W&B history key of a step's table (a ``wandb.Table``)."""
 ARTIFACT_DIR = "worst_sequences"
 """The MLflow artifact directory holding one JSON table per step."""
+TAG = "cliptrack.worst_sequences"
+"""The MLflow run tag (``"1"``) set once a table reached the run's artifacts: a reader lists the
+artifacts only then (artifact requests of a proxied store go through MLflow's artifact proxy, which
+drops a tracking URI's query, so a run without tables costs no such request)."""
 TABLE_COLUMNS = ("step", "criterion", "rank", "k", *COLUMNS)
 """The columns of a step's table (W&B, MLflow): a record of ``Worst.records()`` and ``k``."""
 

@@ -200,11 +200,14 @@ def _points_of(columns: Columns) -> list[Point]:
 
 def read_worst(run: LoadedRun) -> list[Worst]:
     """An MLflow run's worst-sequence tables (its ``worst_sequences/step_*.json`` artifacts), by
-    step; ``[]`` when it logged none. The directory is downloaded once, to a temporary directory."""
+    step; ``[]`` when it logged none (its run tag ``worst_store.TAG`` unset: the artifacts are then
+    not listed). The directory is downloaded once, to a temporary directory."""
     from mlflow.tracking import MlflowClient
 
     with bounded_requests(reads=True):
         client = MlflowClient(tracking_uri=run.location or None)
+        if client.get_run(run.run.run_id).data.tags.get(worst_store.TAG) != "1":
+            return []  # no table reached the run: no artifact request (see worst_store.TAG)
         listed = client.list_artifacts(run.run.run_id, worst_store.ARTIFACT_DIR)
         if not any(worst_store.artifact_step(f.path) is not None for f in listed):
             return []

@@ -140,6 +140,8 @@ class MlflowSink(Sink):
         self.holds_nothing = False
         """True once ``open`` created the MLflow run: the store holds none of its points yet."""
         self._client: Any = None
+        self._worst_tagged = False
+        """Whether this sink set the run's ``worst_store.TAG`` (after its first table)."""
 
     @classmethod
     def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> MlflowSink:
@@ -372,6 +374,9 @@ class MlflowSink(Sink):
         try:
             with compat.bounded_requests():
                 self._client.log_dict(self.mlflow_run_id, table, worst_store.artifact_path(worst.step))
+                if not self._worst_tagged:  # readers list the artifacts only once this is set
+                    self._client.set_tag(self.mlflow_run_id, worst_store.TAG, "1", synchronous=True)
+                    self._worst_tagged = True
         except Exception as exc:
             raise _classify(exc, f"MLflow artifact to {self.tracking_uri} failed") from exc
 
