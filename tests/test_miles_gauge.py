@@ -453,9 +453,8 @@ def test_the_worst_sequences_of_a_step_in_any_chunking_equal_a_sort_of_every_dat
     sequences = [datum_sequence(d) for d in whole.loss_fn_outputs]
     for datum, policy, seq in zip(datums, policies, sequences, strict=True):
         assert seq is not None
-        ratios = [
-            (float(p) - float(s)) if m else None
-            for p, s, m in zip(policy, datum["logprobs"], datum["mask"], strict=True)
+        ratios = [  # l as the loss forms it, in the inputs' dtype
+            float(x) if m else None for x, m in zip(policy - datum["logprobs"], datum["mask"], strict=True)
         ]
         eligible = [abs(x) for x in ratios if x is not None]
         assert seq.tokens == len(eligible)

@@ -20,7 +20,7 @@ import torch
 from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst
 from torch import Tensor
 
-__all__ = ["WIDTH", "merge_top", "sequence_rows", "top_rows", "worst_from_block"]
+__all__ = ["WIDTH", "merge_top", "sequence_rows", "top_rows", "worst_from_block", "worst_token"]
 
 WIDTH = len(COLUMNS)
 """Values per row."""
@@ -86,6 +86,17 @@ def sequence_rows(
             ],
             dim=1,
         )
+
+
+def worst_token(logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The position of one sequence's eligible token with the largest ``|l|`` (the first such), a
+    1-element int64 tensor (0 when no token is eligible: the caller knows from its count); the
+    ``worst_token`` of :func:`sequence_rows` in four ops. Detached, no sync."""
+    with torch.no_grad():
+        size = (logprobs.detach() - sampling_logprobs.detach()).abs().reshape(-1)
+        if mask is not None:
+            size = torch.where(mask.detach().reshape(-1) != 0, size, -1.0)
+        return size.argmax().reshape(1)
 
 
 def _order(rows: Tensor, criterion: str) -> Tensor:

@@ -229,7 +229,9 @@ def _as_outputs(outputs: object) -> list[object]:
 def _read_output(output: object, where: str) -> _Chunk:
     """Validate one output completely (nothing is summed anywhere until this returns)."""
     parts = read_output(output, where)
-    total, terms = _count_datums(parts.loss_fn_outputs, f"{where}.loss_fn_outputs")
+    datums_where = f"{where}.loss_fn_outputs"
+    per_datum = [datum_counts(d, f"{datums_where}[{i}]") for i, d in enumerate(parts.loss_fn_outputs)]
+    total, terms = _total_and_terms(per_datum, datums_where)
     counts = _exact(total, terms)
     try:
         checked = check_metrics(parts.metrics) if parts.metrics else {}
@@ -238,8 +240,8 @@ def _read_output(output: object, where: str) -> _Chunk:
     _check_metrics_agree(checked, counts, where)
     sequences = tuple(
         s
-        for i, d in enumerate(parts.loss_fn_outputs)
-        if (s := datum_sequence(d, f"{where}.loss_fn_outputs[{i}]")) is not None
+        for i, (d, c) in enumerate(zip(parts.loss_fn_outputs, per_datum, strict=True))
+        if (s := datum_sequence(d, f"{datums_where}[{i}]", c)) is not None
     )
     return _Chunk(
         counts,
@@ -252,13 +254,17 @@ def _read_output(output: object, where: str) -> _Chunk:
     )
 
 
-def datum_sequence(datum: object, where: str = "datum") -> SequenceGauge | None:
+def datum_sequence(
+    datum: object, where: str = "datum", counts: MeasuredSums | None = None
+) -> SequenceGauge | None:
     """One datum's sequence gauge (:class:`cliptrack.core.worst.SequenceGauge`) from its output
     fields, when it carries an id (``datum_id``, with ``worst_token``) and the gauge; else ``None``.
-    Its largest ``|l|`` is the larger of ``|log_ratio_max|`` and ``|log_ratio_min|``."""
+    Its largest ``|l|`` is the larger of ``|log_ratio_max|`` and ``|log_ratio_min|``. ``counts``:
+    the datum's :func:`datum_counts`, when already read."""
     if not isinstance(datum, Mapping) or keys.DATUM_ID not in datum:
         return None
-    counts = datum_counts(datum, where)
+    if counts is None:
+        counts = datum_counts(datum, where)
     if not counts.has_gauge or keys.DATUM_WORST_TOKEN not in datum:
         raise ValueError(
             f"{where} has a {keys.DATUM_ID!r} but no gauge and {keys.DATUM_WORST_TOKEN!r} to rank it by"

@@ -112,9 +112,9 @@ def forward_backward_loss(
     shapes = [tuple(lp.shape) for lp in logprobs]
     loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
     if ids is not None and worst_tokens is not None:
-        for out, (datum_id, _), position in zip(loss_fn_outputs, ids, worst_tokens, strict=True):
+        for out, datum, (datum_id, _), position in zip(loss_fn_outputs, sums, ids, worst_tokens, strict=True):
             out[keys.DATUM_ID] = count_data(datum_id)
-            out[keys.DATUM_WORST_TOKEN] = count_data(int(position))
+            out[keys.DATUM_WORST_TOKEN] = count_data(int(position) if datum.counts.loss_tokens else -1)
     total = sum_datums([datum.counts for datum in sums])
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
@@ -432,7 +432,7 @@ def _datum_ids(
     spec: losses.LossSpec, datums: Sequence[object], logprobs: Sequence[Tensor]
 ) -> list[tuple[int, Tensor]] | None:
     """Each datum's id (its ``datum_id`` input) and the position of its worst token, a 1-element
-    device tensor (:func:`cliptrack.adapters.losses.worst.sequence_rows`, no sync); ``None`` when no
+    device tensor (:func:`cliptrack.adapters.losses.worst.worst_token`, no sync); ``None`` when no
     datum has an id. ValueError naming the datum when only some have one, or one is not an integer."""
     inputs = [_loss_fn_inputs(datum, i) for i, datum in enumerate(datums)]
     given = [keys.DATUM_ID in i for i in inputs]
@@ -446,8 +446,8 @@ def _datum_ids(
     out = []
     for i, (datum_inputs, lp) in enumerate(zip(inputs, logprobs, strict=True)):
         tensors = _datum_tensors(spec, datum_inputs, lp)
-        row = worst_rows.sequence_rows(lp, tensors["sampling_logprobs"], tensors.get("mask"))
-        out.append((_datum_id(datum_inputs[keys.DATUM_ID], i), row[0, -1:]))
+        position = worst_rows.worst_token(lp, tensors["sampling_logprobs"], tensors.get("mask"))
+        out.append((_datum_id(datum_inputs[keys.DATUM_ID], i), position))
     return out
 
 

@@ -189,12 +189,12 @@ class Measure:
         if self.exact and self.reduction != SUM:
             raise ValueError(f"measure {self.name}: an exact count is a sum")
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """The metric key, ``name:reduction``."""
+        """The metric key, ``name:reduction`` (formed once: read on every merge of every datum)."""
         return f"{self.name}:{self.reduction}"
 
-    @property
+    @cached_property
     def field(self) -> str:
         """The per-datum (wire) field: ``name`` for a sum, ``name_max`` / ``name_min`` for an extreme."""
         return self.name if self.reduction == SUM else f"{self.name}_{self.reduction}"
