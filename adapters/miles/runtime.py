@@ -112,9 +112,7 @@ def forward_backward_loss(
     shapes = [tuple(lp.shape) for lp in logprobs]
     loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
     if ids is not None and worst_tokens is not None:
-        for out, datum, (datum_id, _), position in zip(loss_fn_outputs, sums, ids, worst_tokens, strict=True):
-            out[keys.DATUM_ID] = count_data(datum_id)
-            out[keys.DATUM_WORST_TOKEN] = count_data(int(position) if datum.counts.loss_tokens else -1)
+        _add_ids(loss_fn_outputs, sums, [datum_id for datum_id, _ in ids], worst_tokens)
     total = sum_datums([datum.counts for datum in sums])
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
@@ -426,6 +424,18 @@ def _to_host(
     flat += [side.reshape(-1).to(losses.PACKED_DTYPE) for side in sides or ()]
     flat += [p.reshape(-1).to(losses.PACKED_DTYPE) for p in positions or ()]
     return torch.cat(flat).cpu().numpy()
+
+
+def _add_ids(
+    loss_fn_outputs: list[dict[str, Any]],
+    sums: Sequence[losses.PackedSums],
+    ids: Sequence[int],
+    worst_tokens: np.ndarray,
+) -> None:
+    """Each datum's ``datum_id`` and ``worst_token`` fields (``-1`` without an eligible token)."""
+    for out, datum, datum_id, position in zip(loss_fn_outputs, sums, ids, worst_tokens, strict=True):
+        out[keys.DATUM_ID] = count_data(datum_id)
+        out[keys.DATUM_WORST_TOKEN] = count_data(int(position) if datum.counts.loss_tokens else -1)
 
 
 def _datum_ids(
