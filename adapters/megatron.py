@@ -634,13 +634,7 @@ def _step_group(losses_reduced: Sequence[Mapping[str, Tensor]], group: Any) -> t
 
 def _carry_sequences(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:
     """Whether the reports carry sequence rows: all or none (ValueError when only some do)."""
-    carried = [REPORT_SEQUENCES in report for report in losses_reduced]
-    if any(carried) and not all(carried):
-        raise ValueError(
-            "some micro-batch reports carry sequence rows and others do not: build every loss "
-            "function with the same sequences="
-        )
-    return any(carried)
+    return _all_or_none(losses_reduced, REPORT_SEQUENCES, "sequence rows", "sequences=")
 
 
 def _worst_block(
@@ -688,13 +682,19 @@ def _combine_slices(slices: Tensor) -> Tensor:
 def _carry_datums(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:
     """Whether the micro-batch reports carry per-datum outputs: all or none; ValueError when only
     some do (loss functions built with different ``datum_outputs``)."""
-    with_datums = [REPORT_DATUMS in report for report in losses_reduced]
-    if any(with_datums) and not all(with_datums):
+    return _all_or_none(losses_reduced, REPORT_DATUMS, "per-datum outputs", "datum_outputs")
+
+
+def _all_or_none(losses_reduced: Sequence[Mapping[str, Tensor]], key: str, what: str, option: str) -> bool:
+    """Whether the reports carry ``key`` (``what``, in words): all or none; ValueError when only some
+    do (loss functions built with different ``option``)."""
+    carried = [key in report for report in losses_reduced]
+    if any(carried) and not all(carried):
         raise ValueError(
-            "some micro-batch reports carry per-datum outputs and others do not: build every "
-            "loss function with the same datum_outputs"
+            f"some micro-batch reports carry {what} and others do not: build every loss function "
+            f"with the same {option}"
         )
-    return any(with_datums)
+    return any(carried)
 
 
 def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:

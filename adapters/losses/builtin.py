@@ -266,24 +266,31 @@ def _clipping(
     ratio_outside: tuple[float, float],
     parts: tuple[Tensor | None, Tensor | None],
 ) -> LossOutput:
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
+    sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, parts)
     _check_thresholds(low, high)
-    others = _rl_others(sources, sampling_logprobs, advantages)
     return _evaluate(name, sources, logprobs, others, ratio_outside, (low, high))
 
 
-def _rl_others(
-    sources: Mapping[str, Tensor], sampling_logprobs: Tensor, advantages: Tensor
-) -> tuple[Tensor | None, ...]:
-    """The per-token inputs of an RL formula after the logprobs: sampling log-probs, advantages,
-    the mask (detached), ``old_logprobs`` and ``weight_lag`` (detached; ``None`` when not given)."""
-    return (
+def _rl_inputs(
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor | None,
+    parts: tuple[Tensor | None, Tensor | None],
+) -> tuple[dict[str, Tensor], tuple[Tensor | None, ...]]:
+    """An RL loss's inputs checked (``parts``: the optional ``old_logprobs`` and ``weight_lag``):
+    their detached sources, and the per-token inputs of its formula after the logprobs: sampling
+    log-probs, advantages, the mask (detached), ``old_logprobs`` and ``weight_lag`` (detached;
+    ``None`` when not given)."""
+    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
+    others = (
         sampling_logprobs,
         advantages,
         sources.get("mask"),
         sources.get("old_logprobs"),
         sources.get("weight_lag"),
     )
+    return sources, others
 
 
 def ppo(
@@ -372,9 +379,7 @@ def importance_sampling(
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips; the gauge as in :func:`ppo`."""
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    parts = (old_logprobs, weight_lag)
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
-    others = _rl_others(sources, sampling_logprobs, advantages)
+    sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, (old_logprobs, weight_lag))
     return _evaluate("importance_sampling", sources, logprobs, others, outside)
 
 
@@ -395,9 +400,7 @@ def dro(
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
-    parts = (old_logprobs, weight_lag)
-    sources = _checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
-    others = _rl_others(sources, sampling_logprobs, advantages)
+    sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, (old_logprobs, weight_lag))
     return _evaluate("dro", sources, logprobs, others, (0.5 * float(beta), *outside))
 
 

@@ -107,7 +107,7 @@ def forward_backward_loss(
     if not outs:
         return _no_datums_result(spec, device)
 
-    ids = _datum_ids(spec, datums, logprobs) if spec.gauge else None
+    ids = _datum_ids(spec, datums, logprobs, outs) if spec.gauge else None
     sums, flat_logprobs, flat_sides, worst_tokens = _host_sums(outs, logprobs, sides, ids)
     shapes = [tuple(lp.shape) for lp in logprobs]
     loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
@@ -439,11 +439,16 @@ def _add_ids(
 
 
 def _datum_ids(
-    spec: losses.LossSpec, datums: Sequence[object], logprobs: Sequence[Tensor]
+    spec: losses.LossSpec,
+    datums: Sequence[object],
+    logprobs: Sequence[Tensor],
+    outs: Sequence[losses.LossOutput],
 ) -> list[tuple[int, Tensor]] | None:
     """Each datum's id (its ``datum_id`` input) and the position of its worst token, a 1-element
-    device tensor (:func:`cliptrack.adapters.losses.worst.worst_token`, no sync); ``None`` when no
-    datum has an id. ValueError naming the datum when only some have one, or one is not an integer."""
+    device tensor (:func:`cliptrack.adapters.losses.worst.worst_token` of the inputs its loss read,
+    kept in its output's ``sources``, read again only for a loss that keeps none; no sync); ``None``
+    when no datum has an id. ValueError naming the datum when only some have one, or one is not an
+    integer."""
     inputs = [_loss_fn_inputs(datum, i) for i, datum in enumerate(datums)]
     given = [keys.DATUM_ID in i for i in inputs]
     if not any(given):
@@ -454,9 +459,10 @@ def _datum_ids(
             f"datums {missing} have no {keys.DATUM_ID!r} while others do: give every datum its id"
         )
     out = []
-    for i, (datum_inputs, lp) in enumerate(zip(inputs, logprobs, strict=True)):
-        tensors = _datum_tensors(spec, datum_inputs, lp)
-        position = worst_rows.worst_token(lp, tensors["sampling_logprobs"], tensors.get("mask"))
+    for i, (datum_inputs, lp, loss) in enumerate(zip(inputs, logprobs, outs, strict=True)):
+        kept = loss.sources[0] if len(loss.sources) == 1 else {}
+        read = kept if "sampling_logprobs" in kept else _datum_tensors(spec, datum_inputs, lp)
+        position = worst_rows.worst_token(lp, read["sampling_logprobs"], read.get("mask"))
         out.append((_datum_id(datum_inputs[keys.DATUM_ID], i), position))
     return out
 

@@ -276,6 +276,26 @@ REWARD_ABS_MARGIN = 0.02
 
 _TOKENS = "fraction of loss tokens"
 
+
+def _mismatch_part(part: str, total: str, mean: str) -> Quantity:
+    """The mismatch KL's ``part`` (``drift`` or ``engine``: ``total`` summed over the loss tokens,
+    ``mean`` another tracker's mean of it), compared for diagnosis within the mismatch KL's margin."""
+    return Quantity(
+        f"{part}_kl_k3",
+        f"mismatch KL, {part} part",
+        "nats per loss token",
+        (Estimand(total, keys.LOSS_TOKENS),),
+        AUTO,
+        KL_MARGIN,
+        abs_margin=KL_FLOOR,
+        bounds=NONNEGATIVE,
+        verdict=False,
+        optional=True,
+        approximate_key=mean,
+        margin_of="kl_k3",
+    )
+
+
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
         "clip_fraction",
@@ -357,34 +377,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         percent=True,
         optional=True,
     ),
-    Quantity(
-        "drift_kl_k3",
-        "mismatch KL, drift part",
-        "nats per loss token",
-        (Estimand(keys.DRIFT_KL_K3_SUM, keys.LOSS_TOKENS),),
-        AUTO,
-        KL_MARGIN,
-        abs_margin=KL_FLOOR,
-        bounds=NONNEGATIVE,
-        verdict=False,
-        optional=True,
-        approximate_key=keys.DRIFT_KL_K3_MEAN,
-        margin_of="kl_k3",
-    ),
-    Quantity(
-        "engine_kl_k3",
-        "mismatch KL, engine part",
-        "nats per loss token",
-        (Estimand(keys.ENGINE_KL_K3_SUM, keys.LOSS_TOKENS),),
-        AUTO,
-        KL_MARGIN,
-        abs_margin=KL_FLOOR,
-        bounds=NONNEGATIVE,
-        verdict=False,
-        optional=True,
-        approximate_key=keys.ENGINE_KL_K3_MEAN,
-        margin_of="kl_k3",
-    ),
+    _mismatch_part("drift", keys.DRIFT_KL_K3_SUM, keys.DRIFT_KL_K3_MEAN),
+    _mismatch_part("engine", keys.ENGINE_KL_K3_SUM, keys.ENGINE_KL_K3_MEAN),
     Quantity(
         "weight_lag",
         "mean weight lag",

@@ -65,6 +65,21 @@ RECURRING_ROWS = 10
 """Recurring sequences listed per run and criterion in the folded table."""
 
 
+def _title(text: str) -> dict[str, Any]:
+    """A figure's title on its own line, below the (hover-only) toolbar's strip at the top."""
+    return {
+        "text": text,
+        "x": 0.01,
+        "xanchor": "left",
+        "xref": "container",
+        "y": 1,
+        "yanchor": "top",
+        "yref": "container",
+        "pad": {"t": 34},
+        "font": {"size": 14},
+    }
+
+
 def _legend_rows(names: list[str]) -> int:
     """Rows a horizontal legend of ``names`` takes at ``LEGEND_WIDTH`` (about 6 px a character
     at 11 px, 46 px of symbol and gap per entry), for the bottom margin."""
@@ -163,18 +178,7 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
     if fig.percent:
         yaxis["tickformat"] = ".3~%"  # 0.15%, 12.5%, 10%: enough digits near zero, none wasted
     return {
-        # the title on its own line, below the (hover-only) toolbar's strip at the top
-        "title": {
-            "text": html_text(fig.panel.title),
-            "x": 0.01,
-            "xanchor": "left",
-            "xref": "container",
-            "y": 1,
-            "yanchor": "top",
-            "yref": "container",
-            "pad": {"t": 34},
-            "font": {"size": 14},
-        },
+        "title": _title(html_text(fig.panel.title)),
         "xaxis": {
             "title": {"text": html_text(fig.x_title), "standoff": 6},
             "automargin": True,
@@ -240,17 +244,7 @@ def _worst_figure(worst: WorstSequences, runs: Sequence[str]) -> dict[str, Any]:
     return {
         "data": data,
         "layout": {
-            "title": {
-                "text": f"The worst sequences' {words}, per step (hover: the datum id)",
-                "x": 0.01,
-                "xanchor": "left",
-                "xref": "container",
-                "y": 1,
-                "yanchor": "top",
-                "yref": "container",
-                "pad": {"t": 34},
-                "font": {"size": 14},
-            },
+            "title": _title(f"The worst sequences' {words}, per step (hover: the datum id)"),
             "xaxis": {"title": {"text": "step"}, "gridcolor": "#eeeeee", "zeroline": False},
             "yaxis": {"title": {"text": f"{words} of a sequence (nats)"}, "gridcolor": "#eeeeee"},
             "margin": {"l": 64, "r": 16, "t": 64, "b": 44 + LEGEND_ROW * rows},
