@@ -9,7 +9,9 @@ time in plain Python. The ratio is computed once with the same element-wise ``ex
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -181,3 +183,21 @@ def gauge_tolerance(key: str, lp: Tensor, slp: Tensor, mask: Tensor | None) -> f
         "is_weight_sq:sum": 2 * float((weight * weight).sum()),
     }[key]
     return eps * scale + 1e-12 * len(log_ratio)
+
+
+def plain_worst(sequences: Iterable[Any], criterion: str, k: int) -> tuple[Any, ...]:
+    """The worst ``k`` sequences (``cliptrack.core.worst.SequenceGauge``) by ``criterion``, plainly:
+    every sequence with a token (a datum seen twice: its pass with the largest value, then the
+    largest row), sorted by value descending then datum ascending (two stable sorts)."""
+    fields = ("tokens", "log_ratio", "abs_log_ratio", "kl_k3", "max_abs_log_ratio", "worst_token")
+
+    def rank(s: Any) -> tuple[Any, ...]:
+        return (getattr(s, criterion), *(getattr(s, f) for f in fields))
+
+    best: dict[int, Any] = {}
+    for s in sequences:
+        if s.tokens > 0 and (s.datum not in best or rank(s) > rank(best[s.datum])):
+            best[s.datum] = s
+    kept = sorted(best.values(), key=lambda s: s.datum)
+    kept.sort(key=lambda s: getattr(s, criterion), reverse=True)  # stable: ties keep datum order
+    return tuple(kept[:k])

@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 from tinker.lib.chunked_fwdbwd_helpers import combine_fwd_bwd_output_results
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
+from tests.reference import plain_worst
+
 LN2 = math.log(2.0)
 GAUGE_LOSSES = {
     "ppo": None,
@@ -343,6 +345,21 @@ def test_a_clients_gauge_is_the_exact_sum_of_its_datums_in_any_chunking(clients,
         assert metrics[keys.ABS_LOG_RATIO_MEAN] == metrics[keys.ABS_LOG_RATIO_SUM] / tokens
 
 
+def chunked(datums, policies, loss_fn, config, chunk_cuts, seed):
+    """A step's datums in chunks (``chunk_cuts``), shuffled (``seed``), in every form a client meets:
+    the outputs, their JSON wire (sent and read back), their protobuf round trip and tinker's own
+    combine of the JSON chunks."""
+    outputs = [
+        forward_backward_loss([datums[i] for i in c], [policies[i] for i in c], loss_fn, config).output
+        for c in cut(list(range(len(datums))), chunk_cuts)
+    ]
+    random.Random(seed).shuffle(outputs)
+    wire = [json.loads(json.dumps(output_to_json(o), allow_nan=False)) for o in outputs]
+    proto = [deserialize_forward_backward_output(output_to_proto(o)) for o in outputs]
+    merged = combine_fwd_bwd_output_results([output_from_json(w) for w in wire])
+    return outputs, wire, proto, merged
+
+
 def _causes_reference(rows: list[tuple[float, float, float, float]]) -> dict:
     """The engine and drift parts and the lag of eligible tokens ``(logprob, sampling, old, lag)``,
     plainly in float64: ``e = old - sampling``, ``d = (logprob - sampling) - e``."""
@@ -394,18 +411,11 @@ def test_engine_drift_and_lag_travel_per_datum_and_sum_per_client_in_any_chunkin
         assert unchunked[keys.WEIGHT_LAG_MAX] == max(r[3] for r in rows)
     for datum in whole.loss_fn_outputs:
         assert {"engine_log_ratio", "drift_kl_k3", "weight_lag", "weight_lag_max"} <= set(datum)
-    outputs = [
-        forward_backward_loss([datums[i] for i in c], [policies[i] for i in c], loss_fn, config).output
-        for c in cut(list(range(len(datums))), chunk_cuts)
-    ]
-    random.Random(seed).shuffle(outputs)
-    wire = [json.loads(json.dumps(output_to_json(o), allow_nan=False)) for o in outputs]
-    proto = [deserialize_forward_backward_output(output_to_proto(o)) for o in outputs]
+    outputs, wire, proto, merged = chunked(datums, policies, loss_fn, config, chunk_cuts, seed)
     agg = ClientAggregator()
     agg.register("run")
     for i, o in enumerate(outputs):
         agg.add("run", 1, wire[i] if i % 2 else o)
-    merged = combine_fwd_bwd_output_results([output_from_json(w) for w in wire])
     for metrics in (
         aggregate_datums(outputs),
         aggregate_datums(wire),
@@ -463,23 +473,12 @@ def test_the_worst_sequences_of_a_step_in_any_chunking_equal_a_sort_of_every_dat
                 i for i, x in enumerate(ratios) if x is not None and abs(x) == max(eligible)
             )
             assert seq.max_abs_log_ratio == pytest.approx(max(eligible), rel=1e-6, abs=1e-7)
-    plain = {}
-    for c in CRITERIA:
-        kept = sorted((s for s in sequences if s.tokens), key=lambda s: s.datum)
-        kept.sort(key=lambda s: s.value(c), reverse=True)
-        plain[c] = tuple(kept[:k])
-    outputs = [
-        forward_backward_loss([datums[i] for i in c], [policies[i] for i in c], loss_fn, config).output
-        for c in cut(list(range(len(datums))), chunk_cuts)
-    ]
-    random.Random(seed).shuffle(outputs)
-    wire = [json.loads(json.dumps(output_to_json(o), allow_nan=False)) for o in outputs]
-    proto = [deserialize_forward_backward_output(output_to_proto(o)) for o in outputs]
+    plain = {c: plain_worst(sequences, c, k) for c in CRITERIA}
+    outputs, wire, proto, merged = chunked(datums, policies, loss_fn, config, chunk_cuts, seed)
     agg = ClientAggregator()
     agg.register("run")
     for i in range(len(outputs)):
         agg.add("run", 2, wire[i] if i % 2 else proto[i])
-    merged = combine_fwd_bwd_output_results([output_from_json(w) for w in wire])
     emitted = agg.emit_step("run", 2, worst_k=k)
     assert emitted.worst is not None and emitted.worst.step == 2
     for worst in (emitted.worst, worst_of_outputs(outputs, 2, k), worst_of_outputs(merged, 2, k)):

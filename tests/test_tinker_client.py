@@ -418,6 +418,8 @@ def test_datums_with_ids_log_the_steps_worst_sequences_over_all_its_calls(tmp_pa
     from cliptrack.core.worst import CRITERIA
     from cliptrack.store.worst import WORST_FILE, read_worst_file
 
+    from tests.reference import plain_worst
+
     service = InProcessService()
     tracker = Tracker("tinker-worst", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker, first_step=4)
@@ -434,7 +436,6 @@ def test_datums_with_ids_log_the_steps_worst_sequences_over_all_its_calls(tmp_pa
     tracker.close()
     (logged,) = read_worst_file(next(p for p in tmp_path.iterdir() if p.is_dir()) / WORST_FILE)
     assert logged.step == 4
+    assert None not in sequences
     for c in CRITERIA:
-        kept = sorted((s for s in sequences if s is not None and s.tokens), key=lambda s: s.datum)
-        kept.sort(key=lambda s: s.value(c), reverse=True)
-        assert logged.by[c] == tuple(kept[: logged.k])
+        assert logged.by[c] == plain_worst(sequences, c, logged.k)

@@ -9,6 +9,8 @@ from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst, merge_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.reference import plain_worst
+
 values = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])  # few values: ties are common
 
 
@@ -30,42 +32,6 @@ def steps(draw):
     ]
 
 
-def plain(sequences, criterion, k):
-    """Every sequence with a token (a datum seen twice: its pass with the largest value, then the
-    largest row), sorted by value descending then datum ascending, the first k."""
-    best: dict[int, SequenceGauge] = {}
-    for s in sequences:
-        if s.tokens > 0:
-            mine = (
-                getattr(s, criterion),
-                s.tokens,
-                s.log_ratio,
-                s.abs_log_ratio,
-                s.kl_k3,
-                s.max_abs_log_ratio,
-                s.worst_token,
-            )
-            if s.datum not in best or mine > (
-                getattr(best[s.datum], criterion),
-                *(
-                    getattr(best[s.datum], f)
-                    for f in (
-                        "tokens",
-                        "log_ratio",
-                        "abs_log_ratio",
-                        "kl_k3",
-                        "max_abs_log_ratio",
-                        "worst_token",
-                    )
-                ),
-            ):
-                best[s.datum] = s
-    kept = list(best.values())
-    kept.sort(key=lambda s: s.datum)
-    kept.sort(key=lambda s: getattr(s, criterion), reverse=True)  # stable: ties keep datum order
-    return tuple(kept[:k])
-
-
 @settings(max_examples=200)
 @given(
     sequences=steps(),
@@ -76,7 +42,7 @@ def plain(sequences, criterion, k):
 def test_the_worst_of_any_chunking_is_the_worst_of_the_whole(sequences, k, cuts, seed):
     whole = worst_of(sequences, k)
     for c in CRITERIA:
-        assert whole[c] == plain(sequences, c, k), c
+        assert whole[c] == plain_worst(sequences, c, k), c
     points = sorted({0, len(sequences), *(x % (len(sequences) + 1) for x in cuts)})
     parts = [worst_of(sequences[a:b], k) for a, b in zip(points[:-1], points[1:], strict=False)]
     random.Random(seed).shuffle(parts)
