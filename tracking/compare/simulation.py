@@ -656,17 +656,20 @@ def _spike(case: str, reps: int, n: int, rng: np.random.Generator) -> np.ndarray
 
 
 def _pair_verdicts(
-    rng: np.random.Generator, case: str, reps: int, n: int, shift: float
+    rng: np.random.Generator, case: str, reps: int, n: int, shift: float, trend_degree: int | None = None
 ) -> tuple[np.ndarray, ...]:
     """``(gated, different, equivalent)`` per replicate for run b at ``shift`` above run a, whole
-    window, through the shipped interval code (``interval_rows``, ``direction_rows``)."""
+    window, through the shipped interval code (``interval_rows``, ``direction_rows``).
+    ``trend_degree``: a trend of that degree always removed before the variance (the rejected
+    alternative of docs/STATISTICS.md, "A trend is not taken out on trust"); ``None``: the shipped
+    rule (a trend only where the test finds one)."""
     ones = np.ones((reps, n))
     a = MEAN + _pair_noise(rng, case, reps, n)
     b = MEAN + shift + _pair_noise(rng, case, reps, n) + _spike(case, reps, n, rng)
     ra, za = linearise_rows(a, ones)
     rb, zb = linearise_rows(b, ones)
     value, z = rb - ra, zb - za
-    v = long_run_variance(z)
+    v = long_run_variance(z, degree=trend_degree if trend_degree is not None and n >= MIN_UNITS else None)
     low, high = interval_rows(value, n, v, CONFIDENCE)
     d_low, d_high = direction_rows(value, n, v, z.std(axis=1))
     enough = n >= MIN_UNITS
@@ -676,23 +679,24 @@ def _pair_verdicts(
     return gated, different, equivalent
 
 
-def pair_different(case: str, n: int, reps: int, seed: int) -> PairRow:
+def pair_different(case: str, n: int, reps: int, seed: int, trend_degree: int | None = None) -> PairRow:
     """One regime of the one-pair calibration: per-step values (a reward-like quantity, one unit per
     step, so the truth is exact) of run a at ``MEAN`` and run b at ``MEAN + TOLERANCE`` (the margin),
     ``MEAN`` (no difference) and ``MEAN + 4 TOLERANCE``, each with its own noise of ``case``. A
     ``different`` that rests on single steps is further turned ``inconclusive`` by the comparison
     (``verdicts.judge``), so these rates of ``different`` are upper bounds of the shipped ones."""
     rng = np.random.default_rng([seed, 202, n, sum(map(ord, case))])
-    gated, at_margin, _ = _pair_verdicts(rng, case, reps, n, TOLERANCE)
-    _, _, at_zero = _pair_verdicts(rng, case, reps, n, 0.0)
-    _, far, _ = _pair_verdicts(rng, case, reps, n, 4 * TOLERANCE)
+    gated, at_margin, _ = _pair_verdicts(rng, case, reps, n, TOLERANCE, trend_degree)
+    _, _, at_zero = _pair_verdicts(rng, case, reps, n, 0.0, trend_degree)
+    _, far, _ = _pair_verdicts(rng, case, reps, n, 4 * TOLERANCE, trend_degree)
     rate = lambda x: float(np.mean(x))  # noqa: E731
     return PairRow(case, n, reps, rate(gated), rate(at_margin), rate(at_zero), rate(far))
 
 
-def pair_table(reps: int = 400, seed: int = 0) -> list[PairRow]:
-    """Every row of the one-pair calibration table (docs/STATISTICS.md, "One pair of runs")."""
-    return [pair_different(case, n, reps, seed) for case, n in PAIR_CASES]
+def pair_table(reps: int = 400, seed: int = 0, trend_degree: int | None = None) -> list[PairRow]:
+    """Every row of the one-pair calibration table (docs/STATISTICS.md, "One pair of runs");
+    ``trend_degree`` as in ``_pair_verdicts``."""
+    return [pair_different(case, n, reps, seed, trend_degree) for case, n in PAIR_CASES]
 
 
 def pair_markdown(rows: list[PairRow]) -> str:
@@ -879,9 +883,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margins", action="store_true", help="the margins-near-zero table only")
     parser.add_argument("--seeds", action="store_true", help="the stacks-judged-on-seeds table only")
     parser.add_argument("--pairs", action="store_true", help="the one-pair 'different' calibration only")
+    parser.add_argument(
+        "--trend-degree",
+        type=int,
+        default=None,
+        help="with --pairs: always remove a trend of this degree (the rejected alternative; default: the shipped rule)",
+    )
     args = parser.parse_args(argv)
     if args.pairs:
-        print(pair_markdown(pair_table(args.replicates, args.seed)))
+        print(pair_markdown(pair_table(args.replicates, args.seed, args.trend_degree)))
         return 0
     if args.seeds:
         print(run_level_markdown(run_level_table(args.replicates, args.seed)))
