@@ -422,3 +422,29 @@ def test_cliptrack_watch_reads_a_run(tmp_path, capsys) -> None:
     assert capsys.readouterr().out == ""
     assert main(["watch", str(tmp_path), "--key", KL]) == 2
     assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_a_watched_key_never_logged_is_named_with_the_keys_it_resembles(tmp_path, capfd) -> None:
+    """A typo in the watched key would watch nothing in silence: at the end of the run (and of
+    ``cliptrack watch``) the key is named with the run's closest logged keys; a key that was
+    logged gets no such line."""
+    from cliptrack.cli.main import main
+
+    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen;clip_fraction:mean") as t:
+        for step in range(5):
+            t.log(step, {KL: 0.01, "clip_fraction:mean": 0.1, "reward:mean": 0.5})
+    err = capfd.readouterr().err
+    assert "cliptrack watch: kl_k3:maen was never logged in this run (5 points)" in err
+    assert "did you mean kl_k3:mean?" in err
+    assert "clip_fraction:mean was never logged" not in err
+    assert main(["watch", str(t.run_dir.path), "--key", "kl_k3:sum", "--key", KL]) == 0
+    err = capfd.readouterr().err
+    assert "cliptrack watch: kl_k3:sum was never logged in this run (5 points)" in err
+    assert "did you mean kl_k3:mean?" in err
+    assert f"{KL} was never logged" not in err
+
+
+def test_a_run_without_points_names_no_key(tmp_path, capfd) -> None:
+    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen"):
+        pass
+    assert "was never logged" not in capfd.readouterr().err

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
 from cliptrack.core.text import printable
-from cliptrack.log.watch import Detector, Watch, parse_watch
+from cliptrack.log.watch import Detector, KeysSeen, Watch, parse_watch
 from cliptrack.store import journal
 from cliptrack.store.records import RUNNING
 from cliptrack.store.spool import RunDir
@@ -59,19 +60,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise ValueError(f"--interval {args.interval}: expected seconds > 0")
     run_dir = RunDir(path.parent, path.name)
-    detector = Detector(chosen(args), run_dir.run_id)
+    watches = chosen(args)
+    detector = Detector(watches, run_dir.run_id)
+    seen = KeysSeen(w.key for w in watches)
     offset, breaches = 0, 0
     while True:
         running = run_dir.read_meta().get("status") == RUNNING  # read before the lines: none is missed
-        offset, found = _read(run_dir, offset, detector, args.json)
+        offset, found = _read(run_dir, offset, detector, seen, args.json)
         breaches += found
         if args.once or not running:
             break
         time.sleep(args.interval)
+    for line in seen.never_logged():
+        print(f"cliptrack watch: {printable(line)}", file=sys.stderr)
     return EXIT_BREACH if breaches else 0
 
 
-def _read(run_dir: RunDir, offset: int, detector: Detector, as_json: bool) -> tuple[int, int]:
+def _read(run_dir: RunDir, offset: int, detector: Detector, seen: KeysSeen, as_json: bool) -> tuple[int, int]:
     """Follow the journal's complete lines from ``offset``; the offset reached and the breaches."""
     found = 0
     for _, line, end in journal.lines(run_dir.points_path, offset):
@@ -82,6 +87,7 @@ def _read(run_dir: RunDir, offset: int, detector: Detector, as_json: bool) -> tu
             point = journal.parse_line(line)
         except (ValueError, KeyError, TypeError):
             continue
+        seen.note(point.metrics)
         for alert in detector.update(point.step, point.metrics):
             found += 1
             print(json.dumps(dataclasses.asdict(alert)) if as_json else printable(alert.text), flush=True)

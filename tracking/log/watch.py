@@ -21,6 +21,7 @@ wakes the watch's own thread, which updates the rule and, on a breach, raises th
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -45,6 +46,8 @@ ENV = "CLIPTRACK_WATCH"
 """Environment variable holding the string form of the watches, read when ``Tracker(watch=None)``."""
 MAX_QUEUED = 100_000
 """Points the watch's queue holds before dropping its oldest (the watch thread is behind)."""
+MAX_SEEN_KEYS = 10_000
+"""Most distinct logged keys kept for the suggestion when a watched key is never logged."""
 BREACHES_FILE = "watch.jsonl"
 """The run directory's record of the breaches, one JSON object (an ``Alert``) per line."""
 
@@ -379,6 +382,8 @@ class Watcher:
         self._stopping = False
         self.dropped = 0
         """Points dropped from the queue because the watch thread was behind."""
+        self.keys = KeysSeen(self.watched)
+        """Which watched keys the points carried (a mistyped key is named at ``stop``)."""
         self.alerts: list[Alert] = []
         self.callback_errors = 0
         self._thread = threading.Thread(target=self._run, name="cliptrack-watch", daemon=True)
@@ -386,7 +391,9 @@ class Watcher:
 
     # ---- training thread -------------------------------------------------------------------------
     def offer(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Queue the watched values of one point; never waits (O(number of watches))."""
+        """Queue the watched values of one point; never waits (O(number of watches); while a watched
+        key is still unseen, O(keys of the point) more)."""
+        self.keys.note(metrics)
         values = tuple(metrics.get(key) for key in self.watched)
         if all(v is None for v in values):
             return
@@ -410,6 +417,8 @@ class Watcher:
         self._stopping = True
         self._wake.set()
         self._thread.join(max(0.0, timeout_s))
+        for line in self.keys.never_logged():
+            _stderr(line)
 
     # ---- watch thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -460,6 +469,35 @@ class Watcher:
             why = f"{type(exc).__name__}: {exc}"
             LOG.warning("the on_breach callback of watch %s raised %s", alert.key, printable(why))
             _stderr(f"on_breach of {alert.key} raised {why}")
+
+
+class KeysSeen:
+    """Which watched keys a run's points carried, so that a watch on a key never logged (a typo, a
+    ``:sum`` for a ``:mean``) is named instead of staying silent. ``note`` is O(watches) once every
+    watched key was seen, O(keys of the point) before."""
+
+    def __init__(self, watched: Iterable[str]) -> None:
+        self.unseen = set(watched)
+        self.points = 0
+        self.seen: set[str] = set()
+        """The points' keys while a watched key is unseen (at most ``MAX_SEEN_KEYS``: the suggestions' pool)."""
+
+    def note(self, metrics: Mapping[str, object]) -> None:
+        self.points += 1
+        if self.unseen:
+            self.unseen.difference_update(metrics)
+            if self.unseen and len(self.seen) < MAX_SEEN_KEYS:
+                self.seen.update(metrics)
+
+    def never_logged(self) -> list[str]:
+        """One line per watched key no point carried (none before the first point): nothing was
+        watched for it; the closest keys the run did log are named."""
+        out = []
+        for key in sorted(self.unseen) if self.points else ():
+            close = difflib.get_close_matches(key, sorted(self.seen), n=3, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            out.append(f"{key} was never logged in this run ({self.points} points): it was not watched{hint}")
+        return out
 
 
 def _stderr(text: str) -> None:
