@@ -130,6 +130,19 @@ class Postgres:
         """Create database ``name`` (over the unix socket)."""
         self._run("createdb", "-h", str(self.root), "-p", str(self.port), "-U", USER, name)
 
+    def psql(self, database: str, sql: str) -> str:
+        """What ``sql`` prints in ``database`` (``psql``, unaligned, rows only), stripped."""
+        socket = ("-h", str(self.root), "-p", str(self.port), "-U", USER)
+        return self._run(
+            "psql", *socket, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql, database
+        ).strip()
+
+    def dump(self, database: str) -> str:
+        """``pg_dump`` of ``database``: its schema and every row, as SQL text; the same text for the
+        same database (psql's ``\\restrict`` key, otherwise random per dump, is fixed)."""
+        socket = ("-h", str(self.root), "-p", str(self.port), "-U", USER)
+        return self._run("pg_dump", *socket, "--restrict-key=cliptrack", database)
+
 
 @contextlib.contextmanager
 def running(port: int, password: str) -> Iterator[Postgres]:

@@ -222,3 +222,41 @@ def test_panels_mlflow_logs_to_the_store_a_plain_path_was_read_as(tmp_path, monk
     run_id = capsys.readouterr().out.strip().rsplit(" ", 1)[-1]
     assert MlflowClient(tracking_uri=uri).get_run(run_id).data.tags["cliptrack.kind"] == "comparison"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts", "mlflow.db"]
+
+
+def _older_store(root: Path, tmp_path: Path, *, drop_newer_table: bool) -> tuple[Path, str]:
+    """A copy of the real store in ``tmp_path`` as an older MLflow left it: its schema revision one
+    migration back (and, with ``drop_newer_table``, a table that a later migration made missing);
+    return its path and the revision written."""
+    import shutil
+
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    migrations = ScriptDirectory.from_config(_get_alembic_config(db_url=""))
+    older = migrations.get_revision(migrations.get_current_head()).down_revision
+    path = tmp_path / "old.db"
+    shutil.copyfile(root / "mlflow.db", path)
+    connection = sqlite3.connect(path)
+    connection.execute("UPDATE alembic_version SET version_num = ?", (older,))
+    if drop_newer_table:
+        connection.execute("DROP TABLE webhook_events")
+    connection.commit()
+    connection.close()
+    return path, str(older)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("drop_newer_table", [False, True])
+def test_a_store_of_another_mlflow_schema_is_refused_unmigrated(
+    mlflow_store, command, drop_newer_table, tmp_path, capsys, monkeypatch
+):
+    """MLflow's client would run its migrations on such a store (upgrading another MLflow's store by
+    a read, or half-migrating it when a table is missing): it is refused, byte-identical."""
+    from cliptrack.backends.mlflow._compat import schema_revision
+
+    path, older = _older_store(mlflow_store[0], tmp_path, drop_newer_table=drop_newer_table)
+    uri = f"sqlite:///{path}"
+    line = _refuses([*COMMANDS[command], "--tracking-uri", uri], tmp_path, capsys, monkeypatch)
+    assert f"{uri} is an MLflow store of another schema (revision {older}; MLflow " in line, line
+    assert f"reads {schema_revision()})" in line and f"mlflow db upgrade {uri}" in line, line

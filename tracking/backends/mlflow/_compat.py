@@ -14,6 +14,10 @@
   On those threads ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` answers true as well: MLflow's
   ``set_terminated`` would print "View run ... at: <tracking URI>" on the application's stdout,
   the URI with its password (``cliptrack.core.secrets``: cliptrack shows it redacted, in its summary);
+- the schema revision MLflow's SQL store expects (``schema_revision``: MLflow's private
+  ``mlflow.store.db.utils._get_latest_schema_revision``, the head of its alembic migrations): a
+  store at another revision would be migrated by MLflow's store constructor, so readers refuse it
+  first (``cliptrack.backends.preflight``);
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
   experiment as a training one (``custom_model_development``) rather than a GenAI one;
 - where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
@@ -41,7 +45,7 @@ SUPPORTED_BELOW = (4, 0)
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
     "MAX_PARAM_VAL_LENGTH), the HTTP settings and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT of "
-    "mlflow.environment_variables read per request, and the "
+    "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision, and the "
     "experiment tag mlflow.experimentKind"
 )
 
@@ -181,6 +185,14 @@ def bounded_requests(reads: bool = False) -> Iterator[None]:
 def installed_version() -> str:
     """The installed MLflow's version string."""
     return metadata.version("mlflow")
+
+
+def schema_revision() -> str:
+    """The alembic revision of the SQL store schema the installed MLflow reads and writes (a store
+    at any other revision would be migrated, or refused, by MLflow's ``SqlAlchemyStore``)."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return str(_get_latest_schema_revision())
 
 
 def check_supported() -> None:

@@ -7,10 +7,32 @@ from dataclasses import replace
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
-from cliptrack.backends.mlflow._compat import bounded_requests
+from cliptrack.backends.mlflow._compat import bounded_requests, installed_version, schema_revision
 from cliptrack.backends.mlflow._rest import history_length
-from cliptrack.backends.preflight import resolve_tracking_uri
+from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
 from cliptrack.core import keys
+
+
+def check_schema(revision: str | None, uri: str, origin: str) -> None:
+    """StoreError unless a SQL store's schema ``revision`` is the one the installed MLflow reads:
+    MLflow's client would migrate a store at any other one when it opens it (upgrade a store an older
+    MLflow wrote, half-migrate one missing a table), and reading writes nothing
+    (``preflight.SchemaCheck``)."""
+    expected = schema_revision()
+    if revision == expected:
+        return
+    raise StoreError(
+        f"{uri}{origin} is an MLflow store of another schema (revision {revision}; MLflow "
+        f"{installed_version()} reads {expected}): it was left untouched (reading neither writes nor "
+        f"migrates a store); read it with the MLflow version that wrote it, or back it up and run "
+        f"mlflow db upgrade {uri}"
+    )
+
+
+def read_uri(tracking_uri: str | None) -> str:
+    """The tracking URI to read (``preflight.resolve_tracking_uri``), a SQL store's schema revision
+    checked too (``check_schema``)."""
+    return resolve_tracking_uri(tracking_uri, check_schema)
 
 
 def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
@@ -49,7 +71,7 @@ def _mlflow_entries(
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    client = MlflowClient(tracking_uri=read_uri(tracking_uri))
     experiments = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
     if experiment is not None:
         experiments = [e for e in experiments if experiment in (e.name, e.experiment_id)]

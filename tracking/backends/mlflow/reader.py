@@ -17,8 +17,8 @@ from cliptrack.backends.catalog import RunNotFoundError, choose_by_name
 from cliptrack.backends.mlflow._compat import bounded_requests
 from cliptrack.backends.mlflow._rest import http_columns
 from cliptrack.backends.mlflow._store import bulk_columns
-from cliptrack.backends.mlflow.listing import mlflow_entry
-from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
+from cliptrack.backends.mlflow.listing import mlflow_entry, read_uri
+from cliptrack.backends.preflight import StoreError
 from cliptrack.compare.aliases import canonical_points, needs_aliases
 from cliptrack.compare.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.core import keys
@@ -61,7 +61,7 @@ def load_mlflow(
 def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str | None) -> RunSet:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri))
+    client = MlflowClient(tracking_uri=read_uri(tracking_uri))
     where = f"MLflow store {client.tracking_uri}"
     experiment_ids = _mlflow_experiment_ids(client, experiment, where)
     if refs:
