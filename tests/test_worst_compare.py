@@ -31,7 +31,9 @@ def _step_sequences(rng: random.Random, step: int, hot: tuple[int, ...]) -> list
         scale = 6.0 if datum in hot and rng.random() < 0.8 else 1.0
         abs_l = rng.random() * tokens * 0.05 * scale
         out.append(
-            SequenceGauge(datum, tokens, abs_l * 0.3, abs_l, abs_l * abs_l / tokens, rng.random() * scale, 0)
+            SequenceGauge(
+                datum, tokens, abs_l * 0.3, abs_l, abs_l * abs_l / tokens, min(rng.random() * scale, abs_l), 0
+            )
         )
     return out
 

@@ -30,14 +30,15 @@ def _sequences(seed: int, n: int = 40) -> list[SequenceGauge]:
     for datum in rng.sample(range(1000), n):
         tokens = rng.randint(0, 30)
         l_sum = rng.uniform(-2, 2) * tokens
+        abs_sum = abs(l_sum) + rng.random() * tokens
         out.append(
             SequenceGauge(
                 datum=datum,
                 tokens=tokens,
                 log_ratio=l_sum,
-                abs_log_ratio=abs(l_sum) + rng.random() * tokens,
+                abs_log_ratio=abs_sum,
                 kl_k3=rng.random() * tokens * 0.1,
-                max_abs_log_ratio=rng.random() * 3,
+                max_abs_log_ratio=min(rng.random() * 3, abs_sum),
                 worst_token=rng.randrange(max(tokens, 1)),
             )
         )
@@ -84,6 +85,14 @@ def test_bad_input_is_named_and_loses_nothing(tmp_path) -> None:
         too_many = Worst(1, 2, worst_of(_sequences(1), 4))
         with pytest.raises(ValueError, match="step 1: 4 sequences by abs_log_ratio, more than k=2"):
             t.log_worst(1, too_many)
+        ranked = _worst(1).by["kl_k3"]
+        for listed, message in (
+            (ranked[::-1], r"step 1: the worst sequences by kl_k3, rank 2 \(datum \d+\) ranks above rank 1"),
+            ((ranked[0], ranked[0]), "rank 2 .* the datum is listed twice"),
+            ((SequenceGauge(5, 0, 0.0, 0.0, 0.0, 0.0, -1),), "rank 1 \\(datum 5\\) has no eligible token"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                t.log_worst(1, Worst(1, 4, {"kl_k3": listed}))
         t.log_worst(1, _worst(1))
     assert [line["step"] for line in _lines(t.run_dir.path)] == [0, 1]
     with pytest.raises(ValueError, match="is closed"):

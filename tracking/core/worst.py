@@ -48,6 +48,25 @@ DEFAULT_K = 8
 """Sequences kept per criterion and step unless asked otherwise."""
 
 
+SUM_SLACK = 1e-6
+"""Relative slack of ``max |l| <= sum |l|`` and ``|sum l| <= sum |l|``: sums formed in another order
+on the device round apart by a few ulps, and a value given in float32 by its 6e-8."""
+
+
+def _whole(sequence: Any, name: str) -> int:
+    """Field ``name`` of ``sequence`` as an ``int``: an integer, or a float with no fraction (device
+    rows carry ids and counts as float64); ValueError naming the field otherwise."""
+    value = _plain(getattr(sequence, name))
+    if not isinstance(value, bool):
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    raise ValueError(
+        f"sequence {getattr(sequence, 'datum', '?')!r}: {name} must be an integer, got {value!r}"
+    )
+
+
 @dataclass(frozen=True)
 class SequenceGauge:
     """One sequence's gauge (module docstring: units). ``datum``: its id (an integer the caller
@@ -62,15 +81,32 @@ class SequenceGauge:
     worst_token: int
 
     def __post_init__(self) -> None:
+        for name in ("datum", "tokens", "worst_token"):
+            object.__setattr__(self, name, _whole(self, name))
         if self.tokens < 0:
             raise ValueError(f"sequence {self.datum}: tokens must be >= 0, got {self.tokens}")
+        if self.worst_token < (0 if self.tokens else -1):
+            raise ValueError(
+                f"sequence {self.datum}: worst_token must be a position >= 0 (-1 without an eligible "
+                f"token), got {self.worst_token}"
+            )
         for name in ("log_ratio", "abs_log_ratio", "kl_k3", "max_abs_log_ratio"):
-            value = getattr(self, name)
-            if not math.isfinite(value):
-                raise ValueError(f"sequence {self.datum}: {name} must be finite, got {value!r}")
+            value = _plain(getattr(self, name))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"sequence {self.datum}: {name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
         for name in ("abs_log_ratio", "kl_k3", "max_abs_log_ratio"):
             if getattr(self, name) < 0:
                 raise ValueError(f"sequence {self.datum}: {name} must be >= 0, got {getattr(self, name)!r}")
+        for name, part in (
+            ("max_abs_log_ratio", self.max_abs_log_ratio),
+            ("|log_ratio|", abs(self.log_ratio)),
+        ):
+            if part > self.abs_log_ratio * (1 + SUM_SLACK) + SUM_SLACK:
+                raise ValueError(
+                    f"sequence {self.datum}: {name}={part!r} exceeds abs_log_ratio={self.abs_log_ratio!r}, "
+                    "the sum of |l| over its tokens"
+                )
 
     @classmethod
     def from_row(cls, row: Sequence[float]) -> SequenceGauge:
@@ -78,21 +114,20 @@ class SequenceGauge:
         if len(row) != len(COLUMNS):
             raise ValueError(f"a sequence row has {len(COLUMNS)} values {COLUMNS}, got {len(row)}")
         values = dict(zip(COLUMNS, row, strict=True))
-        return cls(
-            datum=int(values["datum"]),
-            tokens=int(values["tokens"]),
-            log_ratio=float(values["log_ratio"]),
-            abs_log_ratio=float(values["abs_log_ratio"]),
-            kl_k3=float(values["kl_k3"]),
-            max_abs_log_ratio=float(values["max_abs_log_ratio"]),
-            worst_token=int(values["worst_token"]),
-        )
+        return cls(**{c: _plain(v) for c, v in values.items()})
 
     def value(self, criterion: str) -> float:
         """The value this sequence is ranked by under ``criterion`` (one of :data:`CRITERIA`)."""
         if criterion not in CRITERIA:
             raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
         return float(getattr(self, criterion))
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or 0-d tensor as its Python number (``item()``); anything else as it is, for
+    :func:`_whole` to judge (so 1.5 is refused, not truncated)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
 
 
 def rank_key(criterion: str) -> Any:

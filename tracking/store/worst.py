@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst
+from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst, rank_key
 from cliptrack.store.files import open_regular
 
 LOG = logging.getLogger("cliptrack")
@@ -94,7 +94,27 @@ def checked(step: int, worst: object) -> Worst:
             by[criterion] = tuple(SequenceGauge.from_row([getattr(s, c) for c in COLUMNS]) for s in listed)
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"step {step}: a worst sequence by {criterion}: {exc}") from None
+        _check_ranked(step, criterion, by[criterion])
     return Worst(step, k, by)
+
+
+def _check_ranked(step: int, criterion: str, listed: tuple[SequenceGauge, ...]) -> None:
+    """``listed`` as a ranking stores it: sequences with an eligible token, each datum once, in the
+    order of ``cliptrack.core.worst`` (value descending, datum ascending); ValueError naming the rank."""
+    seen: set[int] = set()
+    for rank, s in enumerate(listed, start=1):
+        where = f"step {step}: the worst sequences by {criterion}, rank {rank} (datum {s.datum})"
+        if s.tokens == 0:
+            raise ValueError(f"{where} has no eligible token: such a sequence never ranks")
+        if s.datum in seen:
+            raise ValueError(f"{where}: the datum is listed twice (a datum ranks once, by its best pass)")
+        seen.add(s.datum)
+        if rank > 1 and rank_key(criterion)(s) < rank_key(criterion)(listed[rank - 2]):
+            raise ValueError(
+                f"{where} ranks above rank {rank - 1} (datum {listed[rank - 2].datum}): "
+                f"{criterion} {s.value(criterion)!r} vs {listed[rank - 2].value(criterion)!r}; "
+                "the order is the value, largest first, then the datum id, smallest first"
+            )
 
 
 def encode(worst: Worst) -> bytes:
