@@ -65,10 +65,16 @@ def mlflow_server(uri: str, log_path: Path, timeout_s: float = 120, command: str
         log.close()
 
 
+WINDOW = "--window-size=1600,1000"
+"""A laptop's screen: the chart view draws only the charts in view (Chromium's default 800x600 shows
+none below the shared view's banner)."""
+
+
 def page_dom(url: str, profile: Path, budget_ms: int = 30000) -> str:
-    """The DOM of ``url`` after ``budget_ms`` of virtual time in a fresh headless Chromium profile."""
+    """The DOM of ``url`` after ``budget_ms`` of virtual time in a fresh headless Chromium profile
+    (a ``WINDOW``-sized window)."""
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync", WINDOW]
         + ["--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}"]
         + [f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
         capture_output=True,

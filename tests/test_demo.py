@@ -111,8 +111,9 @@ def test_mlflow_ui_shows_the_training_runs_clip_series(demo, demo_ui, tmp_path):
     assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development", experiment.tags
     assert experiment.artifact_location.startswith(out.as_uri()), experiment.artifact_location
     url = demo_ui  # `mlflow ui` on the demo's store (tests/conftest.py)
-    # the address the demo prints; a tall window, so every chart of the clip series and the gauge
-    # is drawn (the chart view draws only the charts in view)
+    # the address the demo prints without its view (viewStateShareKey: four charts alone, checked in
+    # tests/test_mlflow_ui.py), so every chart shows; a tall window, so every chart of the clip
+    # series and the gauge is drawn (the chart view draws only the charts in view)
     charts = (
         f"{url}/#/experiments/{experiment.experiment_id}/runs"
         "?workflowType=machine_learning&compareRunsMode=CHART"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cliptrack.backends.mlflow.experiments import CHARTS_VIEW_QUERY, training_experiment
 from cliptrack.cli.compare import format_result, worst_of_runs
 from cliptrack.cli.progress import Progress
 from cliptrack.core import keys
@@ -349,11 +350,13 @@ def mlflow_ui_url(experiment_id: str, port: int | None = None) -> str:
     MLflow 3.17's UI picks the GenAI or the model-training view from its ``workflowType`` setting
     (the URL parameter, else the browser's saved choice, default GenAI), not from the experiment's
     ``mlflow.experimentKind`` tag; ``workflowType=machine_learning`` and ``compareRunsMode=CHART``
-    open the runs with their charts in any browser.
+    open the runs with their charts in any browser, and ``viewStateShareKey`` the view cliptrack
+    wrote for the experiment (``_compat.charts_view_tags``): the clip fraction, the mismatch KL,
+    reward and throughput alone, full width.
     """
     return (
         f"http://127.0.0.1:{port or UI_PORT}/#/experiments/{experiment_id}/runs"
-        "?workflowType=machine_learning&compareRunsMode=CHART"
+        f"?workflowType=machine_learning&compareRunsMode=CHART&{CHARTS_VIEW_QUERY}"
     )
 
 
@@ -421,8 +424,6 @@ def find_output(out: str | Path = DEFAULT_OUT, *, near: Path | None = None) -> P
 def _training_experiment(tracking_uri: str, out: Path) -> str:
     """Create the demo's MLflow experiment (unless it exists) as a training experiment for ``mlflow
     ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory)."""
-    from cliptrack.backends.mlflow.experiments import training_experiment
-
     return training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
 
 

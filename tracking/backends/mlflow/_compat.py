@@ -18,6 +18,11 @@
   ``mlflow.store.db.utils._get_latest_schema_revision``, the head of its alembic migrations): a
   store at another revision would be migrated by MLflow's store constructor, so readers refuse it
   first (``cliptrack.backends.preflight``);
+- the MLflow UI's shared view (``shared_view_state``, ``SHARED_VIEW_TAG_PREFIX``, ``SHARED_VIEW_PARAM``): the experiment page
+  reads a view state (its chart search, its run list shown or hidden) from the experiment tag
+  ``mlflow.sharedViewState.<key>`` when its address carries ``viewStateShareKey=<key>`` — what its
+  own "Share" button writes. No other setting a client can write orders or filters the charts
+  (their layout otherwise lives in the browser's local storage);
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
   experiment as a training one (``custom_model_development``) rather than a GenAI one;
 - where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
@@ -28,6 +33,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -45,16 +51,30 @@ SUPPORTED_BELOW = (4, 0)
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
     "MAX_PARAM_VAL_LENGTH), the HTTP settings and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT of "
-    "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision, and the "
-    "experiment tag mlflow.experimentKind"
+    "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision, the "
+    "experiment tags mlflow.experimentKind and mlflow.sharedViewState.<key> (the UI's viewStateShareKey)"
 )
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_EXPERIMENT_KIND = "custom_model_development"
 """What ``mlflow ui`` shows as a classic ML training experiment (``genai_development`` is the other)."""
 
+SHARED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+"""Experiment tags holding a view of the MLflow UI's experiment page (JSON), by share key."""
+SHARED_VIEW_PARAM = "viewStateShareKey"
+"""The UI address's parameter naming the share key of the view to open."""
+
 SQLITE_PREFIX = "sqlite:///"
 """A local sqlite store's URI: ``sqlite:///relative.db`` or ``sqlite:////absolute.db``."""
+
+
+def shared_view_state(charts_search: str, run_list_hidden: bool) -> str:
+    """A view of the UI's experiment page as its "Share" button stores it (JSON, the value of a
+    ``SHARED_VIEW_TAG_PREFIX`` tag): the charts' search box set to ``charts_search`` (a regular
+    expression the UI matches against each chart's metric key, ignoring case), empty charts hidden,
+    the run list folded or not."""
+    state = {"chartsSearchFilter": charts_search, "hideEmptyCharts": True, "runListHidden": run_list_hidden}
+    return json.dumps(state)
 
 
 def artifacts_beside(tracking_uri: str, name: str) -> Path | None:

@@ -47,6 +47,7 @@ from typing import Any
 
 from cliptrack.backends.base import Alert, Sink, SinkError, SinkRejected
 from cliptrack.backends.mlflow import _compat as compat
+from cliptrack.backends.mlflow.experiments import charts_view_tags
 from cliptrack.core import keys, secrets
 from cliptrack.core.text import printable
 from cliptrack.core.worst import Worst
@@ -312,7 +313,7 @@ class MlflowSink(Sink):
                 client.create_experiment(
                     self.experiment,
                     artifact_location=None if directory is None else directory.as_uri(),
-                    tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND},
+                    tags={compat.EXPERIMENT_KIND_TAG: compat.TRAINING_EXPERIMENT_KIND, **charts_view_tags()},
                 )
             )
         except Exception:  # created concurrently by another process
