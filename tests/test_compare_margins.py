@@ -242,6 +242,55 @@ def test_inconclusive_segments_are_not_called_beyond_the_margin():
     assert "(within the margin on average)" in headline
 
 
+def test_insufficient_names_only_what_cannot_be_compared():
+    """With the mismatch KL short of data and the clip fraction inconclusive, the headline says the
+    KL cannot be compared and the clip fraction is inconclusive, not that both cannot be compared;
+    two reasons that differ are each labelled with their quantity."""
+    n, tokens = 1000, np.full(1000, 3000)
+    runs = [
+        run_from_curves(
+            name,
+            backend,
+            seed=seed,
+            clip_p=level_curve(seed + 10, n, 0.1),
+            loss_tokens=tokens,
+            extra={keys.KL_K3_SUM: tokens * 0.001 * (1 + 0.1 * np.random.default_rng(seed).random(n))},
+        )
+        for name, backend, seed in (("a", "megatron", 1), ("b", "miles", 2))
+    ]
+    result = compare(runset_of(*runs))
+    clip, kl = result.difference("clip_fraction"), result.difference("kl_k3")
+
+    def changed(rows):
+        return replace(result, differences=[rows.get(x.metric, x) for x in result.differences])
+
+    one = changed(
+        {
+            "clip_fraction": replace(clip, verdict=INCONCLUSIVE),
+            "kl_k3": replace(kl, verdict=INSUFFICIENT, reason="effective sample size 3.8 < 10"),
+        }
+    )
+    headline = one.summary().splitlines()[0]
+    assert headline.startswith(
+        "Insufficient data: the mismatch KLs of these runs (b and a) cannot be compared "
+        "(effective sample size 3.8 < 10)."
+    ), headline
+    assert (
+        "The clip fraction (token-weighted) is inconclusive: neither within nor beyond ±25% is shown."
+        in headline
+    )
+    both = changed(
+        {
+            "clip_fraction": replace(clip, verdict=INSUFFICIENT, reason="effective sample size 2.7 < 10"),
+            "kl_k3": replace(kl, verdict=INSUFFICIENT, reason="effective sample size 0.8 < 10"),
+        }
+    )
+    headline = both.summary().splitlines()[0]
+    assert "the clip fractions and mismatch KLs of these runs (b and a) cannot be compared" in headline
+    assert "clip fraction (token-weighted): effective sample size 2.7 < 10" in headline
+    assert "mismatch KL (k3): effective sample size 0.8 < 10" in headline
+
+
 def test_equivalent_says_these_runs_over_the_window_never_throughout():
     """One pair answers for these runs, over the window (segments name stretches, not verdicts)."""
     for n in (300, 1000):

@@ -426,9 +426,25 @@ def _agree(result: Findings, subject: str, margins: str) -> str:
 
 
 def _insufficient_headline(result: Findings, subject: str) -> str:
-    reasons = sorted({printable(d.reason) for d in _judged(result) if d.verdict == INSUFFICIENT})
-    names = " and ".join(result.quantity(m).plural_label for m in result.on_policy) or "clip fractions"
-    return f"Insufficient data: the {names} of {subject} cannot be compared ({'; '.join(reasons) or 'no clip counts'})."
+    """The quantities without data named with their reasons (each labelled when they differ), and the
+    other judged quantities' own verdicts: the sentence names only what cannot be compared."""
+    judged = _judged(result)
+    short = [d for d in judged if d.verdict == INSUFFICIENT]
+    reasons = {printable(d.reason): d for d in short if d.reason}
+    labelled = len(reasons) > 1
+    why = "; ".join(f"{_what(result, d.metric)}: {r}" if labelled else r for r, d in reasons.items())
+    metrics = [d.metric for d in short] or list(result.on_policy)
+    names = " and ".join(result.quantity(m).plural_label for m in metrics) or "clip fractions"
+    others = "".join(
+        f" The {_what(result, d.metric)} is inconclusive: neither within nor beyond {_short_margin(result, d)} is shown."
+        if d.verdict == INCONCLUSIVE
+        else f" The {_what(result, d.metric)} is {d.verdict}."
+        for d in judged
+        if d.verdict != INSUFFICIENT
+    )
+    return (
+        f"Insufficient data: the {names} of {subject} cannot be compared ({why or 'no clip counts'}).{others}"
+    )
 
 
 def _inconclusive_headline(result: Findings, subject: str, margins: str) -> str:
