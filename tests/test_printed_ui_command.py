@@ -13,7 +13,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from cliptrack.cli.demo import next_steps
+from cliptrack.cli.demo import mlflow_ui_url, next_steps
+from cliptrack.core.secrets import redacted_output
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
 from tests._mlflow_ui import free_port, wait_healthy
@@ -36,6 +37,17 @@ def test_the_printed_command_names_one_worker(tmp_path):
     argv, uri = _printed_ui_command(tmp_path)
     assert argv[:4] == ["mlflow", "ui", "--backend-store-uri", uri]
     assert argv[argv.index("--workers") + 1] == "1"
+
+
+def test_the_printed_address_is_whole(tmp_path, capsys):
+    """The address names MLflow's view of the four charts (``viewStateShareKey``, not a secret:
+    the demo's output passes through ``redact``), on stdout as the demo prints it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    write_mlflow(uri, megatron_vs_miles()[0])
+    with redacted_output():
+        print(next_steps(tmp_path, uri, "1", {"megatron": ["a", "b"], "miles": ["c", "d"]}, {}))
+    out = capsys.readouterr().out
+    assert f"    {mlflow_ui_url('1')}\n" in out and "viewStateShareKey=cliptrack-charts" in out, out
 
 
 def test_the_printed_command_comes_up_and_serves_the_runs(tmp_path):

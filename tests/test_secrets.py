@@ -108,6 +108,15 @@ def test_other_credential_shapes_are_hidden(monkeypatch):
     }
 
 
+def test_the_mlflow_ui_share_key_is_no_secret_and_look_alikes_still_are():
+    """The MLflow UI address the demo prints names its chart view with ``viewStateShareKey``."""
+    ui = "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=cliptrack-charts"
+    assert redact(ui) == ui
+    assert redact(f"http://h/?shareKey={TOKEN}&key={TOKEN}&myviewStateShareKey={TOKEN}") == (
+        f"http://h/?shareKey={MASK}&key={MASK}&myviewStateShareKey={MASK}"
+    )
+
+
 def test_redaction_is_idempotent():
     uri = f"postgresql+psycopg2://ml:{PASSWORD}@db:5432/mlflow?sslmode=require&password={TOKEN}"
     once = redact(uri)

@@ -8,7 +8,8 @@ reports, error lines) goes through :func:`redact`. What is hidden:
   ``postgresql://user:***@host/db`` (a user name alone is kept: it is not a secret);
 - the value of a query parameter whose name says it is a credential (``token``, ``access_token``,
   ``api_key``, ``key``, ``password``, ``secret``, ``sig``, ``signature``, ``auth`` and their
-  spellings with ``-``/``_``, any case): ``?token=abc`` becomes ``?token=***``;
+  spellings with ``-``/``_``, any case): ``?token=abc`` becomes ``?token=***`` (but for
+  :data:`NOT_SECRET_PARAMS`, such as the MLflow UI's ``viewStateShareKey``);
 - a libpq-style ``password=...`` pair (``host=h password=PW``);
 - an ``Authorization: Basic/Bearer/Token`` value, or a ``Bearer`` token, as servers sometimes
   echo them back;
@@ -66,6 +67,10 @@ SECRET_ENV = (
     "HF_TOKEN",
 )
 
+NOT_SECRET_PARAMS = ("viewStateShareKey",)
+"""Query parameters whose names look like a credential's but are not one: MLflow UI's
+``viewStateShareKey`` names an experiment tag holding a chart view (the address the demo prints)."""
+
 # scheme://user:password@host  ->  the password part (up to the last '@' before the host's path;
 # RFC 3986 allows ' and the other sub-delimiters in a password)
 _USERINFO = re.compile(
@@ -73,7 +78,7 @@ _USERINFO = re.compile(
     r"""(?=@[^\s@/?#'"<>]*(?:[/?#\s'"<>]|$))"""
 )
 _QUERY = re.compile(
-    r"(?P<head>[?&;](?:[A-Za-z0-9_\-]*?)(?:token|api[_\-]?key|key|password|passwd|pwd|secret|sig|signature|auth|"
+    rf"(?P<head>[?&;](?!(?:{'|'.join(NOT_SECRET_PARAMS)})=)(?:[A-Za-z0-9_\-]*?)(?:token|api[_\-]?key|key|password|passwd|pwd|secret|sig|signature|auth|"
     r"credential|credentials)=)(?P<secret>[^&;#\s'\"<>]+)",
     re.IGNORECASE,
 )
