@@ -14,6 +14,8 @@
   On those threads ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` answers true as well: MLflow's
   ``set_terminated`` would print "View run ... at: <tracking URI>" on the application's stdout,
   the URI with its password (``cliptrack.core.secrets``: cliptrack shows it redacted, in its summary);
+  and ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` false: a reader downloading a run's worst-sequence
+  tables would draw a "Downloading artifacts" bar on stderr for each run;
 - the schema revision MLflow's SQL store expects (``schema_revision``: MLflow's private
   ``mlflow.store.db.utils._get_latest_schema_revision``, the head of its alembic migrations): a
   store at another revision would be migrated by MLflow's store constructor, so readers refuse it
@@ -50,7 +52,7 @@ SUPPORTED_BELOW = (4, 0)
 """First MLflow release not verified (exclusive bound); others are refused by ``check_supported``."""
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
-    "MAX_PARAM_VAL_LENGTH), the HTTP settings and MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT of "
+    "MAX_PARAM_VAL_LENGTH), the HTTP settings, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR of "
     "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision, the "
     "experiment tags mlflow.experimentKind and mlflow.sharedViewState.<key> (the UI's viewStateShareKey)"
 )
@@ -118,6 +120,11 @@ _BOUNDS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": REQUEST_BACKOFF_JITTER,
 }
 _TIMEOUT_VAR = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+_SWITCHES = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": True, "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": False}
+"""MLflow's switches that answer these values on cliptrack's threads (inside ``bounded_requests``):
+no "View run ... at: <URI>" line on stdout, no "Downloading artifacts" progress bar on stderr (the
+reader fetches each run's worst-sequence tables: a bar per run in the middle of ``compare``'s and the
+demo's output)."""
 
 
 def read_timeout_s() -> float:
@@ -146,7 +153,8 @@ _install_lock = threading.Lock()
 def _install() -> None:
     """Give MLflow's four HTTP setting objects a thread-aware ``get_raw``, its timeout object a
     thread-aware ``get`` that answers ``read_timeout()`` inside ``bounded_requests(reads=True)``,
-    and its URL-printing switch one that answers true inside ``bounded_requests`` (once per process)."""
+    and its URL-printing and progress-bar switches (``_SWITCHES``) ones that answer cliptrack's values
+    inside ``bounded_requests`` (once per process)."""
     global _installed
     with _install_lock:
         if _installed:
@@ -178,14 +186,21 @@ def _install() -> None:
                 return original()
 
             var.get_raw = get_raw
-        quiet: Any = env.MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
-        original_quiet = quiet.get
-
-        def quiet_get(original_quiet: Any = original_quiet) -> Any:
-            return True if getattr(_local, "bounded", False) else original_quiet()
-
-        quiet.get = quiet_get
+        _install_switches(env)
         _installed = True
+
+
+def _install_switches(env: Any) -> None:
+    """Give each of MLflow's ``_SWITCHES`` a ``get`` that answers cliptrack's value inside
+    ``bounded_requests`` and the user's setting elsewhere."""
+    for name, inside in _SWITCHES.items():
+        switch: Any = getattr(env, name)
+        original_switch = switch.get
+
+        def switch_get(original_switch: Any = original_switch, inside: bool = inside) -> Any:
+            return inside if getattr(_local, "bounded", False) else original_switch()
+
+        switch.get = switch_get
 
 
 @contextlib.contextmanager
