@@ -26,6 +26,7 @@ from typing import Any
 
 from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
 from cliptrack.cli.demo import DEFAULT_OUT, find_output
+from cliptrack.core.secrets import redact_value
 from cliptrack.core.text import printable
 
 NOTEBOOK = "compare_backends.ipynb"
@@ -142,13 +143,15 @@ def execute(nb: Any, cwd: Path) -> None:
 
 
 def write(nb: Any, out: Path) -> Path:
-    """Write ``nb`` as ``out/EXECUTED`` (the folder made if needed), through a temporary file."""
+    """Write ``nb`` as ``out/EXECUTED`` (the folder made if needed), through a temporary file, with
+    every credential in it redacted: the kernel ran with the tracking URI as given (a database
+    password in it), the file keeps ``***`` in its place, in the parameters cell and in any output."""
     import nbformat
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / EXECUTED
     partial = out / f".{EXECUTED}.partial"
-    nbformat.write(nb, str(partial))
+    nbformat.write(nbformat.from_dict(redact_value(nb)), str(partial))
     partial.replace(path)
     return path
 
