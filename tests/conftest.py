@@ -34,6 +34,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where the collected tests imported MLflow, a new sqlite store of this process is a copy of one
+    MLflow initialised (``tests/_mlflow_store.py``): its migrations run once per process, not once
+    per store. The migrated one lives in the session's base temporary directory."""
+    import sys
+
+    if "mlflow" in sys.modules:
+        from tests import _mlflow_store
+
+        basetemp = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+        _mlflow_store.install(basetemp / "mlflow-template")
+
+
 settings.register_profile(
     "default", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
 )
