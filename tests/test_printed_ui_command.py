@@ -13,6 +13,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from cliptrack.cli.demo import mlflow_ui_url, next_steps
 from cliptrack.core.secrets import redacted_output
 
@@ -50,6 +51,7 @@ def test_the_printed_address_is_whole(tmp_path, capsys):
     assert f"    {mlflow_ui_url('1')}\n" in out and "viewStateShareKey=cliptrack-charts" in out, out
 
 
+@pytest.mark.slow  # starts `mlflow ui` as printed
 def test_the_printed_command_comes_up_and_serves_the_runs(tmp_path):
     argv, _ = _printed_ui_command(tmp_path)
     port = free_port()

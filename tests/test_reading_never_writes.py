@@ -172,6 +172,7 @@ def test_a_plain_path_to_a_store_is_read_as_its_sqlite_uri_with_a_note(mlflow_st
     assert all(run_id in listed for run_id in ids)
 
 
+@pytest.mark.slow  # a cliptrack process importing MLflow
 def test_the_note_is_one_line_on_stderr_as_a_process(mlflow_store):
     root, ids = mlflow_store
     proc = subprocess.run(
