@@ -193,6 +193,38 @@ def test_bad_old_logprobs_and_lags_are_refused_and_named(argument, value, messag
         losses.ppo(lp, lp - 0.1, torch.ones(4), **{argument: value}).check()
 
 
+@pytest.mark.parametrize("path", ["0", "1"])
+@pytest.mark.parametrize("name", GAUGE_LOSSES)
+@pytest.mark.parametrize(
+    ("lag", "message"),
+    [
+        # a sum >= 0 hides the negative entry: each entry is checked
+        (torch.tensor([-1.0, 3.0, 0.0, 0.0]), "weight_lag has 1 negative entries"),
+        (torch.tensor([0, -2, 5, 1]), "weight_lag has 1 negative entries"),
+        # an ineligible token's lag is checked like the other inputs' entries
+        (torch.tensor([0.0, 0.0, 0.0, float("nan")]), "weight_lag has 1 non-finite"),
+        (torch.tensor([0.0, 0.0, 0.0, -float("inf")]), "weight_lag has 1 non-finite"),
+    ],
+)
+def test_a_negative_or_non_finite_lag_anywhere_is_refused_and_named(path, name, lag, message):
+    lp = -torch.rand(4)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    with loss_path(path):
+        out = losses.LOSSES[name](lp, lp - 0.1, torch.ones(4), mask, weight_lag=lag, **_options(name))
+        with pytest.raises(ValueError, match=message):
+            out.check()
+        # summed elsewhere (a Megatron step, after its collective): the message still says which input
+        packed = losses.pack(out).tolist()
+        with pytest.raises(ValueError, match="negative weight_lag"):
+            losses.raise_invalid(losses.unpack(packed).invalid)
+
+
+def test_a_boolean_lag_is_refused():
+    lp = -torch.rand(4)
+    with pytest.raises(TypeError, match="weight_lag must hold numbers"):
+        losses.ppo(lp, lp - 0.1, torch.ones(4), weight_lag=torch.ones(4, dtype=torch.bool))
+
+
 def test_the_split_adds_no_host_sync_on_either_path():
     lp = -torch.rand(3, 50)
     slp = lp + 0.2 * torch.randn(3, 50)

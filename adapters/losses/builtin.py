@@ -44,7 +44,7 @@ CISPO_CLIP_HIGH = 4.0
 
 INPUT_CHECKS = (
     "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages, weights, old_logprobs or "
-    "weight_lag of {n} loss call(s)",
+    "weight_lag, or a negative weight_lag, in {n} loss call(s)",
     "mask has {n} entries that are neither 0 nor 1",
     "clip thresholds have {n} entries that are negative, non-finite or with low > high",
 )
@@ -212,15 +212,23 @@ def check_ratio_outside(low: object, high: object) -> tuple[float, float]:
 def _diagnose(sources: Sources) -> list[str]:
     """Per-tensor counts of bad entries over all loss calls (host side, only on error)."""
     nonfinite: dict[str, int] = {}
-    bad_mask = 0
+    bad_mask = negative_lag = 0
     for source in sources:
         for name, tensor in source.items():
             if name == "mask":
                 if tensor.dtype != torch.bool:
                     bad_mask += int(((tensor != 0) & (tensor != 1)).sum())
-            elif tensor.is_floating_point():
+                continue
+            if tensor.is_floating_point():
                 nonfinite[name] = nonfinite.get(name, 0) + int((~torch.isfinite(tensor)).sum())
+            if name == "weight_lag":
+                negative_lag += int((tensor < 0).sum())
     problems = [f"{name} has {n} non-finite entries (NaN or inf)" for name, n in nonfinite.items() if n]
+    if negative_lag:
+        problems.append(
+            f"weight_lag has {negative_lag} negative entries (a lag is the training weights' version "
+            "minus the version that sampled, >= 0)"
+        )
     if bad_mask:
         problems.append(f"mask has {bad_mask} entries that are neither 0 nor 1")
     return problems
@@ -1002,6 +1010,8 @@ def _checked_sources(
         sources["old_logprobs"] = old_logprobs.detach()
     if weight_lag is not None:
         _check_tensor("weight_lag", weight_lag, like=logprobs)
+        if weight_lag.dtype == torch.bool:
+            raise TypeError("weight_lag must hold numbers (versions), got dtype torch.bool")
         sources["weight_lag"] = weight_lag.detach()
     return sources
 

@@ -434,10 +434,15 @@ def causes_of(
 def staleness_of(weight_lag: Tensor, eligible: Tensor | None) -> dict[str, Tensor]:
     """The weight-version lag (:data:`cliptrack.core.measures.STALENESS_MEASURES`) by metric key,
     float64 0-dim tensors: ``weight_lag:sum`` over eligible tokens (versions x tokens) and
-    ``weight_lag:max`` (versions; ``-inf`` over no eligible token). Detached, no host sync."""
+    ``weight_lag:max`` (versions; ``-inf`` over no eligible token). A negative or non-finite entry,
+    eligible or not, makes the sum NaN (refused by :func:`checks`, named by the loss). Detached, no
+    host sync."""
     f64 = torch.float64
     with torch.no_grad():
         lag = weight_lag.detach().to(f64)
+        # input validation: a negative or non-finite lag anywhere (an ineligible token too, as the
+        # other inputs are checked) makes the sum NaN, which the loss's non-finite check refuses
+        screen = torch.where(lag < 0, math.nan, lag).sum() * 0.0
         if eligible is None:
             total = lag.sum()
             top = lag.amax() if lag.numel() else torch.full((), -math.inf, dtype=f64, device=lag.device)
@@ -448,7 +453,7 @@ def staleness_of(weight_lag: Tensor, eligible: Tensor | None) -> dict[str, Tenso
                 if lag.numel()
                 else torch.full((), -math.inf, dtype=f64, device=lag.device)
             )
-        return {keys.WEIGHT_LAG_SUM: total, keys.WEIGHT_LAG_MAX: top}
+        return {keys.WEIGHT_LAG_SUM: total + screen, keys.WEIGHT_LAG_MAX: top}
 
 
 def _gauge_parts(
