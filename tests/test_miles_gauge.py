@@ -497,3 +497,18 @@ def test_datum_ids_are_all_or_none_and_whole_numbers():
     agg.register("run")
     agg.add("run", 0, plain)
     assert agg.emit_step("run", 0).worst is None  # no ids: no worst sequences, the sums as before
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_lag_is_summed_exactly_whatever_the_policys_dtype(dtype):
+    """bfloat16 holds integers exactly only up to 256 (float16: 2048): the lag is read in float64,
+    not in the log-probs' dtype, so a lag of 257 versions is summed as 257."""
+    sampling = torch.full((4,), -1.0)
+    policy = torch.full((4,), -0.9, dtype=dtype)
+    datums = [
+        {"logprobs": sampling, "advantages": torch.ones(4), "weight_lag": [257.0]},
+        {"logprobs": sampling, "advantages": torch.ones(4), "weight_lag": [2049.0, 4097.0, 1.0, 0.0]},
+    ]
+    metrics = forward_backward_loss(datums, [policy, policy], "ppo").output.metrics
+    assert metrics[keys.WEIGHT_LAG_SUM] == 4 * 257 + 2049 + 4097 + 1
+    assert metrics[keys.WEIGHT_LAG_MAX] == 4097

@@ -443,13 +443,16 @@ class TensorInput:
     ``name``: the loss function's keyword. ``required``: whether a call must give it.
     ``datum_fields``: the Tinker ``Datum.loss_fn_inputs`` fields it is read from on the Miles
     runtime, first present wins (default: ``(name,)``). ``per_datum``: a datum may give one value
-    for all its tokens (the Miles runtime repeats it over the datum's tokens).
+    for all its tokens (the Miles runtime repeats it over the datum's tokens). ``exact``: the Miles
+    runtime reads it in float64, not in the log-probs' dtype (a number of versions, which bfloat16
+    would round above 256).
     """
 
     name: str
     required: bool = True
     datum_fields: tuple[str, ...] = ()
     per_datum: bool = False
+    exact: bool = False
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -644,7 +647,7 @@ _RL_INPUTS = (
     TensorInput("advantages"),
     TensorInput("mask", required=False, datum_fields=("mask", "weights")),
     TensorInput("old_logprobs", required=False),
-    TensorInput("weight_lag", required=False, per_datum=True),
+    TensorInput("weight_lag", required=False, per_datum=True, exact=True),
 )
 """Inputs of the RL losses; on the Miles runtime the sampler's log-probs arrive as ``logprobs``
 and the eligible tokens as ``mask`` (else ``weights``). ``old_logprobs`` (the trainer's log-probs

@@ -303,8 +303,8 @@ def _loss_fn_inputs(datum: object, i: int) -> Mapping[str, object]:
     return inputs
 
 
-def _input(inputs: Mapping[str, object], name: str, like: Tensor) -> Tensor:
-    """Input ``name`` as a detached tensor in ``like``'s dtype and device."""
+def _input(inputs: Mapping[str, object], name: str, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """Input ``name`` as a detached tensor on ``like``'s device, in ``dtype`` (default: ``like``'s)."""
     value = inputs[name]
     if isinstance(value, Tensor):
         tensor = value.detach()
@@ -316,7 +316,7 @@ def _input(inputs: Mapping[str, object], name: str, like: Tensor) -> Tensor:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where} must hold numbers: {exc}") from exc
         tensor = torch.from_numpy(numbers)
-    return tensor.to(device=like.device, dtype=like.dtype)
+    return tensor.to(device=like.device, dtype=like.dtype if dtype is None else dtype)
 
 
 def _datum_loss(
@@ -356,7 +356,7 @@ def _datum_tensors(spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tens
     for tensor_input in spec.inputs:
         name = next((f for f in tensor_input.fields if f in inputs), None)
         if name is not None:
-            tensor = _input(inputs, name, lp)
+            tensor = _input(inputs, name, lp, torch.float64 if tensor_input.exact else None)
             if tensor_input.per_datum and tensor.numel() == 1 and lp.numel() != 1:
                 tensor = tensor.reshape(()).expand(lp.shape)  # one value for the datum's tokens
             tensors[tensor_input.name] = tensor
