@@ -106,6 +106,10 @@ REPORT_POSITIONS = "cliptrack/positions"
 """Private report key (``sequences`` with ``token_positions``): present when the rows' worst-token
 positions are positions in the whole sequence (needed under context parallelism)."""
 
+REPORT_DEFAULT_IDS = "cliptrack/default_ids"
+"""Private report key (``sequences`` without ``datum_ids``): present when the rows' ids are the
+micro-batch's row indices ``0, 1, ...``, unique only in a step of one micro-batch on one rank."""
+
 _SUMMED = "summed over micro-batches and ranks"
 _THRESHOLDS = {"ppo": (PPO_CLIP_LOW, PPO_CLIP_HIGH), "cispo": (CISPO_CLIP_LOW, CISPO_CLIP_HIGH)}
 """The default clip thresholds of the losses whose clip sides a probe writes."""
@@ -185,11 +189,14 @@ def make_loss_func(
     ``sequences=True`` (a loss with sampling log-probs, ``[sequences, tokens]`` inputs): the report
     also carries one gauge row per sequence (:func:`cliptrack.adapters.losses.worst.sequence_rows`,
     detached, on device, no sync), from which :func:`reduce_step` finds the step's worst sequences.
-    ``datum_ids``: ``[sequences]`` integer ids of the micro-batch's sequences, unique in the step
-    (e.g. each sample's index in the global batch; default ``0, 1, ...``, which only a step of one
-    micro-batch on one rank keeps unique). ``token_positions``: ``[sequences, tokens]`` positions
-    of the tokens in their whole sequence (Megatron's ``position_ids``), needed under context
-    parallelism, where a rank holds slices of each sequence.
+    ``datum_ids``: ``[sequences]`` integer tensor, the ids (0 to 2**53 - 1) of the micro-batch's
+    sequences, unique in the step's pass (e.g. each sample's index in the global batch; a datum in
+    several passes ranks once, by its best); default ``0, 1, ...``, which only a step of one
+    micro-batch on one rank keeps unique (:func:`reduce_step` refuses it otherwise).
+    ``token_positions``: ``[sequences, tokens]`` integer positions of the tokens in their whole
+    sequence (Megatron's ``position_ids``), needed under context parallelism, where a rank holds
+    slices of each sequence. Their types and shapes are checked here (TypeError / ValueError naming
+    them).
     """
     spec = loss_spec(loss_fn)
     if spec is None and not callable(loss_fn):
@@ -205,6 +212,7 @@ def make_loss_func(
     if output_to_logprobs is not None and not callable(output_to_logprobs):
         raise TypeError(f"output_to_logprobs must be callable, got {type(output_to_logprobs).__name__}")
     _check_sequences(spec, name, sequences, datum_ids, token_positions)
+    _check_sequence_tensors(inputs.get("sampling_logprobs"), datum_ids, token_positions)
 
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logprobs = output_tensor if output_to_logprobs is None else output_to_logprobs(output_tensor)
@@ -243,10 +251,42 @@ def _check_sequences(
         )
 
 
+def _check_sequence_tensors(like: object, datum_ids: object, token_positions: object) -> None:
+    """TypeError / ValueError naming ``datum_ids`` or ``token_positions`` when either is not an
+    integer tensor of the micro-batch's shape (``like``: its sampling log-probs): ``[sequences]``
+    ids, ``[sequences, tokens]`` positions. Host-side (dtypes and shapes only: no sync)."""
+    for label, value in (("datum_ids", datum_ids), ("token_positions", token_positions)):
+        if value is not None:
+            _check_integer_tensor(label, value)
+    if not isinstance(like, Tensor):
+        return
+    shape = tuple(like.shape)
+    rows = shape[0] if len(shape) == 2 else 1
+    if isinstance(datum_ids, Tensor) and (datum_ids.dim() > 1 or datum_ids.numel() != rows):
+        raise ValueError(
+            f"datum_ids has shape {tuple(datum_ids.shape)} for {rows} sequences (sampling_logprobs "
+            f"{shape}): one id per sequence, shape [{rows}]"
+        )
+    if isinstance(token_positions, Tensor) and tuple(token_positions.shape) != shape:
+        raise ValueError(
+            f"token_positions has shape {tuple(token_positions.shape)} but sampling_logprobs has shape "
+            f"{shape}: one position per token"
+        )
+
+
+def _check_integer_tensor(label: str, value: object) -> None:
+    """TypeError naming ``label`` unless ``value`` is a tensor of integers (not bool)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{label} must be a torch.Tensor of integers, got {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{label} must be an integer tensor (int64), got dtype {value.dtype}")
+
+
 def _sequence_report(
     logprobs: Tensor, inputs: Mapping[str, Tensor], datum_ids: Tensor | None, token_positions: Tensor | None
 ) -> dict[str, Tensor]:
-    """The report's sequence rows (and the positions flag), on device, no sync."""
+    """The report's sequence rows (and the positions flag; the default-ids flag without
+    ``datum_ids``), on device, no sync."""
     report = {
         REPORT_SEQUENCES: worst_rows.sequence_rows(
             logprobs,
@@ -258,6 +298,8 @@ def _sequence_report(
     }
     if token_positions is not None:
         report[REPORT_POSITIONS] = torch.ones((), dtype=torch.int64, device=logprobs.device)
+    if datum_ids is None:
+        report[REPORT_DEFAULT_IDS] = torch.ones((), dtype=torch.int64, device=logprobs.device)
     return report
 
 
@@ -572,6 +614,8 @@ def reduce_step(
         device = _collective_device(group)
     packed = sum_reports(losses_reduced, device=device)  # checks the reports first
     carried = _carry_sequences(losses_reduced)
+    if carried and worst_k:
+        _check_default_ids(losses_reduced, group)
     # every rank appends a block of the same size (empty without rows), so the one collective matches
     values, worst_values = _merged(losses_reduced if carried else [], packed, worst_k, group, state)
     output = output_from_sums(values, loss_fn_output_type=loss_fn_output_type)
@@ -635,6 +679,22 @@ def _step_group(losses_reduced: Sequence[Mapping[str, Tensor]], group: Any) -> t
 def _carry_sequences(losses_reduced: Sequence[Mapping[str, Tensor]]) -> bool:
     """Whether the reports carry sequence rows: all or none (ValueError when only some do)."""
     return _all_or_none(losses_reduced, REPORT_SEQUENCES, "sequence rows", "sequences=")
+
+
+def _check_default_ids(losses_reduced: Sequence[Mapping[str, Tensor]], group: Any) -> None:
+    """ValueError when sequence rows numbered by default (no ``datum_ids``) come from more than one
+    micro-batch or rank: their ids repeat, and the worst sequences would name sequences that are
+    not the ones ranked. Every rank holds as many micro-batches, so all ranks raise alike (before
+    the collective)."""
+    if not any(REPORT_DEFAULT_IDS in report for report in losses_reduced):
+        return
+    ranks = 1 if group is None else dist.get_world_size(group)
+    if len(losses_reduced) > 1 or ranks > 1:
+        raise ValueError(
+            f"make_loss_func(sequences=True) without datum_ids numbers each micro-batch's sequences "
+            f"0, 1, ...: over {len(losses_reduced)} micro-batches and {ranks} rank(s) those ids repeat; "
+            "pass datum_ids (e.g. each sample's index in the global batch)"
+        )
 
 
 def _worst_block(

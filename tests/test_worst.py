@@ -19,7 +19,8 @@ from tests.reference import plain_worst
 
 @st.composite
 def batches(draw):
-    """(lp, slp, mask, ids): ``[sequences, tokens]`` float32 with ties and masked rows, unique ids."""
+    """(lp, slp, mask, ids): ``[sequences, tokens]`` float32 with ties and masked rows, unique ids
+    or ids repeated (a datum's several passes)."""
     rows = draw(st.integers(1, 24))
     cols = draw(st.integers(1, 12))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
@@ -32,7 +33,11 @@ def batches(draw):
     )
     lp = slp + noise * draw(st.sampled_from([1e-3, 0.3, 2.0]))
     mask = (torch.rand(rows, cols, generator=gen) > draw(st.sampled_from([0.0, 0.4, 0.9]))).float()
-    ids = torch.tensor(random.Random(int(gen.initial_seed())).sample(range(10_000), rows))
+    pick = random.Random(int(gen.initial_seed()))
+    if draw(st.booleans()):
+        ids = torch.tensor(pick.sample(range(10_000), rows))
+    else:  # passes: a datum seen in several rows (PPO epochs in one step) ranks once, by its best
+        ids = torch.tensor([pick.randrange(max(1, rows // 2)) for _ in range(rows)])
     return lp, slp, mask, ids
 
 
@@ -162,3 +167,104 @@ def test_a_megatron_loss_function_with_sequences_adds_no_host_sync(path):
             loss.backward()
     assert report[REPORT_SEQUENCES].shape == (4, WIDTH)
     assert [int(d) for d in report[REPORT_SEQUENCES][:, 0].tolist()] == [10, 11, 12, 13]
+
+
+def _micro_batch(gen: torch.Generator, rows: int = 3, cols: int = 5) -> tuple[torch.Tensor, dict]:
+    slp = -torch.rand(rows, cols, generator=gen)
+    lp = slp + 0.3 * torch.randn(rows, cols, generator=gen)
+    return lp, {"sampling_logprobs": slp, "advantages": torch.randn(rows, cols, generator=gen)}
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"datum_ids": [0, 1, 2]}, TypeError, "datum_ids must be a torch.Tensor of integers, got list"),
+        ({"datum_ids": torch.tensor([0.0, 1.0, 2.0])}, TypeError, "datum_ids must be an integer tensor"),
+        ({"datum_ids": torch.tensor([True, False, True])}, TypeError, "datum_ids must be an integer tensor"),
+        ({"datum_ids": torch.tensor([0, 1])}, ValueError, r"datum_ids has shape \(2,\) for 3 sequences"),
+        ({"datum_ids": torch.tensor([[0, 1, 2]])}, ValueError, r"datum_ids has shape \(1, 3\)"),
+        ({"token_positions": torch.arange(4)}, ValueError, r"token_positions has shape \(4,\)"),
+        ({"token_positions": torch.zeros(3, 5)}, TypeError, "token_positions must be an integer tensor"),
+    ],
+)
+def test_make_loss_func_names_bad_ids_and_positions_at_once(options, error, message):
+    from cliptrack.adapters.megatron import make_loss_func
+
+    _, inputs = _micro_batch(torch.Generator().manual_seed(0))
+    with pytest.raises(error, match=message):
+        make_loss_func("ppo", inputs, sequences=True, **options)
+
+
+def _reduce(reports: list, k: int = 2):
+    from cliptrack.adapters.megatron import reduce_step
+
+    return reduce_step(reports, step=1, worst_k=k, group=None)
+
+
+def _report(lp: torch.Tensor, inputs: dict, **options) -> dict:
+    from cliptrack.adapters.megatron import make_loss_func
+
+    return make_loss_func("ppo", inputs, sequences=True, **options)(lp)[2]
+
+
+def test_default_ids_over_several_micro_batches_are_refused():
+    """Without datum_ids each micro-batch numbers its sequences 0, 1, ...: over two micro-batches
+    datum 0 would name two sequences; one micro-batch keeps them unique."""
+    gen = torch.Generator().manual_seed(1)
+    first, second = _micro_batch(gen), _micro_batch(gen)
+    with pytest.raises(ValueError, match="without datum_ids .* over 2 micro-batches .* pass datum_ids"):
+        _reduce([_report(*first), _report(*second)])
+    assert _reduce([_report(*first)]).worst is not None
+    assert (
+        _reduce([_report(*first), _report(*second)], k=0).output is not None
+    )  # no worst asked: no ids needed
+
+
+@pytest.mark.parametrize("bad", [-1, 2**53, 2**62])
+def test_ids_outside_0_to_2_to_the_53_are_refused_not_rounded(bad):
+    gen = torch.Generator().manual_seed(2)
+    lp, inputs = _micro_batch(gen)
+    lp[0] = inputs["sampling_logprobs"][0] + 5.0  # the sequence with the bad id ranks first
+    with pytest.raises(ValueError, match=r"datum_ids hold an id outside 0 \.\. 2\*\*53 - 1"):
+        _reduce([_report(lp, inputs, datum_ids=torch.tensor([bad, 1, 2]))])
+    top = 2**53 - 1
+    for dtype in (torch.int64, torch.int32):
+        ids = torch.tensor([min(top, torch.iinfo(dtype).max), 1, 2], dtype=dtype)
+        worst = _reduce([_report(lp, inputs, datum_ids=ids)]).worst
+        assert worst is not None and worst.by["abs_log_ratio"][0].datum == int(ids[0])
+
+
+def test_a_negative_token_position_is_named():
+    lp, inputs = _micro_batch(torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="token_positions hold a negative position"):
+        _reduce(
+            [
+                _report(
+                    lp, inputs, datum_ids=torch.arange(3), token_positions=-1 - torch.arange(15).reshape(3, 5)
+                )
+            ]
+        )
+
+
+def test_a_datum_in_several_micro_batches_ranks_once_and_the_table_is_logged(tmp_path):
+    """Two passes over the same sequences in one step (PPO epochs): each datum ranks once, by its
+    best pass, as cliptrack.core.worst.worst_of ranks them; the Tracker takes the table."""
+    from cliptrack import Tracker
+
+    gen = torch.Generator().manual_seed(4)
+    lp, inputs = _micro_batch(gen)
+    again = lp + 0.2 * torch.randn(lp.shape, generator=gen)
+    ids = torch.tensor([7, 3, 9])
+    reports = [_report(lp, inputs, datum_ids=ids), _report(again, inputs, datum_ids=ids)]
+    worst = _reduce(reports, k=3).worst
+    assert worst is not None
+    every = [
+        SequenceGauge.from_row(r)
+        for r in torch.cat(
+            [sequence_rows(x, inputs["sampling_logprobs"], datum_ids=ids) for x in (lp, again)]
+        ).tolist()
+    ]
+    assert worst.by == worst_of(every, 3)
+    assert all(sorted(s.datum for s in v) == [3, 7, 9] for v in worst.by.values())
+    with Tracker("passes", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False) as tracker:
+        tracker.log_worst(1, worst)

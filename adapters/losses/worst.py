@@ -27,6 +27,8 @@ WIDTH = len(COLUMNS)
 _COLUMN = {name: i for i, name in enumerate(COLUMNS)}
 _TOKENS = _COLUMN["tokens"]
 _DATUM = _COLUMN["datum"]
+MAX_ID = 2**53 - 1
+"""The largest datum id a row takes (float64 holds every integer up to it exactly)."""
 
 
 def sequence_rows(
@@ -71,7 +73,7 @@ def sequence_rows(
         if datum_ids is None:
             ids = torch.arange(l64.shape[0], dtype=torch.float64, device=l64.device)
         else:
-            ids = datum_ids.detach().reshape(-1).to(device=l64.device, dtype=torch.float64)
+            ids = _ids(datum_ids, l64.device)
             if ids.numel() != l64.shape[0]:
                 raise ValueError(f"datum_ids has {ids.numel()} entries for {l64.shape[0]} sequences")
         return torch.stack(
@@ -88,6 +90,20 @@ def sequence_rows(
         )
 
 
+def _ids(datum_ids: Tensor, device: torch.device) -> Tensor:
+    """``datum_ids`` as the rows' float64 column: an id outside ``0 .. MAX_ID`` (not exact in
+    float64, or negative like the empty rows' ``-1``) becomes NaN, refused by
+    :func:`worst_from_block` if it ranks. No sync."""
+    raw = datum_ids.detach().reshape(-1).to(device)
+    ids = raw.to(torch.float64)
+    if raw.is_floating_point():
+        bad = ~((ids >= 0) & (ids <= MAX_ID) & (ids == ids.floor()))
+    else:
+        wide = raw.to(torch.int64)
+        bad = (wide < 0) | (wide > MAX_ID)
+    return torch.where(bad, math.nan, ids)
+
+
 def worst_token(logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor | None = None) -> Tensor:
     """The position of one sequence's eligible token with the largest ``|l|`` (the first such), a
     1-element int64 tensor (0 when no token is eligible: the caller knows from its count); the
@@ -99,13 +115,33 @@ def worst_token(logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor | None
         return size.argmax().reshape(1)
 
 
+def _key(rows: Tensor, criterion: str) -> Tensor:
+    """Each row's value under ``criterion``, ``-inf`` for a row without an eligible token."""
+    return torch.where(rows[:, _TOKENS] > 0, rows[:, _COLUMN[criterion]], -math.inf)
+
+
 def _order(rows: Tensor, criterion: str) -> Tensor:
     """Indices of ``rows`` in the total order under ``criterion``: value descending, datum
     ascending, rows without a token last (two stable sorts; no sync)."""
     by_datum = torch.argsort(rows[:, _DATUM], stable=True)
-    ranked = rows[by_datum]
-    key = torch.where(ranked[:, _TOKENS] > 0, ranked[:, _COLUMN[criterion]], -math.inf)
+    key = _key(rows[by_datum], criterion)
     return by_datum[torch.argsort(key, descending=True, stable=True)]
+
+
+def _best_passes(rows: Tensor, criterion: str) -> Tensor:
+    """``rows`` with each datum's other passes emptied: a datum seen in several rows (PPO epochs,
+    or several micro-batches) keeps only its best under ``criterion``, the largest value, ties by
+    the rest of the row (largest), as :func:`cliptrack.core.worst.worst_of` chooses. Stable sorts,
+    least significant key first; no sync."""
+    order = torch.arange(rows.shape[0], device=rows.device)
+    for column in reversed(range(_TOKENS, WIDTH)):
+        order = order[torch.argsort(rows[order, column], descending=True, stable=True)]
+    order = order[torch.argsort(_key(rows[order], criterion), descending=True, stable=True)]
+    order = order[torch.argsort(rows[order, _DATUM], stable=True)]
+    datum = rows[order, _DATUM]
+    repeat = torch.cat([datum.new_zeros(1, dtype=torch.bool), datum[1:] == datum[:-1]])
+    emptied = torch.zeros_like(repeat).scatter(0, order, repeat)  # by row, without a mask index (a sync)
+    return torch.where(emptied[:, None], _empty_rows(1, rows), rows)
 
 
 def _empty_rows(k: int, like: Tensor) -> Tensor:
@@ -124,7 +160,11 @@ def top_rows(rows: Tensor, k: int) -> Tensor:
     if rows.dim() != 2 or rows.shape[1] != WIDTH:
         raise ValueError(f"rows must have shape [n, {WIDTH}], got {tuple(rows.shape)}")
     padded = torch.cat([rows.to(torch.float64), _empty_rows(k, rows)])
-    return torch.stack([padded[_order(padded, c)[:k]] for c in CRITERIA])
+    out = []
+    for c in CRITERIA:
+        distinct = _best_passes(padded, c)
+        out.append(distinct[_order(distinct, c)[:k]])
+    return torch.stack(out)
 
 
 def merge_top(blocks: Tensor, k: int) -> Tensor:
@@ -137,7 +177,7 @@ def merge_top(blocks: Tensor, k: int) -> Tensor:
         )
     out = []
     for i, c in enumerate(CRITERIA):
-        rows = torch.cat([blocks[:, i].reshape(-1, WIDTH), _empty_rows(k, blocks)])
+        rows = _best_passes(torch.cat([blocks[:, i].reshape(-1, WIDTH), _empty_rows(k, blocks)]), c)
         out.append(rows[_order(rows, c)[:k]])
     return torch.stack(out)
 
@@ -145,6 +185,18 @@ def merge_top(blocks: Tensor, k: int) -> Tensor:
 def worst_from_block(values: list, step: int, k: int) -> Worst:
     """A ``[len(CRITERIA), k, WIDTH]`` block read on the host (``block.tolist()``) as a
     :class:`~cliptrack.core.worst.Worst`; empty rows left out."""
+    for i in range(len(CRITERIA)):
+        for row in values[i][:k]:
+            if row[_TOKENS] > 0 and math.isnan(row[_DATUM]):
+                raise ValueError(
+                    f"step {step}: datum_ids hold an id outside 0 .. 2**53 - 1 (the ids travel as "
+                    "float64, exact only there)"
+                )
+            if row[_TOKENS] > 0 and row[_COLUMN["worst_token"]] < 0:
+                raise ValueError(
+                    f"step {step}: token_positions hold a negative position "
+                    f"({int(row[_COLUMN['worst_token']])}, datum {row[_DATUM]:.0f})"
+                )
     by = {
         c: tuple(SequenceGauge.from_row(row) for row in values[i][:k] if row[_TOKENS] > 0)
         for i, c in enumerate(CRITERIA)
