@@ -512,3 +512,20 @@ def test_a_lag_is_summed_exactly_whatever_the_policys_dtype(dtype):
     metrics = forward_backward_loss(datums, [policy, policy], "ppo").output.metrics
     assert metrics[keys.WEIGHT_LAG_SUM] == 4 * 257 + 2049 + 4097 + 1
     assert metrics[keys.WEIGHT_LAG_MAX] == 4097
+
+
+def test_datum_ids_are_non_negative_integers_kept_exactly_at_any_size():
+    """A negative id is refused where it enters (the client could not read it back); an integer id
+    at or above 2**53 travels as int64 and comes back exactly, through JSON and the client."""
+    from cliptrack.adapters.miles.client import worst_of_outputs
+
+    sampling = torch.full((4,), -1.0)
+    datum = {"logprobs": sampling, "advantages": torch.ones(4)}
+    with pytest.raises(ValueError, match=r"datum 0: loss_fn_inputs\['datum_id'\] must be an integer >= 0"):
+        forward_backward_loss([{**datum, keys.DATUM_ID: [-1]}], [sampling], "ppo")
+    big = [2**53 + 1, 2**62 + 3]
+    output = forward_backward_loss(
+        [{**datum, keys.DATUM_ID: [i]} for i in big], [sampling + 0.1, sampling - 0.3], "ppo"
+    ).output
+    worst = worst_of_outputs(output_from_json(json.loads(json.dumps(output_to_json(output)))), 0)
+    assert worst is not None and [s.datum for s in worst.by["abs_log_ratio"]] == big[::-1]

@@ -477,9 +477,20 @@ def _datum_id(value: object, i: int) -> int:
     else:
         array, _ = read_array(value, where)
         values = np.asarray(array).reshape(-1).tolist()
-    if len(values) != 1 or isinstance(values[0], bool) or float(values[0]) != int(values[0]):
+    if len(values) != 1 or isinstance(values[0], bool) or not _whole(values[0]):
         raise ValueError(f"{where} must be one integer, got {value!r}")
+    if int(values[0]) < 0:
+        raise ValueError(
+            f"{where} must be an integer >= 0 (e.g. the sample's index in the batch), got {value!r}"
+        )
     return int(values[0])
+
+
+def _whole(number: object) -> bool:
+    """Whether ``number`` is an integer, or a float without a fraction (below 2**53: exact)."""
+    if isinstance(number, int):
+        return True
+    return isinstance(number, float) and number.is_integer() and abs(number) < 2**53
 
 
 def _raise_invalid(sums: list[losses.PackedSums], outs: list[losses.LossOutput]) -> None:
