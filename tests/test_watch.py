@@ -448,3 +448,40 @@ def test_a_run_without_points_names_no_key(tmp_path, capfd) -> None:
     with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen"):
         pass
     assert "was never logged" not in capfd.readouterr().err
+
+
+# ---- values that are not finite, a watch that fails --------------------------------------------------
+def test_a_watched_series_that_blows_up_is_alerted_once_per_run_of_such_values(tmp_path) -> None:
+    """A grad norm or reward that turns NaN or infinite has no reading the band could follow: it is
+    alerted at once, on the watched side (NaN on either), once until a finite value returns; the
+    alert reaches the spool's watch.jsonl like any breach."""
+    healthy = [1.0 + 0.01 * (s % 5) for s in range(60)]
+    series = healthy + [math.nan, math.nan, 1.02, math.inf, math.inf, -math.inf, 1.01, math.nan]
+    up = live.Watch("grad_norm:mean", scale="value", window=20)
+    down = live.Watch("reward:mean", scale="value", window=20, direction="down")
+    with Tracker(
+        "blowup", backends=["jsonl"], spool_dir=tmp_path, watch=[up, down], handle_signals=False
+    ) as t:
+        for step, value in enumerate(series):
+            t.log(step, {"grad_norm:mean": value, "reward:mean": value})
+    got = [(a.key, a.step, a.direction) for a in t.breaches]
+    assert got == [
+        ("grad_norm:mean", 60, "up"),
+        ("reward:mean", 60, "down"),
+        ("grad_norm:mean", 63, "up"),  # +inf: up only
+        ("reward:mean", 65, "down"),  # -inf after +inf: the same run of values, a new side
+        ("grad_norm:mean", 67, "up"),
+        ("reward:mean", 67, "down"),
+    ]
+    assert [(a.key, a.step) for a in live.read_breaches(t.run_dir)] == [(k, s) for k, s, _ in got]
+    assert math.isnan(t.breaches[0].value) and "not a finite number" in t.breaches[0].text
+
+
+def test_a_watch_that_fails_on_a_point_leaves_the_others_following_it() -> None:
+    kl = live.Watch(KL, reference=[1e-3 * (1 + 0.01 * (i % 7)) for i in range(200)])
+    other = live.Watch("x:mean", scale="value", reference=[float(i % 3) for i in range(200)])
+    detector = live.Detector([other, kl], "run")
+    alerts = []
+    for step in range(30):
+        alerts += detector.update(step, {"x:mean": "not a number", KL: 0.5})  # type: ignore[dict-item]
+    assert alerts and {a.key for a in alerts} == {KL}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -299,14 +300,30 @@ class _Follow:
         self.watch = watch
         self.cusum: rule.Cusum | None = None
         self.window: list[float] = []
+        self.broken: set[str] = set()
+        """The sides alerted since the last finite value (one alert per side and run of such values)."""
         if watch.reference is not None:
             self.cusum = self._rule(band_of_reference(watch))
+
+    def not_finite(self, value: float) -> str | None:
+        """The direction of an alert for a value that is not finite, the first of a run of such
+        values on its side (``+inf`` up, ``-inf`` down, NaN the watched side), when that side is
+        watched; else None. The band has no reading of it, so the CUSUM alone would never see a
+        series that blew up."""
+        side = "down" if value == -math.inf else "up"
+        if math.isnan(value):
+            side = "down" if self.watch.direction == "down" else "up"
+        if side in self.broken or self.watch.direction not in (side, "both"):
+            return None
+        self.broken.add(side)
+        return side
 
     def _rule(self, band: rule.Band) -> rule.Cusum:
         w = self.watch
         return rule.Cusum(band, direction=w.direction, k=w.k, h=w.h)
 
     def update(self, step: int, value: float) -> rule.Breach | None:
+        self.broken.clear()
         if self.cusum is not None:
             return self.cusum.update(step, value)
         z = rule.watched(value, self.watch.scale, self.watch.offset)
@@ -342,6 +359,29 @@ def describe(watch: Watch, breach: rule.Breach, run_id: str) -> Alert:
     )
 
 
+def describe_not_finite(watch: Watch, step: int, value: float, direction: str, run_id: str) -> Alert:
+    """The ``Alert`` of a watched value that is not finite (NaN or infinite): the series has no
+    reading the band could follow, so it is raised at once (statistic NaN)."""
+    title = f"cliptrack watch: {watch.key} is {value}"
+    text = (
+        f"run {run_id}: {watch.key} = {value} at step {step}: not a finite number, so it is off its "
+        f"band (band from {watch.source}); raised once until a finite value returns"
+    )
+    return Alert(
+        run_id=run_id,
+        key=watch.key,
+        step=step,
+        value=value,
+        expected=math.nan,
+        statistic=math.nan,
+        threshold=watch.h,
+        direction=direction,
+        reference=watch.source,
+        title=title,
+        text=text,
+    )
+
+
 class Detector:
     """The watches of one run, followed synchronously: ``update(step, metrics)`` returns the alerts
     the point completes. The watch thread (``Watcher``) and ``cliptrack watch`` share it."""
@@ -351,15 +391,28 @@ class Detector:
         self.follows = [_Follow(w) for w in chosen]
 
     def update(self, step: int, metrics: Mapping[str, float]) -> list[Alert]:
+        """The alerts of one point; a watch that fails on it is reported and skipped, the others
+        still follow it."""
         out = []
         for follow in self.follows:
             value = metrics.get(follow.watch.key)
             if value is None:
                 continue
-            breach = follow.update(step, float(value))
-            if breach is not None:
-                out.append(describe(follow.watch, breach, self.run_id))
+            try:
+                alert = self._follow(follow, step, float(value))
+            except Exception as exc:  # noqa: BLE001 - one watch never stops the others
+                LOG.warning("the watch of %s failed at step %d: %s", follow.watch.key, step, printable(exc))
+                continue
+            if alert is not None:
+                out.append(alert)
         return out
+
+    def _follow(self, follow: _Follow, step: int, value: float) -> Alert | None:
+        if not math.isfinite(value):
+            side = follow.not_finite(value)
+            return None if side is None else describe_not_finite(follow.watch, step, value, side, self.run_id)
+        breach = follow.update(step, value)
+        return None if breach is None else describe(follow.watch, breach, self.run_id)
 
 
 class Watcher:
