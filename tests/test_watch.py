@@ -296,6 +296,37 @@ def test_the_environment_names_the_watches(monkeypatch) -> None:
     assert live.watches(None) == [live.Watch(KL, h=12.0)]
     with pytest.raises(ValueError, match="more than once"):
         live.watches([KL, live.Watch(KL)])
+    monkeypatch.setenv(live.ENV, "kl_k3:mean,speed=2")
+    with pytest.raises(ValueError, match=r"^CLIPTRACK_WATCH='kl_k3:mean,speed=2': watch "):
+        live.watches(None)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: live.Watch(KL, k="1"), TypeError, "Watch kl_k3:mean k='1': expected a number"),
+        (lambda: live.Watch(KL, floor="0"), TypeError, "Watch kl_k3:mean floor='0': expected a number"),
+        (
+            lambda: live.Watch(KL, reference=12),
+            TypeError,
+            "Watch kl_k3:mean reference=12: expected STORE#RUN",
+        ),
+        (lambda: live.watches(3), TypeError, "watch=3: expected a Watch"),
+        (
+            lambda: live.band_of_reference(live.Watch(KL, reference={0: "a"})),
+            ValueError,
+            "watch kl_k3:mean: the reference values must be numbers",
+        ),
+        (
+            lambda: live.band_of_reference(live.Watch(KL, reference=[1.0, 2.0])),
+            ValueError,
+            "^watch kl_k3:mean: 2 reference values: a reference run needs",
+        ),
+    ],
+)
+def test_bad_watch_arguments_are_named(make, error, message) -> None:
+    with pytest.raises(error, match=message):
+        make()
 
 
 def test_other_ranks_watch_nothing(tmp_path) -> None:

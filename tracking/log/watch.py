@@ -145,6 +145,17 @@ class Watch:
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or self.key.count(":") != 1:
             raise ValueError(f"Watch key={self.key!r}: expected a metric key 'name:reduction'")
+        for name in ("k", "h", "floor"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"Watch {self.key} {name}={value!r}: expected a number")
+        if self.reference is not None and not isinstance(
+            self.reference, (RunRef, str, os.PathLike, Sequence, Mapping)
+        ):
+            raise TypeError(
+                f"Watch {self.key} reference={self.reference!r}: expected STORE#RUN, a RunRef, a spool "
+                "run directory, or the reference values (a sequence, or a mapping step -> value)"
+            )
         rule.check_settings(
             scale=self.scale,
             direction=self.direction,
@@ -222,7 +233,12 @@ def watches(given: Watch | str | Iterable[Watch | str] | None) -> list[Watch]:
     watched twice is refused."""
     if given is None:
         env = os.environ.get(ENV, "").strip()
-        return parse_watch(env) if env else []
+        try:
+            return parse_watch(env) if env else []
+        except ValueError as exc:
+            raise ValueError(f"{ENV}={printable(env)!r}: {exc}") from None
+    if not isinstance(given, (Watch, str, Iterable)):
+        raise TypeError(f"watch={given!r}: expected a Watch, its string form, or a list of them")
     items: Iterable[Watch | str] = [given] if isinstance(given, (Watch, str)) else given
     out: list[Watch] = []
     for item in items:
@@ -252,13 +268,18 @@ def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
         try:
             return ref.series(watch.key)
         except (KeyError, LookupError, OSError, ValueError) as exc:
-            raise ValueError(f"watch {watch.key}: reference {watch.source}: {printable(str(exc))}") from None
+            raise ValueError(f"watch {watch.key}: {watch.source}: {printable(str(exc))}") from None
     if isinstance(ref, (str, os.PathLike)):
         return _spool_series(watch, ref)
-    if isinstance(ref, Mapping):
-        pairs = sorted((int(s), float(v)) for s, v in ref.items())
-        return [s for s, _ in pairs], [v for _, v in pairs]
-    values = [float(v) for v in ref]
+    try:
+        if isinstance(ref, Mapping):
+            pairs = sorted((int(s), float(v)) for s, v in ref.items())
+            return [s for s, _ in pairs], [v for _, v in pairs]
+        values = [float(v) for v in ref]
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"watch {watch.key}: the reference values must be numbers: {printable(str(exc))}"
+        ) from None
     return list(range(len(values))), values
 
 
@@ -290,7 +311,7 @@ def band_of_reference(watch: Watch) -> rule.Band:
             [s for s, _ in kept], [z for _, z in kept], watch.window, watch.scale, watch.offset
         )
     except ValueError as exc:
-        raise ValueError(f"watch {watch.key}: reference {watch.source}: {exc}") from None
+        raise ValueError(f"watch {watch.key}: {watch.source}: {exc}") from None
 
 
 class _Follow:
