@@ -261,7 +261,7 @@ def test_minus_inf_logprobs_are_caught_although_the_ratio_hides_them():
 def test_errors_without_the_inputs_still_say_what_is_wrong():
     from cliptrack.adapters.losses.builtin import raise_invalid
 
-    with pytest.raises(ValueError, match="non-finite values .* of 2 loss call"):
+    with pytest.raises(ValueError, match=r"non-finite values .* in 2 loss call"):
         raise_invalid([2, 0, 0])
     raise_invalid([0, 0, 0])
 
