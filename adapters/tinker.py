@@ -200,16 +200,24 @@ class TrackedTrainingClient:
                     stacklevel=2,
                 )
             elif record.calls:
+                outputs = [record.outputs[i] for i in range(record.calls)]
                 try:
-                    outputs = [record.outputs[i] for i in range(record.calls)]
                     self._tracker.log_output(step, merge_outputs(outputs))
-                    worst = _worst(outputs, step)
-                    if worst is not None:
-                        self._tracker.log_worst(step, worst)
                     self.logged_steps.append(step)
                 except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
                     warnings.warn(
                         f"step {step}: could not log the merged output: {exc}", RuntimeWarning, stacklevel=2
+                    )
+                    continue
+                try:  # the worst sequences apart: a diagnostic never costs the step's metrics
+                    worst = _worst(outputs, step)
+                    if worst is not None:
+                        self._tracker.log_worst(step, worst)
+                except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
+                    warnings.warn(
+                        f"step {step}: its worst sequences are not logged: {exc}",
+                        RuntimeWarning,
+                        stacklevel=2,
                     )
         self._changed.notify_all()
 

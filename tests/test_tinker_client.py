@@ -439,3 +439,32 @@ def test_datums_with_ids_log_the_steps_worst_sequences_over_all_its_calls(tmp_pa
     assert None not in sequences
     for c in CRITERIA:
         assert logged.by[c] == plain_worst(sequences, c, logged.k)
+
+
+def test_ids_echoed_without_a_worst_token_keep_the_steps_metrics(tmp_path):
+    """A service that echoes ``datum_id`` but not ``worst_token`` (not the Miles runtime): the step's
+    metrics are logged exactly as without ids, with a warning that its worst sequences are left out."""
+    from cliptrack.store.worst import WORST_FILE
+
+    service = InProcessService()
+    tracker = Tracker("tinker-ids", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    data, _ = make_data(service, 3, 7)
+    for i, datum in enumerate(data):
+        datum.loss_fn_inputs[keys.DATUM_ID] = types.TensorData.from_torch(torch.tensor([i]))
+    future = client.forward_backward(data, "ppo")
+    ((_, output),) = service.waiting
+    for out in output.loss_fn_outputs:
+        out.pop(keys.DATUM_WORST_TOKEN)
+    client.optim_step(types.AdamParams(learning_rate=0.1))
+    with pytest.warns(
+        RuntimeWarning, match="no gauge and 'worst_token' to rank it by: the chunk's worst sequences"
+    ):
+        service.resolve([0])
+        assert client.flush(timeout_s=60)
+    tracker.close()
+    assert client.logged_steps == [0]
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    assert not (run_dir / WORST_FILE).exists()
+    (point,) = [json.loads(line) for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
+    assert point["metrics"][keys.LOSS_TOKENS] == future.result().metrics[keys.LOSS_TOKENS]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -238,11 +239,6 @@ def _read_output(output: object, where: str) -> _Chunk:
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
     _check_metrics_agree(checked, counts, where)
-    sequences = tuple(
-        s
-        for i, (d, c) in enumerate(zip(parts.loss_fn_outputs, per_datum, strict=True))
-        if (s := datum_sequence(d, f"{datums_where}[{i}]", c)) is not None
-    )
     return _Chunk(
         counts,
         terms,
@@ -250,8 +246,27 @@ def _read_output(output: object, where: str) -> _Chunk:
         checked,
         list(parts.loss_fn_outputs),
         parts.loss_fn_output_type,
-        sequences,
+        _sequences(parts.loss_fn_outputs, per_datum, datums_where),
     )
+
+
+def _sequences(
+    datums: Sequence[object], counts: Sequence[MeasuredSums], where: str
+) -> tuple[SequenceGauge, ...]:
+    """The datums' sequence gauges (those with ids). A datum whose ranking fields are bad (an id
+    without ``worst_token`` or the gauge, a bad id) leaves the chunk's sequences out, with a warning
+    naming it: a diagnostic never costs the chunk's counts, which are already checked."""
+    try:
+        return tuple(
+            s
+            for i, (d, c) in enumerate(zip(datums, counts, strict=True))
+            if (s := datum_sequence(d, f"{where}[{i}]", c)) is not None
+        )
+    except ValueError as exc:
+        warnings.warn(
+            f"{exc}: the chunk's worst sequences are left out, its counts kept", RuntimeWarning, stacklevel=3
+        )
+        return ()
 
 
 def datum_sequence(
