@@ -482,7 +482,7 @@ def test_a_run_without_points_names_no_key(tmp_path, capfd) -> None:
 
 
 # ---- values that are not finite, a watch that fails --------------------------------------------------
-def test_a_watched_series_that_blows_up_is_alerted_once_per_run_of_such_values(tmp_path) -> None:
+def test_a_watched_series_that_blows_up_is_alerted_once_per_run_of_such_values(tmp_path, capsys) -> None:
     """A grad norm or reward that turns NaN or infinite has no reading the band could follow: it is
     alerted at once, on the watched side (NaN on either), once until a finite value returns; the
     alert reaches the spool's watch.jsonl like any breach."""
@@ -506,6 +506,18 @@ def test_a_watched_series_that_blows_up_is_alerted_once_per_run_of_such_values(t
     ]
     assert [(a.key, a.step) for a in live.read_breaches(t.run_dir)] == [(k, s) for k, s, _ in got]
     assert math.isnan(t.breaches[0].value) and "not a finite number" in t.breaches[0].text
+    from cliptrack.cli.main import main
+
+    capsys.readouterr()
+    assert (
+        main(["watch", str(t.run_dir.path), "--watch", "grad_norm:mean,scale=value,window=20", "--json"]) == 1
+    )
+
+    def strict(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = [json.loads(line, parse_constant=strict) for line in capsys.readouterr().out.splitlines()]
+    assert [x["step"] for x in lines] == [60, 63, 67] and all(x["value"] is None for x in lines)
 
 
 def test_a_watch_that_fails_on_a_point_leaves_the_others_following_it() -> None:

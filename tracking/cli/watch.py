@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -90,5 +91,15 @@ def _read(run_dir: RunDir, offset: int, detector: Detector, seen: KeysSeen, as_j
         seen.note(point.metrics)
         for alert in detector.update(point.step, point.metrics):
             found += 1
-            print(json.dumps(dataclasses.asdict(alert)) if as_json else printable(alert.text), flush=True)
+            print(_json(alert) if as_json else printable(alert.text), flush=True)
     return offset, found
+
+
+def _json(alert: object) -> str:
+    """One alert as a line of strict JSON: a non-finite number (a watched value that blew up) is
+    ``null``, as in ``compare --json``; the alert's ``text`` still says which."""
+    fields = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v
+        for k, v in dataclasses.asdict(alert).items()  # type: ignore[call-overload]
+    }
+    return json.dumps(fields, allow_nan=False)
