@@ -245,15 +245,22 @@ def _check_database(uri: str, origin: str, schema: SchemaCheck | None) -> None:
         schema(revision, shown, origin)
 
 
-def _probe_database(host: str, port: int, shown: str, origin: str) -> None:
+def _unanswered(host: str, port: int) -> str | None:
+    """Why nothing answers a TCP connection at ``host:port`` within ``PROBE_TIMEOUT_S`` seconds;
+    None when something does."""
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
-            pass
+            return None
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        return exc.strerror or type(exc).__name__
+
+
+def _probe_database(host: str, port: int, shown: str, origin: str) -> None:
+    reason = _unanswered(host, port)
+    if reason is not None:
         raise StoreError(
             f"no database server answers at {shown}{origin} ({reason}); start it or check the URI"
-        ) from None
+        )
 
 
 def _first_line(exc: BaseException, password: str | None) -> str:
@@ -288,16 +295,13 @@ def _check_server(uri: str) -> None:
     parsed = urlparse(uri)
     host = parsed.hostname or "localhost"
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+    reason = _unanswered(host, port)
+    if reason is not None:
         raise StoreError(
             f"no MLflow server answers at {uri} ({reason}); start one "
             f"(mlflow server --backend-store-uri sqlite:///PATH/mlflow.db --port {port} --workers 1) "
             "or check the URI"
-        ) from None
+        )
 
 
 def _plain_path_message(uri: str, origin: str = "") -> str:
