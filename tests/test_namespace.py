@@ -60,9 +60,21 @@ def test_the_wheel_installs_one_top_level_package(wheel: Path):
 
 def test_adapterhub_and_cliptrack_import_side_by_side(wheel: Path, tmp_path: Path):
     env = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env)
+    # no pip of its own: this environment's pip installs into it (pip --python), as it uninstalls;
+    # no bytecode compiled at install (the probe imports a few of transformers' thousands of modules)
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
     python = env / "bin" / "python"
-    pip = (python, "-m", "pip", "install", "-q", "--disable-pip-version-check")
+    pip = (
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "-q",
+        "--no-compile",
+        "--disable-pip-version-check",
+    )
     _run(*pip, "adapters", cwd=tmp_path)
     _run(*pip, "--no-deps", "--force-reinstall", wheel, cwd=tmp_path)
     probe = (
@@ -76,6 +88,6 @@ def test_adapterhub_and_cliptrack_import_side_by_side(wheel: Path, tmp_path: Pat
     found = _run(python, "-c", probe, cwd=tmp_path).stdout.strip().splitlines()[-1]
     assert Path(found).is_relative_to(env), found
     before = sorted(p.name for p in Path(found).parent.iterdir())
-    _run(python, "-m", "pip", "uninstall", "-y", "-q", "cliptrack", cwd=tmp_path)
+    _run(sys.executable, "-m", "pip", "--python", python, "uninstall", "-y", "-q", "cliptrack", cwd=tmp_path)
     assert sorted(p.name for p in Path(found).parent.iterdir()) == before
     _run(python, "-c", "import adapters; assert hasattr(adapters, 'AutoAdapterModel')", cwd=tmp_path)
