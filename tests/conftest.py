@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -47,15 +46,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _mlflow_store.install(basetemp / "mlflow-template")
 
 
+# the README's test command: hypothesis's own number of examples per property (a property that needs
+# more, or fewer, says so in its own settings)
 settings.register_profile(
-    "default", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+    "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.register_profile("ci", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+# a deeper search on demand (--hypothesis-profile thorough)
+settings.register_profile(
+    "thorough", deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow]
+)
 # make test-fast (--hypothesis-profile fast): the everyday loop, fewer examples per property
 settings.register_profile(
     "fast", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile("ci" if os.environ.get("CI") else "default")
+settings.load_profile("default")
 
 
 @pytest.fixture(scope="session")
