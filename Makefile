@@ -18,8 +18,11 @@ demo:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || echo "make demo: no virtual environment is active: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)') (python3 -m venv .venv && . .venv/bin/activate first to keep it apart)"
 	$(INSTALL) -e '.[demo]' && cliptrack demo
 
+# the project's bytecode compiled once, before the suite: every subprocess a test starts reads it
+# instead of compiling the modules it imports (where PYTHONDONTWRITEBYTECODE keeps Python from
+# writing it, each of them would)
 test:
-	$(INSTALL) -e '.[dev]' && $(PYTHON) -m pytest $(PARALLEL)
+	$(INSTALL) -e '.[dev]' && $(PYTHON) -m compileall -q tracking adapters tests benchmarks && $(PYTHON) -m pytest $(PARALLEL)
 
 bench:
 	$(INSTALL) -e '.[dev]' && $(PYTHON) benchmarks/run_all.py
@@ -37,7 +40,7 @@ typecheck:
 check: lint typecheck
 
 test-fast:
-	$(PYTHON) -m pytest -m "not slow" $(PARALLEL) --hypothesis-profile fast
+	$(PYTHON) -m compileall -q tracking adapters tests benchmarks && $(PYTHON) -m pytest -m "not slow" $(PARALLEL) --hypothesis-profile fast
 
 # docs/dashboard.png from the demo as it now runs (headless Chromium; tests/test_demo.py checks it)
 docs-picture:
