@@ -16,12 +16,11 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 from cliptrack.core.text import printable
-from cliptrack.log.watch import Detector, KeysSeen, Watch, parse_watch
+from cliptrack.log.watch import Detector, KeysSeen, Watch, parse_watch, stderr_line
 from cliptrack.store import journal
 from cliptrack.store.records import RUNNING
 from cliptrack.store.spool import RunDir
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             break
         time.sleep(args.interval)
     for line in seen.never_logged():
-        print(f"cliptrack watch: {printable(line)}", file=sys.stderr)
+        stderr_line(line)
     return EXIT_BREACH if breaches else 0
 
 

@@ -492,7 +492,7 @@ class Watcher:
         self._wake.set()
         self._thread.join(max(0.0, timeout_s))
         for line in self.keys.never_logged():
-            _stderr(line)
+            stderr_line(line)
 
     # ---- watch thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -523,7 +523,7 @@ class Watcher:
 
     def _raise(self, alert: Alert) -> None:
         self.alerts.append(alert)
-        _stderr(alert.text)
+        stderr_line(alert.text)
         try:
             with open(self.run_dir.path / BREACHES_FILE, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(asdict(alert), allow_nan=True) + "\n")
@@ -542,7 +542,7 @@ class Watcher:
             self.callback_errors += 1
             why = f"{type(exc).__name__}: {exc}"
             LOG.warning("the on_breach callback of watch %s raised %s", alert.key, printable(why))
-            _stderr(f"on_breach of {alert.key} raised {why}")
+            stderr_line(f"on_breach of {alert.key} raised {why}")
 
 
 class KeysSeen:
@@ -574,8 +574,9 @@ class KeysSeen:
         return out
 
 
-def _stderr(text: str) -> None:
-    """One line on the process's stderr (looked up at call time), never raising."""
+def stderr_line(text: str) -> None:
+    """One line of the watch on the process's stderr (looked up at call time), prefixed
+    ``cliptrack watch:`` and escaped for a terminal; never raising."""
     try:
         stream = sys.stderr
         stream.write(f"cliptrack watch: {printable(text)}\n")
