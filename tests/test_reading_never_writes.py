@@ -7,7 +7,6 @@ new store (the tracker) is not affected."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from cliptrack.backends.preflight import PlainPathNote, StoreError
 from cliptrack.cli.main import main
 
 from tests._compare_fixtures import megatron_vs_miles, write_mlflow
+from tests._refusal import refused
 
 COMMANDS = {"runs": ["runs"], "compare": ["compare", "run-a", "run-b"]}
 
@@ -62,20 +62,9 @@ def _target(tmp_path: Path, case: str) -> Path:
 
 
 def _refuses(argv: list[str], tmp_path: Path, capsys, monkeypatch) -> str:
-    """Run ``cliptrack ARGV`` in ``tmp_path``: exit 2, one line on stderr, nothing on stdout, every
-    file of the folder byte-identical and none added; return the stderr line."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    importlib.import_module("mlflow.tracking")
-    before = _snapshot(tmp_path)
-    code = main(argv)
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert code == 2, captured
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    assert captured.out == ""
-    assert _snapshot(tmp_path) == before, "reading changed or created files"
-    return lines[0]
+    """``cliptrack ARGV`` refused in one line in ``tmp_path``, every file of the folder
+    byte-identical and none added; the line."""
+    return refused(argv, tmp_path, lambda: _snapshot(tmp_path), capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -10,14 +10,13 @@ reason, where it is not installed or cannot run."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 
 import pytest
 from cliptrack.backends.preflight import StoreError
-from cliptrack.cli.main import main
 
 from tests import _postgres
 from tests._harness import free_port
+from tests._refusal import refused
 from tests._tools import needs_postgres
 
 PASSWORD = "pg-Re4d0nly-9c2a"
@@ -53,22 +52,12 @@ def _state(server: _postgres.Postgres) -> dict[str, str]:
 
 
 def _refuses(server: _postgres.Postgres, argv: list[str], capsys, monkeypatch, tmp_path) -> str:
-    """Run ``cliptrack ARGV``: exit 2, one line on stderr without the password, nothing on stdout,
-    the cluster unchanged; return the line."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    importlib.import_module("mlflow.tracking")
-    before = _state(server)
-    code = main(argv)
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert code == 2, captured
-    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
-    assert captured.out == ""
-    assert PASSWORD not in captured.err
-    assert _state(server) == before, "reading changed the cluster"
+    """``cliptrack ARGV`` refused in one line without the password, the cluster unchanged and no
+    file written; the line."""
+    line = refused(argv, tmp_path, lambda: _state(server), capsys, monkeypatch)
+    assert PASSWORD not in line
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "reading wrote files"
-    return lines[0]
+    return line
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
