@@ -3,7 +3,8 @@
 Each layout runs every scenario of ``_megatron_setup.SCENARIOS`` (PPO with unequal micro-batches
 and an all-zero micro-batch, a DP rank with no eligible token, CISPO, a step where nothing clips,
 cross entropy) and compares the merged metrics with one process computing the whole global batch.
-The layouts of one world size run in one launch of its processes, one after the other.
+The layouts (DP4, PP2 x DP2, TP2 x DP2, DP2 x CP2) run in one launch of four processes, one after
+the other.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
 
 Layout = tuple[int, int, int]
 """Tensor-, pipeline- and context-parallel sizes; the data-parallel size is what the world leaves."""
-DP2, PP2 = (1, 1, 1), (1, 2, 1)  # on 2 processes
-TP2_DP2, DP2_CP2 = (2, 1, 1), (1, 1, 2)  # on 4 processes
+DP4, PP2_DP2, TP2_DP2, DP2_CP2 = (1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2)
+WORLD = 4
 
 
 def _launch(tmp_path: Path, world: int, layouts: list[Layout]) -> dict[Layout, list[dict]]:
@@ -44,13 +45,8 @@ def _launch(tmp_path: Path, world: int, layouts: list[Layout]) -> dict[Layout, l
 
 
 @pytest.fixture(scope="module")
-def world_2(tmp_path_factory: pytest.TempPathFactory) -> dict[Layout, list[dict]]:
-    return _launch(tmp_path_factory.mktemp("world2"), 2, [DP2, PP2])
-
-
-@pytest.fixture(scope="module")
 def world_4(tmp_path_factory: pytest.TempPathFactory) -> dict[Layout, list[dict]]:
-    return _launch(tmp_path_factory.mktemp("world4"), 4, [TP2_DP2, DP2_CP2])
+    return _launch(tmp_path_factory.mktemp("world4"), WORLD, [DP4, PP2_DP2, TP2_DP2, DP2_CP2])
 
 
 def _check_layout(results: list[dict], dp: int) -> None:
@@ -169,24 +165,24 @@ def _check_nontrivial(results: list[dict]) -> None:
 
 
 @pytest.fixture
-def dp2_results(world_2: dict[Layout, list[dict]]) -> list[dict]:
-    return world_2[DP2]
+def dp4_results(world_4: dict[Layout, list[dict]]) -> list[dict]:
+    return world_4[DP4]
 
 
-def test_data_parallel_2(dp2_results: list[dict]) -> None:
-    results = dp2_results
-    _check_layout(results, dp=2)
+def test_data_parallel_4(dp4_results: list[dict]) -> None:
+    results = dp4_results
+    _check_layout(results, dp=WORLD)
     _check_nontrivial(results)
-    assert [r["dp_cp_ranks"] for r in results] == [[0, 1], [0, 1]]
+    assert [r["dp_cp_ranks"] for r in results] == [list(range(WORLD))] * WORLD
     # on gloo the one collective is an all-to-all (one round), see cliptrack.adapters.megatron.merge_packed
     assert all(r["steps"]["ppo"]["collectives"] == ["all_to_all_single"] for r in results)
 
 
-def test_explicit_group_without_parallel_state(dp2_results: list[dict]) -> None:
-    """The same processes, reports passed with group=WORLD; rank 1 has none and still joins."""
-    results = dp2_results
-    batch = setup.global_batch("ppo", 2 * setup.MICRO_BATCH, dp=2)
-    rows = slice(0, setup.MICRO_BATCH)
+def test_explicit_group_without_parallel_state(dp4_results: list[dict]) -> None:
+    """The same processes, reports passed with group=WORLD; the last rank has none and still joins."""
+    results = dp4_results
+    batch = setup.global_batch("ppo", WORLD * setup.MICRO_BATCH, dp=WORLD)
+    rows = slice(0, (WORLD - 1) * setup.MICRO_BATCH)
     logprobs = setup.reference_logprobs(batch.tokens[rows], batch.labels[rows])
     expected = loss_metrics(ppo(logprobs, **setup.loss_inputs("ppo", batch, rows, slice(None))))
     assert expected[keys.CLIPPED_TOKENS] > 0
@@ -216,8 +212,9 @@ def test_data_parallel_2_by_context_parallel_2(world_4: dict[Layout, list[dict]]
         assert sorted(res["dp_cp_ranks"]) == [0, 1, 2, 3]  # DP x CP: slices of a sequence are summed
 
 
-def test_pipeline_parallel_2(world_2: dict[Layout, list[dict]]) -> None:
-    results = world_2[PP2]
-    assert [r["last_stage"] for r in results] == [False, True]
-    _check_layout(results, dp=1)
+def test_pipeline_parallel_2_by_data_parallel_2(world_4: dict[Layout, list[dict]]) -> None:
+    results = world_4[PP2_DP2]
+    # Megatron-Core's default order puts the pipeline outermost: ranks 0-1 hold the first stage
+    assert [r["last_stage"] for r in results] == [False, False, True, True]
+    _check_layout(results, dp=2)
     _check_nontrivial(results)
