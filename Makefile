@@ -18,11 +18,15 @@ demo:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || echo "make demo: no virtual environment is active: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)') (python3 -m venv .venv && . .venv/bin/activate first to keep it apart)"
 	$(INSTALL) -e '.[demo]' && cliptrack demo
 
-# the project's bytecode compiled once, before the suite: every subprocess a test starts reads it
-# instead of compiling the modules it imports (where PYTHONDONTWRITEBYTECODE keeps Python from
-# writing it, each of them would)
+# the project's bytecode compiled once before the suite, for every subprocess a test starts to read
+# instead of compiling the modules it imports; bytecode is written during the suite even where the
+# environment sets PYTHONDONTWRITEBYTECODE, so that the next run's workers find pytest's rewritten
+# test modules instead of rewriting them (a third of a worker's collection)
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest
+COMPILE = $(PYTHON) -m compileall -q tracking adapters tests benchmarks
+
 test:
-	$(INSTALL) -e '.[dev]' && $(PYTHON) -m compileall -q tracking adapters tests benchmarks && $(PYTHON) -m pytest $(PARALLEL)
+	$(INSTALL) -e '.[dev]' && $(COMPILE) && $(PYTEST) $(PARALLEL)
 
 bench:
 	$(INSTALL) -e '.[dev]' && $(PYTHON) benchmarks/run_all.py
@@ -40,7 +44,7 @@ typecheck:
 check: lint typecheck
 
 test-fast:
-	$(PYTHON) -m compileall -q tracking adapters tests benchmarks && $(PYTHON) -m pytest -m "not slow" $(PARALLEL) --hypothesis-profile fast
+	$(COMPILE) && $(PYTEST) -m "not slow" $(PARALLEL) --hypothesis-profile fast
 
 # docs/dashboard.png from the demo as it now runs (headless Chromium; tests/test_demo.py checks it)
 docs-picture:

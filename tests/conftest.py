@@ -19,8 +19,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     reader of the demo run), else after the module, unless the test names its group. Tests of the
     same module that use no shared fixture stay free for any worker. pytest's built-in fixtures are
     defined nowhere in the suite (no ``baseid``) and group nothing. Runs before xdist's own hook
-    reads the groups."""
+    reads the groups. Every reader of the session's demo run is marked ``slow`` (the demo is a
+    subprocess training nine runs): ``make test-fast`` never waits for it."""
     for item in items:
+        if "demo_run" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is not None:
             continue
         info = getattr(item, "_fixtureinfo", None)
