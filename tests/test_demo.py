@@ -348,15 +348,15 @@ def test_default_demo_trains_seeds_per_stack_and_a_control_on_other_seeds():
 
 @pytest.mark.slow
 def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest():
-    """The demo's default pair trained with its defaults (no logging): clipping bites on both and
-    more on the stale run, whose clip fraction rises and falls over the run (about 10 percentage
-    points more on average). The stale run is trained on the Megatron path with the Miles path's
-    staleness: the two paths are the same training step (tests/test_paths_agree.py; the demo's
-    control group, the Megatron path as stale, compares "equivalent" with the Miles path), and the
-    Megatron path trains one step in about a seventh of the Miles path's time (its per-datum wire). The paired difference's interval lies above zero; the verdict is
-    "different", or "insufficient data" with the reason naming the effective sample size when the
-    long-run variance reads that rise and fall as persistence (it does at 100-150 steps: the window
-    is too short to tell a smooth trend of that shape from a persistent wander; seeds settle it, as
+    """The demo's default pair trained with its defaults (no logging): clipping bites on both and more on the
+    stale run, whose clip fraction rises and falls over the run (about 10 percentage points more on
+    average). The stale run is trained on the Megatron path with the Miles path's staleness: the two paths
+    are the same training step (tests/test_paths_agree.py; the demo's control group, the Megatron path as
+    stale, compares "equivalent" with the Miles path), and the Megatron path trains one step in about an
+    eighth of the Miles path's time (its per-datum wire). The paired difference's interval lies above
+    zero; the verdict is "different", or "insufficient data" with the reason naming the effective sample
+    size when the long-run variance reads that rise and fall as persistence (it does at 100-150 steps: the
+    window is too short to tell a smooth trend of that shape from a persistent wander; seeds settle it, as
     the demo's grouped verdict does)."""
     import argparse
 
