@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import time
 from pathlib import Path
 
+from cliptrack.core.jsonready import strict_json
 from cliptrack.core.text import printable
 from cliptrack.log.watch import Detector, KeysSeen, Watch, parse_watch, stderr_line
 from cliptrack.store import journal
@@ -97,8 +96,4 @@ def _read(run_dir: RunDir, offset: int, detector: Detector, seen: KeysSeen, as_j
 def _json(alert: object) -> str:
     """One alert as a line of strict JSON: a non-finite number (a watched value that blew up) is
     ``null``, as in ``compare --json``; the alert's ``text`` still says which."""
-    fields = {
-        k: None if isinstance(v, float) and not math.isfinite(v) else v
-        for k, v in dataclasses.asdict(alert).items()  # type: ignore[call-overload]
-    }
-    return json.dumps(fields, allow_nan=False)
+    return strict_json(dataclasses.asdict(alert))  # type: ignore[call-overload]

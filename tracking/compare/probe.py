@@ -34,6 +34,7 @@ from cliptrack.compare.quantities import Margin, absolute, relative
 from cliptrack.compare.stats import probe as ps
 from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
 from cliptrack.core import keys
+from cliptrack.core.jsonready import json_ready
 from cliptrack.core.outputs import read_output
 
 __all__ = [
@@ -120,17 +121,7 @@ class ProbeResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Every number, JSON-ready (NaN as None)."""
-        return _jsonable(asdict(self))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+        return json_ready(asdict(self))
 
 
 # ---- reading the per-datum outputs ---------------------------------------------------------------

@@ -9,5 +9,6 @@
 - ``versions``: the one version check of every vendor seam;
 - ``text``: text from a run escaped for where it is shown (terminal, markdown, HTML);
 - ``secrets``: what a credential looks like, and its redaction;
+- ``jsonready``: values made ready for strict JSON (a non-finite number is ``null``);
 - ``lazy``: lazy re-exports, so that a package imports a heavy module only when a name from it is used.
 """
