@@ -78,6 +78,8 @@ def wandb_dir(tmp_path_factory) -> tuple[Path, dict[str, tuple[float, float]]]:
         ("killed", "killed-run", 143),
         ("cut", "cut-run", 0),
     ):
+        if run_id == "cut":  # its start is its directory's stamp, to the second: a second of its own
+            time.sleep(max(0.0, math.floor(max(after for _, after in spans.values())) + 1 - time.time()))
         before, after, path = _wandb_run(root, run_id, name, code)
         spans[run_id] = (before, after)
         if run_id == "cut":
