@@ -81,7 +81,7 @@ def _browse(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
         "--disable-sync",
         f"--user-data-dir={profile}",
         "--window-size=1600,1400",
-        "--virtual-time-budget=60000",
+        "--virtual-time-budget=30000",
         "--run-all-compositor-stages-before-draw",
     ]
     return subprocess.run(base + list(args) + [url], capture_output=True, text=True, timeout=300)
