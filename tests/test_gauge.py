@@ -401,6 +401,9 @@ def test_the_k3_term_is_exact_to_float32_rounding_of_the_term_itself_compiled_an
     series_f64 = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x / 120)))
     truth = torch.where(x.abs() < 1e-3, series_f64, torch.expm1(x) - x)
     eps32, eps64 = 1.2e-7, 2.3e-16
+    # a term below float32's normal range (|l| < 1.5e-19) is a multiple of 2**-149: each product of
+    # the series rounds by up to half that spacing, whatever the term's size
+    subnormal = 4 * 2.0**-149
     below = log_ratio.abs() < losses.K3_SERIES_BELOW
     # the direct term (>= 0.1): the rounding of w and of the two subtractions, an ulp of w + 1 + |l|
     direct = 2 * eps32 * (torch.exp(x) + 1 + x.abs())
@@ -414,9 +417,6 @@ def test_the_k3_term_is_exact_to_float32_rounding_of_the_term_itself_compiled_an
     ):
         assert got.dtype in (torch.float32, torch.float64)
         error = (got.double() - truth).abs()
-        # a term below float32's normal range (|l| < 1.5e-19) is a multiple of 2**-149: each product
-        # of the series rounds by up to half that spacing, whatever the term's size
-        subnormal = 4 * 2.0**-149
         assert bool((error <= bound + subnormal).all()), (
             path,
             log_ratio[error > bound],

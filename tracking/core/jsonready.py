@@ -1,8 +1,10 @@
-"""Values made ready for strict JSON: the one rule for a number that is not finite.
+"""Values made ready for strict JSON: a number that is not finite becomes ``null``.
 
 A NaN or an infinity (a quantity with no estimate, a watched value that blew up) is written as
-``null``, so that every JSON document cliptrack prints or writes is strict JSON (RFC 8259), which
-``json.loads`` of any language reads; the accompanying text says which value it was.
+``null`` in the JSON cliptrack hands to other programs (``cliptrack watch --json``, the probe's
+``to_dict``; the comparison's report does the same field by field), so that it is strict JSON
+(RFC 8259), which ``json.loads`` of any language reads; the accompanying text says which value it
+was.
 """
 
 from __future__ import annotations
@@ -26,6 +28,6 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def strict_json(value: Any, **dumps: Any) -> str:
+def strict_json(value: Any) -> str:
     """``json.dumps`` of :func:`json_ready` ``(value)``, refusing any NaN left (there is none)."""
-    return json.dumps(json_ready(value), allow_nan=False, **dumps)
+    return json.dumps(json_ready(value), allow_nan=False)
