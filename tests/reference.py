@@ -185,6 +185,39 @@ def gauge_tolerance(key: str, lp: Tensor, slp: Tensor, mask: Tensor | None) -> f
     return eps * scale + 1e-12 * len(log_ratio)
 
 
+FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+"""float32's unit roundoff ``u``: one rounding moves a value by at most ``u`` of its magnitude."""
+
+
+def loss_rounding(
+    name: str,
+    lp: Tensor,
+    slp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    low: float = 0.0,
+    high: float = 0.0,
+    beta: float = 0.0,
+) -> float:
+    """How far a float32 loss ``name`` over ``n`` eligible tokens may lie from its exact value, however
+    its kernels are built (vector width, loop tails, order of the sum): each per-token term within
+    8 roundings of its magnitude (``exp`` to a last bit that differs between vectorised and scalar
+    code, then at most four products and differences), and a sum of ``n`` terms in any order within
+    ``n - 1`` roundings of the sum of their magnitudes (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 2002, eq. 4.4). Two builds of the same loss lie within twice this of each other."""
+    x, s, a = lp.detach().double(), slp.detach().double(), adv.double()
+    on = mask.double() != 0
+    ratio = torch.exp(x - s)
+    terms = {
+        "ppo": lambda: torch.minimum(ratio * a, torch.clamp(ratio, low, high) * a).abs(),
+        "cispo": lambda: (torch.clamp(ratio, low, high) * a * x).abs(),
+        "importance_sampling": lambda: (ratio * a).abs(),
+        "dro": lambda: (x * a).abs() + 0.5 * beta * (x - s) ** 2,
+    }[name]()[on]
+    n = int(terms.numel())
+    return (n - 1 + 8) * FLOAT32_UNIT_ROUNDOFF * float(terms.sum())
+
+
 def plain_worst(sequences: Iterable[Any], criterion: str, k: int) -> tuple[Any, ...]:
     """The worst ``k`` sequences (``cliptrack.core.worst.SequenceGauge``) by ``criterion``, plainly:
     every sequence with a token (a datum seen twice: its pass with the largest value, then the

@@ -179,9 +179,10 @@ def test_non_finite_values_are_refused_and_named(value):
 def test_the_gauge_adds_no_host_sync_on_either_path():
     lp = -torch.rand(3, 50)
     slp = lp + 0.2 * torch.randn(3, 50)
-    with loss_path("1"):
-        losses.ppo(lp.clone().requires_grad_(True), slp, torch.randn(3, 50)).loss.backward()  # compile first
+    with loss_path("1"):  # compile first, outside the guard, the graph the guarded calls use (a bool mask)
+        losses.ppo(lp.clone().requires_grad_(True), slp, torch.randn(3, 50), torch.rand(3, 50) > 0.3)
     for value in ("0", "1"):
+        before = fused.compiled_calls["ppo"]
         with loss_path(value), host_sync_forbidden():
             total = None
             for _ in range(3):
@@ -191,6 +192,7 @@ def test_the_gauge_adds_no_host_sync_on_either_path():
                 total = out if total is None else total + out
             assert total is not None
             packed = losses.pack(total)
+        assert fused.compiled_calls["ppo"] - before == (3 if value == "1" else 0), fused.failure()
         assert losses.unpack(packed.tolist()).counts.has_gauge
 
 
