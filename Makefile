@@ -3,7 +3,7 @@
 # (no torch reinstall): the everyday loop once `make test` or `pip install -e '.[dev]'` has run.
 PYTHON ?= python3
 INSTALL = $(PYTHON) -m pip install torch==2.13.0
-PATHS = tracking adapters tests benchmarks
+PATHS = tracking adapters tests benchmarks research
 # mypy reads the installed namespace through a tree of links: tracking/ is `cliptrack`,
 # adapters/ is `cliptrack.adapters` (the layout pyproject.toml's package-dir installs)
 TYPECHECK_TREE = build/typecheck
@@ -27,7 +27,7 @@ demo:
 # environment sets PYTHONDONTWRITEBYTECODE, so that the next run's workers find pytest's rewritten
 # test modules instead of rewriting them (a third of a worker's collection)
 PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest
-COMPILE = $(PYTHON) -m compileall -q tracking adapters tests benchmarks
+COMPILE = $(PYTHON) -m compileall -q tracking adapters tests benchmarks research
 
 test:
 	$(INSTALL) -e '.[dev]' && $(COMPILE) && $(PYTEST) $(PARALLEL)

@@ -28,7 +28,7 @@ from benchmarks._timing import Row, interleaved_medians, markdown  # noqa: E402 
 
 
 def _runs(n: int) -> list[np.ndarray]:
-    from cliptrack.compare.simulation import ar1, counts
+    from research.simulation import ar1, counts
 
     rng = np.random.default_rng(0)
     out: list[np.ndarray] = []
@@ -39,8 +39,9 @@ def _runs(n: int) -> list[np.ndarray]:
 
 
 def run(sizes: tuple[int, ...] = (100_000, 1_000_000), repeats: int = 3) -> list[Row]:
-    from cliptrack.compare.simulation import linearise_rows, previous_intervals
     from cliptrack.compare.stats import influential_units, lead_lag, paired_difference, segment_differences
+
+    from research.simulation import linearise_rows, previous_intervals
 
     rows = []
     for n in sizes:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from cliptrack.compare import simulation as sim
 from cliptrack.compare.quantities import KL_FLOOR
 from cliptrack.compare.stats import watch as rule
 
 from benchmarks.demo_pairs import CACHE
+from research import simulation as sim
 
 N, REPS = 2000, 40
 N_FRESH = 3000

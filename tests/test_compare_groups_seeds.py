@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 from cliptrack.compare import RunSet, compare
-from cliptrack.compare import simulation as sim
 from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.groups import groups_by
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT
@@ -26,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
+from research import simulation as sim
 from tests._compare_fixtures import run_from_curves
 
 REPS = 200

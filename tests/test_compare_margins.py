@@ -195,7 +195,7 @@ def test_the_floor_keeps_size_power_and_twenty_fold_differences_by_simulation():
     "equivalent" at no difference in 80 %+ at every level, and never call a 20-fold difference
     equivalent; without a floor the power is gone near zero, and a floor ten times as large calls
     a 20-fold difference equivalent."""
-    from cliptrack.compare.simulation import margin_floor
+    from research.simulation import margin_floor
 
     reps = 200
     bound = 0.05 + 2 * math.sqrt(0.05 * 0.95 / reps)

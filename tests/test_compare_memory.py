@@ -13,7 +13,6 @@ import math
 import cliptrack.compare.stats.memory as memory
 import numpy as np
 import pytest
-from cliptrack.compare import simulation as sim
 from cliptrack.compare.stats.cosines import cosine_coefficients, trend_basis
 from cliptrack.compare.stats.lrv import long_run_variance
 from cliptrack.compare.stats.memory import (
@@ -29,6 +28,7 @@ from cliptrack.compare.stats.memory import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from research import simulation as sim
 from tests._compare_fixtures import _ar1
 
 

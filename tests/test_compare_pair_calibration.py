@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cliptrack.compare import simulation as sim
 from cliptrack.compare.stats import DIFFERENT, INSUFFICIENT, MIN_ESS, equivalence_verdict, paired_difference
 from cliptrack.compare.stats.intervals import direction_rows, interval_rows
 from cliptrack.compare.stats.lrv import long_run_variance
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from research import simulation as sim
 
 R = 200
 BOUND = 0.05 + 2.5 * np.sqrt(0.05 * 0.95 / R)

@@ -2,7 +2,7 @@
 
 Runs of 100 to 20,000 steps whose per-step clip probability is 0.10 (or a drift 0.15 → 0.05) plus
 an AR(1) wobble (coefficient 0 to 0.99) or ARFIMA noise, standard deviation 0.02, binomial clip
-counts of 5k-50k loss tokens per step, margin ±0.02 (``cliptrack.compare.simulation``). Fixed seeds;
+counts of 5k-50k loss tokens per step, margin ±0.02 (``research.simulation``). Fixed seeds;
 the shipped code is what is measured (``lrv.long_run_variance`` and ``intervals.interval_rows``
 vectorised over replicates; segments, outliers, lags and seeds through the public functions).
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from cliptrack.compare import simulation as sim
+
+from research import simulation as sim
 
 R = 300
 SIZE_BOUND = 0.05 + 2 * math.sqrt(0.05 * 0.95 / R)

@@ -14,12 +14,13 @@ from cliptrack.adapters.losses import builtin, formulas
 from cliptrack.adapters.miles import forward_backward_loss, output_to_json
 from cliptrack.cli.main import main
 from cliptrack.compare.probe import compare_outputs
-from cliptrack.compare.probe_simulation import AT_MARGIN, DETECT, simulate
 from cliptrack.compare.stats import probe as ps
 from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, INSUFFICIENT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sst
+
+from research.probe_simulation import AT_MARGIN, DETECT, simulate
 
 counts = st.lists(st.integers(0, 400), min_size=2, max_size=60)
 

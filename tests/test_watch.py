@@ -1,7 +1,7 @@
 """The live watch: its rule on planted series, its settings, and the tracker's alerts.
 
 The rule (``cliptrack.compare.stats.watch``) is checked on simulated series from the comparison's
-own generators (``cliptrack.compare.simulation``): a planted jump is found within a bound, healthy
+own generators (``research.simulation``): a planted jump is found within a bound, healthy
 series stay under the stated false-alarm rate, and W&B's z-score filter on the same series does
 not. The tracker's alerts go through real sinks: MLflow on a sqlite file, W&B offline (its real
 local writer: the alert is a record of the run's ``.wandb`` file, which ``wandb sync`` would send;
@@ -16,12 +16,13 @@ import threading
 
 import numpy as np
 import pytest
-from cliptrack.compare import simulation as sim
 from cliptrack.compare.stats import watch as rule
 from cliptrack.log import watch as live
 from cliptrack.log.tracker import NullTracker, Tracker
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from research import simulation as sim
 
 KL = "kl_k3:mean"
 

@@ -282,6 +282,8 @@ it is). Extremes have no entry: Miles adds its log values over micro-batches and
 # ---- Appended by the tracking layer -------------------------------------------------------------
 TAG_RUN_ID = "cliptrack.run_id"
 """MLflow tag (and W&B run id) holding cliptrack's own run id: the JSONL run directory's name."""
+TAG_WATCH = "cliptrack.watch"
+"""Prefix of the MLflow tags holding each watched key's last breach: ``cliptrack.watch.<key>``."""
 
 # ---- Comparison runs (MLflow) ---------------------------------------------------------------------
 TAG_COMPARED_RUNS = "cliptrack.compared_runs"

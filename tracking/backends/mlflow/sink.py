@@ -393,7 +393,7 @@ class MlflowSink(Sink):
 
 def watch_tag(key: str) -> str:
     """The MLflow tag holding the last breach of the watched ``key``."""
-    return f"cliptrack.watch.{key}"
+    return f"{keys.TAG_WATCH}.{key}"
 
 
 def watch_metric(key: str) -> str:

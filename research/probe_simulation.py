@@ -1,4 +1,4 @@
-"""The paired probe's verdict measured with known truth: ``python -m cliptrack.compare.probe_simulation``.
+"""The paired probe's verdict measured with known truth: ``python -m research.probe_simulation``.
 
 A probe batch is ``datums`` sequences of 20–400 eligible tokens. Clip fraction: each sequence has
 its own clip propensity ``p_i ~ Beta(1, 12)`` (mean 7.7 %: tokens of a sequence are correlated,

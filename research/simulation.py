@@ -22,7 +22,7 @@ vectorised over replicates; segments, outliers, lags and groups through the publ
 ``method="fixed-b"`` is the previous method (Bartlett kernel at bandwidth ``n`` with
 Kiefer–Vogelsang critical values, ESS from the lag-1 autocorrelation), kept as a control.
 
-Run: ``python -m cliptrack.compare.simulation [--replicates N] [--quick]`` prints the table.
+Run: ``python -m research.simulation [--replicates N] [--quick]`` prints the table.
 """
 
 from __future__ import annotations
