@@ -16,12 +16,15 @@ server and the comparison run's artifacts.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.client
 import json
+import math
 import os
 import subprocess
 import sys
 import threading
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,118 @@ def test_the_real_uri_is_restored_from_a_candidate_that_matches_the_stored_one()
     assert secrets.restore(stored, [None, "http://other:5000", real]) == real
     assert secrets.restore(stored, [stored, "http://ml:wrong@127.0.0.2:5000"]) is None  # no candidate
     assert secrets.restore("sqlite:////data/mlflow.db", []) == "sqlite:////data/mlflow.db"  # nothing hidden
+
+
+def test_quoted_passwords_and_a_dict_held_authorization_header_are_hidden():
+    """libpq's quoted ``password='...'`` (spaces and escaped quotes inside), a dict's repr and JSON
+    of a password or an ``Authorization`` header: each value hidden up to its closing quote, the
+    rest of the text kept; redacting twice changes nothing."""
+    basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+    cases = {
+        f"host=db password='{PASSWORD}' dbname=m": f"host=db password='{MASK}' dbname=m",
+        f"host=db password = 'my {PASSWORD}\\'s' port=5": f"host=db password = '{MASK}' port=5",
+        f'password="{PASSWORD}"': f'password="{MASK}"',
+        f"{{'user': 'ml', 'password': '{PASSWORD}'}}": f"{{'user': 'ml', 'password': '{MASK}'}}",
+        f'{{"password": "{PASSWORD}", "n": 3}}': f'{{"password": "{MASK}", "n": 3}}',
+        f"{{'Authorization': 'Basic {basic}', 'Accept': 'json'}}": (
+            f"{{'Authorization': 'Basic {MASK}', 'Accept': 'json'}}"
+        ),
+        f'{{"authorization": "Bearer {TOKEN}"}}': f'{{"authorization": "Bearer {MASK}"}}',
+        f"{{'Proxy-Authorization': '{TOKEN}'}}": f"{{'Proxy-Authorization': '{MASK}'}}",
+    }
+    for text, expected in cases.items():
+        assert redact(text) == expected, text
+        assert redact(expected) == expected
+
+
+def test_redacted_text_in_a_sentence_is_redacted_again_unchanged():
+    """A masked query value or password followed by punctuation (a URI in parentheses, before a
+    colon) is left as it is by a second pass: the sentence keeps its ``):``."""
+    once = redact(f"http://u:{PASSWORD}@h:1?token={TOKEN}")
+    assert once == f"http://u:{MASK}@h:1?token={MASK}"
+    sentence = f"watch kl_k3:mean: reference run r (tracking_uri={once}): no run; password={MASK}, retry"
+    assert redact(sentence) == sentence
+
+
+def test_an_error_leaving_a_library_entry_point_holds_no_secret_nor_do_its_causes():
+    """``redacted_errors`` redacts the exception it lets out, and its cause and context (a
+    traceback prints them), keeping the type and the object; cliptrack's own errors are redacted
+    when made."""
+    from cliptrack.backends.catalog import RunNotFoundError
+    from cliptrack.backends.preflight import StoreError
+
+    uri = f"http://user:{PASSWORD}@h:1?token={TOKEN}"
+
+    class ClientError(Exception):
+        def __init__(self, message: str) -> None:
+            super().__init__(message)
+            self.message = message
+
+    def fail() -> None:
+        try:
+            raise ConnectionError(f"API request to {uri} failed")
+        except ConnectionError as exc:
+            raise ClientError(f"could not reach {uri}") from exc
+
+    with pytest.raises(ClientError) as caught, secrets.redacted_errors():
+        fail()
+    text = "".join(traceback.format_exception(caught.value))
+    assert not _leaks(text) and caught.value.message == f"could not reach {redact(uri)}"
+    assert f"API request to {redact(uri)} failed" in text  # the cause: redacted, not dropped
+    for error in (StoreError, RunNotFoundError):
+        assert str(error(f"no run in MLflow store {uri}")) == f"no run in MLflow store {redact(uri)}"
+
+
+def test_errors_of_load_runs_and_of_a_watch_reference_hold_no_secret(tmp_path, monkeypatch):
+    """A store that does not answer, given with a password and a token: ``load_runs`` raises
+    ``StoreError``, a ``Tracker`` whose watch names a run there ``ValueError``; neither message
+    nor traceback holds them."""
+    from cliptrack import load_runs
+    from cliptrack.backends.preflight import StoreError
+    from cliptrack.log.tracker import Tracker
+    from cliptrack.log.watch import Watch
+
+    from tests._harness import free_port
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"http://user:{PASSWORD}@127.0.0.1:{free_port()}?token={TOKEN}"
+    with pytest.raises(StoreError) as store_error:
+        load_runs(["r"], tracking_uri=uri)
+    with pytest.raises(ValueError) as watch_error:
+        Tracker(
+            "w",
+            backends=["jsonl"],
+            spool_dir=tmp_path / "spool",
+            handle_signals=False,
+            watch=Watch("kl_k3:mean", reference=f"{uri}#r"),
+        )
+    with pytest.raises(ValueError) as parse_error:
+        Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=f"kl_k3:mean,reference={uri}#r,window=x")
+    for caught in (store_error, watch_error, parse_error):
+        text = "".join(traceback.format_exception(caught.value))
+        assert not _leaks(text), text
+        assert f"user:{MASK}@127.0.0.1" in str(caught.value)
+
+
+def test_a_watch_keeps_its_reference_s_credentials_out_of_its_source_and_alerts():
+    """``Watch.source`` and the alerts ``describe`` makes (their text, title and reference, which
+    the stderr line, ``watch.jsonl`` and every sink take) name the reference's store redacted."""
+    from cliptrack.compare.stats.watch import Breach
+    from cliptrack.log.watch import RunRef, Watch, describe, describe_not_finite
+
+    for reference in (
+        f"http://user:{PASSWORD}@h:5000?token={TOKEN}#run-1",
+        RunRef("run-1", (("tracking_uri", f"postgresql://ml:{PASSWORD}@db/m?sslmode=x&password={TOKEN}"),)),
+    ):
+        watch = Watch("kl_k3:mean", reference=reference)
+        assert not _leaks(watch.source) and MASK in watch.source and "run-1" in watch.source
+        alerts = [
+            describe(watch, Breach(3, 7, 0.5, 0.1, 9.0, "up"), "abc"),
+            describe_not_finite(watch, 8, math.nan, "up", "abc"),
+        ]
+        for alert in alerts:
+            assert not _leaks(json.dumps(dataclasses.asdict(alert))), alert
+            assert watch.source in alert.text and alert.reference == watch.source
 
 
 def test_the_demo_prints_no_secret_of_its_store(tmp_path):

@@ -22,12 +22,14 @@ from typing import Any
 
 from cliptrack.backends.options import choose_backend
 from cliptrack.backends.registry import resolve
+from cliptrack.core.secrets import RedactedError, redacted_errors
 
 FINISHED = "FINISHED"
 
 
-class RunNotFoundError(LookupError):
-    """A run reference matched no run (or several, none of them finished) in the named store."""
+class RunNotFoundError(RedactedError, LookupError):
+    """A run reference matched no run (or several, none of them finished) in the named store (its
+    message redacted: no password or token of the store's URI)."""
 
 
 class RunChoiceWarning(UserWarning):
@@ -124,10 +126,12 @@ def _choose_one(ref: str, candidates: list[tuple[Any, str, str]], where: str, en
     return by_name[0][0]
 
 
+@redacted_errors()
 def list_runs(*, include_comparisons: bool = False, **store: Any) -> list[RunEntry]:
     """Every run of the store the ``store`` keywords name (``load_runs``'s: ``tracking_uri``,
     ``experiment``, ``jsonl_dir``, ``wandb_dir``, ``csv_dir``, or a registered backend's own), as
-    listed by that backend's listing; comparison runs only with ``include_comparisons``."""
+    listed by that backend's listing; comparison runs only with ``include_comparisons``. An error's
+    message holds no credential of the store (``cliptrack.core.secrets.redacted_errors``)."""
     found, own = choose_backend((), store)
     listing = resolve(found, "listing")
     entries: list[RunEntry] = listing(include_comparisons=include_comparisons, **own)

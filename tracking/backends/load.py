@@ -19,11 +19,13 @@ from cliptrack.backends.catalog import RunNotFoundError
 from cliptrack.backends.options import choose_backend
 from cliptrack.backends.registry import BACKENDS, resolve
 from cliptrack.compare.frame import LoadedRun, RunSet
+from cliptrack.core.secrets import redacted_errors
 from cliptrack.core.worst import Worst
 
 __all__ = ["RunNotFoundError", "load_runs", "load_worst"]
 
 
+@redacted_errors()
 def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
     """Load runs from exactly one store, named by the ``store`` keywords of the registered backends.
 
@@ -32,7 +34,8 @@ def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
     ``experiment``: MLflow. Refs of the form ``entity/project/run_id`` with no store named go through
     the W&B public API; otherwise MLflow at its default store (``MLFLOW_TRACKING_URI`` or
     ``sqlite:///mlflow.db``). Keywords of two stores are refused (ValueError), an unknown keyword
-    too (TypeError, naming the known ones).
+    too (TypeError, naming the known ones). No error's message holds a credential of the store
+    (``cliptrack.core.secrets.redacted_errors``: a client library's echo of the URI included).
     """
     refs = list(refs)
     found, own = choose_backend(refs, store)
@@ -40,6 +43,7 @@ def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
     return runset
 
 
+@redacted_errors()
 def load_worst(runs: RunSet | LoadedRun) -> dict[str, list[Worst]]:
     """The worst-sequence tables each run logged (``Tracker.log_worst``), by run label, one table per
     step (the last logged), by step; ``[]`` for a run that logged none or whose store cannot hold

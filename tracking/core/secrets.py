@@ -10,9 +10,11 @@ reports, error lines) goes through :func:`redact`. What is hidden:
   ``api_key``, ``key``, ``password``, ``secret``, ``sig``, ``signature``, ``auth`` and their
   spellings with ``-``/``_``, any case): ``?token=abc`` becomes ``?token=***`` (but for
   :data:`NOT_SECRET_PARAMS`, such as the MLflow UI's ``viewStateShareKey``);
-- a libpq-style ``password=...`` pair (``host=h password=PW``);
+- a ``password=...`` or ``password: ...`` pair, its value bare or quoted: libpq's
+  ``host=h password=PW`` and ``password='P W'``, a dict's repr ``{'password': 'PW'}``, JSON's
+  ``{"password": "PW"}`` (a quoted value is hidden up to its closing quote);
 - an ``Authorization: Basic/Bearer/Token`` value, or a ``Bearer`` token, as servers sometimes
-  echo them back;
+  echo them back, the header also as a dict's repr holds it (``{'Authorization': 'Basic X'}``);
 - the values of credential environment variables set in this process (``WANDB_API_KEY``,
   ``MLFLOW_TRACKING_TOKEN``, ``MLFLOW_TRACKING_PASSWORD``, ``DATABRICKS_TOKEN``, ...; see
   :data:`SECRET_ENV`), wherever they appear.
@@ -22,9 +24,13 @@ what is handed to a client. Where a stored value is needed again (``run.json``'s
 resume or replay a run), :func:`restore` finds the real one among the values the user gives
 (``MLFLOW_TRACKING_URI``, ``--tracking-uri``, the tracker's own URI).
 
-Boundaries that apply it wholesale: :class:`RedactingFilter` on the ``cliptrack`` logger (every log
-line, whatever handler prints it) and :func:`redacted_output` around a command line (everything it
-prints on stdout and stderr, warnings included).
+Text is redacted where it is made (a message, a description, an alert): cliptrack's own exceptions
+derive from :class:`RedactedError`, whose message is redacted when it is raised. Boundaries that apply
+it wholesale besides: :class:`RedactingFilter` on the ``cliptrack`` logger (every log line, whatever
+handler prints it), :func:`redacted_output` around a command line (everything it prints on stdout
+and stderr, warnings included) and :func:`redacted_errors` around a library entry point (the
+message of every exception it lets out, its causes' included, whoever raised it: a client library
+echoes the URL it was given).
 """
 
 from __future__ import annotations
@@ -42,11 +48,14 @@ _T = TypeVar("_T")
 __all__ = [
     "MASK",
     "SECRET_ENV",
+    "RedactedError",
     "RedactingFilter",
     "hides",
     "install_filter",
     "redact",
+    "redact_exception",
     "redact_value",
+    "redacted_errors",
     "redacted_output",
     "restore",
 ]
@@ -79,18 +88,33 @@ _USERINFO = re.compile(
 )
 _QUERY = re.compile(
     rf"(?P<head>[?&;](?!(?:{'|'.join(NOT_SECRET_PARAMS)})=)(?:[A-Za-z0-9_\-]*?)(?:token|api[_\-]?key|key|password|passwd|pwd|secret|sig|signature|auth|"
-    r"credential|credentials)=)(?P<secret>[^&;#\s'\"<>]+)",
+    r"credential|credentials)=)(?!\*\*\*(?![A-Za-z0-9]))(?P<secret>[^&;#\s'\"<>]+)",
     re.IGNORECASE,
 )
+# password=PW, password: PW; the key may be quoted as in a dict's repr or JSON ('password': PW)
 _KEY_VALUE = re.compile(
-    r"(?P<head>(?<![?&;\w])(?:password|passwd|pwd)\s*[=:]\s*)(?P<secret>[^\s&;,'\"<>]+)", re.IGNORECASE
+    r"(?P<head>(?<![?&;\w])(?:password|passwd|pwd)['\"]?\s*[=:]\s*)(?!\*\*\*(?![A-Za-z0-9]))"
+    r"(?P<secret>[^\s&;,'\"<>]+)",
+    re.IGNORECASE,
 )
-# "Authorization: Basic/Bearer/Token X" (any case), or "Bearer X" alone; never "Basic settings"
+# the same with a quoted value, up to its closing quote (backslash escapes kept inside): libpq's
+# password='my PW', a dict's repr {'password': 'PW'}, JSON {"password": "PW"}
+_QUOTED_KEY_VALUE = re.compile(
+    r"""(?P<head>(?<![?&;\w])(?:password|passwd|pwd)['"]?\s*[=:]\s*(?P<quote>['"]))"""
+    r"(?P<secret>(?:\\.|(?!(?P=quote))[^\\\n])+)",
+    re.IGNORECASE,
+)
+# "Authorization: Basic/Bearer/Token X" (any case; the header name and value may be quoted, as in a
+# dict's repr {'Authorization': 'Basic X'}), or "Bearer X" alone; never "Basic settings"
 _AUTH_HEADER = re.compile(
-    r"(?P<head>\b(?:(?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|token|digest)\s+)?|(?-i:Bearer)\s+))"
+    r"(?P<head>\b(?:(?:proxy-)?authorization['\"]?\s*[:=]\s*['\"]?(?:(?:bearer|basic|token|digest)\s+)?"
+    r"|(?-i:Bearer)\s+))"
     r"(?P<secret>[A-Za-z0-9._~+/\-]{8,}=*)",
     re.IGNORECASE,
 )
+# A value the mask begins, followed by punctuation (``?token=***)``: redacted text put in
+# parentheses, or before a colon), is taken as masked already, so redacting twice changes nothing
+# (the unquoted value patterns above).
 _MIN_ENV_SECRET = 6  # shorter values would mask ordinary words
 
 
@@ -105,6 +129,7 @@ def redact(text: str) -> str:
         return text
     out = _USERINFO.sub(_masked, text)
     out = _QUERY.sub(_masked, out)
+    out = _QUOTED_KEY_VALUE.sub(_masked, out)
     out = _KEY_VALUE.sub(_masked, out)
     out = _AUTH_HEADER.sub(_masked, out)
     for name in SECRET_ENV:
@@ -125,6 +150,57 @@ def redact_value(value: _T) -> _T:
     elif isinstance(value, (list, tuple)):
         out = type(value)(redact_value(v) for v in value)
     return cast(_T, out)
+
+
+class RedactedError(Exception):
+    """An exception whose message (every string argument) is redacted when it is made: the base of
+    the errors cliptrack raises with a store's address in them (``StoreError``,
+    ``RunNotFoundError``), so the text never holds a credential, whoever prints it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*redact_value(args))
+
+
+_MESSAGE_ATTRIBUTES = ("message", "msg", "reason", "strerror", "filename", "filename2")
+"""Attributes in which exceptions keep text besides their arguments (MLflow's ``message``,
+``OSError``'s file names, ``requests``' ``reason``): redacted too when they hold a string."""
+
+
+def redact_exception(exc: BaseException) -> BaseException:
+    """``exc`` itself, with :func:`redact` applied in place to its arguments and its text
+    attributes (:data:`_MESSAGE_ATTRIBUTES`), and to those of its causes and contexts (a printed
+    traceback shows them). Its type and traceback are kept, so a caller still catches it as
+    before."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        with contextlib.suppress(Exception):  # an exception whose args cannot be set keeps them
+            clean = redact_value(current.args)
+            if clean != current.args:
+                current.args = clean
+        for name in _MESSAGE_ATTRIBUTES:
+            value = getattr(current, name, None)
+            if isinstance(value, str) and redact(value) != value:
+                with contextlib.suppress(Exception):
+                    setattr(current, name, redact(value))
+        pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return exc
+
+
+@contextlib.contextmanager
+def redacted_errors() -> Iterator[None]:
+    """Around a library entry point (a ``with`` block, or a decorator: ``@redacted_errors()``):
+    an exception leaving it has its message redacted (:func:`redact_exception`) and is raised on,
+    the same object with its traceback."""
+    try:
+        yield
+    except Exception as exc:
+        redact_exception(exc)
+        raise
 
 
 def hides(stored: str) -> bool:

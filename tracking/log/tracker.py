@@ -82,7 +82,7 @@ from cliptrack.backends import SINKS, is_jsonl, jsonl_root, make_sink
 from cliptrack.backends.base import Alert, Sink
 from cliptrack.core import keys
 from cliptrack.core.outputs import metrics_of
-from cliptrack.core.secrets import redact
+from cliptrack.core.secrets import redact, redacted_errors
 from cliptrack.core.sums import CLIP_VALUE_KEYS, exact_clip_metrics
 from cliptrack.core.text import printable
 from cliptrack.core.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
@@ -191,6 +191,7 @@ class Tracker:
                 return object.__new__(NullTracker)
         return object.__new__(cls)
 
+    @redacted_errors()  # no credential of a store or reference in an error it raises
     def __init__(
         self,
         run_name: str | None = None,

@@ -37,6 +37,7 @@ from typing import Any
 from cliptrack.backends.base import Alert
 from cliptrack.compare.quantities import ABS_LOG_RATIO_FLOOR, CLIP_FLOOR, KL_FLOOR, WEIGHT_LAG_FLOOR
 from cliptrack.compare.stats import watch as rule
+from cliptrack.core.secrets import redact
 from cliptrack.core.text import printable
 from cliptrack.store import journal
 from cliptrack.store.spool import RunDir
@@ -94,7 +95,7 @@ class RunRef:
         store, sep, run = text.rpartition("#")
         if not sep or not store or not run:
             raise ValueError(
-                f"reference {printable(text)!r}: expected STORE#RUN (sqlite:///mlflow.db#RUN_ID)"
+                redact(f"reference {printable(text)!r}: expected STORE#RUN (sqlite:///mlflow.db#RUN_ID)")
             )
         for prefix, keyword in STORES.items():
             if store.startswith(prefix):
@@ -102,8 +103,10 @@ class RunRef:
         return cls(run, (("tracking_uri", store),))
 
     def __str__(self) -> str:
-        where = ", ".join(f"{k}={v}" for k, v in self.store)
-        return f"{self.run} ({where})" if where else self.run
+        """For humans: the run and its store, without the store's credentials."""
+        # each value redacted alone: in the sentence, a URI's query value would run on into the ')'
+        where = ", ".join(f"{k}={redact(str(v))}" for k, v in self.store)
+        return redact(f"{self.run} ({where})" if where else self.run)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The run's ``(steps, values)`` of ``key``, read through ``load_runs``."""
@@ -174,7 +177,12 @@ class Watch:
 
     @property
     def source(self) -> str:
-        """Where the band comes from, for humans."""
+        """Where the band comes from, for humans: escaped for a terminal, and without the
+        credentials of a reference's store (``cliptrack.core.secrets``), as every alert, sink and
+        ``watch.jsonl`` takes it from here."""
+        return redact(self._source())
+
+    def _source(self) -> str:
         if self.reference is None:
             return f"the run's first {self.window} points"
         if isinstance(self.reference, RunRef):
@@ -216,15 +224,19 @@ def parse_watch(text: str) -> list[Watch]:
             name = name.strip()
             if not sep or name not in _OPTIONS:
                 raise ValueError(
-                    f"watch {entry!r}: {option!r} is not 'option=value' with an option of {sorted(_OPTIONS)}"
+                    redact(
+                        f"watch {entry!r}: {option!r} is not 'option=value' with an option of {sorted(_OPTIONS)}"
+                    )
                 )
             try:
                 given[name] = _OPTIONS[name](value.strip())
             except ValueError:
-                raise ValueError(f"watch {entry!r}: {name}={value.strip()!r} is not a valid {name}") from None
+                raise ValueError(
+                    redact(f"watch {entry!r}: {name}={value.strip()!r} is not a valid {name}")
+                ) from None
         out.append(Watch(key, **given))
     if not out:
-        raise ValueError(f"watch={text!r} names no metric key")
+        raise ValueError(redact(f"watch={text!r} names no metric key"))
     return out
 
 
@@ -236,7 +248,7 @@ def watches(given: Watch | str | Iterable[Watch | str] | None) -> list[Watch]:
         try:
             return parse_watch(env) if env else []
         except ValueError as exc:
-            raise ValueError(f"{ENV}={printable(env)!r}: {exc}") from None
+            raise ValueError(redact(f"{ENV}={printable(env)!r}: {exc}")) from None
     if not isinstance(given, (Watch, str, Iterable)):
         raise TypeError(f"watch={given!r}: expected a Watch, its string form, or a list of them")
     items: Iterable[Watch | str] = [given] if isinstance(given, (Watch, str)) else given
@@ -247,7 +259,7 @@ def watches(given: Watch | str | Iterable[Watch | str] | None) -> list[Watch]:
         elif isinstance(item, str):
             out.extend(parse_watch(item))
         else:
-            raise ValueError(f"watch: {item!r} is neither a Watch nor its string form")
+            raise ValueError(redact(f"watch: {item!r} is neither a Watch nor its string form"))
     keys = [w.key for w in out]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
@@ -268,7 +280,7 @@ def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
         try:
             return ref.series(watch.key)
         except (KeyError, LookupError, OSError, ValueError) as exc:
-            raise ValueError(f"watch {watch.key}: {watch.source}: {printable(str(exc))}") from None
+            raise ValueError(f"watch {watch.key}: {watch.source}: {printable(redact(str(exc)))}") from None
     if isinstance(ref, (str, os.PathLike)):
         return _spool_series(watch, ref)
     try:
@@ -289,7 +301,9 @@ def _spool_series(watch: Watch, ref: str | os.PathLike[str]) -> tuple[list[int],
     path = Path(ref)
     points_path = path / "points.jsonl" if path.is_dir() else path
     if not points_path.is_file():
-        raise ValueError(f"watch {watch.key}: reference {printable(os.fspath(ref))} holds no points.jsonl")
+        raise ValueError(
+            f"watch {watch.key}: reference {printable(redact(os.fspath(ref)))} holds no points.jsonl"
+        )
     steps, values = [], []
     for point in journal.load_points(points_path):
         if watch.key in point.metrics:
@@ -357,7 +371,8 @@ class _Follow:
 
 
 def describe(watch: Watch, breach: rule.Breach, run_id: str) -> Alert:
-    """The ``Alert`` of a breach: its numbers and the sentence each sink shows."""
+    """The ``Alert`` of a breach: its numbers and the sentence each sink shows (no credential:
+    the text is redacted where it is made)."""
     moved = "above" if breach.direction == "up" else "below"
     title = f"cliptrack watch: {watch.key} {moved} its band"
     text = (
@@ -375,8 +390,8 @@ def describe(watch: Watch, breach: rule.Breach, run_id: str) -> Alert:
         threshold=watch.h,
         direction=breach.direction,
         reference=watch.source,
-        title=title,
-        text=text,
+        title=redact(title),
+        text=redact(text),
     )
 
 
@@ -398,8 +413,8 @@ def describe_not_finite(watch: Watch, step: int, value: float, direction: str, r
         threshold=watch.h,
         direction=direction,
         reference=watch.source,
-        title=title,
-        text=text,
+        title=redact(title),
+        text=redact(text),
     )
 
 
