@@ -7,36 +7,20 @@ from dataclasses import replace
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry, RunNotFoundError
-from cliptrack.backends.mlflow import creation
 from cliptrack.backends.mlflow._compat import bounded_requests, installed_version, schema_revision
 from cliptrack.backends.mlflow._rest import history_length
 from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
 from cliptrack.core import keys
 
 
-def check_schema(revision: str | None, uri: str, origin: str, tables: list[str]) -> None:
+def check_schema(revision: str | None, uri: str, origin: str) -> None:
     """StoreError unless a SQL store's schema ``revision`` is the one the installed MLflow reads:
     MLflow's client would migrate a store at any other one when it opens it (upgrade a store an older
     MLflow wrote, half-migrate one missing a table), and reading writes nothing
-    (``preflight.SchemaCheck``). A store being created now, or one an interrupted migration left
-    behind (``tables`` holding alembic's leftovers, or no recorded revision), is named so, the
-    latter with its repair (``creation``)."""
+    (``preflight.SchemaCheck``)."""
     expected = schema_revision()
     if revision == expected:
         return
-    database = creation.database_file(uri)
-    if database is not None and creation.in_progress(database):
-        raise StoreError(
-            f"{uri}{origin} is being created by another process right now (it holds "
-            f"{database.name}{creation.LOCK_SUFFIX}): try again once it is done"
-        )
-    stuck = creation.mid_migration(tables, revision)
-    if stuck is not None:
-        raise StoreError(
-            f"{uri}{origin} was left mid-migration ({stuck}; MLflow {installed_version()} reads revision "
-            f"{expected}): it was left untouched (reading neither writes nor migrates a store); "
-            f"{creation.repair(uri, database, tables)}"
-        )
     raise StoreError(
         f"{uri}{origin} is an MLflow store of another schema (revision {revision}; MLflow "
         f"{installed_version()} reads {expected}): it was left untouched (reading neither writes nor "
