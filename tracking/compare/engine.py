@@ -45,6 +45,7 @@ from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.window import Window
 
+from cliptrack.core import recipe as rc
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -178,6 +179,55 @@ def _on_policy(quantities: Sequence[Quantity], estimates: Sequence[RunEstimate])
 
 
 def _seed_note(groups: dict[str, list[str]]) -> Note:
+RECIPE_TOPICS: dict[str, tuple[tuple[str, ...], str]] = {
+    "loss": (("loss",), "loss"),
+    "clip_band": (("clip_low", "clip_high", "dual_clip"), "band_text"),
+    "clip_reference": (("clip_reference",), "clip_reference"),
+    "ratio_outside": (("ratio_outside_low", "ratio_outside_high"), "outside_text"),
+    "aggregation": (("aggregation",), "aggregation"),
+}
+"""A recipe note's topic -> the recipe fields it covers and how a recipe says it (a field or a method)."""
+
+
+def _recipes(runset: RunSet, labels: Sequence[str]) -> dict[str, rc.Recipe | None]:
+    return {label: rc.recipe_from_config(runset.info(label).run.config) for label in labels}
+
+
+def _said(recipe: rc.Recipe, how: str) -> str:
+    value = getattr(recipe, how)
+    return str(value() if callable(value) else value)
+
+
+def _recipe_notes(recipes: Mapping[str, rc.Recipe | None]) -> list[Note]:
+    """A note per recipe topic on which the runs differ, and one naming the runs that record none
+    (when some do)."""
+    differ = rc.differing_fields(recipes)
+    known = {run: recipe for run, recipe in recipes.items() if recipe is not None}
+    notes = []
+    for topic, (covered, how) in RECIPE_TOPICS.items():
+        if any(f in differ for f in covered):
+            values = tuple((run, _said(recipe, how)) for run, recipe in known.items())
+            notes.append(note("", "", r.RecipesDiffer(topic, values)))
+    unknown = tuple(run for run, recipe in recipes.items() if recipe is None)
+    if known and unknown:
+        notes.append(note("", "", r.RecipeUnknown(unknown)))
+    return notes
+
+
+def _labelled(quantities: Sequence[Quantity], recipes: Mapping[str, rc.Recipe | None]) -> list[Quantity]:
+    """The ratio-outside quantity labelled with the bounds the runs recorded: one pair when they
+    agree, "each run's bounds" when they differ (unlabelled, the default bounds, when none records any)."""
+    texts = {recipe.outside_text() for recipe in recipes.values() if recipe is not None}
+    if not texts:
+        return list(quantities)
+    label = (
+        f"tokens with ratio outside {next(iter(texts))}"
+        if len(texts) == 1
+        else "tokens with ratio outside each run's bounds"
+    )
+    return [replace(q, label=label) if q.name == "ratio_outside_fraction" else q for q in quantities]
+
+
     if groups:
         return note("", "", r.SeedsCovered(tuple((g, len(m)) for g, m in groups.items())))
     return note("", "", r.OnePerStack())
@@ -257,12 +307,21 @@ def compare(
     _check_settings(align, confidence)
     window = window or Window()
     given = _given_margins(margins, tolerances)
-    quantities = _choose_quantities(runset, labels, given, reward_abs_tolerance)
+    recipes = _recipes(runset, labels)
+    quantities = _labelled(_choose_quantities(runset, labels, given, reward_abs_tolerance), recipes)
+    withheld = rc.quantities_defined_differently(recipes)
+    judged = [q for q in quantities if q.name not in withheld]
     units = unit_table(runset, labels, quantities, by=align, window=window)
     units, approximate = approximate_quantities(runset, labels, quantities, units, align, window)
     backends = {label: runset.info(label).run.backend_label or "" for label in labels}
     group_of = {label: g for g, members in named.items() for label in members}
-    notes = _data_notes(runset, labels, quantities, approximate, align)
+    notes = _recipe_notes(recipes)
+    notes += [
+        note(q.name, "", r.DefinedDifferently(q.label, withheld[q.name]))
+        for q in quantities
+        if q.name in withheld
+    ]
+    notes += _data_notes(runset, labels, quantities, approximate, align)
     estimates, run_notes_ = _run_estimates(
         quantities, labels, units, approximate, backends, group_of, confidence, align
     )
@@ -270,9 +329,9 @@ def compare(
     pairs: list[Difference] = []
     found: list[GroupDifference] = []
     if named:
-        found = group_differences(quantities, named, units, estimates, confidence, align)
+        found = group_differences(judged, named, units, estimates, confidence, align)
     else:
-        pairs, pair_notes = differences(quantities, labels, units, approximate, confidence, align, estimates)
+        pairs, pair_notes = differences(judged, labels, units, approximate, confidence, align, estimates)
         notes += pair_notes
     notes.append(_seed_note(named))
     return ComparisonResult(
@@ -286,7 +345,7 @@ def compare(
         estimates=estimates,
         differences=pairs,
         notes=notes,
-        on_policy=_on_policy(quantities, estimates),
+        on_policy=_on_policy(judged, estimates),
         groups=named,
         group_differences=found,
     )

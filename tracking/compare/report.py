@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cliptrack.compare.findings import Difference, DifferenceSegment, Findings, GroupDifference, GroupSegment
 from cliptrack.compare.quantities import AUTO
+from cliptrack.compare.reasons import DefinedDifferently
 from cliptrack.compare.stats import (
     DIFFERENT,
     EQUIVALENT,
@@ -456,7 +457,17 @@ def _inconclusive_headline(result: Findings, subject: str, margins: str) -> str:
 
 def headline(result: Findings) -> str:
     """The one-sentence answer: are the runs equally on-policy? "Equally on-policy" only when every
-    judged quantity is equivalent throughout the window."""
+    judged quantity is equivalent throughout the window; an on-policy quantity that the runs define
+    differently (their recipes differ) is named after it, with no verdict."""
+    unjudged = [
+        n.text
+        for n in result.notes
+        if isinstance(n.reason, DefinedDifferently) and result.quantity(n.metric).on_policy
+    ]
+    return _answer(result) + "".join(f" {text[0].upper()}{text[1:]}." for text in unjudged)
+
+
+def _answer(result: Findings) -> str:
     verdict = result.on_policy_verdict
     subject = _subject(result)
     margins = (
@@ -564,7 +575,26 @@ def summary(result: Findings) -> str:
         lines = [_summary_line(result, d, pct) for d in result.differences if d.counts_for_verdict]
     warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
     notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
-    return redact("\n".join([headline(result), _context(result, pct), *lines, *warnings, *notes]))
+
+
+    """One line per run and quantity where a framework's own number was logged beside our exact one
+    return [
+        printable(f"Audit: {a.run}: {a.sentence()}; compared on the exact {a.metric} (ratio of token sums)")
+    ]
+
+
+    return {
+        "run": a.run,
+        "metric": a.metric,
+        "framework": a.framework,
+        "name": a.name,
+        "theirs": _num(a.theirs),
+        "exact": _num(a.exact),
+        "gap": _num(a.gap),
+        "steps": a.steps,
+        "why": a.why,
+        "text": a.sentence(),
+    }
 
 
 def _markdown_rows(frame: pd.DataFrame) -> list[str]:
@@ -1020,7 +1050,6 @@ def grouped_notes(result: Findings) -> list[str]:
         metrics = grouped.setdefault((not n.warning, shape), [])
         if metric and metric not in metrics:
             metrics.append(metric)
-    lines = [_context(result, int(round(result.confidence * 100)))]
     for (is_note, shape), metrics in sorted(grouped.items(), key=lambda kv: kv[0][0]):
         text = shape.replace("\x00", _listed(metrics)) if metrics else shape
         lines.append(f"{'Note' if is_note else 'Warning'}: {text}")
