@@ -295,3 +295,39 @@ def _(reason: r.OnePerStack) -> str:
         "one run per stack: seed-to-seed variation is not covered, so a difference may be the seeds', not "
         "the stacks' (compare groups of 2+ seeds per stack with --group)"
     )
+
+
+RECIPE_WORDS = {
+    "loss": ("use the losses", "clip fractions are not measured alike"),
+    "clip_band": ("clip at", "clip fractions are not measured alike"),
+    "clip_reference": ("clip against the log-probs of the", "clip fractions are not measured alike"),
+    "ratio_outside": ("count ratios outside", "ratio-outside fractions are not measured alike"),
+    "aggregation": (
+        "aggregate the loss by",
+        "their gradients weight tokens differently (counts are unaffected)",
+    ),
+}
+"""A recipe field in words: what the runs do with it, and what a difference means."""
+
+
+@sentence.register
+def _(reason: r.RecipesDiffer) -> str:
+    doing, meaning = RECIPE_WORDS[reason.field]
+    values = ", ".join(f"{value} ({run})" for run, value in reason.values)
+    return f"these runs {doing} {values}: {meaning}"
+
+
+@sentence.register
+def _(reason: r.DefinedDifferently) -> str:
+    return (
+        f"{reason.label}: no verdict, as it is defined differently in these runs (recipe "
+        f"{', '.join(reason.fields)}); each run's own estimate is shown"
+    )
+
+
+@sentence.register
+def _(reason: r.RecipeUnknown) -> str:
+    return (
+        f"{', '.join(reason.runs)}: no recipe recorded (loss, clip bounds, clip reference), so whether "
+        "their clip fractions were counted like the others' is not known"
+    )

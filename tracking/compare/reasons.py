@@ -340,6 +340,34 @@ class OnePerStack:
     warning: ClassVar[bool] = False
 
 
+@dataclass(frozen=True)
+class RecipesDiffer:
+    """The runs record different values of one recipe ``field`` (``cliptrack.core.recipe.Recipe``):
+    ``values`` (run, value in words) in run order."""
+
+    warning: ClassVar[bool] = True
+    field: str
+    values: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class DefinedDifferently:
+    """``metric`` is defined by recipe ``fields`` that differ between the runs: it measures different
+    things in them, so it gets no verdict (each run's own estimate is still shown)."""
+
+    warning: ClassVar[bool] = True
+    label: str
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecipeUnknown:
+    """``runs`` record no recipe while others do: whether they counted alike is not known."""
+
+    warning: ClassVar[bool] = True
+    runs: tuple[str, ...]
+
+
 NoteReason = (
     Approximate
     | LoggedTwice
@@ -358,5 +386,8 @@ NoteReason = (
     | Lagging
     | SeedsCovered
     | OnePerStack
+    | RecipesDiffer
+    | DefinedDifferently
+    | RecipeUnknown
 )
 """Something a reader of the comparison must know."""

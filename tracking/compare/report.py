@@ -575,26 +575,7 @@ def summary(result: Findings) -> str:
         lines = [_summary_line(result, d, pct) for d in result.differences if d.counts_for_verdict]
     warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
     notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
-
-
-    """One line per run and quantity where a framework's own number was logged beside our exact one
-    return [
-        printable(f"Audit: {a.run}: {a.sentence()}; compared on the exact {a.metric} (ratio of token sums)")
-    ]
-
-
-    return {
-        "run": a.run,
-        "metric": a.metric,
-        "framework": a.framework,
-        "name": a.name,
-        "theirs": _num(a.theirs),
-        "exact": _num(a.exact),
-        "gap": _num(a.gap),
-        "steps": a.steps,
-        "why": a.why,
-        "text": a.sentence(),
-    }
+    return redact("\n".join([headline(result), _context(result, pct), *lines, *warnings, *notes]))
 
 
 def _markdown_rows(frame: pd.DataFrame) -> list[str]:
@@ -1050,6 +1031,7 @@ def grouped_notes(result: Findings) -> list[str]:
         metrics = grouped.setdefault((not n.warning, shape), [])
         if metric and metric not in metrics:
             metrics.append(metric)
+    lines = [_context(result, int(round(result.confidence * 100)))]
     for (is_note, shape), metrics in sorted(grouped.items(), key=lambda kv: kv[0][0]):
         text = shape.replace("\x00", _listed(metrics)) if metrics else shape
         lines.append(f"{'Note' if is_note else 'Warning'}: {text}")
