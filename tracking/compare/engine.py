@@ -44,8 +44,8 @@ from cliptrack.compare.pairs import differences
 from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.window import Window
-
 from cliptrack.core import recipe as rc
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -178,7 +178,6 @@ def _on_policy(quantities: Sequence[Quantity], estimates: Sequence[RunEstimate])
     ]
 
 
-def _seed_note(groups: dict[str, list[str]]) -> Note:
 RECIPE_TOPICS: dict[str, tuple[tuple[str, ...], str]] = {
     "loss": (("loss",), "loss"),
     "clip_band": (("clip_low", "clip_high", "dual_clip"), "band_text"),
@@ -228,6 +227,7 @@ def _labelled(quantities: Sequence[Quantity], recipes: Mapping[str, rc.Recipe | 
     return [replace(q, label=label) if q.name == "ratio_outside_fraction" else q for q in quantities]
 
 
+def _seed_note(groups: dict[str, list[str]]) -> Note:
     if groups:
         return note("", "", r.SeedsCovered(tuple((g, len(m)) for g, m in groups.items())))
     return note("", "", r.OnePerStack())
