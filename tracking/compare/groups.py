@@ -1,7 +1,8 @@
 """Per pair of groups (stacks, several seeds each): the difference of the groups' mean per-seed
 values with an interval that includes the between-seed variation (``stats.group_difference``),
 the same step ranges judged across seeds (segments, when the shortest seed has two or more of
-``MIN_SEGMENT_UNITS`` units), the verdict throughout and its reason, the probability that one
+``MIN_SEGMENT_UNITS`` units: they name stretches shown to differ), the stack-level verdict (the
+window's over seeds) and its reason, the probability that one
 stack's value exceeds the other's, and the seeds per group (or steps per seed) the margin needs at
 the measured spread (``stats.seeds_needed``, ``stats.seeds.steps_factor``).
 
@@ -27,14 +28,13 @@ from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.stats import (
     ABSOLUTE,
     DIFFERENT,
-    EQUIVALENT,
     INSUFFICIENT,
     LOG_RATIO,
     Estimate,
     GroupEstimate,
 )
 from cliptrack.compare.stats.estimate import interval_verdict
-from cliptrack.compare.stats.seeds import segment_verdict, steps_factor, throughout
+from cliptrack.compare.stats.seeds import segment_verdict, stack_verdict, steps_factor
 from cliptrack.compare.stats.segments import segment_bounds
 from cliptrack.compare.verdicts import whole_window
 
@@ -104,12 +104,14 @@ def _segments(
 def _group_verdict(
     estimate: GroupEstimate, tolerance: float, segments: tuple[GroupSegment, ...], align: str
 ) -> tuple[str, str, r.VerdictReason, tuple[GroupSegment, ...]]:
-    """(verdict throughout, the window's verdict, why, the segments not shown within the margin)."""
+    """(the stack-level verdict, the window's verdict, why, the segments shown to differ): the
+    window's verdict over seeds, different also when a segment is shown different
+    (``stats.seeds.stack_verdict``)."""
     if not estimate.has_interval:
         return INSUFFICIENT, INSUFFICIENT, r.TooLittleData(estimate.reason), ()
     average = interval_verdict(estimate.low, estimate.high, tolerance)
-    verdict = throughout(average, [s.verdict for s in segments])
-    differing = tuple(s for s in segments if s.verdict != EQUIVALENT)
+    verdict = stack_verdict(average, [s.verdict for s in segments])
+    differing = tuple(s for s in segments if s.verdict == DIFFERENT)
     as_estimate = Estimate(estimate.value, estimate.low, estimate.high, 0, 0, 0, 0, 0)
     why: r.VerdictReason = whole_window(as_estimate, average, r.SEGMENTS if segments else r.SEEDS)
     if differing and average != DIFFERENT:
@@ -160,15 +162,19 @@ def _power(
     """(seeds per group, times the steps per seed) for this margin at the measured spread (None
     when it cannot be said, or when more steps alone cannot settle it)."""
     ses = _within_standard_errors(within, scale)
-    between = _between_sd(est, within, scale)
-    if not ses or between is None:
+    spread = _between_sd(est, within, scale)
+    if not ses or spread is None:
         return None, None
-    # the seeds' spread holds the within-run part too: the between-seed part is what is left
-    within_se = float(np.sqrt(np.mean(np.square(ses))))
-    between = float(np.sqrt(max(between**2 - within_se**2, 0.0)))
+    # The seeds' observed spread is one seed's whole variance around its stack (within-run noise
+    # included): the seeds needed are planned with it alone. Each run's own long-run standard error
+    # only says how much of that spread more steps would remove (never more than the spread itself:
+    # on real runs it can exceed the seeds' whole spread, and planning with it then asked for
+    # hundreds of seeds where 4-6 settle the margin).
+    within_se = min(float(np.sqrt(np.mean(np.square(ses)))), spread)
+    between = float(np.sqrt(spread**2 - within_se**2))
     seeds = min(est.seeds_a, est.seeds_b)
     try:
-        needed = int(st.seeds_needed(between, within_se, tolerance, confidence=confidence))
+        needed = int(st.seeds_needed(spread, 0.0, tolerance, confidence=confidence))
     except ValueError:
         needed = None
     factor = steps_factor(between, within_se, tolerance, seeds, confidence=confidence) if seeds >= 2 else None

@@ -418,8 +418,8 @@ def _groups_segmented(result: Findings) -> bool:
 def _agree(result: Findings, subject: str, margins: str) -> str:
     if result.groups and _groups_segmented(result):
         return (
-            f"Equally on-policy: {subject} agree throughout the window within {margins} (every segment "
-            "judged across seeds)."
+            f"Equally on-policy: {subject} agree on the window average over seeds within {margins} "
+            "(no segment across seeds shown to differ)."
         )
     if result.groups:
         return f"Equally on-policy: {subject} agree on the window average over seeds within {margins}."

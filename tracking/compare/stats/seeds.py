@@ -22,10 +22,13 @@ and the t model the interval uses (equivalently, one minus the one-sided p-value
 above a"); at no true difference it is uniform on (0, 1), so it exceeds 95 % in 5 % of
 comparisons.
 
-**Segments across seeds** (``segment_verdict``, ``throughout``): the same step range of every
-seed, each seed's ratio of sums over it, the same Welch interval; the verdict throughout is
-equivalent only when the whole window and every segment are (intersection–union), different when
-the window is or a segment's Bonferroni-widened interval lies beyond the margin.
+**Segments across seeds** (``segment_verdict``, ``stack_verdict``): the same step range of every
+seed, each seed's ratio of sums over it, the same Welch interval. A stack-level verdict is the
+window's over seeds (the window average is the estimand, as for a pair); segments only name the
+stretches shown to differ: the verdict is different when the window is, or when a segment's
+Bonferroni-widened interval lies beyond the margin; an inconclusive or untestable segment does not
+block "equivalent" (it says nothing against the window's interval, and the window's TOST keeps
+"equivalent" at the margin at or below its 5 % size; a segment can only take "equivalent" away).
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ import numpy as np
 from cliptrack.compare.stats.estimate import (
     ABSOLUTE,
     DIFFERENT,
-    EQUIVALENT,
-    INCONCLUSIVE,
     INSUFFICIENT,
     SCALES,
     interval_verdict,
@@ -168,17 +169,15 @@ def segment_verdict(est: GroupEstimate, tolerance: float, k: int) -> str:
     return interval_verdict(est.value - half, est.value + half, tolerance)
 
 
-def throughout(whole: str, segments: Sequence[str]) -> str:
-    """The verdict throughout: ``whole`` (the window's verdict) and the segments' verdicts, as the
-    pairs' intersection–union rule (``segments.throughout_verdict``): insufficient when the window
-    is; different when the window or a segment is; equivalent when all are; else inconclusive."""
+def stack_verdict(whole: str, segments: Sequence[str]) -> str:
+    """A stack-level verdict: ``whole`` (the window's verdict over seeds), turned different when a
+    segment is shown different (its verdict from :func:`segment_verdict`, at the Bonferroni level);
+    insufficient when the window is. Inconclusive or insufficient segments change nothing."""
     if whole == INSUFFICIENT:
         return INSUFFICIENT
     if whole == DIFFERENT or DIFFERENT in segments:
         return DIFFERENT
-    if whole == EQUIVALENT and all(v == EQUIVALENT for v in segments):
-        return EQUIVALENT
-    return INCONCLUSIVE
+    return whole
 
 
 def _check_seed_inputs(between_sd: float, within_se: float, margin: float, power: float) -> None:
