@@ -210,3 +210,109 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     few = tmp_path / "few.json"
     few.write_text(json.dumps(_output(datums[:4], lps[:4])))
     assert main(["probe", str(few), str(few)]) == 2
+
+
+# ---- what the probe is given: every value in its range, named when not (probe_input) ------------
+
+
+def _field_set(output: dict, datum: int, name: str, data: list) -> dict:
+    """``output`` (a JSON dict) with one datum's field replaced by ``data`` (its TensorData form)."""
+    out = json.loads(json.dumps(output))
+    field = out["loss_fn_outputs"][datum][name]
+    field["data"], field["shape"] = data, [len(data)]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "expected"),
+    [
+        ("loss_tokens", [10.5], "loss_tokens must be a whole number of tokens, got the fraction 10.5"),
+        ("loss_tokens", [1e300], "loss_tokens=1e\\+300 reached 2\\*\\*53"),
+        ("loss_tokens", [13], "loss_tokens = 13 exceeds the datum's tokens \\(its logprobs\\) \\(12\\)"),
+        ("loss_tokens", [-1], "loss_tokens must be >= 0 tokens"),
+        ("loss_tokens", [3, 4], "loss_tokens holds 2 values: one token count is expected"),
+        ("clipped_tokens", [99], "clipped_tokens = 99 exceeds its loss_tokens"),
+        ("clipped_tokens", [0.5], "clipped_tokens must be a whole number"),
+        ("kl_k3", [-0.25, 0.0], "kl_k3 = -0.25 is below 0"),
+        ("abs_log_ratio", [-1e-3], "abs_log_ratio = -0.001 is below 0"),
+        ("log_ratio_max", [50.0, 0.0], "log_ratio_max = 50.0 exceeds abs_log_ratio"),
+        ("log_ratio", [-80.0, 0.0], "log_ratio = -80.0 exceeds abs_log_ratio"),
+        ("clip_sides", [1, 0, -1], "clip_sides holds 3 entries but the datum has 12 tokens"),
+        ("clip_sides", [1] * 12, "clip_sides mark 12 clipped tokens but its clipped_tokens is"),
+        ("loss", [1.0, 2.0, 3.0], "loss holds 3 values"),
+    ],
+)
+def test_a_value_out_of_its_range_is_refused_naming_file_datum_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: list, expected: str
+) -> None:
+    """Counts whole, >= 0 and within the datum's tokens, the gauge's sums in their ranges, one clip
+    side per token: the library names the output, the datum and the field; ``cliptrack probe``
+    names the file and exits 2 (not numpy's broadcast error, not a verdict)."""
+    datums, lps = _batch(length=12)
+    good = _output(datums, lps)
+    bad = _field_set(good, 7, name, data)
+    with pytest.raises(ValueError, match=f"^b\\.loss_fn_outputs\\[7\\]\\.{expected}"):
+        compare_outputs(good, bad)
+    paths = {"a.json": good, "b.json": bad}
+    for file, output in paths.items():
+        (tmp_path / file).write_text(json.dumps(output))
+    assert main(["probe", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'b.json'}.loss_fn_outputs[7].{name}" in err, err
+
+
+def test_a_datum_without_eligible_tokens_keeps_its_placeholder_extremes() -> None:
+    """Over no eligible token the wire carries 0 extremes (ignored), and the sums are 0: accepted."""
+    datums, lps = _batch(length=12)
+    masked = [{**d, "mask": torch.zeros_like(d["mask"])} if i == 4 else d for i, d in enumerate(datums)]
+    out = _output(masked, lps)
+    assert out["loss_fn_outputs"][4]["loss_tokens"]["data"] == [0]
+    assert compare_outputs(out, out).verdict == EQUIVALENT
+
+
+def test_labels_and_file_names_reach_the_terminal_escaped_and_without_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A label or a file name holding terminal escapes (clear screen, set the title) or a URI's
+    password: the summary writes the escapes visibly and masks the password, from the library's
+    ``summary()`` as from ``cliptrack probe``."""
+    datums, lps = _batch()
+    output = json.dumps(_output(datums, lps))
+    hostile = "\x1b[2Jstack\x1b]0;TITLE\x07"
+    a, b = tmp_path / f"{hostile}.json", tmp_path / "b.json"
+    a.write_text(output)
+    b.write_text(output)
+    assert main(["probe", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b[2Jstack\\x1b]0;TITLE\\x07" in out
+    secret = "http://user:Pw-s3cr3t-98712@h:5000?token=Tk-9f8e7d6c5b4a"
+    assert main(["probe", str(a), str(b), "--labels", f"{hostile},{secret}"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "Pw-s3cr3t" not in out and "Tk-9f8e" not in out
+    assert "http://user:***@h:5000?token=***" in out
+    result = compare_outputs(json.loads(output), json.loads(output), labels=(hostile, secret))
+    text = result.summary() + json.dumps(result.to_dict())
+    assert "\x1b" not in result.summary() and "Pw-s3cr3t" not in text and "Tk-9f8e" not in text
+
+
+def test_the_probe_s_memory_is_within_its_documented_bound(tmp_path: Path) -> None:
+    """Two files read one at a time, each datum's JSON freed once read: the peak of Python's
+    allocations (numpy's included, tracemalloc) stays within ``probe_input``'s bound, 3.5 times the
+    larger file plus 9 bytes per token of both outputs and 1 KB per datum (3.8 times the file
+    here, all told; reading both JSON trees at once, as the probe did, is over 6 times)."""
+    import tracemalloc
+
+    datums, lps = _batch(n=400, length=300)
+    paths = []
+    for name, logprobs in (("a", lps), ("b", [lp + 1e-5 for lp in lps])):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_output(datums, logprobs)))
+    size = max(p.stat().st_size for p in paths)
+    tokens = 2 * 400 * 300
+    tracemalloc.start()
+    try:
+        assert main(["probe", *map(str, paths)]) in (0, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 3.5 * size + 9 * tokens + 1024 * 2 * 400, (peak, size)

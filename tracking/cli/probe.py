@@ -8,6 +8,12 @@ per quantity; ``--json`` every number.
 Exit codes, as ``cliptrack compare --fail-on not-equivalent``: 0 equivalent; 1 different or
 inconclusive; 2 a usage or data error, or too few datums for a verdict (insufficient data).
 
+Every value is checked (:mod:`cliptrack.compare.probe_input`: counts whole, >= 0 and within the
+datum's tokens, the gauge's sums in their ranges, one clip side per token) and a bad one refused
+naming the file, the datum and the field (exit 2). The summary's labels (the file names by
+default) are redacted and escaped for the terminal. Memory: about 3.5 times the larger file plus
+9 bytes per token of both (``probe_input``'s docstring): two 152 MB files peak at 651 MB.
+
 Imports stay light (no numpy) until a probe runs, so ``--help`` is fast.
 """
 
@@ -48,16 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="every number as JSON on stdout")
 
 
-def _load(path: str) -> object:
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{path}: no such file (a ForwardBackwardOutput as JSON is expected)")
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from exc
-
-
 def _margins(specs: list[str]) -> dict[str, Margin]:
     """``--margin Q=V`` as written for ``cliptrack compare`` (``quantities.margin_from_text``)."""
     margins: dict[str, Margin] = {}
@@ -75,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     labels = tuple(args.labels.split(",")) if args.labels else (Path(args.a).stem, Path(args.b).stem)
     if len(labels) != 2 or not all(labels):
         raise ValueError(f"--labels {args.labels!r}: expected two names, A,B")
-    result = compare_outputs(
-        _load(args.a),
-        _load(args.b),
+    result = compare_outputs(  # the files are read one at a time (a bad value named by file, datum, field)
+        args.a,
+        args.b,
         confidence=args.confidence,
         margins=_margins(args.margin),
         labels=(labels[0], labels[1]),

@@ -30,12 +30,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from cliptrack.compare.probe_input import Datums, read_datums
 from cliptrack.compare.quantities import Margin, absolute, relative
 from cliptrack.compare.stats import probe as ps
 from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
 from cliptrack.core import keys
 from cliptrack.core.jsonready import json_ready
-from cliptrack.core.outputs import read_output
+from cliptrack.core.secrets import redact
+from cliptrack.core.text import printable
 
 __all__ = [
     "MARGINS",
@@ -124,96 +126,7 @@ class ProbeResult:
         return json_ready(asdict(self))
 
 
-# ---- reading the per-datum outputs ---------------------------------------------------------------
-
-
-def _array(value: object, where: str) -> np.ndarray:
-    """A per-datum value as a numpy array: TensorData (tinker's, its stand-in), its JSON dict
-    ``{"data", "dtype", "shape"}``, an array, a tensor, a list or a number."""
-    if isinstance(value, Mapping):
-        if "data" not in value:
-            raise ValueError(
-                f"{where} is a dict without 'data': expected TensorData JSON {{'data', 'dtype', 'shape'}}"
-            )
-        array = np.asarray(value["data"], dtype=np.float64)
-        shape = value.get("shape")
-        return array.reshape(shape) if shape is not None else array
-    if hasattr(value, "to_numpy"):
-        return np.asarray(value.to_numpy(), dtype=np.float64)  # type: ignore[attr-defined]
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch.Tensor, without importing torch
-        return np.asarray(value.detach().cpu().numpy(), dtype=np.float64)  # type: ignore[attr-defined]
-    try:
-        return np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where} must be a TensorData, its JSON dict, an array or a number: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class _Datums:
-    """The per-datum columns of one output: a datum's fields by name (``None`` when absent from
-    every datum), each a list with one entry per datum."""
-
-    where: str
-    logprobs: list[np.ndarray]
-    fields: dict[str, list[np.ndarray] | None]
-
-
-_SCALAR_FIELDS = (
-    keys.DATUM_LOSS_TOKENS,
-    keys.DATUM_CLIPPED_TOKENS,
-    "kl_k3",
-    "abs_log_ratio",
-    keys.DATUM_LOSS,
-)
-
-
-def _read(output: object, where: str) -> _Datums:
-    parts = read_output(output, where)
-    datums = list(parts.loss_fn_outputs)
-    if not datums:
-        raise ValueError(
-            f"{where} has no per-datum outputs (loss_fn_outputs is empty): a probe compares datums; run "
-            "the Miles runtime with forward_backward_loss(..., probe=True) or build the Megatron loss "
-            "with make_loss_func(..., probe=True)"
-        )
-    logprobs = [_datum_logprobs(datum, f"{where}.loss_fn_outputs[{i}]") for i, datum in enumerate(datums)]
-    fields = {name: _field(datums, name, where) for name in (*_SCALAR_FIELDS, keys.DATUM_CLIP_SIDES)}
-    if fields[keys.DATUM_LOSS_TOKENS] is None:
-        raise ValueError(
-            f"{where}'s per-datum outputs carry no {keys.DATUM_LOSS_TOKENS!r}: not cliptrack's datum outputs"
-        )
-    return _Datums(where, logprobs, fields)
-
-
-def _finite(array: np.ndarray, where: str) -> np.ndarray:
-    if not np.isfinite(array).all():
-        raise ValueError(f"{where} holds a non-finite value")
-    return array
-
-
-def _datum_logprobs(datum: object, where: str) -> np.ndarray:
-    if not isinstance(datum, Mapping):
-        raise ValueError(f"{where} must be a mapping of fields, got {type(datum).__name__}")
-    if keys.DATUM_LOGPROBS not in datum:
-        raise ValueError(f"{where} has no {keys.DATUM_LOGPROBS!r} (fields: {sorted(datum)})")
-    return _finite(_array(datum[keys.DATUM_LOGPROBS], f"{where}.logprobs"), f"{where}.logprobs")
-
-
-def _field(datums: Sequence[Mapping[str, Any]], name: str, where: str) -> list[np.ndarray] | None:
-    """Field ``name`` of every datum (``None`` when no datum has it); ValueError when only some do."""
-    present = [name in datum for datum in datums]
-    if not any(present):
-        return None
-    if not all(present):
-        raise ValueError(
-            f"{where}.loss_fn_outputs[{present.index(False)}] lacks {name!r}, which other datums carry"
-        )
-    return [
-        _finite(
-            _array(d[name], f"{where}.loss_fn_outputs[{i}].{name}"), f"{where}.loss_fn_outputs[{i}].{name}"
-        )
-        for i, d in enumerate(datums)
-    ]
+# ---- the per-datum columns (read and checked by cliptrack.compare.probe_input) -------------------
 
 
 def _scalars(values: list[np.ndarray]) -> np.ndarray:
@@ -221,7 +134,7 @@ def _scalars(values: list[np.ndarray]) -> np.ndarray:
     return np.asarray([float(v.reshape(-1).sum()) for v in values], dtype=np.float64)
 
 
-def _check_same_datums(a: _Datums, b: _Datums) -> None:
+def _check_same_datums(a: Datums, b: Datums) -> None:
     if len(a.logprobs) != len(b.logprobs):
         raise ValueError(
             f"{a.where} has {len(a.logprobs)} datums but {b.where} has {len(b.logprobs)}: a probe needs "
@@ -306,23 +219,15 @@ def _ratio(
     return _quantity(name, pair, m, ps.hull_verdict(pair.low, pair.high, m, pair.reason))
 
 
-def _clip(a: _Datums, b: _Datums, den: np.ndarray, margin: Margin, confidence: float) -> ProbeQuantity:
+def _clip(a: Datums, b: Datums, den: np.ndarray, margin: Margin, confidence: float) -> ProbeQuantity:
     num_a = _scalars(a.fields[keys.DATUM_CLIPPED_TOKENS] or [])
     num_b = _scalars(b.fields[keys.DATUM_CLIPPED_TOKENS] or [])
     pair = ps.paired_ratio(num_a, num_b, den, confidence)
     scale = 0.5 * (pair.value_a + pair.value_b) if pair.denominator > 0 else 0.0
     m = _tolerance(CLIP_FRACTION, margin, scale)
-    sides_a, sides_b = a.fields[keys.DATUM_CLIP_SIDES], b.fields[keys.DATUM_CLIP_SIDES]
     test = None
-    if sides_a is not None and sides_b is not None:
-        clipped_a = np.concatenate([s.reshape(-1) != 0 for s in sides_a])
-        clipped_b = np.concatenate([s.reshape(-1) != 0 for s in sides_b])
-        for side, count, where in ((clipped_a, num_a, a.where), (clipped_b, num_b, b.where)):
-            if int(side.sum()) != int(count.sum()):
-                raise ValueError(
-                    f"{where}'s clip_sides mark {int(side.sum())} clipped tokens but its clipped_tokens "
-                    f"add up to {int(count.sum())}"
-                )
+    if a.clipped is not None and b.clipped is not None:  # one mark per token, as many as the counts
+        clipped_a, clipped_b = np.concatenate(a.clipped), np.concatenate(b.clipped)
         test = ps.clip_test(
             int((clipped_a & ~clipped_b).sum()),
             int((clipped_b & ~clipped_a).sum()),
@@ -335,7 +240,7 @@ def _clip(a: _Datums, b: _Datums, den: np.ndarray, margin: Margin, confidence: f
     return ProbeQuantity(**{**quantity.__dict__, "verdict": verdict})
 
 
-def _gap(a: _Datums, b: _Datums, margin: Margin, confidence: float) -> ProbeQuantity:
+def _gap(a: Datums, b: Datums, margin: Margin, confidence: float) -> ProbeQuantity:
     gaps = np.asarray([np.abs(y - x).sum() for x, y in zip(a.logprobs, b.logprobs, strict=True)])
     sizes = np.asarray([x.size for x in a.logprobs], dtype=np.float64)
     pair = ps.paired_ratio(np.zeros_like(gaps), gaps, sizes, confidence)
@@ -368,15 +273,19 @@ def compare_outputs(
 ) -> ProbeResult:
     """Compare two stacks' outputs of the same batch per datum (module docstring).
 
-    ``a``, ``b``: ``ForwardBackwardOutput`` s (ours, tinker's, or their JSON dicts) with per-datum
+    ``a``, ``b``: ``ForwardBackwardOutput`` s (ours, tinker's, or their JSON dicts, or the paths of
+    their JSON files: read one at a time, ``cliptrack.compare.probe_input``) with per-datum
     outputs of the same datums in the same order; ``a`` is the reference (differences are b minus
     a; swapping them negates every difference and keeps every verdict). ``confidence``: two-sided
     level of the intervals (0.90: TOST at 5 % per side). ``margins``: by quantity name, overriding
-    :data:`MARGINS`. ``labels``: the stacks' names in the summary.
+    :data:`MARGINS`. ``labels``: the stacks' names in the summary and the result (redacted: a
+    label holds no credential; escaped for a terminal in the summary).
 
-    ValueError naming the output and datum for bad input: no per-datum outputs, different datum
-    counts, log-probs of different shapes, different eligible-token counts, a field one output
-    carries and the other does not, clip sides that disagree with the datum's clip counts.
+    ValueError naming the output (its label, or its file), the datum and the field for bad input:
+    no per-datum outputs, a value out of its range (``probe_input``: counts whole, >= 0 and within
+    the datum's tokens; the gauge's sums in their ranges; one clip side per token, as many clipped
+    as counted), different datum counts, log-probs of different shapes, different eligible-token
+    counts, a field one output carries and the other does not.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -386,7 +295,8 @@ def compare_outputs(
         raise ValueError(
             f"margins for unknown quantities {unknown}; the probe's quantities are {list(QUANTITIES)}"
         )
-    da, db = _read(a, labels[0]), _read(b, labels[1])
+    labels = (redact(str(labels[0])), redact(str(labels[1])))
+    da, db = read_datums(a, labels[0]), read_datums(b, labels[1])
     _check_same_datums(da, db)
     den = _scalars(da.fields[keys.DATUM_LOSS_TOKENS] or [])
     found: dict[str, ProbeQuantity] = {LOGPROB_GAP: _gap(da, db, chosen[LOGPROB_GAP], confidence)}
@@ -421,6 +331,11 @@ def _number(value: float) -> str:
     return "–" if not math.isfinite(value) else f"{value:.3g}"
 
 
+def _shown(label: str) -> str:
+    """A stack's label in the summary: without a credential, escaped for a terminal."""
+    return printable(redact(label))
+
+
 def _line(q: ProbeQuantity, label_a: str, label_b: str) -> str:
     if q.reason:
         return f"  {q.name}: {q.verdict} ({q.reason})"
@@ -451,11 +366,13 @@ _OPENING = {
 
 def describe(result: ProbeResult) -> str:
     """The probe in a few lines: the verdict and what it says, one line per quantity (each stack's
-    value, the difference with its interval and margin), then the notes."""
+    value, the difference with its interval and margin), then the notes. The labels are redacted
+    and escaped for a terminal (``_shown``)."""
+    label_a, label_b = _shown(result.label_a), _shown(result.label_b)
     head = (
-        f"paired probe, {result.label_b} vs {result.label_a} on {result.datums} datums "
+        f"paired probe, {label_b} vs {label_a} on {result.datums} datums "
         f"({result.confidence:.0%} intervals, clustered by datum): {result.verdict} — {_OPENING[result.verdict]}"
     )
-    lines = [head, *(_line(q, result.label_a, result.label_b) for q in result.quantities.values())]
+    lines = [head, *(_line(q, label_a, label_b) for q in result.quantities.values())]
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines)
