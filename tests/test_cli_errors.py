@@ -189,3 +189,25 @@ def test_as_a_process_the_error_is_one_line_and_exit_code_2(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["compare", "--traking-uri", "sqlite:///x.db", "a", "b"], "(did you mean --tracking-uri?)"),
+        (["runs", "--jsnol", "spool"], "(did you mean --jsonl?)"),
+        (["comapre", "a", "b"], "(did you mean compare?)"),
+    ],
+)
+def test_a_mistyped_flag_or_command_suggests_the_nearest(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("cliptrack: error: ") and err.endswith(hint), err
+
+
+def test_a_flag_far_from_every_known_one_gets_no_guess(capsys):
+    with pytest.raises(SystemExit):
+        main(["runs", "--zzzzzz"])
+    assert "did you mean" not in capsys.readouterr().err

@@ -14,12 +14,14 @@ token or API key of a store address or the environment is shown).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from cliptrack.core.secrets import redacted_output
 from cliptrack.core.text import printable
@@ -77,10 +79,42 @@ def selected_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors suggest the nearest flag or command to a mistyped one."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(message + suggestion(self, message))
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its sub-commands' parsers, and the commands' names."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            found.update(action.choices)
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
+def suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """`` (did you mean --tracking-uri?)`` for an unrecognised flag or an invalid command close to a
+    known one; empty otherwise."""
+    words = []
+    if message.startswith("unrecognized arguments: "):
+        words = [w.split("=", 1)[0] for w in message.split(": ", 1)[1].split() if w.startswith("--")]
+    elif "invalid choice: " in message:
+        words = [message.split("invalid choice: ", 1)[1].split(" ", 1)[0].strip("'")]
+    known = sorted(_options(parser))
+    near = [m for w in words for m in difflib.get_close_matches(w, known, n=1, cutoff=0.7)]
+    return f" (did you mean {' or '.join(dict.fromkeys(near))}?)" if near else ""
+
+
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``selected``'s arguments are declared (its module imported), or every
     command's when ``selected`` is ``"*"``."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="cliptrack", description="Exact PPO/CISPO clip fractions, tracked and compared across RL stacks."
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
