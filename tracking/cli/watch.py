@@ -3,7 +3,9 @@
 The run is a run directory of the spool (``<spool>/<run id>``, what the tracker prints), read from
 its journal ``points.jsonl``: once (``--once``: the points written so far), or followed while the
 run is RUNNING (the default: new lines read every ``--interval`` seconds until run.json says the
-run ended). The watches are the tracker's (``cliptrack.log.watch``): ``--watch`` takes their string
+run ended, or until no process holds the run's write lock while run.json still says RUNNING: its
+writer died without closing it, a SIGKILL; said on stderr, after the journal's last lines are
+read). The watches are the tracker's (``cliptrack.log.watch``): ``--watch`` takes their string
 form (``"kl_k3:mean,window=100;abs_log_ratio:mean"``), ``--key`` one key with the defaults,
 ``--reference RUN_DIR`` a reference run for every watch that names none. Each breach is one line on
 stdout (the alert's text). Exit code: 0 without a breach, 1 with one (a check a CI job can run after
@@ -64,15 +66,28 @@ def run(args: argparse.Namespace) -> int:
     seen = KeysSeen(w.key for w in watches)
     offset, breaches = 0, 0
     while True:
-        running = run_dir.read_meta().get("status") == RUNNING  # read before the lines: none is missed
+        running = _running(run_dir)  # read before the lines: none is missed
         offset, found = _read(run_dir, offset, detector, seen, args.json)
         breaches += found
         if args.once or not running:
+            break
+        if run_dir.writer_alive() is False and _running(run_dir):  # its lock free, still RUNNING
+            offset, found = _read(run_dir, offset, detector, seen, args.json)
+            breaches += found
+            stderr_line(
+                f"run {run_dir.run_id} is marked RUNNING but no process is logging it (its writer ended "
+                "without closing it: killed?); stopped following it after its last point "
+                f"(`cliptrack replay {printable(str(run_dir.root))}` marks it FAILED)"
+            )
             break
         time.sleep(args.interval)
     for line in seen.never_logged():
         stderr_line(line)
     return EXIT_BREACH if breaches else 0
+
+
+def _running(run_dir: RunDir) -> bool:
+    return run_dir.read_meta().get("status") == RUNNING
 
 
 def _read(run_dir: RunDir, offset: int, detector: Detector, seen: KeysSeen, as_json: bool) -> tuple[int, int]:

@@ -93,7 +93,7 @@ from cliptrack.log._pipeline.writer import LOG, MAX_QUEUED_VALUES, BackgroundWri
 from cliptrack.log.limits import Limits
 from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank, rank_zero_only
 from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
-from cliptrack.log.watch import Watch, Watcher, watches
+from cliptrack.log.watch import Detector, Watch, Watcher, watches
 from cliptrack.log.worst import WorstLog
 from cliptrack.store import journal
 from cliptrack.store import worst as worst_store
@@ -104,6 +104,10 @@ from cliptrack.store.stamps import StepClock
 DISK_DRAIN_S = 3.0
 """Seconds ``close`` gives the writer to put the last points on the local disk, even when its own
 timeout is shorter (a healthy disk takes milliseconds; a refusing one gets one more try)."""
+WATCH_CLOSE_SHARE = 0.25
+"""The live watch's share of a close's timeout, at most ``DISK_DRAIN_S``: its queued points and their
+last alerts within it, counted in the close's one deadline (1.5 s of the 6 s of a signal's close,
+3 s of a plain one); an ``on_breach`` callback still running then (stuck) is left behind."""
 
 __all__ = ["MAX_STEP", "NullTracker", "Tracker", "TrackerClosed", "global_rank"]
 
@@ -256,12 +260,13 @@ class Tracker:
         """Bytes of the longest key checked so far (at least 64: keys ``exact_clip_metrics`` adds)."""
         self._clock = StepClock()
         chosen = watches(watch)  # bad watch settings or reference runs fail before the run is opened
+        detector = Detector(chosen, self.run_id) if chosen else None  # reads the reference runs
         self._open(run_name, backend_label, config, experiment, limits, freeze_gc)
         self._watcher: Watcher | None = None
         self._worst_log: WorstLog | None = None
         if chosen:
             try:
-                self._watcher = Watcher(chosen, self.run_dir, self._alert)
+                self._watcher = Watcher(chosen, self.run_dir, self._alert, detector)
             except BaseException:
                 self.run_dir.unlock_sink("jsonl")
                 raise
@@ -515,18 +520,28 @@ class Tracker:
         summary. Idempotent; never raises for a backend or disk failure (warned); anything a
         backend could not take stays spooled for ``cliptrack replay``. In a forked child it does
         nothing (the run is the parent's). Interrupted (a second Ctrl-C, a SIGTERM), it saves the
-        status KILLED before the interrupt goes on."""
+        status KILLED before the interrupt goes on. Called from a watch's ``on_breach`` callback
+        it raises RuntimeError and closes nothing (the callback's error is reported on stderr; the
+        training thread's ``close`` ends the run). The live watch takes at most
+        ``WATCH_CLOSE_SHARE`` of ``timeout_s``, within it."""
         if self._closed or not self.owner.is_current():
             return
+        if self._watcher is not None and self._watcher.on_watch_thread():
+            raise RuntimeError(
+                f"close() of run {self.run_id} from a watch's on_breach callback is refused: the "
+                "callback runs on the watch's thread, which the close waits for; set a flag in the "
+                "callback and let the training loop stop and close the run"
+            )
         self._closed = True
         self.status = status or FINISHED
         timeout = self.close_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout  # one deadline for the watch, the writer and the lanes
         try:
             if self._watcher is not None:  # its last alerts reach the lanes before they stop
-                self._watcher.stop(min(timeout, DISK_DRAIN_S))
+                self._watcher.stop(min(DISK_DRAIN_S, WATCH_CLOSE_SHARE * timeout))
             if self._worst_log is not None:  # its last tables too
-                self._worst_log.stop(max(DISK_DRAIN_S, timeout))
-            writing = self._drain(time.monotonic() + timeout, timeout)
+                self._worst_log.stop(max(DISK_DRAIN_S, deadline - time.monotonic()))
+            writing = self._drain(deadline, timeout)
             if not writing:
                 self.journal.close()
             self._mark(self.status)

@@ -15,8 +15,11 @@ wakes the watch's own thread, which updates the rule and, on a breach, raises th
   W&B ``run.alert``; MLflow the tag ``cliptrack.watch.<key>`` and the metric ``watch.<key>.breach``);
 - a line of ``watch.jsonl`` in the run directory (the spool's record of the run's breaches);
 - the watch's ``on_breach(alert)`` callback, on the watch thread (to checkpoint, or to set a flag
-  the training loop reads and stops on). A callback that raises is reported (a warning and a
-  stderr line), never propagated; a slow one delays only later alerts, never ``log``.
+  the training loop reads and stops on). A callback that raises (``SystemExit`` and
+  ``KeyboardInterrupt`` too) is reported in one stderr line and never propagated: every watch goes
+  on. A slow one delays only later alerts, never ``log``; one stuck at ``close`` is left behind
+  (``cliptrack.log.tracker.WATCH_CLOSE_SHARE``). The callback may not close the run (``close()``
+  there raises RuntimeError): it sets a flag the training loop reads.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -52,6 +56,12 @@ MAX_SEEN_KEYS = 10_000
 """Most distinct logged keys kept for the suggestion when a watched key is never logged."""
 BREACHES_FILE = "watch.jsonl"
 """The run directory's record of the breaches, one JSON object (an ``Alert``) per line."""
+REFERENCE_TIMEOUT_S = 12.0
+"""Seconds a reference run on a server may take to be read when the tracker opens (a server that
+accepts connections and never replies would hold ``Tracker()`` 184 s): the bounds a read already has
+against a server it cannot reach, ``cliptrack.backends.preflight.PROBE_TIMEOUT_S`` (3 s) to probe it
+plus 9 s of connection attempts (MLflow's reads: three of 2 s and the backoff between them). Past
+it the tracker raises, before the run is opened."""
 
 OnBreach = Callable[[Alert], object]
 
@@ -107,6 +117,25 @@ class RunRef:
         # each value redacted alone: in the sentence, a URI's query value would run on into the ')'
         where = ", ".join(f"{k}={redact(str(v))}" for k, v in self.store)
         return redact(f"{self.run} ({where})" if where else self.run)
+
+    def run_directory(self) -> Path | None:
+        """The run's directory when the store is a spool (``jsonl:DIR#RUN_ID``) holding it by id:
+        its journal is read for the one key (``cliptrack.store.journal.load_series``)."""
+        store = dict(self.store)
+        if set(store) != {"jsonl_dir"}:
+            return None
+        path = Path(os.fspath(store["jsonl_dir"])) / self.run
+        return path if (path / "points.jsonl").is_file() else None
+
+    def remote(self) -> bool:
+        """Whether the store is reached over a network (an MLflow tracking server or database,
+        W&B's API, or MLflow's default store named by ``MLFLOW_TRACKING_URI``): its read is bounded
+        by ``REFERENCE_TIMEOUT_S``. A sqlite file and the stores' directories are read as they are."""
+        store = dict(self.store)
+        if store.keys() & {"jsonl_dir", "csv_dir", "wandb_dir"}:
+            return False
+        uri = str(store.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:")
+        return "://" in uri and not uri.startswith(("sqlite:", "file:"))
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """The run's ``(steps, values)`` of ``key``, read through ``load_runs``."""
@@ -277,10 +306,7 @@ def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
     if isinstance(ref, str) and "#" in ref:
         ref = RunRef.parse(ref)
     if isinstance(ref, RunRef):
-        try:
-            return ref.series(watch.key)
-        except (KeyError, LookupError, OSError, ValueError) as exc:
-            raise ValueError(f"watch {watch.key}: {watch.source}: {printable(redact(str(exc)))}") from None
+        return _run_ref_series(watch, ref)
     if isinstance(ref, (str, os.PathLike)):
         return _spool_series(watch, ref)
     try:
@@ -295,6 +321,27 @@ def reference_series(watch: Watch) -> tuple[list[int], list[float]]:
     return list(range(len(values))), values
 
 
+def _run_ref_series(watch: Watch, ref: RunRef) -> tuple[list[int], list[float]]:
+    """The watched key's ``(steps, values)`` from a reference in a store: a spool's run directory
+    read for the key alone; a server's run within ``REFERENCE_TIMEOUT_S``; ValueError naming the
+    watch and the store for any failure (a store's own exception, ``MlflowException``, included)."""
+    run_dir = ref.run_directory()
+    if run_dir is not None:
+        return _spool_series(watch, run_dir)
+    try:
+        if not ref.remote():
+            return ref.series(watch.key)
+        series: tuple[list[int], list[float]] = _within(REFERENCE_TIMEOUT_S, lambda: ref.series(watch.key))
+        return series
+    except TimeoutError:
+        raise ValueError(
+            f"watch {watch.key}: {watch.source}: no answer within {REFERENCE_TIMEOUT_S:g} s (a server "
+            "that accepts the connection but does not reply?)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - named with the watch, never raw
+        raise ValueError(f"watch {watch.key}: {watch.source}: {printable(redact(str(exc)))}") from None
+
+
 def _spool_series(watch: Watch, ref: str | os.PathLike[str]) -> tuple[list[int], list[float]]:
     """The watched key's ``(steps, values)`` from a spool run directory's journal (or the journal
     file itself)."""
@@ -304,12 +351,33 @@ def _spool_series(watch: Watch, ref: str | os.PathLike[str]) -> tuple[list[int],
         raise ValueError(
             f"watch {watch.key}: reference {printable(redact(os.fspath(ref)))} holds no points.jsonl"
         )
-    steps, values = [], []
-    for point in journal.load_points(points_path):
-        if watch.key in point.metrics:
-            steps.append(point.step)
-            values.append(point.metrics[watch.key])
-    return steps, values
+    try:
+        steps, values = journal.load_series(points_path, watch.key)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"watch {watch.key}: {watch.source}: {printable(redact(str(exc)))}") from None
+    return steps.tolist(), values.tolist()
+
+
+def _within(seconds: float, read: Callable[[], Any]) -> Any:
+    """``read()`` on a thread of its own, waited for ``seconds`` at most: its value, or its
+    exception raised again; TimeoutError when it has not returned by then (the thread is left to
+    end by itself: a daemon that holds nothing of the run)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = read()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="cliptrack-watch-reference", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def band_of_reference(watch: Watch) -> rule.Band:
@@ -455,8 +523,16 @@ class Watcher:
     """A run's watches on their own thread (see the module docstring). ``deliver(alert)`` hands an
     alert to the sinks' lanes; ``run_dir`` gets ``watch.jsonl``."""
 
-    def __init__(self, chosen: Sequence[Watch], run_dir: RunDir, deliver: Callable[[Alert], None]) -> None:
-        self.detector = Detector(chosen, run_dir.run_id)
+    def __init__(
+        self,
+        chosen: Sequence[Watch],
+        run_dir: RunDir,
+        deliver: Callable[[Alert], None],
+        detector: Detector | None = None,
+    ) -> None:
+        """``detector``: the watches' ``Detector`` when already built (their reference runs read
+        before the run was opened), else built here."""
+        self.detector = detector if detector is not None else Detector(chosen, run_dir.run_id)
         self.watched = tuple(w.key for w in chosen)
         self.callbacks = {w.key: w.on_breach for w in chosen}
         self.run_dir = run_dir
@@ -501,13 +577,19 @@ class Watcher:
             return self._progress.wait_for(lambda: self._done + self.dropped >= target, max(0.0, timeout_s))
 
     def stop(self, timeout_s: float) -> None:
-        """Follow what is queued (up to ``timeout_s`` seconds), then end the thread."""
+        """Follow what is queued, then end the thread, within ``timeout_s`` seconds in all: a
+        callback still running then (stuck) is left behind on its daemon thread."""
+        deadline = time.monotonic() + timeout_s
         self.drain(timeout_s)
         self._stopping = True
         self._wake.set()
-        self._thread.join(max(0.0, timeout_s))
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         for line in self.keys.never_logged():
             stderr_line(line)
+
+    def on_watch_thread(self) -> bool:
+        """Whether the calling thread is the watch's own (an ``on_breach`` callback runs there)."""
+        return threading.current_thread() is self._thread
 
     # ---- watch thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -519,7 +601,10 @@ class Watcher:
                     step, values = self._queue.popleft()
                 except IndexError:  # the training thread dropped it meanwhile
                     break
-                self._follow(step, values)
+                try:
+                    self._follow(step, values)
+                except BaseException as exc:  # noqa: BLE001 - the thread never ends before stop
+                    LOG.warning("the watch failed at step %d: %s", step, printable(repr(exc)))
                 self._done += 1
                 with self._progress:
                     self._progress.notify_all()
@@ -553,11 +638,10 @@ class Watcher:
             return
         try:
             callback(alert)
-        except Exception as exc:  # noqa: BLE001 - a failing callback is reported, never propagated
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too: reported, never propagated
             self.callback_errors += 1
-            why = f"{type(exc).__name__}: {exc}"
-            LOG.warning("the on_breach callback of watch %s raised %s", alert.key, printable(why))
-            stderr_line(f"on_breach of {alert.key} raised {why}")
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            stderr_line(f"on_breach of {alert.key} raised {why}; the watches go on")
 
 
 class KeysSeen:

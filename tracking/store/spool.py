@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -58,6 +59,9 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 LOG = logging.getLogger("cliptrack")
+LOCK_RETRY_S = 0.05
+"""Seconds ``lock_sink`` waits before its one more try: a reader that probes the lock
+(``RunDir.writer_alive``) holds it shared for microseconds."""
 
 Ack = Position
 """How far a sink has got: ``points`` lines, ending ``offset`` bytes into points.jsonl (a journal
@@ -272,13 +276,41 @@ class RunDir:
             return True
         self.path.mkdir(parents=True, exist_ok=True)
         fh = open(self.path / f"{sink}.lock", "wb")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.close()
-            return False
+        for attempt in range(2):  # a reader's probe (``writer_alive``) holds it for microseconds
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if attempt:
+                    fh.close()
+                    return False
+                time.sleep(LOCK_RETRY_S)
         self._locks[sink] = (fh, os.getpid())
         return True
+
+    def writer_alive(self, sink: str = "jsonl") -> bool | None:
+        """Whether a live process holds ``sink``'s write lock (``jsonl``: the tracker logging the
+        run); read-only (the lock file is neither made nor changed, the lock tried shared and let go
+        at once). False without a lock file; None where advisory locks are not there."""
+        if fcntl is None:
+            return None
+        if sink in self._locks:
+            return True
+        try:
+            fd = os.open(self.path / f"{sink}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
 
     def unlock_sink(self, sink: str) -> None:
         """Release the lock this process took; in a forked child only close the child's copy of

@@ -257,13 +257,127 @@ def reference_band(
     s = np.asarray(steps, dtype=np.int64)[order]
     arr = np.asarray(z, dtype=float)[order]
     half = max(1, min(window, arr.size) // 2)
-    smooth = np.array([np.median(arr[max(0, i - half) : i + half + 1]) for i in range(arr.size)])
+    smooth = np.array(moving_median(arr.tolist(), half), dtype=float)
     residual = arr - smooth
     sd, point = long_run_sd(residual, degree=0)
     level = float(smooth[-1])
     ratio = sd / point if point > 0 else 1.0
     trajectory = (tuple(int(x) for x in s), tuple(float(x) for x in smooth))
     return Band(level, 0.0, _floor_sd(sd, level, scale), int(arr.size), scale, ratio, floor, trajectory)
+
+
+MEDIAN_BLOCK_VALUES = 1 << 22
+"""Values (32 MiB of float64) a block of full windows holds while ``moving_median`` takes their
+medians at once."""
+MEDIAN_HEAPS_ABOVE = 64
+"""``moving_median`` takes a ``half`` above this through its heaps, at or below it by blocks."""
+
+
+def moving_median(z: Sequence[float], half: int) -> list[float]:
+    """The centred moving median of ``z``: at each ``i`` the median of ``z[max(0, i - half) : i +
+    half + 1]`` (fewer points at the ends; the mean of the two middle values for an even count, as
+    ``numpy.median``), bit for bit what ``numpy.median`` of each slice gives. Full windows are taken
+    by blocks of ``MEDIAN_BLOCK_VALUES`` (``numpy.median`` along rows), or, for a ``half`` above
+    ``MEDIAN_HEAPS_ABOVE``, every window by two heaps with lazy deletion (O(n log half)); a median
+    per slice cost O(n half) Python calls: 89 s on 300,000 points at ``half`` 10,000."""
+    import numpy as np
+
+    n = len(z)
+    if n == 0:
+        return []
+    if half > MEDIAN_HEAPS_ABOVE:
+        return _heap_median(z, half)
+    arr = np.asarray(z, dtype=float)
+    width = 2 * half + 1
+    out = np.empty(n)
+    edges = [i for i in range(n) if i < half or i + half + 1 > n]
+    for i in edges:
+        out[i] = np.median(arr[max(0, i - half) : i + half + 1])
+    if n >= width:
+        windows = np.lib.stride_tricks.sliding_window_view(arr, width)  # row r is centred on r + half
+        rows = max(1, MEDIAN_BLOCK_VALUES // width)
+        for r in range(0, windows.shape[0], rows):
+            block = windows[r : r + rows]
+            out[r + half : r + half + block.shape[0]] = np.median(block, axis=1)
+    return [float(x) for x in out]
+
+
+def _heap_median(z: Sequence[float], half: int) -> list[float]:
+    """``moving_median`` by ``_Halves``: the window grows on the right to ``i + half`` and leaves
+    on the left below ``i - half``."""
+    n = len(z)
+    halves = _Halves(n)
+    right = 0
+    out: list[float] = []
+    for i in range(n):
+        while right < n and right <= i + half:
+            halves.add(z[right], right)
+            right += 1
+        halves.leave(i - half)
+        out.append(halves.median())
+    return out
+
+
+class _Halves:
+    """A sliding window's lower half (a max-heap) and upper half (a min-heap) of ``(value, index)``
+    entries; an entry that left the window (index below ``left``) is dropped when it reaches a top."""
+
+    def __init__(self, n: int) -> None:
+        self.lower: list[tuple[float, int]] = []  # (-value, index)
+        self.upper: list[tuple[float, int]] = []  # (value, index)
+        self.in_lower = bytearray(n)
+        self.low = self.high = 0  # entries of the window in each half
+        self.left = 0
+
+    def _prune(self) -> None:
+        import heapq
+
+        lower, upper, left = self.lower, self.upper, self.left
+        while lower and lower[0][1] < left:
+            heapq.heappop(lower)
+        while upper and upper[0][1] < left:
+            heapq.heappop(upper)
+
+    def add(self, x: float, index: int) -> None:
+        import heapq
+
+        self._prune()
+        if self.lower and x <= -self.lower[0][0]:
+            heapq.heappush(self.lower, (-x, index))
+            self.in_lower[index] = 1
+            self.low += 1
+        else:
+            heapq.heappush(self.upper, (x, index))
+            self.high += 1
+
+    def leave(self, left: int) -> None:
+        """Entries below index ``left`` leave the window."""
+        while self.left < left:
+            if self.in_lower[self.left]:
+                self.low -= 1
+            else:
+                self.high -= 1
+            self.left += 1
+
+    def median(self) -> float:
+        import heapq
+
+        self._prune()
+        while self.low > self.high + 1 or self.low < self.high:
+            if self.low > self.high:
+                value, index = heapq.heappop(self.lower)
+                heapq.heappush(self.upper, (-value, index))
+                self.in_lower[index] = 0
+                self.low, self.high = self.low - 1, self.high + 1
+            else:
+                value, index = heapq.heappop(self.upper)
+                heapq.heappush(self.lower, (-value, index))
+                self.in_lower[index] = 1
+                self.low, self.high = self.low + 1, self.high - 1
+            self._prune()
+        if self.low > self.high:
+            return -self.lower[0][0]
+        return (-self.lower[0][0] + self.upper[0][0]) / 2.0
 
 
 class Cusum:
