@@ -211,3 +211,18 @@ def test_a_flag_far_from_every_known_one_gets_no_guess(capsys):
     with pytest.raises(SystemExit):
         main(["runs", "--zzzzzz"])
     assert "did you mean" not in capsys.readouterr().err
+
+
+def test_a_database_file_given_as_a_spool_says_what_it_is_and_which_flag_reads_it(
+    tmp_path, capsys, monkeypatch
+):
+    import sqlite3
+
+    monkeypatch.chdir(tmp_path)
+    sqlite3.connect(tmp_path / "mlflow.db").execute("create table t (a)").connection.close()
+    assert main(["runs", "--jsonl", "mlflow.db"]) == 2
+    err = capsys.readouterr().err
+    assert f"'{tmp_path / 'mlflow.db'}' is an SQLite database" in err
+    assert f"--tracking-uri sqlite:///{tmp_path / 'mlflow.db'}" in err  # absolute: it works from anywhere
+    assert main(["runs", "--jsonl", "missing"]) == 2
+    assert f"JSONL spool directory '{tmp_path / 'missing'}' does not exist" in capsys.readouterr().err

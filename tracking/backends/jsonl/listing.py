@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
+from cliptrack.backends.jsonl.directory import spool_directory
 from cliptrack.store.spool import spool_runs
 
 
@@ -27,10 +27,7 @@ def spool_entry(run_dir: Any) -> RunEntry:
 
 def spool_entries(directory: str) -> list[RunEntry]:
     """Every run of a JSONL spool directory, as ``catalog.RunEntry``."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise FileNotFoundError(f"JSONL run directory {directory!r} does not exist")
-    return [spool_entry(run_dir) for run_dir in spool_runs(root)]
+    return [spool_entry(run_dir) for run_dir in spool_runs(spool_directory(directory))]
 
 
 def list_runs(*, include_comparisons: bool = False, jsonl_dir: str) -> list[RunEntry]:

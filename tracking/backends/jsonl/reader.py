@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from cliptrack.backends.catalog import choose_runs
+from cliptrack.backends.jsonl.directory import spool_directory
 from cliptrack.backends.jsonl.listing import spool_entry
 from cliptrack.compare.frame import Columns, LoadedRun, MetricCodes, RunSet
 from cliptrack.core.worst import Worst
@@ -20,9 +21,7 @@ __all__ = ["load_jsonl", "read", "read_worst"]
 
 def _jsonl_runs(directory: Path) -> list[RunDir]:
     """The run directories of the spool ``directory``, by name (the first is the comparison's reference)."""
-    if not directory.is_dir():
-        raise FileNotFoundError(f"JSONL run directory {str(directory)!r} does not exist")
-    return spool_runs(directory)
+    return spool_runs(spool_directory(directory))
 
 
 def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
