@@ -13,7 +13,7 @@ Two pieces, one per side of Megatron's schedule:
   the last pipeline stage), combines the micro-batches on device, merges across the data-parallel x
   context-parallel group in **one** collective for all keys (sums and the gauge's extremes alike:
   every rank receives every rank's packed vector and combines them locally, sums added and
-  extremes by max, :func:`cliptrack.adapters.losses.builtin.combine_packed`), and builds the step's
+  extremes by max, :func:`cliptrack.adapters.shared.packing.combine_packed`), and builds the step's
   :class:`~cliptrack.adapters.losses.output.ForwardBackwardOutput`. A step costs one collective and one host read.
 
 Loss scaling (what Megatron-Core 0.16.1 does with the 3-tuple, ``forward_step_calc_loss``):
@@ -50,35 +50,37 @@ import torch.distributed as dist
 from cliptrack.adapters._compat import megatron as megatron_compat
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import worst as worst_rows
-from cliptrack.adapters.losses.builtin import (
-    CISPO_CLIP_HIGH,
-    CISPO_CLIP_LOW,
+from cliptrack.adapters.losses.objectives import CISPO_CLIP_HIGH, CISPO_CLIP_LOW, PPO_CLIP_HIGH, PPO_CLIP_LOW
+from cliptrack.adapters.losses.output import LossOutput
+from cliptrack.adapters.losses.registry import LossSpec, loss_spec
+from cliptrack.adapters.shared.collective import gather_vectors, merge_packed
+from cliptrack.adapters.shared.datums import datum_outputs
+from cliptrack.adapters.shared.merge import ForwardBackwardOutput, measured_sums
+from cliptrack.adapters.shared.packing import (
     INPUT_CHECKS,
     PACKED_DTYPE,
-    PPO_CLIP_HIGH,
-    PPO_CLIP_LOW,
-    LossOutput,
-    LossSpec,
     combine_packed,
-    loss_spec,
     pack,
     pack_rows,
     raise_invalid,
     unpack,
 )
-from cliptrack.adapters.losses.output import ForwardBackwardOutput
-from cliptrack.adapters.miles.runtime import datum_outputs
+from cliptrack.adapters.shared.stack import StackCall
 from cliptrack.core import keys, measures
+from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.worst import COLUMNS, CRITERIA, DEFAULT_K, Worst
 from torch import Tensor
 
 __all__ = [
     "AUTO",
+    "STACK",
     "PACKED_FIELDS",
     "REPORT_INVALID",
     "LossFunc",
+    "MegatronStack",
     "ReducedStep",
     "broadcast_from_last_stage",
+    "gather_vectors",
     "make_loss_func",
     "merge_packed",
     "merged_sums",
@@ -90,7 +92,7 @@ __all__ = [
 ]
 
 REPORT_INVALID = "cliptrack/invalid"
-"""Private report key: int64 vector of bad-input counts (``cliptrack.adapters.losses.builtin.INPUT_CHECKS`` order)."""
+"""Private report key: int64 vector of bad-input counts (``cliptrack.adapters.shared.packing.INPUT_CHECKS`` order)."""
 REPORT_DATUMS = "cliptrack/datums"
 """Private report key (``datum_outputs``): ``[sequences, len(PACKED_FIELDS)]`` packed sums, one row per datum."""
 REPORT_DATUM_LOGPROBS = "cliptrack/datum_logprobs"
@@ -179,7 +181,7 @@ def make_loss_func(
     :func:`reduce_losses` after its collective.
 
     ``datum_outputs=True``: the output of :func:`reduce_losses` also carries per-datum outputs in
-    the Miles runtime's form (:func:`cliptrack.adapters.miles.runtime.datum_outputs`): one per row
+    the per-datum wire form every stack shares (:func:`cliptrack.adapters.shared.datums.datum_outputs`): one per row
     of the micro-batch's ``[sequences, tokens]`` log-probs, with its ``logprobs`` (the whole row)
     and its measured fields. ``probe=True`` (implies it) adds each datum's ``loss`` and, for
     ``ppo``/``cispo``, its per-token ``clip_sides`` (a paired probe's fields,
@@ -377,7 +379,7 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
 def sum_reports(
     losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None
 ) -> Tensor:
-    """Sum micro-batch reports on device into one vector laid out as :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`.
+    """Sum micro-batch reports on device into one vector laid out as :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`.
 
     No host synchronisation. An empty list gives zeros on ``device`` (default: CPU). Raises
     ValueError naming the micro-batch and key when a report is malformed.
@@ -494,46 +496,13 @@ def merged_sums(
     """Sum the reports on device, then merge them over ``group`` in one collective.
 
     ``group``: a ``torch.distributed`` process group (every rank of it must call), or ``None`` for
-    one process (no collective). Returns the vector of :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`, on device.
+    one process (no collective). Returns the vector of :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`, on device.
     See :func:`merge_packed` for the collective.
     """
     if device is None and not losses_reduced and group is not None:
         device = _collective_device(group)
     packed = sum_reports(losses_reduced, device=device)
     return packed if group is None else merge_packed(packed, group)
-
-
-def merge_packed(packed: Tensor, group: Any) -> Tensor:
-    """Combine a packed vector (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`) over the ranks of ``group``
-    with exactly one collective: its added part summed, its extremes by max.
-
-    Every rank receives every rank's vector (:func:`gather_vectors`) and combines the ``world``
-    rows locally, in rank order (:func:`cliptrack.adapters.losses.builtin.combine_packed`), so one
-    collective carries the sums and the gauge's extremes alike, with a bit-identical result on
-    every rank. Exact for integer counts in float64.
-    """
-    return combine_packed(gather_vectors(packed, group))
-
-
-def gather_vectors(vector: Tensor, group: Any) -> Tensor:
-    """Every rank's ``vector`` (1-D, the same length on every rank) as the rows of a ``[world,
-    length]`` tensor, in rank order, on every rank: **one** collective. A CPU tensor on a gloo group
-    goes through one ``all_to_all_single`` (gloo's ring ``all_reduce`` and ``all_gather`` need
-    ``world - 1`` or more dependent rounds, the all-to-all one: ``benchmarks/merge.py``); any other
-    tensor/backend (NCCL on GPU) through one ``all_gather_into_tensor``; one rank: a no-op sum, so
-    every layout communicates alike."""
-    if vector.dim() != 1:
-        raise ValueError(f"packed must be a 1-D vector, got shape {tuple(vector.shape)}")
-    world = dist.get_world_size(group)
-    if world == 1:
-        dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=group)
-        return vector.reshape(1, -1)
-    gathered = torch.empty(world * vector.numel(), dtype=vector.dtype, device=vector.device)
-    if vector.device.type == "cpu" and "gloo" in str(dist.get_backend(group)).lower():
-        dist.all_to_all_single(gathered, vector.repeat(world), group=group)
-    else:
-        dist.all_gather_into_tensor(gathered, vector.contiguous(), group=group)
-    return gathered.view(world, vector.numel())
 
 
 def reduce_losses(
@@ -556,7 +525,7 @@ def reduce_losses(
     * a process group: every rank of it must call, ``[]`` allowed (it contributes zeros).
     * ``None``: this process alone, no collective.
 
-    All keys are merged in **one** collective on one vector (:data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS`; see
+    All keys are merged in **one** collective on one vector (:data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`; see
     :func:`merge_packed`), then
     synchronised with the host once. Bad loss inputs counted on any rank raise ValueError after that
     collective, on every rank alike, rather than yield a wrong number. Metrics: ``loss:sum``,
@@ -759,8 +728,8 @@ def _all_or_none(losses_reduced: Sequence[Mapping[str, Tensor]], key: str, what:
 
 def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:
     """The per-datum outputs of this rank's micro-batches, in order (``None`` when the loss
-    function was built without ``datum_outputs``): one host copy, built by the Miles runtime's
-    :func:`cliptrack.adapters.miles.runtime.datum_outputs` so that both paths share one form."""
+    function was built without ``datum_outputs``): one host copy, built by the per-datum wire form
+    every stack shares (:func:`cliptrack.adapters.shared.datums.datum_outputs`)."""
     if not _carry_datums(losses_reduced):
         return None
     probe = all(REPORT_PROBE in report for report in losses_reduced)
@@ -783,7 +752,7 @@ def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[
 def output_from_sums(
     values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord"
 ) -> ForwardBackwardOutput:
-    """Build the output from the merged :data:`cliptrack.adapters.losses.builtin.PACKED_FIELDS` values (host numbers)."""
+    """Build the output from the merged :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS` values (host numbers)."""
     fields = measures.declared().packed_fields
     if len(values) != len(fields):
         raise ValueError(f"expected {len(fields)} merged values ({fields}), got {len(values)}")
@@ -860,3 +829,33 @@ def _collective_device(group: Any) -> torch.device:
     if "nccl" in backend and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class MegatronStack:
+    """Megatron-Core as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is
+    :func:`make_loss_func`'s loss function (its report per micro-batch), the reduction
+    :func:`reduce_losses` over ``group`` (``None``: this process alone), the read-back the
+    output's measured sums."""
+
+    group: Any = None
+    name: str = "megatron"
+
+    def loss_hook(
+        self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
+    ) -> StackCall:
+        loss, _, report = make_loss_func(loss_fn, inputs, config)(logprobs)
+        return StackCall(loss, report)
+
+    def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
+        output = reduce_losses(list(reports), group=self.group)
+        if output is None:
+            raise ValueError("this rank is off the last pipeline stage: it holds no step output")
+        return output
+
+    def read_back(self, output: object) -> MeasuredSums | None:
+        return measured_sums(output)
+
+
+STACK = MegatronStack()
+"""Megatron-Core as a stack, on one process (:class:`MegatronStack`)."""

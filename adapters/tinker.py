@@ -34,15 +34,24 @@ import concurrent.futures
 import math
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cliptrack.adapters.losses.output import merge_outputs
-from cliptrack.adapters.miles.client import worst_of_outputs
+from cliptrack.adapters.losses.output import loss_metrics
+from cliptrack.adapters.losses.registry import loss_spec
+from cliptrack.adapters.shared.merge import (
+    ForwardBackwardOutput,
+    measured_sums,
+    merge_outputs,
+    worst_of_outputs,
+)
+from cliptrack.adapters.shared.stack import StackCall
 from cliptrack.core import keys
+from cliptrack.core.sums import MeasuredSums
+from torch import Tensor
 
-__all__ = ["COOKBOOK_KEYS", "TrackedTrainingClient", "cookbook_metrics"]
+__all__ = ["COOKBOOK_KEYS", "STACK", "TinkerStack", "TrackedTrainingClient", "cookbook_metrics"]
 
 
 @dataclass
@@ -349,6 +358,37 @@ def _define_cookbook_logger(ml_log: Any) -> type:
     CookbookLogger.__module__ = __name__
     CookbookLogger.__qualname__ = "CookbookLogger"
     return CookbookLogger
+
+
+@dataclass(frozen=True)
+class TinkerStack:
+    """Tinker as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is what a
+    Tinker-compatible service computes for one chunk (the registered loss; its output's metrics are
+    the exact sums, :func:`cliptrack.adapters.losses.output.loss_metrics`), the reduction the
+    client's merge of a step's outputs (:func:`cliptrack.adapters.shared.merge.merge_outputs`, as
+    :class:`TrackedTrainingClient` does), the read-back the output's measured sums."""
+
+    name: str = "tinker"
+
+    def loss_hook(
+        self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
+    ) -> StackCall:
+        spec = loss_spec(loss_fn)
+        assert spec is not None
+        spec.check_arguments(inputs, config)
+        out = spec.check_output(spec.fn(logprobs, **inputs, **config))
+        output = ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=loss_metrics(out))
+        return StackCall(out.loss, output)
+
+    def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
+        return merge_outputs(reports)
+
+    def read_back(self, output: object) -> MeasuredSums | None:
+        return measured_sums(output)
+
+
+STACK = TinkerStack()
+"""Tinker as a stack (:class:`TinkerStack`)."""
 
 
 def __getattr__(name: str) -> Any:

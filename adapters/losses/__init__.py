@@ -1,9 +1,11 @@
 """The losses: Tinker's built-in objectives that count the tokens where clipping bites and measure
 the sampler–trainer gauge, and ``ForwardBackwardOutput`` merged from exact sums.
 
-Parts: ``formulas`` (each loss written once), ``builtin`` (the eager losses and ``LossOutput``),
-``fused`` (one compiled computation per call), ``output`` (Tinker's output form and its merge).
-Every name here imports torch.
+Parts: ``output`` (``LossOutput``, ``loss_metrics``), ``objectives`` (the losses), ``inputs``
+(their checks), ``registry``, ``formulas`` (each loss written once), ``fused`` (one compiled
+computation per call) and ``builtin`` (all of them in one import). The packing and Tinker's output
+form with its merge are every stack's (:mod:`cliptrack.adapters.shared`). Every name here imports
+torch.
 """
 
 from cliptrack.adapters.losses.builtin import (

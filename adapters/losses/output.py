@@ -1,150 +1,154 @@
-"""``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions and gauge means.
+"""A loss call's output (:class:`LossOutput`: the loss sum and everything it measured, on device)
+and ``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions and gauge means.
 
-``ForwardBackwardOutput`` is tinker's own frozen dataclass when ``tinker`` is installed and an
-identical dataclass otherwise (:mod:`cliptrack.adapters._compat.tinker`). Metrics are ``name:reduction`` ->
-float. Outputs in any of their three forms (ours, tinker's, the JSON dict) are read through
-:func:`cliptrack.core.outputs.read_output`; the low/high split is optional (docs/CONTRACT.md). The merge
-rules are those of :mod:`cliptrack.core.measures`: sums add (counts exactly), ``:max`` / ``:min`` by
-max / min, the means re-formed from the merged sums.
+``ForwardBackwardOutput`` and its merge (:func:`merge_outputs`, :func:`merge_metrics`,
+:func:`measured_sums`, :func:`clip_counts`) are every stack's, in
+:mod:`cliptrack.adapters.shared.merge`; they are named here too, beside :func:`loss_metrics`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from cliptrack.adapters._compat.tinker import ForwardBackwardOutput
+import torch
+from cliptrack.adapters.shared.merge import (
+    ForwardBackwardOutput,
+    clip_counts,
+    measured_sums,
+    merge_metrics,
+    merge_outputs,
+    validate_metrics,
+)
+from cliptrack.adapters.shared.packing import Sources, pack, raise_invalid, unpack
 from cliptrack.core import keys, measures
-from cliptrack.core.outputs import metrics_of, read_output
-from cliptrack.core.sums import MeasuredSums, as_count, exact_measured_metrics
-from cliptrack.core.validation import check_metrics
-
-if TYPE_CHECKING:
-    from cliptrack.adapters.losses.builtin import LossOutput
-
+from cliptrack.core.outputs import metrics_of
+from cliptrack.core.sums import MeasuredSums
+from torch import Tensor
 
 __all__ = [
     "ForwardBackwardOutput",
+    "LossOutput",
     "clip_counts",
     "loss_metrics",
-    "merge_metrics",
     "measured_sums",
+    "merge_metrics",
     "merge_outputs",
     "metrics_of",
     "validate_metrics",
 ]
 
 
-def clip_counts(output: object) -> MeasuredSums | None:
-    """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips:
-    ``loss_tokens:sum``, ``clipped_tokens:sum`` and the low/high split when present (optional);
-    ``None`` when it never clips (no ``clipped_tokens:sum``)."""
-    counts = MeasuredSums.from_metrics(metrics_of(output))
-    if counts is None or not counts.clips:
-        return None
-    clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
-    return counts.without(*(g for g in measures.GROUPS if g not in clip))
+@dataclass(frozen=True)
+class LossOutput:
+    """The loss of one micro-batch (or a sum of several) and everything it measured.
 
-
-def measured_sums(output: object) -> MeasuredSums | None:
-    """Everything an output (ours, tinker's, or its JSON dict) measured, the gauge included;
-    ``None`` without ``loss_tokens:sum``. Raises ValueError naming a bad value."""
-    return MeasuredSums.from_metrics(metrics_of(output))
-
-
-def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
-    """Return ``metrics`` as ``{str: float}``; raise ValueError naming a bad key, value or count
-    (:func:`cliptrack.core.validation.check_metrics`)."""
-    return check_metrics(metrics)
-
-
-def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> float | None:
-    if reduction == "sum":
-        return math.fsum(values)
-    if reduction == "mean":
-        total = sum(weights)
-        if total == 0:
-            return math.fsum(values) / len(values)
-        return math.fsum(v * w for v, w in zip(values, weights, strict=True)) / total
-    if reduction == "min":
-        return min(values)
-    if reduction == "max":
-        return max(values)
-    if reduction == "slack":
-        mean = _reduce("mean", values, weights)
-        assert mean is not None
-        return max(values) - mean
-    if reduction == "hash2":
-        return float(sum(int(v) & 0xFFFF_FFFF_FFFF_FFFF for v in values) & 0xFFFF_FFFF_FFFF_FFFF)
-    return None
-
-
-def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int]) -> dict[str, float]:
-    """Merge chunk metrics with Tinker's reductions; the means re-formed from the merged sums.
-
-    ``weights`` are the chunks' datum counts (Tinker weights ``:mean`` by them). As in Tinker, a
-    key missing from any chunk is dropped and ``:unique`` keeps every value under suffixed keys;
-    an extreme (``log_ratio:max`` / ``:min``) is also kept when only chunks without an eligible
-    token lack it (it is absent there). Counts are summed exactly.
+    ``loss``: 0-dim, sum of per-token losses over eligible tokens (differentiable for one call;
+    detached in a sum). ``measured``: every measure the loss emits under its metric key
+    (:mod:`cliptrack.core.measures`: ``loss_tokens:sum`` always, the clip counts for a loss that
+    clips, the low/high split when it reports it, the on-policy gauge for a loss with sampling
+    log-probs, registered measures), detached 0-dim tensors on the loss's device: counts int64 in
+    tokens, the gauge float64 (``log_ratio:max`` / ``:min``: ``-inf`` / ``+inf`` over no eligible
+    token). ``invalid``: int64 vector, the number of bad entries per input of
+    :data:`cliptrack.adapters.shared.packing.INPUT_CHECKS`. Moved to the host through one packing (:func:`cliptrack.adapters.shared.packing.pack`, :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`).
     """
-    if not chunks:
-        return {}
-    merged: dict[str, float] = {}
-    exact = {m.key for m in measures.MEASURES if m.exact}
-    for key in chunks[0]:
-        _, reduction = keys.split_key(key)
-        if key in keys.EXTREME_KEYS or not all(key in chunk for chunk in chunks):
-            continue
-        values = [float(chunk[key]) for chunk in chunks]
-        if reduction == "unique":
-            merged[key] = values[0]
-            merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
-            continue
-        if key in exact:
-            merged[key] = float(sum(as_count(key, v) for v in values))
-            continue
-        value = _reduce(reduction, values, weights)
-        if value is not None:
-            merged[key] = value
-    merged.update(_merged_extremes(chunks))
-    for mean in keys.MEAN_KEYS:  # a merged ``:mean`` is datum-weighted: never the token mean
-        merged.pop(mean, None)
-    return exact_measured_metrics(merged)
 
+    loss: Tensor
+    measured: Mapping[str, Tensor]
+    invalid: Tensor
+    sources: Sources = ()
+    calls: int = 1
+    """Number of loss calls summed in this output."""
 
-def _merged_extremes(chunks: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The extremes over the chunks that carry them, when every chunk with an eligible token does."""
-    out: dict[str, float] = {}
-    for key in keys.EXTREME_KEYS:
-        present = [float(chunk[key]) for chunk in chunks if key in chunk]
-        counted = all(key in chunk or float(chunk.get(keys.LOSS_TOKENS, 1)) == 0 for chunk in chunks)
-        if present and counted:
-            out[key] = float(measures.combine(measures.by_key(key), present))
-    return out
+    @property
+    def loss_tokens(self) -> Tensor:
+        """Eligible tokens (``mask != 0``), int64 0-dim."""
+        return self.measured[keys.LOSS_TOKENS]
 
+    def get(self, key: str) -> Tensor | None:
+        """The measured value of ``key`` (a metric key), ``None`` when this loss does not emit it."""
+        return self.measured.get(key)
 
-def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:
-    """Merge the outputs of the chunks of one request, as tinker does, but with exact fractions."""
-    parts = [read_output(c, f"chunks[{i}]") for i, c in enumerate(chunks)]
-    if not parts:
-        return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics={})
-    return ForwardBackwardOutput(
-        loss_fn_output_type=parts[0].loss_fn_output_type,
-        loss_fn_outputs=[o for part in parts for o in part.loss_fn_outputs],
-        metrics=merge_metrics([p.metrics for p in parts], [len(p.loss_fn_outputs) for p in parts]),
-    )
+    def has(self, group: str) -> bool:
+        """Whether this output carries the measures of ``group`` (:mod:`cliptrack.core.measures`)."""
+        return any(m.key in self.measured for m in measures.group_measures(group))
+
+    @property
+    def clips(self) -> bool:
+        """Whether this loss clips (and so carries clip counts)."""
+        return self.has(measures.CLIP)
+
+    @property
+    def has_gauge(self) -> bool:
+        """Whether this loss measures the on-policy gauge (it has sampling log-probs)."""
+        return self.has(measures.GAUGE)
+
+    def metric_tensors(self) -> dict[str, Tensor]:
+        """Every measured value under its metric key, as 0-dim device tensors (no sync):
+        ``loss:sum`` and :attr:`measured`."""
+        return {keys.LOSS_SUM: self.loss.detach(), **self.measured}
+
+    def __add__(self, other: LossOutput) -> LossOutput:
+        """Sum two outputs on device (no host sync); the summed ``loss`` is detached. A measure
+        combines by its reduction; a group carried by one side only is refused
+        (:func:`cliptrack.core.measures.mixed_groups_error`) or, when declared
+        ``dropped_when_mixed`` (the split), dropped."""
+        if not isinstance(other, LossOutput):
+            return NotImplemented
+        declaration = measures.declared()
+        out: dict[str, Tensor] = {}
+        for group in declaration.groups:
+            mine, theirs = self.has(group.name), other.has(group.name)
+            if mine != theirs and not group.dropped_when_mixed:
+                raise measures.mixed_groups_error(group.name, mine, theirs, "this LossOutput")
+            if not (mine and theirs):
+                continue
+            for measure in declaration.members[group.name]:
+                a, b = self.measured.get(measure.key), other.measured.get(measure.key)
+                if a is None or b is None:
+                    continue
+                if measure.reduction == measures.SUM:
+                    out[measure.key] = a + b
+                elif measure.reduction == measures.MAX:
+                    out[measure.key] = torch.maximum(a, b)
+                else:
+                    out[measure.key] = torch.minimum(a, b)
+        return LossOutput(
+            loss=self.loss.detach() + other.loss.detach(),
+            measured=out,
+            invalid=self.invalid + other.invalid,
+            sources=self.sources + other.sources,
+            calls=self.calls + other.calls,
+        )
+
+    def check(self) -> None:
+        """Raise ValueError naming every input with bad entries. Synchronises with the host."""
+        raise_invalid(self.invalid, self.sources)
+
+    def token_counts(self) -> MeasuredSums:
+        """Exact host-side measured sums, the gauge included (synchronises once); raises ValueError
+        for invalid loss inputs."""
+        sums = unpack(pack(self).tolist())
+        sums.check(self.sources)
+        return sums.counts
+
+    def clip_counts(self) -> MeasuredSums | None:
+        """Exact host-side clip counts (``loss_tokens`` and the clip groups; synchronises once);
+        ``None`` when the loss never clips."""
+        counts = self.token_counts()
+        if not counts.clips:
+            return None
+        clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
+        return counts.without(*(g for g in measures.GROUPS if g not in clip))
 
 
 def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
-    """Metrics of one or more ``cliptrack.adapters.losses.builtin.LossOutput`` (combined): ``loss:sum``, the counts,
+    """Metrics of one or more :class:`LossOutput` (combined): ``loss:sum``, the counts,
     the gauge and the means formed from them.
 
     Synchronises with the host once and raises ValueError for invalid loss inputs. A loss that
     never clips yields no clip keys; a loss without sampling log-probs (cross entropy) no gauge.
     """
-    from cliptrack.adapters.losses.builtin import pack, unpack
-
     if not outputs:
         raise ValueError("loss_metrics needs at least one LossOutput")
     total = outputs[0]

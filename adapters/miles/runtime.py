@@ -25,11 +25,23 @@ from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import worst as worst_rows
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
-from cliptrack.adapters.miles.client import sum_datums
-from cliptrack.adapters.miles.wire import count_data, float_data, read_array, tensor_data
+from cliptrack.adapters.shared.datums import datum_fields, datum_outputs, sum_datums
+from cliptrack.adapters.shared.merge import aggregate_datums, measured_sums
+from cliptrack.adapters.shared.stack import StackCall
+from cliptrack.adapters.shared.wire import count_data, read_array
 from cliptrack.core import keys, measures
 from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
+
+__all__ = [
+    "OUTPUT_TYPE",
+    "STACK",
+    "MilesStack",
+    "RequestResult",
+    "datum_fields",
+    "datum_outputs",
+    "forward_backward_loss",
+]
 
 OUTPUT_TYPE = "ArrayRecord"
 """``loss_fn_output_type`` of the outputs built here (the class name Tinker's proto path reports)."""
@@ -190,74 +202,6 @@ def _host_sums(
         end += tokens
     worst_tokens = None if ids is None else host[end : end + n].astype(np.int64)
     return sums, flat_logprobs, flat_sides, worst_tokens
-
-
-def datum_outputs(
-    shapes: Sequence[tuple[int, ...]],
-    sums: Sequence[losses.PackedSums],
-    flat_logprobs: np.ndarray,
-    flat_sides: np.ndarray | None = None,
-    *,
-    probe: bool = False,
-) -> list[dict[str, Any]]:
-    """Each datum's ``loss_fn_outputs`` entry, the one form of every path (the Miles runtime's and
-    the Megatron path's, :func:`cliptrack.adapters.megatron.make_loss_func` ``datum_outputs``):
-    its ``logprobs`` (float32, of shape ``shapes[i]``, cut from ``flat_logprobs`` in datum order)
-    and its measured fields (:func:`datum_fields`); with ``probe``, its ``loss`` (``loss:sum`` as a
-    float32 ``[hi, lo]`` pair) and, given ``flat_sides`` (laid out as ``flat_logprobs``), its
-    per-token ``clip_sides`` (int64). ValueError when the flat arrays do not hold ``shapes``."""
-    sizes = [math.prod(shape) for shape in shapes]
-    if len(shapes) != len(sums) or flat_logprobs.size != sum(sizes):
-        raise ValueError(
-            f"{len(shapes)} datum shapes ({sum(sizes)} tokens), {len(sums)} datum sums and "
-            f"{flat_logprobs.size} log-probs do not describe the same datums"
-        )
-    if flat_sides is not None and flat_sides.size != flat_logprobs.size:
-        raise ValueError(
-            f"{flat_sides.size} clip sides for {flat_logprobs.size} log-probs: one per token is needed"
-        )
-    loss_fn_outputs: list[dict[str, Any]] = []
-    offset = 0
-    for i, (shape, size, datum) in enumerate(zip(shapes, sizes, sums, strict=True)):
-        where = f"datum {i}"
-        datum_out: dict[str, Any] = {
-            keys.DATUM_LOGPROBS: tensor_data(
-                np.ascontiguousarray(flat_logprobs[offset : offset + size], dtype=np.float32).reshape(shape)
-            )
-        }
-        datum_out.update(datum_fields(datum.counts, where))
-        if probe:
-            datum_out[keys.DATUM_LOSS] = float_data(datum.loss_sum, f"{where} {keys.DATUM_LOSS}")
-            if flat_sides is not None:
-                datum_out[keys.DATUM_CLIP_SIDES] = tensor_data(
-                    np.ascontiguousarray(flat_sides[offset : offset + size], dtype=np.int64).reshape(shape)
-                )
-        offset += size
-        loss_fn_outputs.append(datum_out)
-    return loss_fn_outputs
-
-
-def datum_fields(counts: MeasuredSums, where: str = "datum") -> dict[str, Any]:
-    """A datum's measured fields on the wire (:data:`cliptrack.core.keys.DATUM_MEASURE_FIELDS`, in that
-    order): ``loss_tokens``; for a loss that clips, ``clipped_tokens`` and the low/high split when
-    known; for a loss with sampling log-probs, the gauge of the datum's sequence. Counts are int64
-    TensorData of shape ``[1]``, float measures float32 ``[hi, lo]`` pairs
-    (:func:`cliptrack.adapters.miles.wire.float_data`). A datum with no eligible token has no extreme: its
-    ``log_ratio_max`` / ``log_ratio_min`` are 0 on the wire and ignored by the reader (JSON has no
-    infinity, and protobuf needs the same fields in every datum)."""
-    values = counts.to_metrics()
-    fields: dict[str, Any] = {}
-    for measure in measures.DATUM_MEASURES:
-        if measure.key in values:
-            value = values[measure.key]
-        elif measure.reduction != measures.SUM and counts.has(measure.group) and counts.loss_tokens == 0:
-            value = 0.0  # an extreme over no token: a placeholder the reader ignores
-        else:
-            continue
-        fields[measure.field] = (
-            count_data(int(value)) if measure.exact else float_data(value, f"{where} {measure.field}")
-        )
-    return fields
 
 
 def _no_tokens(spec: losses.LossSpec) -> MeasuredSums:
@@ -503,3 +447,40 @@ def _raise_invalid(sums: list[losses.PackedSums], outs: list[losses.LossOutput])
             problems.append(f"datum {i}: {exc}")
     if problems:
         raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class MilesStack:
+    """The Miles runtime as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is
+    :func:`forward_backward_loss` on one request (each row of ``[sequences, tokens]`` inputs a
+    datum, the sampler's log-probs as its ``logprobs`` field), the reduction the client's exact
+    per-datum sums (:func:`cliptrack.adapters.shared.merge.aggregate_datums`), the read-back the
+    output's measured sums."""
+
+    name: str = "miles"
+
+    def loss_hook(
+        self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
+    ) -> StackCall:
+        rows = logprobs.reshape(1, -1) if logprobs.dim() == 1 else logprobs
+        fields = {
+            ("logprobs" if name == "sampling_logprobs" else name): value for name, value in inputs.items()
+        }
+        datums = [
+            {name: value.reshape(rows.shape)[i].detach() for name, value in fields.items()}
+            for i in range(rows.shape[0])
+        ]
+        result = forward_backward_loss(datums, list(rows.unbind(0)), loss_fn, dict(config))
+        return StackCall(result.loss, result.output)
+
+    def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
+        return ForwardBackwardOutput(
+            loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=aggregate_datums(list(reports))
+        )
+
+    def read_back(self, output: object) -> MeasuredSums | None:
+        return measured_sums(output)
+
+
+STACK = MilesStack()
+"""The Miles runtime as a stack (:class:`MilesStack`)."""
