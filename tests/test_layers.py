@@ -39,12 +39,22 @@ own layer and those below it. ``cliptrack`` itself (the package's ``__init__``) 
 
 ADAPTER_LAYERS = (
     "cliptrack.adapters._compat",
+    "cliptrack.adapters.shared",
     "cliptrack.adapters.losses",
     "cliptrack.adapters",
     "cliptrack.adapters.demo",
 )
-"""The adapters stand on ``cliptrack.core`` alone: the vendor seams, the losses, then the integrations (megatron, miles,
-tinker and their ``_compat`` seams), then the demo trainer that drives both paths."""
+"""The adapters stand on ``cliptrack.core`` alone: the vendor seams, the parts every stack shares, the losses, then
+the integrations (megatron, miles, tinker), then the demo trainer that drives both paths."""
+
+INTEGRATION_LAYER = "cliptrack.adapters"
+"""The layer of the stack integrations (megatron, miles, tinker and the next ones): each module or
+package there is one integration, which imports the shared parts and the losses, never another
+integration."""
+SHARED = "cliptrack.adapters.shared"
+SHARED_MAY_IMPORT = ("cliptrack.core", SHARED, "cliptrack.adapters._compat.tinker")
+"""The shared parts stand on ``cliptrack.core`` (and torch, numpy) alone, and on tinker's public types
+through their vendor seam: ``TensorData`` and ``ForwardBackwardOutput`` are the wire's types."""
 
 ADAPTERS_MAY_IMPORT = ("cliptrack.core",)
 TRACKING_MAY_IMPORT_ADAPTERS = ("cliptrack.cli",)
@@ -208,6 +218,37 @@ def test_no_import_runs_up_a_layer():
         elif target_level > level:
             wrong.append(_where(imp) + f" (up: {LAYERS[level]} -> {LAYERS[target_level]})")
     assert not wrong, "imports that run up a layer:\n" + "\n".join(wrong)
+
+
+def _integration(module: str) -> str | None:
+    """The integration ``module`` belongs to (``cliptrack.adapters.<name>``), ``None`` outside that layer."""
+    if module == INTEGRATION_LAYER or _layer(module) != ("adapters", ADAPTER_LAYERS.index(INTEGRATION_LAYER)):
+        return None
+    return ".".join(module.split(".")[:3])
+
+
+def test_no_integration_imports_another():
+    wrong = []
+    for imp in IMPORTS:
+        mine, theirs = _integration(imp.importer), _integration(imp.target)
+        if mine is not None and theirs is not None and mine != theirs:
+            wrong.append(_where(imp) + f" (an integration imports {SHARED}, never another integration)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_shared_parts_import_only_core():
+    wrong = [
+        _where(imp)
+        for imp in IMPORTS
+        if imp.importer.startswith(SHARED) and not imp.target.startswith(SHARED_MAY_IMPORT)
+    ]
+    assert not wrong, f"{SHARED} imports only cliptrack.core and tinker's types:\n" + "\n".join(wrong)
+    integrations = {_integration(m) for m in MODULES} - {None}
+    assert {
+        "cliptrack.adapters.megatron",
+        "cliptrack.adapters.miles",
+        "cliptrack.adapters.tinker",
+    } <= integrations
 
 
 def test_no_import_circles():
