@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cliptrack.core import keys, measures
+from cliptrack.core.verl_keys import as_ours, is_entry
 from cliptrack.store.records import Point
 
 __all__ = ["Canonical", "canonical_metrics", "canonical_points", "foreign_step", "needs_aliases"]
@@ -41,8 +42,10 @@ def canonical_metrics(metrics: Mapping[str, float]) -> Canonical:
     Order of precedence for one of our keys: our own spelling; the exact entries of
     ``cliptrack.adapters.miles.custom_loss`` (``train/<entry> / train/count_scale``: a count rounded to the
     token, a gauge sum as it is); a mean (``clip_fraction:mean``, ``abs_log_ratio:mean``,
-    ``kl_k3:mean``) formed from those sums; an exact alias; an approximate alias.
+    ``kl_k3:mean``) formed from those sums; an exact alias; an approximate alias. The entries of
+    cliptrack's verl losses (``actor/cliptrack/<sum>``, :mod:`cliptrack.core.verl_keys`) are our sums.
     """
+    metrics = as_ours(metrics)
     out = {k: v for k, v in metrics.items() if k not in keys.ALIASES and k not in _SCALED and k != _SCALE}
     out.update(_scaled_entries(metrics, out))
     approximate = _aliased(metrics, out)
@@ -111,4 +114,7 @@ def canonical_points(points: list[Point]) -> tuple[list[Point], tuple[str, ...]]
 def needs_aliases(columns: object) -> bool:
     """Whether a bulk-read run (``cliptrack.compare.frame.Columns``) has any foreign metric name."""
     names = getattr(columns, "metric", ())
-    return any(str(name) in _FOREIGN for name in set(getattr(names, "tolist", lambda: list(names))()))
+    return any(
+        str(name) in _FOREIGN or is_entry(name)
+        for name in set(getattr(names, "tolist", lambda: list(names))())
+    )

@@ -32,6 +32,8 @@ from cliptrack.core import measures
 __all__ = [
     "ENGINE_GAUGE",
     "LOGGED_PREFIX",
+    "as_ours",
+    "is_entry",
     "NUMBER_FIELDS",
     "PREFIX",
     "TEXT_FIELDS",
@@ -117,4 +119,21 @@ def logged_recipe(metrics: Mapping[str, Any], prefix: str = LOGGED_PREFIX) -> di
         found = [k[len(head) :] for k, v in metrics.items() if k.startswith(head) and v]
         if len(found) == 1:
             out[name] = found[0]
+    return out
+
+
+def is_entry(name: object) -> bool:
+    """Whether ``name`` is one of these entries as verl's trainer logs them."""
+    return str(name).startswith(LOGGED_PREFIX)
+
+
+def as_ours(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One logged step's ``metrics`` with the entries read as ours: each sum under our key (unless the
+    step already holds our own spelling of it), the recipe and marker entries dropped (a reader
+    records the recipe in the run's config, :func:`logged_recipe`); other metrics as they are."""
+    out = {k: v for k, v in metrics.items() if not is_entry(k)}
+    if len(out) == len(metrics):
+        return out
+    for key, value in logged_sums(metrics).items():
+        out.setdefault(key, value)
     return out
