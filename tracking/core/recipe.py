@@ -215,10 +215,12 @@ def _trl(flat: Mapping[str, Any]) -> Recipe | None:
 
 
 def recipe_from_config(config: Mapping[str, Any]) -> Recipe | None:
-    """The recipe recorded in a run's config (nested, or flattened with ``.`` as MLflow params are):
+    """The recipe recorded in a run's config (nested, or flattened with ``.`` as MLflow params are, or
+    with ``/`` as verl's are):
     cliptrack's own :data:`CONFIG_KEY`, else verl's actor config, else TRL's ``GRPOConfig``; ``None``
     when the run records none of them."""
-    flat = dict(_flat(config))
+    # verl's MLflow params join its nested config with "/" (verl.utils.tracking: _flatten_dict(sep="/"))
+    flat = {key.replace("/", "."): value for key, value in _flat(config)}
     return _ours(flat) or _verl(flat) or _trl(flat)
 
 
