@@ -23,6 +23,7 @@ from typing import Any
 from cliptrack.backends.options import choose_backend
 from cliptrack.backends.registry import resolve
 from cliptrack.core.secrets import RedactedError, redacted_errors
+from cliptrack.core.text import printable
 
 FINISHED = "FINISHED"
 
@@ -93,6 +94,17 @@ def choose_by_name(ref: str, matches: Sequence[Any], entry: Callable[[Any], RunE
     return chosen
 
 
+SHORT_LIST = 5
+"""Most names a not-found error lists (the rest counted)."""
+
+
+def short_list(names: Sequence[str]) -> str:
+    """The first :data:`SHORT_LIST` names, comma-separated, and how many more: ``a, b and 7 more``
+    (each name printable: a name cannot break the message into lines of its own)."""
+    shown = ", ".join(printable(name) for name in names[:SHORT_LIST])
+    return shown + (f" and {len(names) - SHORT_LIST} more" if len(names) > SHORT_LIST else "")
+
+
 def choose_runs(
     refs: Sequence[str], candidates: list[tuple[Any, str, str]], where: str, entry: Any = None
 ) -> list[Any]:
@@ -121,8 +133,10 @@ def _choose_one(ref: str, candidates: list[tuple[Any, str, str]], where: str, en
             f"run name {ref!r} matches {len(by_name)} runs in {where} ({ids}): pass a run id"
         )
     if not by_name:
-        known = ", ".join(f"{run_id} ({name})" for _, run_id, name in candidates[:20]) or "none"
-        raise RunNotFoundError(f"no run with id or name {ref!r} in {where}; runs there: {known}")
+        known = (
+            short_list([f"{run_id} ({name})" if name else run_id for _, run_id, name in candidates]) or "none"
+        )
+        raise RunNotFoundError(f"no run with id or name {ref!r} in {where}\nruns there: {known}")
     return by_name[0][0]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from cliptrack.backends.options import add_source_arguments, source_arguments
 from cliptrack.backends.preflight import check_window
+from cliptrack.cli.errors import error_text
 from cliptrack.compare.align import ALIGNMENTS
 from cliptrack.compare.quantities import (
     QUANTITIES,
@@ -402,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):  # the traceback, and still the exit code of a data error
             traceback.print_exc()
         else:
-            print(f"cliptrack compare: {printable(exc)}", file=sys.stderr)
+            print(error_text("compare", exc), file=sys.stderr)
         return EXIT_ERROR
     files = _write_files(args, runset, result)
     if args.json:  # stdout is the JSON alone; where the files went, on stderr

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from cliptrack.cli.errors import error_text
 from cliptrack.core.secrets import redacted_output
 from cliptrack.core.text import printable
 
@@ -187,8 +188,7 @@ def _guarded(args: argparse.Namespace) -> int:
         if args.debug:  # the traceback, and the same exit code as without --debug
             traceback.print_exc()
             return EXIT_USAGE
-        message = printable(" ".join(str(exc).split())) or type(exc).__name__
-        print(f"cliptrack {args.command}: {message} (--debug shows the traceback)", file=sys.stderr)
+        print(error_text(args.command, exc, " (--debug shows the traceback)"), file=sys.stderr)
         return EXIT_USAGE
     finally:
         warnings.formatwarning = shown

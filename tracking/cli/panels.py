@@ -15,7 +15,7 @@ import sys
 
 from cliptrack.backends.preflight import plain_path_uri
 from cliptrack.cli.compare import add_comparison_arguments, add_source_arguments, load_and_compare
-from cliptrack.core.text import printable
+from cliptrack.cli.errors import error_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,5 +89,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ncomparison run: {run_id}")
         return 0
     except (LookupError, ValueError, FileNotFoundError) as exc:
-        print(f"cliptrack panels: {printable(exc)}", file=sys.stderr)
+        print(error_text("panels", exc), file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from typing import Any
 
 from cliptrack.backends.catalog import list_runs
 from cliptrack.backends.options import add_source_arguments, source_arguments
+from cliptrack.cli.errors import error_text
 from cliptrack.core.text import printable
 
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):  # the traceback, and the same exit code
             traceback.print_exc()
         else:
-            print(f"cliptrack runs: {printable(exc)}", file=sys.stderr)
+            print(error_text("runs", exc), file=sys.stderr)
         return 2
     entries.sort(key=lambda e: -e.started)
     if args.json:

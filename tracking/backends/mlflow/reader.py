@@ -11,9 +11,10 @@ import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.catalog import RunNotFoundError, choose_by_name
+from cliptrack.backends.catalog import RunNotFoundError, choose_by_name, short_list
 from cliptrack.backends.mlflow._compat import bounded_requests
 from cliptrack.backends.mlflow._rest import http_columns
 from cliptrack.backends.mlflow._store import bulk_columns
@@ -158,16 +159,25 @@ def _mlflow_find(client: Any, ref: str, experiment_ids: list[str], where: str) -
             raise RunNotFoundError(f"{what} matches {len(matches)} runs in {where} ({ids}){hint}")
         if matches:
             return matches[0]
-    present = client.search_runs(experiment_ids, max_results=10, order_by=["attributes.start_time DESC"])
+    present = client.search_runs(experiment_ids, max_results=20, order_by=["attributes.start_time DESC"])
     if not present:
         raise StoreError(f"{where} holds no runs: is it the store the training logged to?")
-    listing = ", ".join(
-        f"{r.info.run_name} ({r.data.tags.get(keys.TAG_RUN_ID, r.info.run_id)})" for r in present
-    )
+    training = [r for r in present if r.data.tags.get(keys.TAG_RUN_KIND) != keys.RUN_KIND_COMPARISON]
+    names = [r.info.run_name or r.data.tags.get(keys.TAG_RUN_ID, r.info.run_id) for r in training]
     raise RunNotFoundError(
-        f"no run with id, name or cliptrack run id {ref!r} in {where}; latest runs there: {listing} "
-        f"(cliptrack runs --tracking-uri {client.tracking_uri} lists them all)"
+        f"no run with id, name or cliptrack run id {ref!r} in {where}\n"
+        f"training runs there, latest first: {short_list(names)}\n"
+        f"cliptrack runs --tracking-uri {absolute_uri(client.tracking_uri)} lists them all"
     )
+
+
+def absolute_uri(uri: str) -> str:
+    """A relative ``sqlite:///`` URI made absolute, so that a printed command works from any folder."""
+    prefix = "sqlite:///"
+    path = uri[len(prefix) :]
+    if uri.startswith(prefix) and not path.startswith("/"):
+        return f"{prefix}{Path(path).resolve()}"
+    return uri
 
 
 def _metric_histories(client: Any, run: Any) -> list[Point]:
