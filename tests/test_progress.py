@@ -60,3 +60,15 @@ def test_a_terminal_gets_a_live_bar_and_disabled_gets_nothing():
 def test_bad_total_is_named():
     with pytest.raises(ValueError, match="total must be >= 0"):
         Progress(-1, "x")
+
+
+def test_several_runs_count_the_steps_of_the_run_being_trained():
+    out = io.StringIO()
+    with Progress(60, "megatron", stream=out, bar=False, run_steps=20) as p:
+        for _ in range(35):
+            p.advance()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("megatron: run 1/3, step 15/20 (25%)"), lines
+    assert lines[1].startswith("megatron: run 2/3, step 10/20 (50%)"), lines
+    with pytest.raises(ValueError, match="run_steps must be >= 1 and divide the total 60, got 7"):
+        Progress(60, "x", run_steps=7)

@@ -227,7 +227,9 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     started = time.perf_counter()
     seen = _Trained()
     for group, runs in plan(paths, args.seeds, args.seed, args.miles_staleness).items():
-        with Progress(args.steps * len(runs), f"{group:>8}", enabled=not args.no_progress) as bar:
+        with Progress(
+            args.steps * len(runs), f"{group:>8}", enabled=not args.no_progress, run_steps=args.steps
+        ) as bar:
             for path, staleness, seed in runs:
                 config = RunConfig(
                     path=path,

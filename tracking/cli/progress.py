@@ -47,10 +47,14 @@ class Progress:
         enabled: bool = True,
         bar: bool | None = None,
         every_s: float = EVERY_S,
+        run_steps: int | None = None,
     ) -> None:
         if total < 0:
             raise ValueError(f"Progress total must be >= 0, got {total}")
+        if run_steps is not None and (run_steps < 1 or total % run_steps):
+            raise ValueError(f"Progress run_steps must be >= 1 and divide the total {total}, got {run_steps}")
         self.total = total
+        self.run_steps = run_steps
         self.desc = desc
         self.stream = stream if stream is not None else sys.stdout
         self.enabled = enabled
@@ -71,7 +75,9 @@ class Progress:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.set_postfix(self.fields, refresh=False)
+            at = self.run_at()
+            where = {} if at is None else {"run": f"{at[0]}/{at[1]}"}
+            self._bar.set_postfix({**where, **self.fields}, refresh=False)
             self._bar.update(steps)
             return
         now = time.perf_counter()
@@ -83,12 +89,29 @@ class Progress:
             self.stream.write(self.line(now - self._started) + "\n")
             self.stream.flush()
 
+    def run_at(self) -> tuple[int, int, int] | None:
+        """``(run, runs, step in that run)`` over several runs of ``run_steps`` steps each (1-based;
+        the run being trained), else None."""
+        if not self.run_steps or self.total == self.run_steps:
+            return None
+        runs = self.total // self.run_steps
+        run = min(max(self.done - 1, 0) // self.run_steps + 1, runs)
+        return run, runs, self.done - (run - 1) * self.run_steps
+
+    def position(self) -> str:
+        """Where the loop is: ``run 2/3, step 15/20`` over several runs, else ``step 35/60``."""
+        at = self.run_at()
+        if at is None:
+            return f"step {self.done}/{self.total}"
+        run, runs, step = at
+        return f"run {run}/{runs}, step {step}/{self.run_steps}"
+
     def line(self, elapsed_s: float) -> str:
         """The plain line for the current count after ``elapsed_s`` seconds."""
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
         rate = f", {self.done / elapsed_s:.1f} steps/s" if elapsed_s > 0 else ""
         extra = " ".join(f"{k}={v}" for k, v in self.fields.items())
-        return f"{self.desc}: step {self.done}/{self.total}{share}, {elapsed_s:.1f} s{rate}" + (
+        return f"{self.desc}: {self.position()}{share}, {elapsed_s:.1f} s{rate}" + (
             f", {extra}" if extra else ""
         )
 
