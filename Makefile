@@ -20,7 +20,7 @@ PARALLEL_FAST = -n 2 --dist loadgroup
 # installs into the python3 first on PATH: make and activate a virtual environment first to keep it apart
 demo:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' || echo "make demo: no virtual environment is active: installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)') (python3 -m venv .venv && . .venv/bin/activate first to keep it apart)"
-	$(INSTALL) -e '.[demo]' && cliptrack demo
+	$(INSTALL) '.[demo]' && cliptrack demo
 
 # the project's bytecode compiled once before the suite, for every subprocess a test starts to read
 # instead of compiling the modules it imports; bytecode is written during the suite even where the

@@ -91,3 +91,24 @@ def test_adapterhub_and_cliptrack_import_side_by_side(wheel: Path, tmp_path: Pat
     _run(sys.executable, "-m", "pip", "--python", python, "uninstall", "-y", "-q", "cliptrack", cwd=tmp_path)
     assert sorted(p.name for p in Path(found).parent.iterdir()) == before
     _run(python, "-c", "import adapters; assert hasattr(adapters, 'AutoAdapterModel')", cwd=tmp_path)
+
+
+def test_a_script_beside_a_clone_named_cliptrack_imports_the_installed_package(wheel: Path, tmp_path: Path):
+    """A user's script saved next to the clone (a folder named ``cliptrack``, as ``git clone`` names it)
+    imports the installed package, as ``make demo`` installs it (a regular install, not editable: an
+    editable install's import hook comes after the folder on ``sys.path``, which then shadows it as
+    an empty namespace package)."""
+    env = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
+    python = env / "bin" / "python"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel, cwd=tmp_path)
+    parent = tmp_path / "work"
+    clone = parent / "cliptrack"
+    (clone / "tracking").mkdir(parents=True)
+    (clone / "README.md").write_text("a clone\n")
+    script = parent / "my_loop.py"
+    script.write_text("from cliptrack import Tracker\nimport cliptrack\nprint(cliptrack.__file__)\n")
+    proc = _run(python, script, cwd=parent)
+    installed = Path(proc.stdout.strip())
+    assert installed.name == "__init__.py" and "site-packages" in installed.parts, proc.stdout
+    assert clone not in installed.parents
