@@ -33,28 +33,32 @@ Refused at construction (ValueError naming the option): ``importance_sampling_le
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import trl
 from cliptrack.adapters.losses.builtin import cispo, importance_sampling, ppo
 from cliptrack.adapters.losses.output import LossOutput
+from cliptrack.adapters.losses.registry import loss_spec
 from cliptrack.adapters.shared.collective import merge_packed
-from cliptrack.adapters.shared.packing import combine_packed, pack, unpack
-from cliptrack.core import measures
+from cliptrack.adapters.shared.merge import ForwardBackwardOutput, measured_sums
+from cliptrack.adapters.shared.packing import PackedSums, combine_packed, pack, unpack
+from cliptrack.adapters.shared.stack import StackCall
+from cliptrack.core import keys, measures
 from cliptrack.core.recipe import CONFIG_KEY, OLD, Recipe
 from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.versions import check_version
 from torch import Tensor
-from transformers import TrainerCallback
 
 __all__ = [
     "PPO_LOSS_TYPES",
+    "STACK",
+    "TRLStack",
     "ExactWindow",
     "GRPOTrainer",
     "Measured",
@@ -232,12 +236,19 @@ class ExactWindow:
         self._packed, self.gauge = None, True
         if packed is None:
             return None
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            packed = merge_packed(packed, None)
-        sums = unpack(packed.tolist(), where)
-        sums.check()
-        counts = sums.counts
+        counts = reduce_packed(packed, where).counts
         return counts if gauge else counts.without(measures.GAUGE)
+
+
+def reduce_packed(packed: Tensor, where: str) -> PackedSums:
+    """A packed vector (:func:`cliptrack.adapters.shared.packing.pack`) summed over every process
+    of the default group (one collective, when torch.distributed runs more than one) and read on
+    the host; ValueError for invalid loss inputs, naming ``where``."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        packed = merge_packed(packed, None)
+    sums = unpack(packed.tolist(), where)
+    sums.check()
+    return sums
 
 
 def read_back(logged: Mapping[str, Any]) -> MeasuredSums | None:
@@ -246,11 +257,49 @@ def read_back(logged: Mapping[str, Any]) -> MeasuredSums | None:
     return MeasuredSums.from_metrics({k: v for k, v in logged.items() if isinstance(v, int | float)})
 
 
-class _RecipeCallback(TrainerCallback):  # type: ignore[misc]
-    """Records the loss recipe in the run when training begins (after ``report_to``'s callbacks,
-    which open their runs then)."""
+@dataclass(frozen=True)
+class TRLStack:
+    """TRL as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is one micro-step's
+    count by the registered core loss (its report: the output, detached sums on device), the
+    reduction the trainer's (the micro-steps' packed sums added, one collective over the processes,
+    :func:`reduce_packed`), the read-back the output's measured sums (or a TRL log entry's,
+    :func:`read_back`)."""
 
-    def __init__(self, trainer: GRPOTrainer) -> None:
+    name: str = "trl"
+
+    def loss_hook(
+        self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
+    ) -> StackCall:
+        spec = loss_spec(loss_fn)
+        if spec is None:
+            raise ValueError(f"loss_fn {loss_fn!r} is not a registered loss")
+        spec.check_arguments(inputs, config)
+        out = spec.check_output(spec.fn(logprobs, **inputs, **config))
+        return StackCall(out.loss, out)
+
+    def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
+        if not reports:
+            raise ValueError("a step needs at least one micro-step's report")
+        packed = combine_packed(torch.stack([pack(out) for out in reports]))
+        sums = reduce_packed(packed, "TRL step")
+        metrics = {keys.LOSS_SUM: sums.loss_sum, **sums.counts.to_metrics()}
+        return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics)
+
+    def read_back(self, output: object) -> MeasuredSums | None:
+        if isinstance(output, Mapping):
+            return read_back(output)
+        return measured_sums(output)
+
+
+STACK = TRLStack()
+"""TRL as a stack (:class:`TRLStack`)."""
+
+
+class _RecipeHook:
+    """Records the loss recipe in the run when training begins (after ``report_to``'s callbacks,
+    which open their runs then); a ``TrainerCallback`` through :func:`_trainer_class`."""
+
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -258,34 +307,31 @@ class _RecipeCallback(TrainerCallback):  # type: ignore[misc]
             self.trainer.record_recipe()
 
 
-def _report_to_callbacks(trainer: Any) -> list[Any]:
-    return list(trainer.callback_handler.callbacks)
-
-
-class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
-    """TRL's ``GRPOTrainer`` with cliptrack's exact counts in its log (see the module's docstring).
+class _Counting:
+    """What cliptrack's ``GRPOTrainer`` adds to TRL's (a mixin placed before ``trl.GRPOTrainer``).
 
     ``tracker``: optional :class:`cliptrack.Tracker` (or anything with ``log(step, metrics)`` and
     ``log_config(config)``): it receives cliptrack's metrics at TRL's ``global_step`` on the main
     process, and the loss recipe when training begins. Every other argument is TRL's.
     """
 
+    _recipe_callback: type
+
     def __init__(self, *args: Any, tracker: Any = None, **kwargs: Any) -> None:
-        _trl_version()
         super().__init__(*args, **kwargs)
         self.cliptrack_recipe = recipe_of(self.args, use_vllm=self.use_vllm)
         self.cliptrack_tracker = tracker
         self._cliptrack_window = ExactWindow()
         self._cliptrack_logps: Tensor | None = None
         self._cliptrack_in_loss = False
-        self.add_callback(_RecipeCallback(self))
+        self.add_callback(self._recipe_callback(self))
 
     def record_recipe(self) -> None:
         """Record the loss recipe in the run: W&B config and MLflow params through ``report_to``'s
         own callbacks (those open), and the tracker's config."""
         config = self.cliptrack_recipe.config()
         flat = {f"{CONFIG_KEY}.{k}": v for k, v in config[CONFIG_KEY].items()}
-        for callback in _report_to_callbacks(self):
+        for callback in self.callback_handler.callbacks:
             name = type(callback).__name__
             if name == "WandbCallback" and getattr(callback, "_wandb", None) is not None:
                 if callback._wandb.run is not None:
@@ -347,3 +393,35 @@ class GRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
         super().log(logs, start_time)
         if metrics and self.cliptrack_tracker is not None and self.accelerator.is_main_process:
             self.cliptrack_tracker.log(self.state.global_step, metrics)
+
+
+@functools.cache
+def _trainer_class() -> type:
+    """cliptrack's ``GRPOTrainer``: :class:`_Counting` over TRL's, built on first use (TRL imported
+    then; ImportError naming the extra without it; :class:`UnsupportedVersionError` for a TRL
+    the hooks were not verified on)."""
+    try:
+        import trl
+        from transformers import TrainerCallback
+    except ImportError as exc:
+        raise ImportError(
+            f"cliptrack.adapters.trl's GRPOTrainer needs TRL ({exc}): pip install 'cliptrack[trl]'"
+        ) from exc
+    _trl_version()
+    callback = type("RecipeCallback", (_RecipeHook, TrainerCallback), {"__module__": __name__})
+    namespace = {"__module__": __name__, "__doc__": _DOC, "_recipe_callback": callback}
+    return type("GRPOTrainer", (_Counting, trl.GRPOTrainer), namespace)
+
+
+_DOC = """TRL's ``GRPOTrainer`` with cliptrack's exact counts in its log (:mod:`cliptrack.adapters.trl`):
+the same constructor plus an optional ``tracker=`` (see :class:`_Counting`)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GRPOTrainer":  # TRL imported on first use: the rest of the module needs torch alone
+        return _trainer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+GRPOTrainer: type
+"""TRL's ``GRPOTrainer`` with cliptrack's exact counts (built on first use: :func:`_trainer_class`)."""

@@ -97,6 +97,27 @@ def config(output_dir: str, **overrides: Any) -> Any:
     return GRPOConfig(**values)
 
 
+def reference_bites(
+    micro: dict[str, Any], loss_type: str, eps_low: float, eps_high: float
+) -> tuple[int, int, int, int]:
+    """(loss tokens, clipped, low, high) of one micro-step by TRL's formulas (TRL 1.16
+    ``_compute_loss``): PPO clips where ``clamp(r)*A < r*A``; CISPO where ``min(r, eps_high) != r``."""
+    logps = micro["logps"]
+    old = micro["old"] if micro["old"] is not None else logps
+    adv = micro["advantages"]
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    mask = micro["mask"].bool()
+    coef_1 = torch.exp(logps - old)
+    if loss_type == "cispo":
+        low = torch.zeros_like(mask)
+        high = (torch.clamp(coef_1, max=eps_high) != coef_1) & mask
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+        bites = (coef_2 * adv < coef_1 * adv) & mask
+        low, high = bites & (adv < 0), bites & (adv > 0)
+    return int(mask.sum()), int((low | high).sum()), int(low.sum()), int(high.sum())
+
+
 def recording(base: type) -> type:
     """``base`` (a GRPO trainer class) recording each training micro-step's tensors in
     ``self.micro_steps``: the global step it belongs to, TRL's ``per_token_logps``, the old
