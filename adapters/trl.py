@@ -38,7 +38,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -307,7 +307,13 @@ class _RecipeHook:
             self.trainer.record_recipe()
 
 
-class _Counting:
+if TYPE_CHECKING:  # the mixin's base is TRL's trainer, chosen at run time (_trainer_class)
+    from typing import Any as _TrainerBase
+else:
+    _TrainerBase = object
+
+
+class _Counting(_TrainerBase):
     """What cliptrack's ``GRPOTrainer`` adds to TRL's (a mixin placed before ``trl.GRPOTrainer``).
 
     ``tracker``: optional :class:`cliptrack.Tracker` (or anything with ``log(step, metrics)`` and
