@@ -150,3 +150,20 @@ def test_refusals_name_the_option():
         ct_trl.recipe_of(trl_args(delta=1.1))
     with pytest.raises(ValueError, match="loss_type='ppo2' is not a TRL loss type"):
         ct_trl.recipe_of(trl_args(loss_type="ppo2"))
+
+
+def test_delta_is_counted_as_the_dual_clip():
+    """TRL's ``delta`` clamps the unclipped ratio at delta: for A < 0 and r > delta the loss is
+    ``-delta*A``, verl's dual clip with c = delta; counted apart from the band's clips."""
+    if "dual_clip" not in ct_trl.inspect.signature(ct_trl.ppo).parameters:
+        pytest.skip("the core loss has no dual clip yet")
+    recipe = ct_trl.recipe_of(trl_args(delta=2.0))
+    assert recipe.dual_clip == 2.0 and recipe.recipe().dual_clip == 2.0
+    old = torch.zeros(1, 4) - 2
+    logps = old + torch.log(torch.tensor([[3.0, 1.5, 3.0, 0.5]]))  # r = 3, 1.5, 3, 0.5
+    adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
+    counts = ct_trl.measure_micro_step(recipe, logps, old, adv, torch.ones(1, 4)).output.token_counts()
+    coef_1 = torch.exp(logps - old)
+    bound_bites = int(((adv < 0) & (coef_1 > 2.0)).sum())  # TRL: min(min(r, delta)*A, ...) = delta*A
+    assert counts["dual_clipped_tokens:sum"] == bound_bites == 1
+    assert counts[keys.CLIPPED_TOKENS] == 2  # r = 3 with A > 0 (high), r = 0.5 with A < 0 (low)
