@@ -198,19 +198,33 @@ def loss_rounding(
     low: float = 0.0,
     high: float = 0.0,
     beta: float = 0.0,
+    *,
+    weights: Tensor | None = None,
+    dual_clip: float | None = None,
 ) -> float:
     """How far a float32 loss ``name`` over ``n`` eligible tokens may lie from its exact value, however
     its kernels are built (vector width, loop tails, order of the sum): each per-token term within
     8 roundings of its magnitude (``exp`` to a last bit that differs between vectorised and scalar
     code, then at most four products and differences), and a sum of ``n`` terms in any order within
     ``n - 1`` roundings of the sum of their magnitudes (Higham, *Accuracy and Stability of Numerical
-    Algorithms*, 2002, eq. 4.4). Two builds of the same loss lie within twice this of each other."""
+    Algorithms*, 2002, eq. 4.4). Two builds of the same loss lie within twice this of each other.
+    ``slp``: the log-probs the ratio is taken against (the old ones for decoupled PPO);
+    ``weights`` (importance weights) and ``dual_clip`` as the loss takes them: one more product and
+    an exact ``maximum``, within the same 8 roundings per term."""
     x, s, a = lp.detach().double(), slp.detach().double(), adv.double()
+    w = 1.0 if weights is None else weights.detach().double()
     on = mask.double() != 0
     ratio = torch.exp(x - s)
+
+    def ppo_terms() -> Tensor:
+        objective = torch.minimum(ratio * a, torch.clamp(ratio, low, high) * a)
+        if dual_clip is not None:
+            objective = torch.where(a < 0, torch.maximum(objective, a * dual_clip), objective)
+        return (objective * w).abs()
+
     terms = {
-        "ppo": lambda: torch.minimum(ratio * a, torch.clamp(ratio, low, high) * a).abs(),
-        "cispo": lambda: (torch.clamp(ratio, low, high) * a * x).abs(),
+        "ppo": ppo_terms,
+        "cispo": lambda: (torch.clamp(ratio, low, high) * a * w * x).abs(),
         "importance_sampling": lambda: (ratio * a).abs(),
         "dro": lambda: (x * a).abs() + 0.5 * beta * (x - s) ** 2,
     }[name]()[on]
@@ -234,3 +248,136 @@ def plain_worst(sequences: Iterable[Any], criterion: str, k: int) -> tuple[Any, 
     kept = sorted(best.values(), key=lambda s: s.datum)
     kept.sort(key=lambda s: getattr(s, criterion), reverse=True)  # stable: ties keep datum order
     return tuple(kept[:k])
+
+
+# ---- decoupled PPO: the clip reference, verl's dual clip and importance weights ------------------
+
+
+@dataclass
+class DecoupledCounts(Counts):
+    dual: int = 0
+
+
+def per_token_decoupled(
+    name: str,
+    lp: Tensor,
+    reference_lp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    low: float,
+    high: float,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
+) -> DecoupledCounts:
+    """``ppo`` or ``cispo`` clipping against ``reference_lp`` (the sampler's or the old log-probs),
+    one token at a time: the clip decision and its side, the dual clip (ppo, ``A < 0`` and ``A*c``
+    strictly above the objective ``min(r*A, clamp(r)*A)``), each token's loss times its weight,
+    summed with ``math.fsum``. The ratio is the element-wise ``exp`` of the tensors, as the loss
+    forms it."""
+    ratio = torch.exp(lp.detach() - reference_lp.detach()).flatten()
+    w = [1.0] * ratio.numel() if weights is None else weights.flatten().tolist()
+    out = DecoupledCounts()
+    terms = []
+    for r, a, x, m, weight in zip(
+        ratio, adv.flatten(), lp.detach().flatten(), mask.flatten(), w, strict=True
+    ):
+        if float(m) == 0:
+            continue
+        out.loss_tokens += 1
+        if name == "cispo":
+            coefficient = torch.clamp(r, low, high)
+            terms.append(-float(coefficient) * float(a) * weight * float(x))
+            departs = float(coefficient) != float(r)
+            out.clipped += departs
+            out.low += departs and float(r) < low
+            out.high += departs and float(r) > high
+            continue
+        unclipped, clipped = float(r * a), float(torch.clamp(r, low, high) * a)
+        objective = min(unclipped, clipped)
+        if clipped < unclipped:  # clipping bites, whatever the dual clip does (verl's pg_clipfrac)
+            out.clipped += 1
+            out.low += float(a) < 0
+            out.high += float(a) >= 0
+        if dual_clip is not None and float(a) < 0 and float(a * dual_clip) > objective:
+            out.dual += 1
+            objective = float(a * dual_clip)
+        terms.append(-objective * weight)
+    out.loss = math.fsum(terms)
+    return out
+
+
+def objective_decoupled(
+    name: str,
+    lp: Tensor,
+    reference_lp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    low: float,
+    high: float,
+    dual_clip: float | None = None,
+    weights: Tensor | None = None,
+) -> Tensor:
+    """The plain vectorised objective of ``ppo`` / ``cispo`` clipping against ``reference_lp``, with
+    the dual clip and the importance weights, for autograd."""
+    if name == "cispo":
+        scale = torch.clamp(torch.exp(lp - reference_lp).detach(), low, high) * adv
+        if weights is not None:
+            scale = scale * weights
+        return -(scale * lp * mask.to(lp.dtype)).sum()
+    ratio = torch.exp(lp - reference_lp)
+    objective = torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv)
+    if dual_clip is not None:
+        objective = torch.where(adv < 0, torch.maximum(objective, adv * dual_clip), objective)
+    if weights is not None:
+        objective = objective * weights
+    return -(objective * mask.to(lp.dtype)).sum()
+
+
+@dataclass
+class Verl:
+    """verl's ``compute_policy_loss_vanilla`` per token (0.9.1, ``core_algos.py``; without its
+    clamp of the log-ratio to [-20, 20]): ``per_token`` (``pg_losses`` times the rollout weights),
+    ``clipped`` (the tokens of ``pg_clipfrac``), ``lower`` (those of ``pg_clipfrac_lower``)."""
+
+    per_token: Tensor
+    clipped: Tensor
+    lower: Tensor
+
+
+def verl_vanilla(
+    lp: Tensor,
+    old_lp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float,
+    weights: Tensor | None = None,
+) -> Verl:
+    """verl's rule as written there (``clip_low`` / ``clip_high`` are verl's ``1 - low`` / ``high - 1``)."""
+    ratio = torch.exp(lp - old_lp)
+    pg_losses1 = -adv * ratio
+    pg_losses2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -adv * clip_ratio_c
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
+    pg_losses = torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    return Verl(
+        pg_losses, torch.gt(pg_losses2, pg_losses1), torch.gt(clip_pg_losses1, pg_losses3) & (adv < 0)
+    )
+
+
+def near_bounds(lp: Tensor, reference_lp: Tensor, bounds: Iterable[float]) -> Tensor:
+    """Tokens whose ratio ``exp(lp - reference_lp)`` lies within 4 ulps of the dtype of a bound, in
+    the input dtype or in float64: where another build of ``exp`` may put it on the other side."""
+    eps = torch.finfo(lp.dtype).eps
+    narrow = torch.exp(lp - reference_lp).double()
+    exact = torch.exp(lp.double() - reference_lp.double())
+    lo, hi = torch.minimum(narrow, exact), torch.maximum(narrow, exact)
+    near = torch.zeros(lp.shape, dtype=torch.bool)
+    for b in bounds:
+        tol = 4 * eps * max(b, 1e-30)
+        near |= (lo - tol <= b) & (b <= hi + tol)
+    return near

@@ -483,32 +483,43 @@ def ppo(
     mask: Tensor | None,
     old: Tensor | None,
     lag: Tensor | None,
+    weights: Tensor | None,
     low: Threshold,
     high: Threshold,
     outside_low: float,
     outside_high: float,
+    reference_old: bool,
+    dual_clip: float,
     accumulate: torch.dtype,
     gradient: bool,
 ) -> Result:
     """Clipped PPO, per token ``-min(r*A, clamp(r, low, high)*A)``; clipped where clipping bites,
-    ``clamp(r)*A < r*A`` (low side exactly when ``A < 0``)."""
+    ``clamp(r)*A < r*A`` (low side exactly when ``A < 0``).
+
+    ``r = exp(lp - slp)`` (the sampler's log-probs as the reference), or ``exp(lp - old)`` with
+    ``reference_old`` (the trainer's old log-probs: decoupled PPO); the gauge reads ``lp - slp``
+    either way. ``dual_clip`` (``c > 1``; ``0.0``: none): for ``A < 0`` the per-token loss is
+    ``min(loss, -A*c)``, dual-clipped where ``-A*c`` is strictly below the loss (counted apart
+    from the clip decision, as verl's ``pg_clipfrac_lower``). ``weights`` (detached, or ``None``):
+    each token's loss multiplied by its importance weight; the counts stay token counts."""
     log_ratio = lp - slp
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = clamp(ratio, low, high) * adv
+    clip_ratio = torch.exp(lp - old) if reference_old and old is not None else ratio
+    unclipped = clip_ratio * adv
+    clipped = clamp(clip_ratio, low, high) * adv
     eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
-    loss = -(torch.minimum(unclipped, clipped) * weight).sum()
+    objective = torch.minimum(unclipped, clipped)
     bites = clipped < unclipped
+    dual = bound = None
+    if dual_clip:
+        bound = adv * dual_clip
+        dual = (adv < 0) & (bound > objective)
+        objective = torch.where(adv < 0, torch.maximum(objective, bound), objective)
+    per_token = objective if weights is None else objective * weights
+    loss = -(per_token * weight).sum()
     grad = None
     if gradient:
-        # d loss / d logprobs as autograd forms it, -weight * share * A * r: torch.minimum gives
-        # the smaller side the gradient and a tie half to each side; clamp passes it inside
-        # [low, high] only. So the share is 0 where clipping bites (r is then outside the band),
-        # 1/2 for a tie outside the band (a rounding tie: the clamped side passes nothing), else 1
-        # (the two halves of a tie inside the band add up exactly, as in eager).
-        outside_tie = (unclipped == clipped) & ~((ratio >= low) & (ratio <= high))
-        share = torch.where(bites, 0.0, torch.where(outside_tie, 0.5, 1.0))
-        grad = _as(-weight * share * adv, lp) * ratio
+        grad = _ppo_grad(lp, adv, weight, weights, clip_ratio, unclipped, clipped, bites, low, high, bound)
     if eligible is not None:
         bites = bites & eligible
     n_clipped = count(bites, accumulate)
@@ -517,9 +528,43 @@ def ppo(
     gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
     clip = _clip_counts(tokens, n_clipped, n_low)
+    if dual is not None:
+        clip[keys.DUAL_CLIPPED_TOKENS] = count(dual if eligible is None else dual & eligible, accumulate)
     return Result(
         loss, grad, invalid, _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate)
     )
+
+
+def _ppo_grad(
+    lp: Tensor,
+    adv: Tensor,
+    weight: Tensor | float,
+    weights: Tensor | None,
+    clip_ratio: Tensor,
+    unclipped: Tensor,
+    clipped: Tensor,
+    bites: Tensor,
+    low: Threshold,
+    high: Threshold,
+    bound: Tensor | None,
+) -> Tensor:
+    """d loss / d logprobs of :func:`ppo` as autograd forms it, ``-weight * weights * share * A * r``.
+
+    torch.minimum gives the smaller side the gradient and a tie half to each side; clamp passes it
+    inside [low, high] only. So the share is 0 where clipping bites (r is then outside the band),
+    1/2 for a tie outside the band (a rounding tie: the clamped side passes nothing), else 1 (the
+    two halves of a tie inside the band add up exactly, as in eager). The dual clip's
+    torch.maximum against the constant ``A*c`` (``bound``) passes nothing where the bound is above,
+    half on a tie. The shares are 0, 1/2 or 1: their product is exact.
+    """
+    objective = torch.minimum(unclipped, clipped)
+    outside_tie = (unclipped == clipped) & ~((clip_ratio >= low) & (clip_ratio <= high))
+    share = torch.where(bites, 0.0, torch.where(outside_tie, 0.5, 1.0))
+    if bound is not None:
+        dual_share = torch.where(bound > objective, 0.0, torch.where(bound == objective, 0.5, 1.0))
+        share = share * torch.where(adv < 0, dual_share, 1.0)
+    scale = -weight if weights is None else -weight * weights
+    return _as(scale * share * adv, lp) * clip_ratio
 
 
 def cispo(
@@ -529,27 +574,34 @@ def cispo(
     mask: Tensor | None,
     old: Tensor | None,
     lag: Tensor | None,
+    weights: Tensor | None,
     low: Threshold,
     high: Threshold,
     outside_low: float,
     outside_high: float,
+    reference_old: bool,
     accumulate: torch.dtype,
     gradient: bool,
 ) -> Result:
     """CISPO, per token ``-(clamp(r, low, high).detach() * A * logprobs)``; clipped where the
-    coefficient departs from the ratio, ``clamp(r) != r`` (low side ``r < low``)."""
+    coefficient departs from the ratio, ``clamp(r) != r`` (low side ``r < low``). ``r`` as in
+    :func:`ppo` (``reference_old``: against the old log-probs); ``weights`` multiply each token's
+    coefficient (detached)."""
     log_ratio = (lp - slp).detach()
     ratio = torch.exp(log_ratio)
-    coefficient = clamp(ratio, low, high)
+    clip_ratio = torch.exp((lp - old).detach()) if reference_old and old is not None else ratio
+    coefficient = clamp(clip_ratio, low, high)
     eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
     scale = coefficient * adv
+    if weights is not None:
+        scale = scale * weights
     loss = -(scale * lp * weight).sum()
     grad = _as(-weight * scale, lp) if gradient else None
-    departs = coefficient != ratio
+    departs = coefficient != clip_ratio
     if eligible is not None:
         departs = departs & eligible
     n_clipped = count(departs, accumulate)
-    n_low = count(departs & (ratio < coefficient), accumulate)
+    n_low = count(departs & (clip_ratio < coefficient), accumulate)
     gauge = gauge_of(log_ratio, ratio, eligible, outside_low, outside_high, weight)
     gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
@@ -567,7 +619,8 @@ def clip_sides(
     loss: str, lp: Tensor, slp: Tensor, adv: Tensor, mask: Tensor | None, low: Threshold, high: Threshold
 ) -> Tensor:
     """Each token's clip decision of :func:`ppo` or :func:`cispo` (``loss``), as those formulas take
-    it from the same ``ratio = exp(lp - slp)``: int8, the broadcast shape of the inputs, ``-1`` where
+    it from the same ``ratio = exp(lp - slp)`` (``slp``: the log-probs the loss clips against, the
+    old ones for ``clip_reference="old"``): int8, the broadcast shape of the inputs, ``-1`` where
     clipping bites below the band (PPO ``A < 0``, CISPO ``r < low``), ``+1`` above it, ``0``
     elsewhere and on tokens that are not eligible (``mask == 0``). Summed, it gives the loss's
     ``clipped_tokens`` (its nonzero entries) and ``clipped_low_tokens`` (its ``-1`` entries). Detached;

@@ -16,6 +16,13 @@ from torch import Tensor
 Threshold = formulas.Threshold
 """An absolute ratio bound: one number, or a tensor broadcasting to the token shape."""
 
+SAMPLER = "sampler"
+"""``clip_reference``: the ratio is taken against the sampler's log-probs (Tinker's semantics)."""
+OLD = "old"
+"""``clip_reference``: against the trainer's old log-probs at the sampling weights (decoupled PPO)."""
+CLIP_REFERENCES = (SAMPLER, OLD)
+"""The values of a clipping loss's ``clip_reference`` option."""
+
 
 def check_ratio_outside(low: object, high: object) -> tuple[float, float]:
     """The ``ratio_outside_low`` / ``ratio_outside_high`` options as floats: finite absolute ratio
@@ -138,10 +145,12 @@ def checked_sources(
     *,
     advantages_name: str = "advantages",
     parts: tuple[Tensor | None, Tensor | None] = (None, None),
+    importance_weights: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Check types, shapes and devices now (TypeError / ValueError naming the input); the
     detached inputs by argument name (kept to name bad entries later). ``parts``: the optional
-    ``old_logprobs`` and ``weight_lag``."""
+    ``old_logprobs`` and ``weight_lag``; ``importance_weights``: a clipping loss's optional
+    per-token weights."""
     check_tensor("logprobs", logprobs, floating=True)
     sources = {"logprobs": logprobs.detach()}
     if sampling_logprobs is not None:
@@ -161,6 +170,9 @@ def checked_sources(
         if weight_lag.dtype == torch.bool:
             raise TypeError("weight_lag must hold numbers (versions), got dtype torch.bool")
         sources["weight_lag"] = weight_lag.detach()
+    if importance_weights is not None:
+        check_tensor("importance_weights", importance_weights, like=logprobs, floating=True)
+        sources["importance_weights"] = importance_weights.detach()
     return sources
 
 
@@ -174,3 +186,29 @@ def check_thresholds(low: Threshold, high: Threshold) -> None:
             raise ValueError(f"{name} must be a finite ratio bound >= 0, got {value!r}")
     if not isinstance(low, Tensor) and not isinstance(high, Tensor) and low > high:
         raise ValueError(f"clip_low_threshold={low!r} is above clip_high_threshold={high!r}")
+
+
+def check_clip_reference(value: object, old_logprobs: Tensor | None) -> bool:
+    """Whether the ``clip_reference`` option asks for the old log-probs (``"old"``) rather than the
+    sampler's (``"sampler"``); ValueError naming the option for another value, or for ``"old"``
+    without ``old_logprobs`` (host-side, no sync)."""
+    if value not in CLIP_REFERENCES:
+        raise ValueError(f"clip_reference must be one of {CLIP_REFERENCES}, got {value!r}")
+    if value == OLD and old_logprobs is None:
+        raise ValueError(
+            "clip_reference='old' clips r = exp(logprobs - old_logprobs): pass old_logprobs (the trainer's "
+            "log-probs at the weights that sampled)"
+        )
+    return value == OLD
+
+
+def check_dual_clip(value: object) -> float:
+    """The ``dual_clip`` option as the formula's constant: ``c`` (a finite number above 1, verl's
+    ``clip_ratio_c``), or ``0.0`` for ``None`` (off); TypeError / ValueError naming the option."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"dual_clip must be a float above 1 or None, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 1:
+        raise ValueError(f"dual_clip must be a finite ratio above 1 (verl's clip_ratio_c), got {value!r}")
+    return float(value)

@@ -16,7 +16,10 @@ import torch
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import fused as _fused
 from cliptrack.adapters.losses.inputs import (
+    SAMPLER,
     Threshold,
+    check_clip_reference,
+    check_dual_clip,
     check_ratio_outside,
     check_tensor,
     check_thresholds,
@@ -65,7 +68,7 @@ def _evaluate(
     sources: dict[str, Tensor],
     logprobs: Tensor,
     others: tuple[Tensor | None, ...],
-    constants: tuple[float, ...] = (),
+    constants: tuple[float | bool, ...] = (),
     bounds: tuple[Threshold, Threshold] | None = None,
 ) -> LossOutput:
     """One call of formula ``name`` (:data:`cliptrack.adapters.losses.formulas.FORMULAS`) on checked inputs: fused
@@ -73,7 +76,8 @@ def _evaluate(
 
     ``others``: the per-token inputs after the logprobs as the caller gave them (autograd
     differentiates them on the eager path; the mask is detached); ``constants``: the formula's
-    number parameters after its thresholds; ``bounds``: a clipping loss's thresholds.
+    parameters after its thresholds (numbers, and a clipping loss's clip reference as a bool);
+    ``bounds``: a clipping loss's thresholds.
     """
     threshold_tensors = () if bounds is None else bounds
     result = None
@@ -95,14 +99,16 @@ def _clipping(
     sampling_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor | None,
-    low: Threshold,
-    high: Threshold,
-    ratio_outside: tuple[float, float],
+    bounds: tuple[Threshold, Threshold],
+    constants: tuple[float | bool, ...],
     parts: tuple[Tensor | None, Tensor | None],
+    importance_weights: Tensor | None,
 ) -> LossOutput:
-    sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, parts)
-    check_thresholds(low, high)
-    return _evaluate(name, sources, logprobs, others, ratio_outside, (low, high))
+    """A clipping loss's call: its inputs checked, then its formula with ``bounds`` (low, high) and
+    ``constants`` (the gauge's bounds, the clip reference, the dual clip)."""
+    sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, parts, importance_weights)
+    check_thresholds(*bounds)
+    return _evaluate(name, sources, logprobs, (*others, sources.get("importance_weights")), constants, bounds)
 
 
 def _rl_inputs(
@@ -111,12 +117,15 @@ def _rl_inputs(
     advantages: Tensor,
     mask: Tensor | None,
     parts: tuple[Tensor | None, Tensor | None],
+    importance_weights: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], tuple[Tensor | None, ...]]:
-    """An RL loss's inputs checked (``parts``: the optional ``old_logprobs`` and ``weight_lag``):
-    their detached sources, and the per-token inputs of its formula after the logprobs: sampling
-    log-probs, advantages, the mask (detached), ``old_logprobs`` and ``weight_lag`` (detached;
-    ``None`` when not given)."""
-    sources = checked_sources(logprobs, sampling_logprobs, advantages, mask, parts=parts)
+    """An RL loss's inputs checked (``parts``: the optional ``old_logprobs`` and ``weight_lag``;
+    ``importance_weights``, a clipping loss's): their detached sources, and the per-token inputs of
+    its formula after the logprobs: sampling log-probs, advantages, the mask (detached),
+    ``old_logprobs`` and ``weight_lag`` (detached; ``None`` when not given)."""
+    sources = checked_sources(
+        logprobs, sampling_logprobs, advantages, mask, parts=parts, importance_weights=importance_weights
+    )
     others = (
         sampling_logprobs,
         advantages,
@@ -135,6 +144,9 @@ def ppo(
     *,
     clip_low_threshold: Threshold = PPO_CLIP_LOW,
     clip_high_threshold: Threshold = PPO_CLIP_HIGH,
+    clip_reference: str = SAMPLER,
+    dual_clip: float | None = None,
+    importance_weights: Tensor | None = None,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
@@ -151,19 +163,31 @@ def ppo(
     is also split into its engine and drift parts (:func:`cliptrack.adapters.losses.formulas.causes_of`).
     ``weight_lag`` (optional, the shape of ``logprobs``): each token's weight-version lag (training
     version minus the version that sampled its datum), summed as ``weight_lag:sum``.
-    The formula: :func:`cliptrack.adapters.losses.formulas.ppo`.
+
+    ``clip_reference``: ``"sampler"`` (default, Tinker's semantics) or ``"old"``: decoupled PPO
+    (verl, TRL, OpenRLHF, AReaL), ``r = exp(logprobs - old_logprobs)``, which needs
+    ``old_logprobs``. The clip decision and the clip counts read that ``r``; the gauge always
+    measures ``logprobs - sampling_logprobs``. ``dual_clip`` (``c > 1``, verl's ``clip_ratio_c``;
+    ``None``: off): for ``A < 0`` the per-token loss is ``min(loss, -A*c)``, and a token is
+    dual-clipped where ``-A*c`` is strictly below it (``dual_clipped_tokens:sum``, apart from the
+    clip counts, which count clipping by the band whatever the dual clip does, as verl's
+    ``pg_clipfrac``). ``importance_weights`` (optional, the shape of ``logprobs``; rollout
+    correction, TIS): each token's loss is multiplied by its weight (detached: no gradient flows to
+    it); the counts stay token counts. The formula: :func:`cliptrack.adapters.losses.formulas.ppo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
+    reference_old = check_clip_reference(clip_reference, old_logprobs)
+    c = check_dual_clip(dual_clip)
     return _clipping(
         "ppo",
         logprobs,
         sampling_logprobs,
         advantages,
         mask,
-        clip_low_threshold,
-        clip_high_threshold,
-        outside,
+        (clip_low_threshold, clip_high_threshold),
+        (*outside, reference_old, c),
         (old_logprobs, weight_lag),
+        importance_weights,
     )
 
 
@@ -175,6 +199,8 @@ def cispo(
     *,
     clip_low_threshold: Threshold = CISPO_CLIP_LOW,
     clip_high_threshold: Threshold = CISPO_CLIP_HIGH,
+    clip_reference: str = SAMPLER,
+    importance_weights: Tensor | None = None,
     ratio_outside_low: float = RATIO_OUTSIDE_LOW,
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
@@ -183,20 +209,22 @@ def cispo(
     """CISPO: per token ``-(clamp(r, low, high).detach() * A * logprobs)``.
 
     A token is clipped where the coefficient departs from the ratio, ``clamp(r) != r``: low side
-    ``r < low``, high side ``r > high``, whatever the sign of ``A``. The gauge as in :func:`ppo`.
-    The formula: :func:`cliptrack.adapters.losses.formulas.cispo`.
+    ``r < low``, high side ``r > high``, whatever the sign of ``A``. The gauge, ``clip_reference``
+    and ``importance_weights`` as in :func:`ppo` (no dual clip). The formula:
+    :func:`cliptrack.adapters.losses.formulas.cispo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
+    reference_old = check_clip_reference(clip_reference, old_logprobs)
     return _clipping(
         "cispo",
         logprobs,
         sampling_logprobs,
         advantages,
         mask,
-        clip_low_threshold,
-        clip_high_threshold,
-        outside,
+        (clip_low_threshold, clip_high_threshold),
+        (*outside, reference_old),
         (old_logprobs, weight_lag),
+        importance_weights,
     )
 
 

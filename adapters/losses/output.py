@@ -138,7 +138,7 @@ class LossOutput:
         counts = self.token_counts()
         if not counts.clips:
             return None
-        clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
+        clip = (measures.EVERY, measures.CLIP, measures.SPLIT, measures.DUAL_CLIP)
         return counts.without(*(g for g in measures.GROUPS if g not in clip))
 
 

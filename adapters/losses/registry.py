@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from cliptrack.adapters.losses.inputs import CLIP_REFERENCES, SAMPLER
 from cliptrack.adapters.losses.objectives import (
     CISPO_CLIP_HIGH,
     CISPO_CLIP_LOW,
@@ -63,11 +64,13 @@ class Option:
 
     ``default``: its value when not given (:data:`REQUIRED`: must be given). ``per_datum``: a
     datum's ``loss_fn_inputs`` may override it with a tensor (one value, or one per token).
+    ``choices``: the words a word-valued option takes (``clip_reference``); empty for a number.
     """
 
     name: str
     default: Any = REQUIRED
     per_datum: bool = False
+    choices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,21 +264,36 @@ GAUGE_OPTIONS = (
 """The gauge's per-call options (``loss_fn_config`` keys) of every loss with sampling log-probs."""
 
 
-def _thresholds(low: float, high: float) -> tuple[Option, ...]:
+_CLIP_INPUTS = (*_RL_INPUTS, TensorInput("importance_weights", required=False))
+"""Inputs of the clipping losses: the RL losses' and the optional per-token importance weights
+(rollout correction, TIS) that multiply each token's loss."""
+
+
+def _thresholds(low: float, high: float, *more: Option) -> tuple[Option, ...]:
     return (
         Option("clip_low_threshold", low, per_datum=True),
         Option("clip_high_threshold", high, per_datum=True),
+        Option("clip_reference", SAMPLER, choices=CLIP_REFERENCES),
+        *more,
         *GAUGE_OPTIONS,
     )
 
 
 for _spec in (
-    LossSpec("ppo", ppo, True, _RL_INPUTS, _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH), splits=True, gauge=True),
+    LossSpec(
+        "ppo",
+        ppo,
+        True,
+        _CLIP_INPUTS,
+        _thresholds(PPO_CLIP_LOW, PPO_CLIP_HIGH, Option("dual_clip", None)),
+        splits=True,
+        gauge=True,
+    ),
     LossSpec(
         "cispo",
         cispo,
         True,
-        _RL_INPUTS,
+        _CLIP_INPUTS,
         _thresholds(CISPO_CLIP_LOW, CISPO_CLIP_HIGH),
         splits=True,
         gauge=True,

@@ -41,12 +41,13 @@ from cliptrack.core.worst import DEFAULT_K, SequenceGauge, Worst, worst_of
 
 def clip_counts(output: object) -> MeasuredSums | None:
     """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips:
-    ``loss_tokens:sum``, ``clipped_tokens:sum`` and the low/high split when present (optional);
+    ``loss_tokens:sum``, ``clipped_tokens:sum``, the low/high split and the dual-clip count when
+    present (optional);
     ``None`` when it never clips (no ``clipped_tokens:sum``)."""
     counts = MeasuredSums.from_metrics(metrics_of(output))
     if counts is None or not counts.clips:
         return None
-    clip = (measures.EVERY, measures.CLIP, measures.SPLIT)
+    clip = (measures.EVERY, measures.CLIP, measures.SPLIT, measures.DUAL_CLIP)
     return counts.without(*(g for g in measures.GROUPS if g not in clip))
 
 

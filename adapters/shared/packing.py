@@ -21,8 +21,8 @@ from cliptrack.core.sums import MeasuredSums, as_count, check_sums
 from torch import Tensor
 
 INPUT_CHECKS = (
-    "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages, weights, old_logprobs or "
-    "weight_lag, or a negative weight_lag, in {n} loss call(s)",
+    "non-finite values (NaN or inf) in logprobs, sampling_logprobs, advantages, weights, old_logprobs, "
+    "importance_weights or weight_lag, or a negative weight_lag, in {n} loss call(s)",
     "mask has {n} entries that are neither 0 nor 1",
     "clip thresholds have {n} entries that are negative, non-finite or with low > high",
 )

@@ -205,9 +205,13 @@ COOKBOOK_AC_TOKENS = "env/all/total_ac_tokens"
 """The cookbook's sampled action tokens of the step (with :data:`COOKBOOK_STEP_TIME`: :data:`THROUGHPUT`)."""
 
 # ---- Other trackers' spellings: the one table of aliases the comparison loads through -----------
+DUAL_CLIPPED_TOKENS = "dual_clipped_tokens:sum"
+"""Eligible tokens with A < 0 where dual-clip PPO's bound ``-A * c`` (``dual_clip``, verl's
+``clip_ratio_c``) lies strictly below PPO's per-token loss, in tokens; counted apart from
+``clipped_tokens:sum`` (a token clipped by the band counts there whatever the dual clip does)."""
 DUAL_CLIP_FRACTION = "dual_clip_fraction:mean"
-"""verl's ``pg_clipfrac_lower``: tokens with A < 0 where dual-clip PPO's bound ``clip_ratio_c``
-bites (a different rule from the low side of the band), as a fraction of eligible tokens."""
+"""``dual_clipped_tokens:sum / loss_tokens:sum``, formed once from the sums; verl's
+``pg_clipfrac_lower`` is the same quantity as a mean of micro-batch means (approximate)."""
 KL_K1 = "kl_k1:mean"
 """verl's ``rollout_corr/kl``: the k1 estimator of KL(sampler || trainer), the mean over eligible
 tokens of ``log pi_sampler - log pi_trainer = -l``; with cliptrack's sums it is

@@ -20,7 +20,7 @@ loss call:
   (summed in float64; max/min exact);
 - ``group``: which losses emit it (a :class:`Group`): :data:`EVERY` (every loss), :data:`CLIP`
   (losses that clip), :data:`SPLIT` (clipping losses that split the clipped tokens by side),
-  :data:`GAUGE` (losses with sampling log-probs: PPO, CISPO, importance sampling, DRO; cross
+  :data:`DUAL_CLIP` (PPO given a dual clip: the tokens where its bound bites), :data:`GAUGE` (losses with sampling log-probs: PPO, CISPO, importance sampling, DRO; cross
   entropy has none), :data:`CAUSES` (the gauge split into engine and drift, for a gauge loss given
   the trainer's log-probs at the sampling weights), :data:`STALENESS` (the weight-version lag, for a
   gauge loss given it), or a group registered with the measure. A group's measures come together:
@@ -69,6 +69,7 @@ __all__ = [
     "CAUSES_MEASURES",
     "CLIP",
     "DATUM_MEASURES",
+    "DUAL_CLIP",
     "EVERY",
     "EXTREME_FIELDS",
     "EXTREME_MEASURES",
@@ -123,6 +124,8 @@ CLIP = "clip"
 """Group: measured by losses that clip (PPO, CISPO)."""
 SPLIT = "split"
 """Group: the low/high split of the clipped tokens (optional even for a clipping loss)."""
+DUAL_CLIP = "dual_clip"
+"""Group: the tokens where PPO's dual clip bites (a PPO call with ``dual_clip``)."""
 GAUGE = "gauge"
 """Group: the on-policy gauge, measured by losses with sampling log-probs."""
 CAUSES = "causes"
@@ -351,6 +354,12 @@ _BUILTIN_GROUPS = (
         within=CLIP,
         dropped_when_mixed=True,
     ),
+    Group(
+        DUAL_CLIP,
+        "ppo with a dual clip (dual_clip, verl's clip_ratio_c)",
+        within=CLIP,
+        dropped_when_mixed=True,
+    ),
     Group(GAUGE, "losses with sampling log-probs (ppo, cispo, importance_sampling, dro)"),
     Group(
         CAUSES,
@@ -382,6 +391,15 @@ _BUILTIN_MEASURES: tuple[Measure, ...] = (
     ),
     Measure("clipped_low_tokens", SUM, True, SPLIT, "1 where clipped with r below the band; tokens", True),
     Measure("clipped_high_tokens", SUM, True, SPLIT, "1 where clipped with r above the band; tokens", True),
+    Measure(
+        "dual_clipped_tokens",
+        SUM,
+        True,
+        DUAL_CLIP,
+        "1 where A < 0 and the dual bound -A*c lies strictly below PPO's per-token loss (the loss is then "
+        "-A*c; verl's pg_clipfrac_lower); counted apart from clipped_tokens; tokens",
+        True,
+    ),
     Measure("log_ratio", SUM, False, GAUGE, "l = logprobs - sampling_logprobs; nats"),
     Measure("abs_log_ratio", SUM, False, GAUGE, "|l|; nats", True),
     Measure(
@@ -460,6 +478,13 @@ _BUILTIN_MEASURES: tuple[Measure, ...] = (
 _TOKENS = "loss_tokens:sum"
 _BUILTIN_MEANS: tuple[Mean, ...] = (
     Mean("clip_fraction:mean", "clipped_tokens:sum", _TOKENS, True, "clipped tokens per eligible token"),
+    Mean(
+        "dual_clip_fraction:mean",
+        "dual_clipped_tokens:sum",
+        _TOKENS,
+        True,
+        "dual-clipped tokens per eligible token",
+    ),
     Mean("abs_log_ratio:mean", "abs_log_ratio:sum", _TOKENS, False, "mean |l| per eligible token; nats"),
     Mean(
         "kl_k3:mean", "kl_k3:sum", _TOKENS, False, "mean k3 KL(sampler || trainer) per eligible token; nats"
