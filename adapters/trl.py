@@ -184,15 +184,18 @@ def measure_micro_step(
     ``per_token_logps``, ``[B, T]``), ``old_logprobs`` (``old_per_token_logps``: the trainer's
     log-probs at the weights that sampled, the clip reference), ``advantages`` (``[B]`` or
     ``[B, T]``), ``mask`` (TRL's ``completion_mask * tool_mask``), ``sampling_logprobs`` (vLLM's,
-    when TRL has them) and ``importance_weights`` (TRL's ``importance_sampling_ratio``, ``[B, T]``
-    or ``[B, 1]``, when it corrects by it). The clip counts are always measured; the gauge only
-    against the sampler's log-probs (its engine/drift split by the old log-probs).
+    when TRL has them; a token vLLM could not score, NaN, is measured against ``old_logprobs``: engine
+    part 0) and ``importance_weights`` (TRL's ``importance_sampling_ratio``, ``[B, T]`` or ``[B, 1]``,
+    when it corrects by it). The clip counts are always measured; the gauge only against the
+    sampler's log-probs (its engine/drift split by the old log-probs).
     """
     logprobs, old = logprobs.detach(), old_logprobs.detach()
     adv = advantages.detach()
     adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(logprobs)
     options: dict[str, Any] = {"old_logprobs": old}
-    sampler = None if sampling_logprobs is None else sampling_logprobs.detach()
+    sampler = None
+    if sampling_logprobs is not None:  # a token vLLM could not score (NaN) is measured against old
+        sampler = torch.where(torch.isnan(sampling_logprobs), old, sampling_logprobs.detach())
     if recipe.loss != "importance_sampling":
         options.update(clip_low_threshold=recipe.clip_low, clip_high_threshold=recipe.clip_high)
         if sampler is not None and not _core_takes("clip_reference"):
@@ -398,7 +401,9 @@ class _Counting(_TrainerBase):
         logs.update(metrics)
         super().log(logs, start_time)
         if metrics and self.cliptrack_tracker is not None and self.accelerator.is_main_process:
-            self.cliptrack_tracker.log(self.state.global_step, metrics)
+            reward = logs.get("reward")  # TRL's mean reward of the window's generation batches
+            extra = {keys.REWARD: float(reward)} if isinstance(reward, int | float) else {}
+            self.cliptrack_tracker.log(self.state.global_step, {**metrics, **extra})
 
 
 @functools.cache

@@ -167,3 +167,18 @@ def test_delta_is_counted_as_the_dual_clip():
     bound_bites = int(((adv < 0) & (coef_1 > 2.0)).sum())  # TRL: min(min(r, delta)*A, ...) = delta*A
     assert counts["dual_clipped_tokens:sum"] == bound_bites == 1
     assert counts[keys.CLIPPED_TOKENS] == 2  # r = 3 with A > 0 (high), r = 0.5 with A < 0 (low)
+
+
+def test_a_token_vllm_could_not_score_is_measured_against_old():
+    """vLLM gives NaN for a token it could not score (TRL keeps it): the micro-step is still
+    counted, that token's engine part 0 (sampler taken as the old log-probs), no invalid input."""
+    if "clip_reference" not in ct_trl.inspect.signature(ct_trl.ppo).parameters:
+        pytest.skip("the core loss does not yet clip against the old log-probs given the sampler's")
+    recipe = ct_trl.recipe_of(trl_args(use_vllm=True))
+    logps, old = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, -1.5]])
+    sampler = torch.tensor([[-1.25, float("nan")]])
+    measured = ct_trl.measure_micro_step(recipe, logps, old, torch.tensor([1.0]), torch.ones(1, 2), sampler)
+    counts = measured.output.token_counts()  # raises for an invalid input
+    assert counts[keys.ENGINE_LOG_RATIO_SUM] == pytest.approx(0.25)  # the first token's old - sampler
+    assert counts[keys.DRIFT_LOG_RATIO_SUM] == pytest.approx(0.5)
+    assert counts[keys.CLIPPED_TOKENS] == 1  # exp(0.5) > 1.2 against old
