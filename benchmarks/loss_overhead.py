@@ -257,10 +257,10 @@ def _run(repeats: int) -> list[Row]:
         return differentiated(x.reshape(-1), *flat)[0]
 
     def fused_kernel(x: Tensor) -> Tensor:  # the fused path without the host-side checks around it
-        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, torch.int32, True))
+        kernel = fused.compiled("ppo", (0.8, 1.2, 0.5, 2.0, False, 0.0, torch.int32, True))
         assert kernel is not None
-        no_old, no_lag = None, None
-        return fused._Fused.apply(kernel, [], x.reshape(-1), *flat, no_old, no_lag)[0]
+        no_old, no_lag, no_weights = None, None, None
+        return fused._Fused.apply(kernel, [], x.reshape(-1), *flat, no_old, no_lag, no_weights)[0]
 
     plain = _plain_objectives(b)
     compile_s["ppo objective compiled"] = _first_call_seconds(
@@ -462,6 +462,7 @@ def _run(repeats: int) -> list[Row]:
     ]
 
     rows += _unclipped_rows(b, plain, repeats)
+    rows += _decoupled_rows(b, repeats)
     rows += _automatic_choice_rows(b, repeats)
     rows += _compile_cost_rows(compile_s, steady_ppo)
     rows += _policy_step_rows(b, plain, repeats)
@@ -504,6 +505,85 @@ def _unclipped_rows(b: _Batch, plain: dict[str, Callable[[Tensor], Tensor]], rep
                 m["fused"] / m["plain"],
             )
         )
+    return rows
+
+
+def _plain_decoupled(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """Decoupled PPO's objective (clipped against the old log-probs), no counting; bounds as literals."""
+    return reference.objective_decoupled("ppo", lp, old, adv, mask, 0.8, 1.2)
+
+
+def _plain_dual(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+    """Decoupled PPO with verl's dual clip (c = 3) and importance weights, no counting."""
+    return reference.objective_decoupled("ppo", lp, old, adv, mask, 0.8, 1.2, 3.0, weights)
+
+
+def _decoupled_rows(b: _Batch, repeats: int) -> list[Row]:
+    """Decoupled PPO (clipped against the old log-probs: the gauge then also splits into engine and
+    drift) and with verl's dual clip and importance weights, fused and eager, against the same
+    objectives without counting, compiled and eager, beside today's PPO against the sampler."""
+    slp, adv, mask, step = b.slp, b.adv, b.mask, b.step
+    gen = torch.Generator().manual_seed(2)
+    old = slp + 0.05 * torch.randn(SHAPE, generator=gen)  # the trainer at the sampling weights
+    weights = torch.rand(SHAPE, generator=gen) * 2
+    decoupled = {"clip_reference": "old", "old_logprobs": old}
+    counted: dict[str, Callable[[Tensor], Tensor]] = {
+        "ppo decoupled": lambda x: losses.ppo(x, slp, adv, mask, **decoupled).loss,
+        "ppo decoupled, dual clip and importance weights": lambda x: (
+            losses.ppo(x, slp, adv, mask, dual_clip=3.0, importance_weights=weights, **decoupled).loss
+        ),
+    }
+    compiled = {
+        "ppo decoupled": torch.compile(_plain_decoupled, dynamic=True),
+        "ppo decoupled, dual clip and importance weights": torch.compile(_plain_dual, dynamic=True),
+    }
+    plain: dict[str, Callable[[Tensor], Tensor]] = {
+        "ppo decoupled": lambda x: _plain_decoupled(x, old, adv, mask),
+        "ppo decoupled, dual clip and importance weights": lambda x: _plain_dual(x, old, adv, mask, weights),
+    }
+    plain_compiled: dict[str, Callable[[Tensor], Tensor]] = {
+        "ppo decoupled": lambda x: compiled["ppo decoupled"](x, old, adv, mask),
+        "ppo decoupled, dual clip and importance weights": lambda x: compiled[
+            "ppo decoupled, dual clip and importance weights"
+        ](x, old, adv, mask, weights),
+    }
+    sampler = _with_path("1", lambda x: losses.ppo(x, slp, adv, mask).loss)
+    rows: list[Row] = []
+    for name, fn in counted.items():
+        fused_fn, eager_fn = _with_path("1", fn), _with_path("0", fn)
+        step(fused_fn)  # compile
+        step(plain_compiled[name])
+        m = interleaved_medians(
+            {
+                "fused": lambda f=fused_fn: step(f),
+                "plain compiled": lambda n=name: step(plain_compiled[n]),
+                "sampler": lambda: step(sampler),
+            },
+            repeats,
+        )
+        e = interleaved_medians(
+            {"eager": lambda f=eager_fn: step(f), "plain": lambda n=name: step(plain[n])}, repeats
+        )
+        rows += [
+            Row(
+                f"{name} fused with counting and the gauge",
+                m["fused"],
+                f"{name} objective compiled, no counting",
+                m["fused"] / m["plain compiled"],
+            ),
+            Row(
+                f"{name} fused with counting and the gauge",
+                m["fused"],
+                "ppo fused against the sampler (today's default)",
+                m["fused"] / m["sampler"],
+            ),
+            Row(
+                f"{name} eager with counting and the gauge",
+                e["eager"],
+                f"{name} objective eager, no counting",
+                e["eager"] / e["plain"],
+            ),
+        ]
     return rows
 
 

@@ -9,12 +9,14 @@ The counts are exact token counts; the gauge always measures against the sampler
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
 from cliptrack.adapters.losses import builtin as losses
+from cliptrack.adapters.losses import fused
 from cliptrack.core import keys
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import reference
@@ -167,3 +169,75 @@ def test_importance_weights_get_no_gradient_and_leave_the_counts_token_counts():
     assert weights.grad is None
     # r = exp(-0.5) < 0.8 on every token: the two with A < 0 are clipped, the one of weight 0 too
     assert int(out.loss_tokens) == 3 and int(out.get(keys.CLIPPED_TOKENS)) == 2
+
+
+# ---- the fused path: the same formula compiled ---------------------------------------------------
+
+FUSED = [("ppo", True, C), ("ppo", False, C), ("ppo", True, None), ("cispo", True, None)]
+"""Three new constant sets of the fused PPO kernel (within fused.MAX_CONSTANT_SETS beside the others)."""
+
+
+@pytest.fixture()
+def fused_path() -> Iterator[None]:
+    with loss_path("1"):
+        yield
+    assert fused.failure() is None, fused.failure()
+
+
+@pytest.mark.usefixtures("fused_path")
+@pytest.mark.parametrize(("name", "reference_old", "dual"), FUSED)
+@settings(max_examples=25)
+@given(batch=decoupled_batches(torch.float32), use_weights=st.booleans())
+def test_fused_counts_and_loss_within_the_rounding_bound(name, reference_old, dual, batch, use_weights):
+    lp, slp, old, adv, mask, weights = batch
+    adv, mask = adv.float(), mask.float()
+    weights = weights.float() if use_weights else None
+    low, high = (0.8, 1.2) if name == "ppo" else (0.0, 4.0)
+    before = fused.compiled_calls[name]
+    x = _leaf(lp)
+    out = losses.LOSSES[name](
+        x,
+        slp,
+        adv,
+        mask,
+        clip_low_threshold=low,
+        clip_high_threshold=high,
+        **_options(name, reference_old, dual, weights, old),
+    )
+    out.loss.backward()
+    assert fused.compiled_calls[name] - before == int(lp.numel() >= 2)
+    ref_lp = old if reference_old else slp
+    per_token = reference.per_token_decoupled(
+        name,
+        lp.double(),
+        ref_lp.double(),
+        adv.double(),
+        mask.double(),
+        low,
+        high,
+        dual,
+        None if weights is None else weights.double(),
+    )
+    near = reference.near_bounds(lp, ref_lp, (low, high, *(() if dual is None else (dual,)))) & (mask != 0)
+    n_near = int(near.sum())
+    assert int(out.loss_tokens) == per_token.loss_tokens
+    assert abs(int(out.get(keys.CLIPPED_TOKENS)) - per_token.clipped) <= n_near
+    if dual is not None:
+        assert abs(int(out.get(keys.DUAL_CLIPPED_TOKENS)) - per_token.dual) <= n_near
+    bound = reference.loss_rounding(name, lp, ref_lp, adv, mask, low, high, weights=weights, dual_clip=dual)
+    if n_near == 0:
+        assert abs(float(out.loss.detach()) - per_token.loss) <= bound
+        with loss_path("0"):
+            y = _leaf(lp)
+            eager = losses.LOSSES[name](
+                y,
+                slp,
+                adv,
+                mask,
+                clip_low_threshold=low,
+                clip_high_threshold=high,
+                **_options(name, reference_old, dual, weights, old),
+            )
+            eager.loss.backward()
+        # the per-token gradient: the same product, rounded alike to within 8 float32 ulps
+        assert torch.allclose(x.grad, y.grad, rtol=8 * torch.finfo(torch.float32).eps, atol=1e-30)

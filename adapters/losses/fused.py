@@ -211,13 +211,14 @@ def evaluate(
     name: str,
     logprobs: Tensor,
     others: tuple[Tensor | None, ...],
-    constants: tuple[float, ...] = (),
+    constants: tuple[float | bool, ...] = (),
     bounds: tuple[Threshold, Threshold] | None = None,
 ) -> formulas.Result | None:
     """Formula ``name`` compiled, on one call's checked inputs; ``None``: run it eagerly instead.
 
     ``others``: the per-token inputs after the logprobs, detached (``None`` for an absent mask);
-    ``constants``: the numbers the formula takes after its thresholds (compiled in);
+    ``constants``: the numbers (and bools: PPO's clip reference) the formula takes after its
+    thresholds (compiled in);
     ``bounds``: a clipping loss's ``(low, high)``, numbers (checked by the caller, compiled in) or
     tensors (a number beside a tensor becomes a tensor; checked on device). Returns the formula's
     :class:`~cliptrack.adapters.losses.formulas.Result` without its gradient (autograd holds it). ``None`` when the call's set of
