@@ -45,17 +45,21 @@ sampler, split into engine and drift (to float rounding of ``log(exp(.))``).
 
 from __future__ import annotations
 
-import inspect
+import importlib.util
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from cliptrack.adapters.losses import LossOutput, cispo, ppo
+from cliptrack.adapters.shared.merge import ForwardBackwardOutput
+from cliptrack.adapters.shared.stack import StackCall
 from cliptrack.core import keys, measures, verl_keys
+from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
 
-__all__ = ["ENGINE_ENV", "TWINS", "register", "twin_metrics"]
+__all__ = ["ENGINE_ENV", "TWINS", "VerlStack", "register", "twin_metrics"]
 
 TWINS: dict[str, str] = {"cliptrack_vanilla": "vanilla", "cliptrack_cispo": "cispo"}
 """cliptrack's mode name -> the verl mode it twins."""
@@ -64,10 +68,6 @@ ENGINE_ENV = "CLIPTRACK_VERL_ENGINE"
 ``exp(old - rollout)`` (see the module's docstring); unset or ``none``: the drift part only."""
 _ENGINE_CHOICES = ("none", "weights")
 _LOSSES: dict[str, Callable[..., LossOutput]] = {"vanilla": ppo, "cispo": cispo}
-
-
-def _core_takes(name: str) -> bool:
-    return name in inspect.signature(ppo).parameters
 
 
 def engine_from_weights() -> bool:
@@ -125,17 +125,23 @@ def _count(
     advantages: Tensor,
     response_mask: Tensor,
     config: Any,
+    rollout_is_weights: Tensor | None,
     sampler: Tensor | None,
 ) -> LossOutput:
-    """cliptrack's core loss on the micro-batch, detached: clip counts against the old log-probs,
-    the gauge against ``sampler`` (else against the old log-probs: only its drift part is kept)."""
+    """cliptrack's core loss on the micro-batch, detached: decoupled (``clip_reference="old"``: the
+    ratio against the old log-probs, as verl clips), verl's band, its dual clip for vanilla, the
+    rollout weights as importance weights; the gauge against ``sampler`` (else against the old
+    log-probs, of which only the drift part is kept)."""
     low, high = _bounds(config)
-    options: dict[str, Any] = {"clip_low_threshold": low, "clip_high_threshold": high}
-    old = old_log_prob.detach()
-    if sampler is not None:
-        options["clip_reference"] = "old"
-    if mode == "vanilla" and _core_takes("dual_clip"):
+    options: dict[str, Any] = {
+        "clip_low_threshold": low,
+        "clip_high_threshold": high,
+        "clip_reference": "old",
+        "importance_weights": None if rollout_is_weights is None else rollout_is_weights.detach(),
+    }
+    if mode == "vanilla":
         options["dual_clip"] = float(config.get("clip_ratio_c", 3.0))
+    old = old_log_prob.detach()
     with torch.no_grad():
         return _LOSSES[mode](
             log_prob.detach(),
@@ -191,9 +197,9 @@ def _twin(mode: str, verl_loss: Callable[..., tuple[Tensor, dict[str, Any]]]) ->
             old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
         )
         sampler = _sampler(old_log_prob, rollout_is_weights)
-        if sampler is not None and not _core_takes("clip_reference"):
-            sampler = None  # the core loss cannot yet clip against the old log-probs given the sampler's
-        out = _count(mode, old_log_prob, log_prob, advantages, response_mask, config, sampler)
+        out = _count(
+            mode, old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights, sampler
+        )
         return pg_loss, {**pg_metrics, **twin_metrics(mode, out, config, loss_agg_mode, sampler is not None)}
 
     loss.__name__ = loss.__qualname__ = f"cliptrack_{mode}"
@@ -201,12 +207,73 @@ def _twin(mode: str, verl_loss: Callable[..., tuple[Tensor, dict[str, Any]]]) ->
     return loss
 
 
+_STACK_LOSSES = {"ppo": "cliptrack_vanilla", "cispo": "cliptrack_cispo"}
+"""cliptrack's loss name -> the twin a :class:`VerlStack` hook calls."""
+
+
+@dataclass(frozen=True)
+class VerlStack:
+    """verl as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is a registered twin
+    called as verl's ``ppo_loss`` calls it (per-token ``inputs``: ``old_logprobs``, ``advantages``,
+    ``mask``, optional ``rollout_is_weights``; the band, dual clip and batch sizes are verl's
+    ``actor_config``'s, so ``config`` must be empty), its report the twin's metrics; the reduction
+    verl's own (each entry averaged over the step's calls, ``Metric(MEAN)``), its sums read as ours
+    and the means formed once from them; the read-back the step's exact sums (the drift part of the
+    gauge left out of them when its engine part was not measured: the group comes whole or not at all)."""
+
+    actor_config: Any
+    loss_agg_mode: str = "token-mean"
+    name: str = "verl"
+
+    def loss_hook(
+        self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
+    ) -> StackCall:
+        if loss_fn not in _STACK_LOSSES:
+            raise ValueError(
+                f"verl stack: loss {loss_fn!r} has no verl twin; expected one of {sorted(_STACK_LOSSES)}"
+            )
+        if config:
+            raise ValueError(
+                f"verl stack: options {sorted(config)} belong in verl's actor config, not the call"
+            )
+        from verl.trainer.ppo import core_algos
+
+        loss, metrics = core_algos.get_policy_loss_fn(_STACK_LOSSES[loss_fn])(
+            inputs["old_logprobs"],
+            logprobs,
+            inputs["advantages"],
+            inputs["mask"],
+            self.loss_agg_mode,
+            self.actor_config,
+            inputs.get("rollout_is_weights"),
+        )
+        return StackCall(loss, metrics)
+
+    def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
+        if not reports:
+            raise ValueError("verl stack: a step needs at least one loss call")
+        names = [k for k in reports[0] if k.startswith(verl_keys.PREFIX)]
+        means = {k: sum(float(r[k]) for r in reports) / len(reports) for k in names}
+        sums = verl_keys.logged_sums(means, verl_keys.PREFIX)
+        metrics = dict(sums)
+        for mean in measures.declared().means:
+            if mean.numerator in sums and sums.get(mean.denominator):
+                metrics[mean.key] = sums[mean.numerator] / sums[mean.denominator]
+        return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics)
+
+    def read_back(self, output: object) -> MeasuredSums | None:
+        metrics = dict(getattr(output, "metrics", {}) or {})
+        if "engine_log_ratio:sum" not in metrics:
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("drift_")}
+        return MeasuredSums.from_metrics(metrics)
+
+
 def register() -> dict[str, Callable[..., Any]]:
     """Register every twin of :data:`TWINS` in verl's policy-loss registry (idempotent); returns
     name -> registered function. ImportError naming the extra when verl is not installed."""
     try:
         from verl.trainer.ppo import core_algos
-    except ImportError as error:  # pragma: no cover - depends on the environment
+    except ImportError as error:
         raise ImportError(
             "cliptrack.adapters.verl needs verl: pip install 'cliptrack[verl]' (verl==0.9.1)"
         ) from error
@@ -226,5 +293,6 @@ def exact_fraction(metrics: Mapping[str, Any], prefix: str = verl_keys.LOGGED_PR
     return sums[keys.CLIPPED_TOKENS] / tokens
 
 
-REGISTERED = register()
-"""The twins registered at import."""
+REGISTERED = register() if importlib.util.find_spec("verl") is not None else {}
+"""The twins registered at import (none where verl is not installed: the module then imports, and
+:func:`register` names the missing extra)."""

@@ -19,6 +19,7 @@ pytest.importorskip("verl", reason="verl is not installed (pip install 'cliptrac
 torch = pytest.importorskip("torch")
 
 import cliptrack.adapters.verl as adapter  # noqa: E402
+from cliptrack.core import keys  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
@@ -104,9 +105,20 @@ def _reference(b: dict[str, Any], mode: str) -> dict[str, int]:
     """Token by token, verl's rules: ratio exp(current - old); PPO clipped where the band bites
     (A > 0, r > 1 + high; A < 0, r < 1 - low); CISPO where r is outside the band."""
     low, high = 1 - b["low"], 1 + b["high"]
-    ratio = torch.exp(b["current"] - b["old"]).flatten().tolist()
+    ratio = torch.exp(b["current"] - b["old"])
+    # the dual clip as verl writes it, in the inputs' float32: max(-A*r, -A*clamp(r)) > -A*c with A < 0
+    adv = b["advantages"]
+    dual = (torch.maximum(-adv * ratio, -adv * ratio.clamp(low, high)) > -adv * b["c"]) & (adv < 0)
     out = {"loss_tokens": 0, "clipped_tokens": 0, "clipped_low_tokens": 0, "clipped_high_tokens": 0}
-    for m, a, r in zip(b["mask"].flatten().tolist(), b["advantages"].flatten().tolist(), ratio, strict=True):
+    if mode == "vanilla":
+        out["dual_clipped_tokens"] = 0
+    for m, a, r, d in zip(
+        b["mask"].flatten().tolist(),
+        adv.flatten().tolist(),
+        ratio.flatten().tolist(),
+        dual.flatten().tolist(),
+        strict=True,
+    ):
         if not m:
             continue
         out["loss_tokens"] += 1
@@ -115,6 +127,8 @@ def _reference(b: dict[str, Any], mode: str) -> dict[str, int]:
         out["clipped_low_tokens"] += below
         out["clipped_high_tokens"] += above
         out["clipped_tokens"] += below or above
+        if mode == "vanilla":
+            out["dual_clipped_tokens"] += d
     return out
 
 
@@ -140,6 +154,56 @@ def test_twin_equals_verls_mode(mode: str, b: dict[str, Any]) -> None:
         assert verl_metrics["actor/pg_clipfrac"] == pytest.approx(
             expected["clipped_tokens"] / expected["loss_tokens"], rel=1e-6
         )
+        assert verl_metrics["actor/pg_clipfrac_lower"] == pytest.approx(
+            expected["dual_clipped_tokens"] / expected["loss_tokens"], rel=1e-6
+        )
+    # without the rollout's log-probs: the drift part of the gauge only, the engine part marked unavailable
+    assert metrics["cliptrack/engine_gauge"] == 0.0
+    assert not [
+        k
+        for k in metrics
+        if k.startswith(("cliptrack/engine_", "cliptrack/log_ratio", "cliptrack/kl_k3"))
+        and k != "cliptrack/engine_gauge"
+    ]
+    drift = float(((b["current"] - b["old"]).double().abs() * b["mask"]).sum()) * scale
+    assert float(metrics["cliptrack/drift_abs_log_ratio"]) == pytest.approx(drift, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=30)
+@given(b=batches())
+def test_engine_part_from_plain_rollout_weights(b: dict[str, Any]) -> None:
+    """With CLIPTRACK_VERL_ENGINE=weights the rollout log-probs are old - log(w): the engine part is
+    log(w), the gauge current - rollout; the clip counts stay against the old log-probs."""
+    g = torch.Generator().manual_seed(7)
+    engine = 0.3 * torch.randn(b["old"].shape, generator=g)
+    b = {**b, "weights": torch.exp(engine)}
+    config = _config(b["low"], b["high"], b["c"], b["info"])
+    plain, _, _ = _call("cliptrack_vanilla", b, config)
+    _, without, _ = _call("cliptrack_vanilla", b, config)
+    os.environ[adapter.ENGINE_ENV] = "weights"
+    try:
+        loss, metrics, _ = _call("cliptrack_vanilla", b, config)
+    finally:
+        del os.environ[adapter.ENGINE_ENV]
+    torch.testing.assert_close(loss, plain, rtol=0, atol=0, equal_nan=True)
+    scale = b["info"].get("global_batch_size", MICRO) // MICRO
+    mask = b["mask"].double()
+    tokens = float(mask.sum())
+    assert metrics["cliptrack/engine_gauge"] == 1.0
+    for name in (
+        "loss_tokens",
+        "clipped_tokens",
+        "clipped_low_tokens",
+        "clipped_high_tokens",
+        "dual_clipped_tokens",
+    ):
+        assert int(metrics[f"cliptrack/{name}"]) == int(without[f"cliptrack/{name}"]), name
+    engine_abs = float((engine.double().abs() * mask).sum()) * scale
+    gauge = float(((b["current"] - b["old"]).double() + engine.double()).mul(mask).sum()) * scale
+    # log(exp(e)) in float32: each token within a few float32 roundings of its e
+    bound = 8 * 2.0**-23 * (tokens * scale) * (1 + float(b["current"].abs().max()) if tokens else 1)
+    assert float(metrics["cliptrack/engine_abs_log_ratio"]) == pytest.approx(engine_abs, abs=bound)
+    assert float(metrics["cliptrack/log_ratio"]) == pytest.approx(gauge, abs=bound)
 
 
 def test_twin_metric_keys_survive_verls_mean_reduction() -> None:
@@ -205,3 +269,35 @@ def test_external_modules_variable_registers_the_twins() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(sorted(adapter.TWINS))
+
+
+def test_verl_as_a_stack_gives_the_steps_exact_sums() -> None:
+    """Three micro-batches of unequal token counts through the Stack protocol: verl's mean over
+    calls of the scaled entries is the step's exact sum, the fraction formed once from it."""
+    from cliptrack.adapters.shared import run_step
+
+    g = torch.Generator().manual_seed(11)
+    calls, batches_ = [], []
+    for rows, length, keep in ((2, 8, 1.0), (2, 8, 0.45), (1, 5, 0.5)):
+        b = {
+            "old": -2.0 + torch.randn(rows, length, generator=g),
+            "advantages": torch.randn(rows, length, generator=g),
+            "mask": torch.rand(rows, length, generator=g) < keep,
+            "low": 0.2,
+            "high": 0.2,
+            "c": 3.0,
+        }
+        b["current"] = b["old"] + 0.5 * torch.randn(rows, length, generator=g)
+        batches_.append(b)
+        inputs = {"old_logprobs": b["old"], "advantages": b["advantages"], "mask": b["mask"]}
+        calls.append((b["current"].clone().requires_grad_(True), inputs))
+    config = _config(0.2, 0.2, 3.0, {"dp_size": 1, "batch_num_tokens": 1, "global_batch_size": 3 * MICRO})
+    result = run_step(adapter.VerlStack(config), "ppo", calls)
+    expected = [_reference(b, "vanilla") for b in batches_]
+    assert len({e["loss_tokens"] for e in expected}) == 3
+    totals = {name: sum(e[name] for e in expected) for name in expected[0]}
+    assert result.sums is not None
+    for name, total in totals.items():
+        assert result.sums[f"{name}:sum"] == total, name
+    assert result.output.metrics[keys.CLIP_FRACTION] == totals["clipped_tokens"] / totals["loss_tokens"]
+    assert all(loss.requires_grad for loss in result.losses)
