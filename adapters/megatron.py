@@ -50,6 +50,7 @@ import torch.distributed as dist
 from cliptrack.adapters._compat import megatron as megatron_compat
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import worst as worst_rows
+from cliptrack.adapters.losses.inputs import OLD
 from cliptrack.adapters.losses.objectives import CISPO_CLIP_HIGH, CISPO_CLIP_LOW, PPO_CLIP_HIGH, PPO_CLIP_LOW
 from cliptrack.adapters.losses.output import LossOutput
 from cliptrack.adapters.losses.registry import LossSpec, loss_spec
@@ -352,7 +353,7 @@ def _datum_report(
         report[REPORT_CLIP_SIDES] = formulas.clip_sides(
             name,
             detached,
-            inputs["sampling_logprobs"],
+            inputs["old_logprobs"] if config.get("clip_reference") == OLD else inputs["sampling_logprobs"],
             inputs["advantages"],
             inputs.get("mask"),
             config.get("clip_low_threshold", _THRESHOLDS[name][0]),

@@ -241,3 +241,122 @@ def test_fused_counts_and_loss_within_the_rounding_bound(name, reference_old, du
             eager.loss.backward()
         # the per-token gradient: the same product, rounded alike to within 8 float32 ulps
         assert torch.allclose(x.grad, y.grad, rtol=8 * torch.finfo(torch.float32).eps, atol=1e-30)
+
+
+# ---- the merges: the dual-clip count through every stack and the tracker ------------------------
+
+
+@pytest.mark.parametrize("stack", ["toy", "megatron", "miles", "tinker"])
+def test_the_dual_clip_count_is_exact_through_every_stack(stack):
+    from cliptrack.adapters.shared import run_step
+
+    from tests.test_stacks import STACKS
+
+    gen = torch.Generator().manual_seed(11)
+    calls, expected = [], []
+    for rows, tokens in ((2, 9), (1, 4), (3, 5)):
+        slp = -torch.rand(rows, tokens, generator=gen, dtype=torch.float64) * 3
+        old = slp + 0.1 * torch.randn(rows, tokens, generator=gen, dtype=torch.float64)
+        lp = (old + 1.5 * torch.randn(rows, tokens, generator=gen, dtype=torch.float64)).requires_grad_()
+        adv = torch.randn(rows, tokens, generator=gen, dtype=torch.float64)
+        mask = (torch.rand(rows, tokens, generator=gen) < 0.8).to(torch.float64)
+        weights = torch.rand(rows, tokens, generator=gen, dtype=torch.float64)
+        inputs = {"sampling_logprobs": slp, "advantages": adv, "mask": mask}
+        calls.append((lp, {**inputs, "old_logprobs": old, "importance_weights": weights}))
+        expected.append(reference.per_token_decoupled("ppo", lp, old, adv, mask, 0.8, 1.2, C, weights))
+    result = run_step(STACKS[stack], "ppo", calls, {"clip_reference": "old", "dual_clip": C})
+    sums = result.sums
+    assert sums is not None
+    dual = sum(e.dual for e in expected)
+    assert dual > 0 and sum(e.clipped for e in expected) > 0  # the example bites both ways
+    assert sums[keys.DUAL_CLIPPED_TOKENS] == dual
+    assert sums[keys.CLIPPED_TOKENS] == sum(e.clipped for e in expected)
+    assert sums.loss_tokens == sum(e.loss_tokens for e in expected)
+    assert result.output.metrics[keys.DUAL_CLIP_FRACTION] == dual / sums.loss_tokens
+    loss = float(torch.stack(result.losses).sum().detach())
+    assert loss == pytest.approx(sum(e.loss for e in expected), rel=1e-12, abs=1e-12)
+
+
+def test_a_step_mixing_calls_with_and_without_the_dual_clip_drops_its_count():
+    # r = e**2 > 3 with A < 0 on the first token: dual-clipped in every call with the dual clip
+    lp, slp, adv = torch.tensor([-1.0, -0.5]), torch.tensor([-3.0, -0.5]), torch.tensor([-1.0, 1.0])
+    with loss_path("0"):
+        mixed = losses.ppo(lp, slp, adv, dual_clip=C) + losses.ppo(lp, slp, adv)
+        both = losses.ppo(lp, slp, adv, dual_clip=C) + losses.ppo(lp, slp, adv, dual_clip=C)
+    assert mixed.get(keys.DUAL_CLIPPED_TOKENS) is None and int(mixed.get(keys.CLIPPED_TOKENS)) == 0
+    assert int(both.get(keys.DUAL_CLIPPED_TOKENS)) == 2
+    assert keys.DUAL_CLIPPED_TOKENS not in losses.unpack(losses.pack(mixed).tolist()).counts
+    assert losses.unpack(losses.pack(both).tolist()).counts[keys.DUAL_CLIPPED_TOKENS] == 2
+
+
+def test_the_tracker_logs_the_dual_clip_count_and_the_comparison_reads_it_back(tmp_path):
+    from cliptrack import Tracker, load_runs
+    from cliptrack.adapters import megatron as mg
+
+    gen = torch.Generator().manual_seed(5)
+    expected = {}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with (
+        loss_path("0"),
+        Tracker(
+            "dual", backends=(uri,), spool_dir=tmp_path / "spool", experiment="dual", flush_interval_s=0.05
+        ) as tracker,
+    ):
+        for step in range(3):
+            reports, dual, tokens = [], 0, 0
+            for size in (7, 13):  # micro-batches of unequal token counts
+                slp = -torch.rand(size, generator=gen, dtype=torch.float64) * 3
+                old = slp + 0.1 * torch.randn(size, generator=gen, dtype=torch.float64)
+                lp = old + 1.5 * torch.randn(size, generator=gen, dtype=torch.float64)
+                adv = torch.randn(size, generator=gen, dtype=torch.float64)
+                inputs = {"sampling_logprobs": slp, "advantages": adv, "old_logprobs": old}
+                config = {"clip_reference": "old", "dual_clip": C}
+                reports.append(mg.make_loss_func("ppo", inputs, config)(lp)[2])
+                ref = reference.per_token_decoupled("ppo", lp, old, adv, torch.ones(size), 0.8, 1.2, C)
+                dual, tokens = dual + ref.dual, tokens + ref.loss_tokens
+            output = mg.reduce_losses(reports, group=None)
+            assert output is not None
+            tracker.log_output(step, output)
+            expected[step] = (dual, dual / tokens)
+    runs = load_runs(["dual"], tracking_uri=uri, experiment="dual")
+    wide = runs.wide(runs.labels[0])
+    got = {
+        step: (
+            float(wide.loc[step, keys.DUAL_CLIPPED_TOKENS]),
+            float(wide.loc[step, keys.DUAL_CLIP_FRACTION]),
+        )
+        for step in expected
+    }
+    assert got == expected
+    assert any(dual for dual, _ in expected.values())
+
+
+@pytest.mark.parametrize("path", ["miles", "megatron"])
+def test_a_probes_clip_sides_follow_the_clip_reference(path):
+    from cliptrack.adapters import megatron as mg
+    from cliptrack.adapters.miles import forward_backward_loss
+    from cliptrack.adapters.shared.wire import read_array, read_count
+
+    gen = torch.Generator().manual_seed(3)
+    slp = -torch.rand(3, 16, generator=gen, dtype=torch.float64) * 3
+    old = slp + 0.8 * torch.randn(3, 16, generator=gen, dtype=torch.float64)  # far from the sampler
+    lp = old + 0.3 * torch.randn(3, 16, generator=gen, dtype=torch.float64)
+    adv = torch.randn(3, 16, generator=gen, dtype=torch.float64)
+    config = {"clip_reference": "old", "dual_clip": C}
+    if path == "miles":
+        datums = [{"logprobs": slp[i], "advantages": adv[i], "old_logprobs": old[i]} for i in range(3)]
+        output = forward_backward_loss(datums, list(lp.unbind(0)), "ppo", config, probe=True).output
+    else:
+        inputs = {"sampling_logprobs": slp, "advantages": adv, "old_logprobs": old}
+        report = mg.make_loss_func("ppo", inputs, config, probe=True)(lp)[2]
+        output = mg.reduce_losses([report], group=None)
+    expected = [
+        reference.per_token_decoupled("ppo", lp[i], old[i], adv[i], torch.ones(16), 0.8, 1.2, C)
+        for i in range(3)
+    ]
+    for datum, ref in zip(output.loss_fn_outputs, expected, strict=True):
+        sides, _ = read_array(datum[keys.DATUM_CLIP_SIDES], "clip_sides")
+        assert int((sides != 0).sum()) == ref.clipped == read_count(datum["clipped_tokens"], "clipped_tokens")
+        assert int((sides == -1).sum()) == ref.low
+        assert read_count(datum["dual_clipped_tokens"], "dual_clipped_tokens") == ref.dual
+    assert sum(ref.clipped for ref in expected) > 0

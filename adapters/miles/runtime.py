@@ -24,6 +24,7 @@ import torch
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import formulas
 from cliptrack.adapters.losses import worst as worst_rows
+from cliptrack.adapters.losses.inputs import OLD
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.adapters.shared.datums import datum_fields, datum_outputs, sum_datums
 from cliptrack.adapters.shared.merge import aggregate_datums, measured_sums
@@ -214,8 +215,9 @@ def _no_tokens(spec: losses.LossSpec) -> MeasuredSums:
     return MeasuredSums(zeros)
 
 
-def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> dict[str, float]:
-    """The request's ``loss_fn_config`` checked against the loss's declared options."""
+def _check_config(spec: losses.LossSpec, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The request's ``loss_fn_config`` checked against the loss's declared options: a number, or
+    one of a word-valued option's choices (``clip_reference``)."""
     config = dict(config or {})
     defaults = spec.option_defaults
     unknown = sorted(set(config) - set(defaults))
@@ -224,15 +226,19 @@ def _check_config(spec: losses.LossSpec, config: Mapping[str, float] | None) -> 
             f"loss_fn_config keys {unknown} are not used by {spec.name!r} "
             f"(it accepts {list(defaults) or 'none'})"
         )
+    choices = {option.name: option.choices for option in spec.options if option.choices}
     for key, value in config.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if key in choices:
+            if value not in choices[key]:
+                raise ValueError(f"loss_fn_config[{key!r}] must be one of {choices[key]}, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
     missing = [key for key, default in defaults.items() if default is losses.REQUIRED and key not in config]
     if missing:
         raise ValueError(
             f"loss_fn {spec.name!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing)
         )
-    return {k: float(v) for k, v in config.items()}
+    return {k: v if k in choices else float(v) for k, v in config.items()}
 
 
 def _loss_fn_inputs(datum: object, i: int) -> Mapping[str, object]:
@@ -281,10 +287,13 @@ def _datum_sides(
     loss read (thresholds per datum, else the request's, else the defaults)."""
     tensors = _datum_tensors(spec, inputs, lp)
     options = _datum_options(spec, inputs, lp, config)
+    reference = (
+        tensors["old_logprobs"] if options.get("clip_reference") == OLD else tensors["sampling_logprobs"]
+    )
     return formulas.clip_sides(
         spec.name,
         lp,
-        tensors["sampling_logprobs"],
+        reference,
         tensors["advantages"],
         tensors.get("mask"),
         options["clip_low_threshold"],
