@@ -34,7 +34,6 @@ Refused at construction (ValueError naming the option): ``importance_sampling_le
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -155,12 +154,6 @@ def recipe_of(args: Any, *, use_vllm: bool | None = None) -> TRLRecipe:
     )
 
 
-def _core_takes(name: str) -> bool:
-    """Whether the core losses take keyword ``name`` (``clip_reference``, ``dual_clip``,
-    ``importance_weights``: the decoupled PPO)."""
-    return name in inspect.signature(ppo).parameters
-
-
 @dataclass(frozen=True)
 class Measured:
     """One micro-step measured: the core loss's ``output`` (detached) and whether its gauge is
@@ -192,20 +185,17 @@ def measure_micro_step(
     logprobs, old = logprobs.detach(), old_logprobs.detach()
     adv = advantages.detach()
     adv = (adv.unsqueeze(1) if adv.dim() == 1 else adv).expand_as(logprobs)
-    options: dict[str, Any] = {"old_logprobs": old}
     sampler = None
     if sampling_logprobs is not None:  # a token vLLM could not score (NaN) is measured against old
         sampler = torch.where(torch.isnan(sampling_logprobs), old, sampling_logprobs.detach())
-    if recipe.loss != "importance_sampling":
+    options: dict[str, Any] = {"old_logprobs": old}
+    if recipe.loss != "importance_sampling":  # decoupled: clipped against the old log-probs
         options.update(clip_low_threshold=recipe.clip_low, clip_high_threshold=recipe.clip_high)
-        if sampler is not None and not _core_takes("clip_reference"):
-            sampler = None  # the core loss cannot yet clip against the old log-probs given the sampler's
-        if sampler is not None:
-            options["clip_reference"] = OLD
-        if recipe.dual_clip is not None and _core_takes("dual_clip"):
+        options["clip_reference"] = OLD
+        if recipe.dual_clip is not None:
             options["dual_clip"] = recipe.dual_clip
-    if importance_weights is not None and _core_takes("importance_weights"):
-        options["importance_weights"] = importance_weights.detach().expand_as(logprobs)
+        if importance_weights is not None:  # they change the loss, never a count
+            options["importance_weights"] = importance_weights.detach().expand_as(logprobs)
     loss = {"ppo": ppo, "cispo": cispo, "importance_sampling": importance_sampling}[recipe.loss]
     return Measured(
         loss(logprobs, old if sampler is None else sampler, adv, mask, **options), sampler is not None

@@ -112,8 +112,6 @@ def test_sampler_log_probs_give_the_gauge_split_by_the_old_ones():
     adv, mask = torch.tensor([1.0]), torch.ones(1, 3)
     weights = torch.exp(old - sampler)
     measured = ct_trl.measure_micro_step(recipe, logps, old, adv, mask, sampler, weights)
-    if "clip_reference" not in ct_trl.inspect.signature(ct_trl.ppo).parameters:
-        pytest.skip("the core loss does not yet clip against the old log-probs given the sampler's")
     assert measured.gauge
     counts = measured.output.token_counts()
     assert counts[keys.CLIPPED_TOKENS] == 1  # exp(0.5) > 1.2 against old; the second token is 1 against old
@@ -155,8 +153,6 @@ def test_refusals_name_the_option():
 def test_delta_is_counted_as_the_dual_clip():
     """TRL's ``delta`` clamps the unclipped ratio at delta: for A < 0 and r > delta the loss is
     ``-delta*A``, verl's dual clip with c = delta; counted apart from the band's clips."""
-    if "dual_clip" not in ct_trl.inspect.signature(ct_trl.ppo).parameters:
-        pytest.skip("the core loss has no dual clip yet")
     recipe = ct_trl.recipe_of(trl_args(delta=2.0))
     assert recipe.dual_clip == 2.0 and recipe.recipe().dual_clip == 2.0
     old = torch.zeros(1, 4) - 2
@@ -172,8 +168,6 @@ def test_delta_is_counted_as_the_dual_clip():
 def test_a_token_vllm_could_not_score_is_measured_against_old():
     """vLLM gives NaN for a token it could not score (TRL keeps it): the micro-step is still
     counted, that token's engine part 0 (sampler taken as the old log-probs), no invalid input."""
-    if "clip_reference" not in ct_trl.inspect.signature(ct_trl.ppo).parameters:
-        pytest.skip("the core loss does not yet clip against the old log-probs given the sampler's")
     recipe = ct_trl.recipe_of(trl_args(use_vllm=True))
     logps, old = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, -1.5]])
     sampler = torch.tensor([[-1.25, float("nan")]])
