@@ -10,7 +10,7 @@ back. The comparison reads the same entries as logged by Miles' tracker through 
 
 from __future__ import annotations
 
-from cliptrack.core import keys, measures
+from cliptrack.core import frameworks, keys, measures
 
 __all__ = [
     "COUNT_ENTRIES",
@@ -60,12 +60,14 @@ def _check_aliases() -> None:
                 f"cliptrack.core.keys.SCALED_ALIASES does not read Miles' entry {entry!r} as {key!r}"
             )
     for entry, key in ((PG_CLIPFRAC, keys.CLIP_FRACTION), (ROLLOUT_ABS_DIFF, keys.ABS_LOG_RATIO_MEAN)):
-        alias = keys.ALIASES.get(f"{TRACKER_PREFIX}{entry}")
+        alias = frameworks.ALIASES.get(f"{TRACKER_PREFIX}{entry}")
         if alias is None or alias.key != key:
-            raise AssertionError(f"cliptrack.core.keys.ALIASES does not read Miles' {entry!r} as {key!r}")
-    alias = keys.ALIASES.get(f"{TRACKER_PREFIX}{ROLLOUT_KL}")
+            raise AssertionError(
+                f"cliptrack.core.frameworks.ALIASES does not read Miles' {entry!r} as {key!r}"
+            )
+    alias = frameworks.ALIASES.get(f"{TRACKER_PREFIX}{ROLLOUT_KL}")
     if alias is None or alias.key != keys.KL_K3_MEAN:
-        raise AssertionError(f"cliptrack.core.keys.ALIASES does not read Miles' {ROLLOUT_KL!r}")
+        raise AssertionError(f"cliptrack.core.frameworks.ALIASES does not read Miles' {ROLLOUT_KL!r}")
 
 
 _check_aliases()

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from cliptrack.compare import audit
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
 from cliptrack.compare import stats as st
@@ -334,6 +335,7 @@ def compare(
         pairs, pair_notes = differences(judged, labels, units, approximate, confidence, align, estimates)
         notes += pair_notes
     notes.append(_seed_note(named))
+    notes += audit.framework_notes(runset, labels)
     return ComparisonResult(
         runs=labels,
         backends=backends,
@@ -348,4 +350,5 @@ def compare(
         on_policy=_on_policy(judged, estimates),
         groups=named,
         group_differences=found,
+        audits=audit.audits(runset, labels, quantities, estimates, align, window),
     )

@@ -170,11 +170,12 @@ def data_notes(runset: RunSet, labels: Sequence[str], quantities: Sequence[Quant
 
 
 def _logged_only_as_mean(runset: RunSet, label: str, q: Quantity, table: pd.DataFrame) -> bool:
-    """Whether ``label``'s tracker logged ``q`` only as a mean of means (and no exact counts)."""
-    return (
-        q.approximate_key in runset.info(label).approximate
-        and not flags(table, Columns.of(q.name).logged).any()
-    )
+    """Whether ``label``'s tracker logged ``q`` only as a mean (of means, or a framework's exact
+    per-step value: ``LoadedRun.per_step``) and no exact counts."""
+    info = runset.info(label)
+    return (q.approximate_key in info.approximate or q.approximate_key in info.per_step) and not flags(
+        table, Columns.of(q.name).logged
+    ).any()
 
 
 def approximate_quantities(
@@ -186,8 +187,9 @@ def approximate_quantities(
     window: Window,
 ) -> tuple[dict[str, pd.DataFrame], dict[tuple[str, str], r.Approximate]]:
     """Unit tables with, for runs whose tracker logged a quantity only as a mean of per-sample or
-    per-micro-batch means (``LoadedRun.approximate``, ``keys.ALIASES``), that logged value in place
-    of the missing counts (a mean over steps); and (quantity, run) -> why it is approximate."""
+    per-micro-batch means (``LoadedRun.approximate``, ``frameworks.ALIASES``) or as a framework's exact
+    per-step value (``LoadedRun.per_step``), that logged value in place of the missing counts (a
+    mean over steps); and (quantity, run) -> why it is approximate (mean-of-means runs only)."""
     found: dict[tuple[str, str], r.Approximate] = {}
     tables = dict(units)
     for q in quantities:
@@ -202,5 +204,6 @@ def approximate_quantities(
             for column in Columns.of(q.name).values:
                 table[column] = alt[column].reindex(table.index)
             tables[label] = table
-            found[q.name, label] = r.Approximate(label, q.name, q.approximate_key)
+            if q.approximate_key in runset.info(label).approximate:  # else exact per step (audit's note)
+                found[q.name, label] = r.Approximate(label, q.name, q.approximate_key)
     return tables, found

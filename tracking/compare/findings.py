@@ -217,6 +217,45 @@ def combined_verdict(verdicts: list[str]) -> str:
     return EQUIVALENT
 
 
+@dataclass(frozen=True)
+class Audit:
+    """A framework's own number beside cliptrack's exact one, for one quantity of one run (the
+    aggregation audit, ``cliptrack.compare.audit``).
+
+    ``name``: the metric as the framework logged it; ``theirs``: its mean over the window's steps
+    that logged both; ``exact``: the ratio of our token sums over the same steps (both in the
+    quantity's units); ``steps``: how many; ``why``: what the framework does differently ("TRL
+    averages micro-steps"; "" when its number is exact within each step); ``percent``: shown in
+    percent (the gap in percentage points)."""
+
+    run: str
+    metric: str
+    framework: str
+    name: str
+    theirs: float
+    exact: float
+    steps: int
+    why: str = ""
+    percent: bool = False
+
+    @property
+    def gap(self) -> float:
+        """``theirs - exact``, in the quantity's units."""
+        return self.theirs - self.exact
+
+    def sentence(self) -> str:
+        """``TRL's clip_ratio/region_mean 3.1 % vs exact 2.4 % (+0.7 pp): TRL averages micro-steps``."""
+        if self.percent:
+            shown, gap = f"{self.theirs * 100:.3g} %", f"{self.gap * 100:+.2g} pp"
+            exact = f"{self.exact * 100:.3g} %"
+        else:
+            shown, exact, gap = f"{self.theirs:.4g}", f"{self.exact:.4g}", f"{self.gap:+.2g}"
+        why = (
+            self.why or f"{self.framework}'s number is exact within each step; the window weights steps alike"
+        )
+        return f"{self.framework}'s {self.name} {shown} vs exact {exact} ({gap}): {why}"
+
+
 @dataclass
 class Findings:
     """Everything ``compare`` found (``result.ComparisonResult`` adds the renderings as methods).
@@ -240,6 +279,9 @@ class Findings:
     on_policy: list[str] = field(default_factory=list)
     groups: dict[str, list[str]] = field(default_factory=dict)
     group_differences: list[GroupDifference] = field(default_factory=list)
+    audits: list[Audit] = field(default_factory=list)
+    """Where a run logged a framework's own number beside our exact one: both and the gap (the
+    comparison uses the exact one)."""
     worst: WorstSequences | None = None
     """The runs' worst sequences and those that recur (``cliptrack.compare.worst``): a diagnostic
     beside the verdicts, set by ``cliptrack compare`` when the runs logged tables; no verdict reads it."""

@@ -59,9 +59,17 @@ class LoadedRun:
     label: str = ""
     approximate: tuple[str, ...] = ()
     """Our keys this run logged only as another tracker's mean of per-sample or per-micro-batch
-    means (``cliptrack.core.keys.ALIASES``): shown as approximate, never as exact."""
+    means (``cliptrack.core.frameworks.ALIASES``): shown as approximate, never as exact."""
     duplicates: tuple[Duplicate, ...] = ()
     """Keys logged more than once at a step with different values (the last value is kept)."""
+    audited: tuple[tuple[str, str], ...] = ()
+    """(our key, foreign name): a framework's own number logged beside our exact one (kept under its
+    name): the comparison shows both and the gap (``cliptrack.compare.audit``)."""
+    per_step: tuple[str, ...] = ()
+    """Our keys read from a framework's exact per-step value, without our token counts: compared as
+    their mean over steps."""
+    framework: str = ""
+    """The framework whose own metric names the run holds (``cliptrack.core.frameworks.detect``)."""
 
     @property
     def display(self) -> str:

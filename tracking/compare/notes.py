@@ -135,6 +135,25 @@ def _(reason: r.Approximate) -> str:
 
 
 @sentence.register
+def _(reason: r.FrameworkRun) -> str:
+    parts = [
+        f"{reason.run}: logged by {reason.framework} itself (its metric names; read as {reason.version})"
+    ]
+    if reason.approximate:
+        parts.append(f"{', '.join(reason.approximate)} approximate (a mean of means, or the old log-probs)")
+    if reason.per_step:
+        parts.append(
+            f"{', '.join(reason.per_step)} exact within each step but without token counts, so compared "
+            "as the mean over steps"
+        )
+    if reason.different:
+        parts.append(
+            f"{', '.join(reason.different)} a different quantity, shown under its own name, not compared"
+        )
+    return "; ".join(parts) + " (docs/FRAMEWORKS.md)"
+
+
+@sentence.register
 def _(reason: r.LoggedTwice) -> str:
     return (
         f"{reason.run}: {reason.key} logged more than once with different values at "

@@ -136,7 +136,7 @@ class Quantity:
     points. ``verdict``: its pair verdict is shown and gated on (False: shown for diagnosis only,
     the low/high split). ``on_policy``: part of the "equally on-policy" answer. ``optional``:
     its absence is no warning (compared only when logged). ``approximate_key``: another
-    tracker's mean of means a run may have logged instead (``keys.ALIASES``): used for that run,
+    tracker's mean of means a run may have logged instead (``frameworks.ALIASES``): used for that run,
     marked approximate. ``margin_of``: takes the margin given for that quantity when none is
     given for this one. ``lead_lag``: check whether one run's curve lags the other's.
     ``plural``: what the headline calls several of it ("clip fractions"; default: ``label`` + "s").

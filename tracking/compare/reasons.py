@@ -134,6 +134,21 @@ class Approximate:
 
 
 @dataclass(frozen=True)
+class FrameworkRun:
+    """``run`` was logged by ``framework`` itself (at ``version`` as read): its keys of ours read
+    from a mean of means (``approximate``), from an exact per-step value without token counts
+    (``per_step``), and its different quantities kept under their own names (``different``)."""
+
+    warning: ClassVar[bool] = False
+    run: str
+    framework: str
+    version: str
+    approximate: tuple[str, ...]
+    per_step: tuple[str, ...]
+    different: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LoggedTwice:
     """``run`` logged ``key`` more than once with different values at ``steps``; the last is kept."""
 
@@ -370,6 +385,7 @@ class RecipeUnknown:
 
 NoteReason = (
     Approximate
+    | FrameworkRun
     | LoggedTwice
     | RefusedCounts
     | SparseTokenAxis

@@ -575,7 +575,32 @@ def summary(result: Findings) -> str:
         lines = [_summary_line(result, d, pct) for d in result.differences if d.counts_for_verdict]
     warnings = [f"Warning: {printable(n.text)}" for n in result.notes if n.warning]
     notes = [f"Note: {printable(n.text)}" for n in result.notes if not n.warning]
-    return redact("\n".join([headline(result), _context(result, pct), *lines, *warnings, *notes]))
+    audited = audit_lines(result)
+    return redact("\n".join([headline(result), _context(result, pct), *lines, *audited, *warnings, *notes]))
+
+
+def audit_lines(result: Findings) -> list[str]:
+    """One line per run and quantity where a framework's own number was logged beside our exact one
+    (``Findings.audits``): both, the gap, and why they differ; run-provided text ``printable``."""
+    return [
+        printable(f"Audit: {a.run}: {a.sentence()}; compared on the exact {a.metric} (ratio of token sums)")
+        for a in result.audits
+    ]
+
+
+def _audit(a: Any) -> dict[str, Any]:
+    return {
+        "run": a.run,
+        "metric": a.metric,
+        "framework": a.framework,
+        "name": a.name,
+        "theirs": _num(a.theirs),
+        "exact": _num(a.exact),
+        "gap": _num(a.gap),
+        "steps": a.steps,
+        "why": a.why,
+        "text": a.sentence(),
+    }
 
 
 def _markdown_rows(frame: pd.DataFrame) -> list[str]:
@@ -791,6 +816,7 @@ def as_dict(result: Findings) -> dict[str, Any]:
         "notes": [
             {"metric": n.metric, "run": n.run, "text": n.text, "warning": n.warning} for n in result.notes
         ],
+        "audits": [_audit(a) for a in result.audits],
     }
 
 
@@ -1031,7 +1057,7 @@ def grouped_notes(result: Findings) -> list[str]:
         metrics = grouped.setdefault((not n.warning, shape), [])
         if metric and metric not in metrics:
             metrics.append(metric)
-    lines = [_context(result, int(round(result.confidence * 100)))]
+    lines = [_context(result, int(round(result.confidence * 100))), *audit_lines(result)]
     for (is_note, shape), metrics in sorted(grouped.items(), key=lambda kv: kv[0][0]):
         text = shape.replace("\x00", _listed(metrics)) if metrics else shape
         lines.append(f"{'Note' if is_note else 'Warning'}: {text}")

@@ -233,9 +233,10 @@ class Alias:
     source: str
 
 
-FOREIGN_STEP_COLUMNS = ("train/step", "_step")
+FOREIGN_STEP_COLUMNS = ("train/step", "train/global_step", "_step")
 """W&B step columns tried, in order, for rows without :data:`WANDB_STEP_METRIC` (``train/step``:
-Miles' tracker, which plots its ``train/*`` series against it; ``_step``: verl)."""
+Miles' tracker, which plots its ``train/*`` series against it; ``train/global_step``:
+transformers' callbacks (TRL) and OpenRLHF; ``_step``: verl and the others)."""
 
 _TRACKER_PREFIX = "train/"
 """Miles' tracker logs the entries of its step's log dict as ``train/<entry>``."""
@@ -252,26 +253,11 @@ def _tracker_spellings() -> dict[str, Alias]:
     return table
 
 
-ALIASES: dict[str, Alias] = {
-    **_tracker_spellings(),
-    "train/pg_clipfrac": Alias(CLIP_FRACTION, True, "miles"),  # per-sample means, or clipped / count
-    "actor/pg_clipfrac": Alias(CLIP_FRACTION, True, "verl"),  # mean of micro-batch token means
-    "actor/pg_clipfrac_lower": Alias(DUAL_CLIP_FRACTION, True, "verl"),
-    "critic/score/mean": Alias(REWARD, False, "verl"),  # mean sequence score of the step's batch
-    # The gauge's means. Approximate: Miles' (train_rollout_logprob_abs_diff: the mean of
-    # |log pi_old - log pi_rollout|; train_rollout_kl: the k3 KL(rollout || trainer), each token's
-    # term clamped to [-10, 10]) are means of per-sample means (its default mode) or token means
-    # over a count with one token per all-masked sample; verl's are means of micro-batch means in
-    # its bypass mode. And none sees the step's own drift: both compare the trainer's log-probs
-    # before the update (old_log_probs) with the rollout's, where cliptrack's l uses the log-probs
-    # of each pass (docs/CONTRACT.md, "The on-policy gauge").
-    "train/train_rollout_logprob_abs_diff": Alias(ABS_LOG_RATIO_MEAN, True, "miles"),
-    "train/train_rollout_kl": Alias(KL_K3_MEAN, True, "miles"),  # k3, clamped to [-10, 10] per token
-    "rollout_corr/k3_kl": Alias(KL_K3_MEAN, True, "verl"),
-    "rollout_corr/kl": Alias(KL_K1, True, "verl"),  # k1: mean of log pi_rollout - log pi_old
-}
-"""Foreign metric name -> our key. Loaders rename through this table only; our own spelling of a
-key wins over an alias, an exact alias over an approximate one."""
+TRACKER_ALIASES: dict[str, Alias] = _tracker_spellings()
+"""cliptrack's own keys as Miles' tracker spells them (exact). The field's own metric names are in
+:data:`cliptrack.core.frameworks.METRICS`; :data:`cliptrack.core.frameworks.ALIASES` is both, the
+one table loaders rename through (our own spelling of a key wins over an alias, an exact alias over
+an approximate one)."""
 
 SCALED_ALIASES_DIVISOR = f"{_TRACKER_PREFIX}count_scale"
 """The entry (as Miles' tracker logs it) dividing :data:`SCALED_ALIASES`: cliptrack's Miles loss

@@ -10,7 +10,6 @@ import json
 import math
 import tempfile
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from cliptrack.backends.mlflow._rest import http_columns
 from cliptrack.backends.mlflow._store import bulk_columns
 from cliptrack.backends.mlflow.listing import mlflow_entry, read_uri
 from cliptrack.backends.preflight import StoreError
-from cliptrack.compare.aliases import canonical_points, needs_aliases
+from cliptrack.compare.aliases import as_logged, canonical_points, needs_aliases
 from cliptrack.compare.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.core import keys
 from cliptrack.core.worst import Worst
@@ -84,8 +83,8 @@ def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str 
             items.append((info, columns))
             continue
         raw = _points_of(columns) if columns is not None else _metric_histories(client, run)
-        points, approximate = canonical_points(raw)  # another tracker's spellings: renamed point by point
-        items.append((replace(info, approximate=approximate), points))
+        read = canonical_points(raw)  # another tracker's spellings: renamed point by point
+        items.append((as_logged(info, read), read.points))
     return RunSet.from_points(items)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.wandb import _compat as compat_wandb
-from cliptrack.compare.aliases import canonical_points, foreign_step
+from cliptrack.compare.aliases import as_logged, canonical_points, foreign_step
 from cliptrack.compare.frame import LoadedRun, Point, RunSet
 from cliptrack.core import keys
 from cliptrack.core.worst import Worst
@@ -78,16 +78,16 @@ def _wandb_offline_run(path: Path, location: str) -> tuple[LoadedRun, list[Point
             if point is not None:
                 points.append(point)
     backend = config.get(keys.TAG_BACKEND) or group
-    points, approximate = canonical_points(points)
+    read = canonical_points(points)
     run = wandb_run_info(
         run_id or path.stem.removeprefix("run-"),
         name,
         backend,
         config,
-        started=started or _first_wall_time(points) or _directory_time(path),
+        started=started or _first_wall_time(read.points) or _directory_time(path),
         status=run_status(exit_code),
     )
-    return LoadedRun(run, source="wandb", location=location, approximate=approximate), points
+    return as_logged(LoadedRun(run, source="wandb", location=location), read), read.points
 
 
 def _seconds(timestamp: Any) -> float:
@@ -246,12 +246,12 @@ def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
             raise ValueError(f"W&B run path {path!r} must be 'entity/project/run_id'")
         run = api.run(path)
         config = dict(run.config)
-        points, approximate = canonical_points(
+        read = canonical_points(
             [p for p in (_history_point(dict(row)) for row in run.scan_history()) if p is not None]
         )
         backend = config.get(keys.TAG_BACKEND) or getattr(run, "group", "") or ""
         info = wandb_run_info(run.id, run.name, backend, config)
-        items.append((LoadedRun(info, source="wandb", location=path, approximate=approximate), points))
+        items.append((as_logged(LoadedRun(info, source="wandb", location=path), read), read.points))
     return RunSet.from_points(items)
 
 

@@ -343,6 +343,36 @@ def _worst_section(worst: WorstSequences | None) -> str:
     )
 
 
+def _audit_table(result: ComparisonResult) -> str:
+    """Where a run logged a framework's own number beside our exact one: both, the gap and why
+    (``result.audits``); empty when none did."""
+    if not result.audits:
+        return ""
+    rows = []
+    for a in result.audits:
+        scale, unit = (100.0, " %") if a.percent else (1.0, "")
+        cells = [
+            a.run,
+            a.metric,
+            f"{a.framework}'s {a.name}",
+            f"{a.theirs * scale:.4g}{unit}",
+            f"{a.exact * scale:.4g}{unit}",
+            f"{a.gap * scale:+.3g}{' pp' if a.percent else ''}",
+            a.sentence(),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html_text(redact(str(c)))}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{h}</th>" for h in ("run", "quantity", "their metric", "theirs", "exact", "gap", "audit")
+    )
+    return (
+        "<h2>Their number beside the exact one</h2>"
+        '<p class="note">The comparison uses the exact one (a ratio of token sums); the framework\'s own '
+        "number is its mean over the same steps.</p>"
+        f'<div class="table-wrap"><table class="audit" id="audit"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
 def _safe_json(obj: Any) -> str:
     text = json.dumps(redact_value(obj), allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -438,6 +468,7 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
         f'<p class="headline {verdict}" id="headline">{html_lines(chr(10).join(result.headline_lines()))}</p>'
         f"<h2>Differences</h2>{_plots(differences)}"
         f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
+        f"{_audit_table(result)}"
         f"<h2>The runs</h2>{_plots(curves)}"
         f"{_worst_section(result.worst)}"
         '<details id="details"><summary>How they were compared, every row and note</summary>'

@@ -317,6 +317,33 @@ def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
     return "run − reference (percentage points)" if panel.percent else "run − reference"
 
 
+def _audit_traces(
+    panel: Panel,
+    runset: RunSet,
+    result: ComparisonResult,
+    series: dict[str, pd.DataFrame],
+    colors: dict[str, str],
+) -> list[Trace]:
+    """On a series panel of a quantity a run also logged in a framework's own reduction
+    (``result.audits``), that number per step, dashed, beside the exact line."""
+    shown = {line.key for line in panel.lines}
+    stack_of = {m: stack for stack, members in stacks(result).items() for m in members}
+    out = []
+    for a in result.audits:
+        if result.quantity(a.metric).approximate_key not in shown or a.run not in series:
+            continue
+        s = series[a.run]
+        wide = runset.wide(a.run)
+        y = wide[a.name].reindex(s.index) if a.name in wide else pd.Series(np.nan, index=s.index)
+        name = f"{a.run}: {a.framework}'s {a.name}"
+        out.append(
+            _line(
+                _arr(s["x"]), _arr(y), colors[stack_of[a.run]], name=name, group=name, dash="dash", width=1.5
+            )
+        )
+    return out
+
+
 def x_range_of(series: dict[str, pd.DataFrame]) -> tuple[float, float]:
     """The x range every panel shares: from the lowest to the highest finite x of any drawn run."""
     lows, highs = [], []
@@ -354,6 +381,7 @@ def panel_figures(
             notes = [] if traces[:-1] else ["not compared: no run pair logged this quantity"]
         else:
             traces, y_title = _series_traces(panel, result, series, colors), panel.y_title
+            traces += _audit_traces(panel, runset, result, series, colors)
             drawn = [t for t in traces if t.kind in (LINE, MARKERS) and np.isfinite(t.y).any()]
             notes = [] if drawn else ["not logged by the compared runs"]
         # a log ratio is a plain number (its ticks are not percentages of anything)
