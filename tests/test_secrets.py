@@ -21,6 +21,7 @@ import http.client
 import json
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cliptrack.core import secrets
+from cliptrack.core import keys, secrets
 from cliptrack.core.secrets import MASK, redact, redact_value
 from hypothesis import given
 from hypothesis import strategies as st
@@ -326,24 +327,82 @@ class Gateway:
 
 _LOG_RUN = """
 import sys
+import mlflow  # imported before the watch's reference is read (a loaded machine takes seconds)
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
+from cliptrack.log.watch import Watch
 import os
 uri = os.environ["CLIPTRACK_TEST_URI"]
-spool, wandb_dir, name, clipped, steps = sys.argv[1:6]
+spool, wandb_dir, name, clipped, steps, reference = sys.argv[1:7]
+watch = None if reference == "-" else Watch(keys.REWARD, f"{uri}#{reference}", window=20, scale="value")
 with Tracker(name, backends=[uri, "wandb"], backend_label=name, spool_dir=spool,
-             sink_options={"wandb": {"dir": wandb_dir}},
+             sink_options={"wandb": {"dir": wandb_dir}}, watch=watch,
              experiment="secrets", config={"store": uri, "lr": 0.1}, flush_interval_s=0.05,
              close_timeout_s=8, handle_signals=False) as t:
     for step in range(int(steps)):
         n = 100 + step % 7
         c = (step * int(clipped)) % 13
+        jump = 50.0 if watch is not None and step >= 30 else 0.0
         t.log(step, {keys.LOSS_TOKENS: n, keys.CLIPPED_TOKENS: c, keys.CLIP_FRACTION: c / n,
-                     keys.REWARD: (step % 5) / 4})
+                     keys.REWARD: (step % 5) / 4 + jump})
 print(t.run_id)
 """
 """One training run (a subprocess: its stderr is what a user sees) logged to MLflow and W&B; the URI
-comes from the environment, as a job's would (W&B records a program's command line)."""
+comes from the environment, as a job's would (W&B records a program's command line). Given a
+reference run (its id on the same server, named by the same URI), it watches its reward against
+it, and its reward jumps at step 30: an alert."""
+
+
+def _probe_output(shift: float) -> dict[str, Any]:
+    """A ``ForwardBackwardOutput`` as JSON with 12 datums of 8 tokens (the probe's input)."""
+    datums = [
+        {
+            "logprobs": {
+                "data": [-0.5 - 0.01 * (i + t) + shift for t in range(8)],
+                "dtype": "float32",
+                "shape": [8],
+            },
+            "loss_tokens": {"data": [8], "dtype": "int64", "shape": [1]},
+        }
+        for i in range(12)
+    ]
+    return {"loss_fn_output_type": "ArrayRecord", "metrics": {}, "loss_fn_outputs": datums}
+
+
+def _library_errors(real: str, reference: str, spool: Path) -> dict[str, str]:
+    """The text (message and traceback) of each error a library caller gets naming the store by
+    ``real``: a run or an experiment it does not hold, a watch whose reference run is missing, a
+    watch's string form that is malformed."""
+    from cliptrack import load_runs
+    from cliptrack.log.tracker import Tracker
+    from cliptrack.log.watch import Watch
+
+    calls = {
+        "load_runs (no such run)": lambda: load_runs(["no-such-run"], tracking_uri=real),
+        "load_runs (no such experiment)": lambda: load_runs(
+            [reference], tracking_uri=real, experiment="none"
+        ),
+        "Tracker(watch=) (no such run)": lambda: Tracker(
+            "w",
+            backends=["jsonl"],
+            spool_dir=spool,
+            handle_signals=False,
+            watch=Watch(keys.REWARD, f"{real}#no-such-run"),
+        ),
+        "Tracker(watch=) (malformed)": lambda: Tracker(
+            "w",
+            backends=["jsonl"],
+            spool_dir=spool,
+            handle_signals=False,
+            watch=f"{keys.REWARD},reference={real}#{reference},window=many",
+        ),
+    }
+    out = {}
+    for name, call in calls.items():
+        with pytest.raises((LookupError, ValueError)) as caught:
+            call()
+        out[f"exception: {name}"] = "".join(traceback.format_exception(caught.value))
+    return out
 
 
 def _cli(*args: str, env: dict[str, str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -385,13 +444,28 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
             real = f"http://user:{PASSWORD}@127.0.0.1:{gateway.port}?token={TOKEN}"
             env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_"))}
             env.update(
-                WANDB_API_KEY=WANDB_KEY, WANDB_MODE="offline", WANDB_SILENT="true", PYTHONPATH=str(REPO)
+                WANDB_API_KEY=WANDB_KEY,
+                WANDB_MODE="offline",
+                WANDB_SILENT="true",
+                WANDB_BASE_URL=f"http://user:{PASSWORD}@127.0.0.1:9?token={TOKEN}",  # W&B's settings
+                PYTHONPATH=str(REPO),
             )
-            run_ids = []
-            for name, clipped in (("alpha", "1"), ("beta", "2")):
+            run_ids: list[str] = []
+            for name, clipped in (("alpha", "1"), ("beta", "2"), ("gamma", "3")):
                 gateway.refuse_metrics = name == "beta"  # beta's points wait in the spool, with errors
+                reference = run_ids[0] if name == "gamma" else "-"  # gamma watches its reward against alpha's
                 proc = subprocess.run(
-                    [sys.executable, "-c", _LOG_RUN, str(spool), str(wandb_dir), name, clipped, str(STEPS)],
+                    [
+                        sys.executable,
+                        "-c",
+                        _LOG_RUN,
+                        str(spool),
+                        str(wandb_dir),
+                        name,
+                        clipped,
+                        str(STEPS),
+                        reference,
+                    ],
                     capture_output=True,
                     text=True,
                     env={**env, "CLIPTRACK_TEST_URI": real},
@@ -403,6 +477,10 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
                 run_ids.append(proc.stdout.split()[-1])
             gateway.refuse_metrics = False
             assert "pending" in outputs["tracker beta"]  # the outage was reported (redacted)
+            watcher = run_ids.pop()  # gamma: only the watch's
+            assert f"cliptrack watch: run {watcher}: {keys.REWARD} = " in outputs["tracker gamma"]  # alerted
+            assert (spool / watcher / "watch.jsonl").is_file()
+            outputs.update(_library_errors(real, run_ids[0], work / "spool-errors"))
 
             # replay: run.json holds no password, so without the real URI it says where to give it
             refused = _cli("replay", str(spool), env=env, cwd=work, check=False)
@@ -466,6 +544,31 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
                 cwd=work,
             )
             outputs["panels wandb"] = wb.stdout + wb.stderr
+            watched = _cli(
+                "watch",
+                str(spool / watcher),
+                "--watch",
+                f"{keys.REWARD},reference={real}#{run_ids[0]},window=20,scale=value",
+                "--once",
+                env=env,
+                cwd=work,
+                check=False,
+            )
+            outputs["watch"] = watched.stdout + watched.stderr
+            # the alert names its band's source, or the reference's error its store: redacted either way
+            assert f"user:{MASK}@127.0.0.1" in outputs["watch"], outputs["watch"]
+            for name, shift in (("a", 0.0), ("b", 0.25)):
+                (work / f"probe-{name}.json").write_text(json.dumps(_probe_output(shift)))
+            probe_files = (str(work / "probe-a.json"), str(work / "probe-b.json"))
+            for args in (("--labels", f"{real},b"), ("--labels", f"{real},b", "--json")):
+                probed = _cli("probe", *probe_files, *args, env=env, cwd=work, check=False)
+                assert probed.returncode == 1, probed.stdout + probed.stderr  # different
+                outputs[f"probe {' '.join(args[2:])}"] = probed.stdout + probed.stderr
+            missing = _cli(
+                "probe", probe_files[0], f"{work}/missing?token={TOKEN}.json", env=env, cwd=work, check=False
+            )
+            assert missing.returncode == 2 and "missing?token=" in missing.stderr
+            outputs["probe (a missing file)"] = missing.stdout + missing.stderr
             assert not gateway.rejected, gateway.rejected[:3]  # every request carried the real credentials
 
         # the runs were delivered: every point of both runs is on the server
@@ -480,14 +583,22 @@ def test_no_secret_in_any_output_or_file_while_the_runs_are_delivered(tmp_path):
         ]
         comparison = client.get_run(comparison_id)
         stored.append(str(comparison.data.params) + str(comparison.data.tags))
+        watch_tags = [
+            t for r in runs.values() for k, t in r.data.tags.items() if k.startswith("cliptrack.watch.")
+        ]
+        assert watch_tags and all(f"user:{MASK}@127.0.0.1" in t for t in watch_tags), watch_tags
         downloaded = Path(client.download_artifacts(comparison_id, "", str(tmp_path / "downloaded")))
     finally:
         server.kill()
+    with sqlite3.connect(tmp_path / "server.db") as db:  # every row of every table the server keeps
+        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        stored += [f"{table}: {row}" for table in tables for row in db.execute(f"SELECT * FROM {table}")]
 
     leaks = {name: _leaks(text) for name, text in outputs.items() if _leaks(text)}
-    leaks.update({f"server params/tags {i}": _leaks(t) for i, t in enumerate(stored) if _leaks(t)})
+    leaks.update({f"server params, tags, rows {i}": _leaks(t) for i, t in enumerate(stored) if _leaks(t)})
     files = [p for root in (work, downloaded) for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "run.json" for p in files) and any(p.name == "dashboard.html" for p in files)
+    assert any(p.suffix == ".wandb" for p in files) and any(p.name == "watch.jsonl" for p in files)
     for path in files:
         found = _leaks(path.read_bytes().decode("utf-8", "replace"))
         if found:
