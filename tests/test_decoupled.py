@@ -360,3 +360,15 @@ def test_a_probes_clip_sides_follow_the_clip_reference(path):
         assert int((sides == -1).sum()) == ref.low
         assert read_count(datum["dual_clipped_tokens"], "dual_clipped_tokens") == ref.dual
     assert sum(ref.clipped for ref in expected) > 0
+
+
+def test_the_miles_runtime_names_a_bad_clip_reference():
+    from cliptrack.adapters.miles import forward_backward_loss
+
+    datum = {"logprobs": torch.zeros(2), "advantages": torch.ones(2)}
+    with pytest.raises(
+        ValueError, match=r"loss_fn_config\['clip_reference'\] must be one of \('sampler', 'old'\)"
+    ):
+        forward_backward_loss([datum], [torch.zeros(2)], "ppo", {"clip_reference": "trainer"})
+    with pytest.raises(ValueError, match=r"loss_fn_config\['dual_clip'\] must be a finite number"):
+        forward_backward_loss([datum], [torch.zeros(2)], "ppo", {"dual_clip": "3"})

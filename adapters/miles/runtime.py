@@ -228,17 +228,23 @@ def _check_config(spec: losses.LossSpec, config: Mapping[str, Any] | None) -> di
         )
     choices = {option.name: option.choices for option in spec.options if option.choices}
     for key, value in config.items():
-        if key in choices:
-            if value not in choices[key]:
-                raise ValueError(f"loss_fn_config[{key!r}] must be one of {choices[key]}, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
+        _check_option_value(key, value, choices.get(key, ()))
     missing = [key for key, default in defaults.items() if default is losses.REQUIRED and key not in config]
     if missing:
         raise ValueError(
             f"loss_fn {spec.name!r} needs " + " and ".join(f"loss_fn_config[{key!r}]" for key in missing)
         )
     return {k: v if k in choices else float(v) for k, v in config.items()}
+
+
+def _check_option_value(key: str, value: object, choices: tuple[str, ...]) -> None:
+    """ValueError naming ``loss_fn_config[key]`` unless it is one of ``choices`` (a word-valued
+    option) or, without choices, a finite number."""
+    if choices:
+        if value not in choices:
+            raise ValueError(f"loss_fn_config[{key!r}] must be one of {choices}, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
 
 
 def _loss_fn_inputs(datum: object, i: int) -> Mapping[str, object]:
