@@ -185,7 +185,9 @@ class Tracker:
             (``"kl_k3:mean,window=100;abs_log_ratio:mean"``) or a list of either; default
             ``CLIPTRACK_WATCH``, else none. A breach is a stderr line, each sink's own alert (W&B
             ``run.alert``, an MLflow tag and metric), a line of the run's ``watch.jsonl`` and the
-            watch's callback; ``log`` never waits on it (``breaches`` lists them).
+            watch's callback; ``log`` never waits on it (``breaches`` lists them). Reference runs are
+            read here, before the run is opened: one that cannot be read is a ValueError naming
+            the watch, and no run is left behind (a server's within ``watch.REFERENCE_TIMEOUT_S``).
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tracker:

@@ -383,15 +383,12 @@ def _within(seconds: float, read: Callable[[], Any]) -> Any:
 def band_of_reference(watch: Watch) -> rule.Band:
     """The band a watch's reference run gives (ValueError naming the watch when it cannot)."""
     steps, values = reference_series(watch)
+    scale, offset, watched = watch.scale, watch.offset, rule.watched
     kept = [
-        (s, z)
-        for s, v in zip(steps, values, strict=True)
-        if (z := rule.watched(v, watch.scale, watch.offset)) is not None
+        (s, z) for s, v in zip(steps, values, strict=True) if (z := watched(v, scale, offset)) is not None
     ]
     try:
-        return rule.reference_band(
-            [s for s, _ in kept], [z for _, z in kept], watch.window, watch.scale, watch.offset
-        )
+        return rule.reference_band([s for s, _ in kept], [z for _, z in kept], watch.window, scale, offset)
     except ValueError as exc:
         raise ValueError(f"watch {watch.key}: {watch.source}: {exc}") from None
 

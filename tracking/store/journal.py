@@ -346,15 +346,16 @@ def load_series(path: Path, key: str) -> tuple[array, array]:
     needle = encoded.encode() + b": "
     fast = (key[:1].isalnum() or key[:1] == "_") and "\\" not in encoded[1:-1]
     steps, values = array("q"), array("d")
+    add_step, add_value, read = steps.append, values.append, _fast_entry
     start = 0
     for number, raw, end in lines(path):
         line_start, start = start, end
-        entry = _fast_entry(raw, needle) if fast else None
+        entry = read(raw, needle) if fast else None
         if entry is None:
             entry = _parsed_entry(path, number, raw, end - line_start, key)
-        if entry is not False and entry is not None:
-            steps.append(entry[0])
-            values.append(entry[1])
+        if isinstance(entry, tuple):
+            add_step(entry[0])
+            add_value(entry[1])
     return steps, values
 
 
