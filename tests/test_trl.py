@@ -307,5 +307,10 @@ def test_readme_snippet_logs_to_report_to_and_the_tracker(tmp_path, monkeypatch)
     [run_dir] = [p for p in (tmp_path / "my-runs").iterdir() if (p / keys.POINTS_FILE).exists()]
     points = [json.loads(line) for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
     assert {p["step"]: p["metrics"][keys.CLIP_FRACTION] for p in points} == fractions
+    rewards = {e["step"]: e["reward"] for e in logged if "reward" in e}  # generation steps only
+    assert (
+        rewards
+        and {p["step"]: p["metrics"][keys.REWARD] for p in points if keys.REWARD in p["metrics"]} == rewards
+    )
     meta = json.loads((run_dir / keys.RUN_META_FILE).read_text())
     assert meta["config"]["loss_recipe"]["clip_reference"] == "old"
