@@ -4,6 +4,7 @@ usage:
   python -m tests._tracking_worker signal   SPOOL BACKEND {chain|default|ignore|tight} COUNT_FILE
   python -m tests._tracking_worker fork     SPOOL BACKEND {child_exit|pool_terminate|pool_with|workers}
   python -m tests._tracking_worker rank     SPOOL DB_URI [RUN_ID]
+  python -m tests._tracking_worker newstore SPOOL DB_URI COUNT
   python -m tests._tracking_worker crash    SPOOL
   python -m tests._tracking_worker dist     SPOOL DB_URI RANK WORLD PORT
   python -m tests._tracking_worker resume   SPOOL DB_URI WANDB_DIR RUN_ID FIRST COUNT
@@ -183,6 +184,16 @@ def rank_run(spool: str, db_uri: str, run_id: str | None = None) -> None:
         print(f"rank {tracker.rank} active={tracker.active} run_id={tracker.run_id}", flush=True)
 
 
+def new_store_run(spool: str, db_uri: str, count: int) -> None:
+    """One of several processes starting together on a store that does not exist yet: COUNT steps of
+    two keys; close waits for the store (created by one of them, however loaded the machine)."""
+    with Tracker("new-store", backends=(db_uri, "jsonl"), spool_dir=spool, close_timeout_s=600) as tracker:
+        print(f"run {tracker.run_id}", flush=True)
+        for step in range(count):
+            tracker.log(step, _metrics(step))
+    print(tracker.summary(), flush=True)
+
+
 def crash_loop(spool: str) -> None:
     """Log forever; report flushes and, separately, how many points were logged at what time."""
     tracker = Tracker(
@@ -319,6 +330,8 @@ if __name__ == "__main__":
         fork_run(*rest)
     elif command == "rank":
         rank_run(*rest)
+    elif command == "newstore":
+        new_store_run(rest[0], rest[1], int(rest[2]))
     elif command == "crash":
         crash_loop(*rest)
     elif command == "dist":

@@ -66,11 +66,12 @@ REVISION_QUERY = "SELECT version_num FROM alembic_version"
 """The schema revision of an MLflow SQL store (alembic's table, one row)."""
 DATABASE_SCHEMES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 """Database servers MLflow keeps a store in (besides sqlite), with their default ports."""
-SchemaCheck = Callable[[str | None, str, str], None]
+SchemaCheck = Callable[[str | None, str, str, list[str]], None]
 """Checks a SQL store's schema revision (None: no ``alembic_version`` row) for the reader that
-passes it, given the store's URI as a refusal names it (without a password) and where the URI came
-from (``origin``: " (the default store)", or ""); raises ``StoreError`` for one it cannot read
-without migrating (``cliptrack.backends.mlflow.listing.check_schema``)."""
+passes it, given the store's URI as a refusal names it (without a password), where the URI came
+from (``origin``: " (the default store)", or "") and the store's table names (an interrupted
+migration leaves some behind); raises ``StoreError`` for one it cannot read without migrating
+(``cliptrack.backends.mlflow.listing.check_schema``)."""
 _AXIS_WORDS = {"step": "steps", "tokens_seen": "tokens seen", "elapsed_s": "elapsed seconds"}
 
 
@@ -172,7 +173,7 @@ def _check_mlflow_tables(path: Path, uri: str, origin: str, schema: SchemaCheck 
         raise StoreError(f"{uri}{origin} cannot be read as a sqlite database ({exc}); {STORE_HINT}") from None
     _require_mlflow_store(tables, uri, origin)
     if schema is not None:
-        schema(revision, uri, origin)
+        schema(revision, uri, origin, tables)
 
 
 def _require_mlflow_store(tables: list[str], uri: str, origin: str) -> None:
@@ -244,7 +245,7 @@ def _check_database(uri: str, origin: str, schema: SchemaCheck | None) -> None:
         raise StoreError(f"{shown}{origin} cannot be read: {_first_line(exc, url.password)}") from None
     _require_mlflow_store(tables, shown, origin)
     if schema is not None:
-        schema(revision, shown, origin)
+        schema(revision, shown, origin, tables)
 
 
 def _unanswered(host: str, port: int) -> str | None:

@@ -19,7 +19,9 @@
 - the schema revision MLflow's SQL store expects (``schema_revision``: MLflow's private
   ``mlflow.store.db.utils._get_latest_schema_revision``, the head of its alembic migrations): a
   store at another revision would be migrated by MLflow's store constructor, so readers refuse it
-  first (``cliptrack.backends.preflight``);
+  first (``cliptrack.backends.preflight``); and the step that builds that schema in an empty database
+  (``initialize_schema``: MLflow's private ``mlflow.store.db.utils._initialize_tables``), which
+  ``cliptrack.backends.mlflow.creation`` runs on a file of its own before a new store is put in place;
 - the MLflow UI's shared view (``shared_view_state``, ``SHARED_VIEW_TAG_PREFIX``, ``SHARED_VIEW_PARAM``): the experiment page
   reads a view state (its chart search, its run list shown or hidden) from the experiment tag
   ``mlflow.sharedViewState.<key>`` when its address carries ``viewStateShareKey=<key>`` — what its
@@ -53,7 +55,8 @@ SUPPORTED_BELOW = (4, 0)
 USES = (
     "mlflow.utils.validation (_validate_metric_name, _validate_param_name, MAX_ENTITY_KEY_LENGTH, "
     "MAX_PARAM_VAL_LENGTH), the HTTP settings, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR of "
-    "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision, the "
+    "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision and "
+    "_initialize_tables, the "
     "experiment tags mlflow.experimentKind and mlflow.sharedViewState.<key> (the UI's viewStateShareKey)"
 )
 
@@ -228,6 +231,30 @@ def schema_revision() -> str:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     return str(_get_latest_schema_revision())
+
+
+def initialize_schema(database_uri: str) -> None:
+    """MLflow's tables at its head schema revision in the empty database ``database_uri``: what its
+    store does the first time a client opens an empty database (MLflow's private
+    ``mlflow.store.db.utils._initialize_tables``: the initial tables, then every migration), on an
+    engine of its own, disposed of afterwards (no connection is left open). A sqlite database is
+    written without a sync per migration (``PRAGMA synchronous=OFF``): the caller builds it in a
+    file of its own and syncs it once, whole (``cliptrack.backends.mlflow.creation``)."""
+    import sqlalchemy
+    from mlflow.store.db import utils
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(database_uri, poolclass=NullPool)
+    if engine.dialect.name == "sqlite":
+
+        def no_sync(connection: Any, _: Any) -> None:
+            connection.execute("PRAGMA synchronous=OFF")
+
+        sqlalchemy.event.listen(engine, "connect", no_sync)
+    try:
+        utils._initialize_tables(engine)
+    finally:
+        engine.dispose()
 
 
 def check_supported() -> None:

@@ -7,20 +7,36 @@ from dataclasses import replace
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry, RunNotFoundError
+from cliptrack.backends.mlflow import creation
 from cliptrack.backends.mlflow._compat import bounded_requests, installed_version, schema_revision
 from cliptrack.backends.mlflow._rest import history_length
 from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
-from cliptrack.core import frameworks, keys
+from cliptrack.core import keys
 
 
-def check_schema(revision: str | None, uri: str, origin: str) -> None:
+def check_schema(revision: str | None, uri: str, origin: str, tables: list[str]) -> None:
     """StoreError unless a SQL store's schema ``revision`` is the one the installed MLflow reads:
     MLflow's client would migrate a store at any other one when it opens it (upgrade a store an older
     MLflow wrote, half-migrate one missing a table), and reading writes nothing
-    (``preflight.SchemaCheck``)."""
+    (``preflight.SchemaCheck``). A store being created now, or one an interrupted migration left
+    behind (``tables`` holding alembic's leftovers, or no recorded revision), is named so, the
+    latter with its repair (``creation``)."""
     expected = schema_revision()
     if revision == expected:
         return
+    database = creation.database_file(uri)
+    if database is not None and creation.in_progress(database):
+        raise StoreError(
+            f"{uri}{origin} is being created by another process right now (it holds "
+            f"{database.name}{creation.LOCK_SUFFIX}): try again once it is done"
+        )
+    stuck = creation.mid_migration(tables, revision)
+    if stuck is not None:
+        raise StoreError(
+            f"{uri}{origin} was left mid-migration ({stuck}; MLflow {installed_version()} reads revision "
+            f"{expected}): it was left untouched (reading neither writes nor migrates a store); "
+            f"{creation.repair(uri, database, tables)}"
+        )
     raise StoreError(
         f"{uri}{origin} is an MLflow store of another schema (revision {revision}; MLflow "
         f"{installed_version()} reads {expected}): it was left untouched (reading neither writes nor "
@@ -36,13 +52,8 @@ def read_uri(tracking_uri: str | None) -> str:
 
 
 def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
-    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key`` (of a
-    framework's own metric for a run that framework logged itself, which then names its backend when
-    the run has none: ``cliptrack.core.frameworks.detect``)."""
+    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key``."""
     tags = run.data.tags
-    framework = frameworks.detect(run.data.metrics)
-    if framework is not None and count_key not in run.data.metrics:  # a framework's own run: its own metric
-        count_key = next(m.name for m in frameworks.of(framework.name) if m.name in run.data.metrics)
     steps: int | None = 0
     if count_key in run.data.metrics:  # a server's history in bounded pages, else through the client
         steps = history_length(str(client.tracking_uri), run.info.run_id, count_key)
@@ -52,7 +63,7 @@ def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
         cliptrack_id=tags.get(keys.TAG_RUN_ID, run.info.run_id),
         store_id=run.info.run_id,
         name=run.info.run_name or "",
-        backend=tags.get(keys.TAG_BACKEND) or (framework.name if framework is not None else ""),
+        backend=tags.get(keys.TAG_BACKEND, ""),
         status=run.info.status,
         started=(run.info.start_time or 0) / 1000.0,
         steps=steps,

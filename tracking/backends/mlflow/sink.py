@@ -41,13 +41,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cliptrack.backends.base import Alert, Sink, SinkError, SinkRejected
 from cliptrack.backends.mlflow import _compat as compat
+from cliptrack.backends.mlflow import creation
 from cliptrack.backends.mlflow.experiments import charts_view_tags
+from cliptrack.backends.preflight import sqlite_catalog
 from cliptrack.core import keys, secrets
 from cliptrack.core.text import printable
 from cliptrack.core.worst import Worst
@@ -184,7 +187,8 @@ class MlflowSink(Sink):
         self.experiment = self.experiment or state.get("experiment") or run.experiment
         try:
             with compat.bounded_requests():
-                client = MlflowClient(tracking_uri=self.tracking_uri)
+                with creation.creating(self.tracking_uri):  # a new store: one process migrates it
+                    client = MlflowClient(tracking_uri=self.tracking_uri)
                 run_id = self._recorded_run(client, state.get("mlflow_run_id")) or self._find_run(client, run)
                 if run_id is None:
                     experiment_id = self._experiment_id(client)
@@ -197,7 +201,9 @@ class MlflowSink(Sink):
                     run_id = created.info.run_id
                     self.holds_nothing = True  # params are sent by the lane (send_attributes)
         except Exception as exc:
-            raise _classify(exc, f"could not open the MLflow run at {self.tracking_uri}") from exc
+            what = f"could not open the MLflow run at {self.tracking_uri}"
+            stuck = _left_mid_migration(self.tracking_uri)
+            raise (SinkError(f"{what}: the store {stuck}") if stuck else _classify(exc, what)) from exc
         self._client = client
         self.mlflow_run_id = run_id
         return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "mlflow_run_id": run_id}
@@ -440,6 +446,25 @@ def _param_error(key: str, value: str) -> str | None:
     if len(value) > limit:
         return f"value of {len(value)} characters, over MLflow's limit of {limit}"
     return None
+
+
+def _left_mid_migration(tracking_uri: str) -> str | None:
+    """Why the local sqlite store of ``tracking_uri`` cannot be opened when an interrupted
+    migration left it behind, with its repair (``creation``); None otherwise, or for another store."""
+    database = creation.database_file(tracking_uri)
+    if database is None or not database.is_file():
+        return None
+    try:
+        tables, revision = sqlite_catalog(database)
+    except sqlite3.Error:
+        return None
+    if "alembic_version" not in tables or revision == compat.schema_revision():
+        return None
+    stuck = creation.mid_migration(tables, revision)
+    if stuck is None:
+        return None
+    shown = secrets.redact(tracking_uri)
+    return f"was left mid-migration ({stuck}); {creation.repair(shown, database, tables)}"
 
 
 def _classify(exc: BaseException, what: str) -> SinkError:
