@@ -105,16 +105,30 @@ class RunDir:
 
     # ---- run.json ------------------------------------------------------------------------------
     def read_meta(self) -> dict[str, Any]:
-        """The run's metadata; ``{}`` if run.json does not exist yet."""
+        """The run's metadata; ``{}`` if run.json does not exist yet. ``DamagedRunFile`` naming the
+        file when it is not a JSON object (empty, torn, ``null``, ``[1,2]``, nested too deeply)."""
         try:
             with open_regular(self.meta_path) as fh:
-                return dict(json.load(fh))
+                meta = json.load(fh)
         except FileNotFoundError:
             return {}
+        except (ValueError, RecursionError) as exc:  # not JSON (a UnicodeDecodeError is a ValueError)
+            raise DamagedRunFile(f"{printable(self.meta_path)} is damaged: {printable(exc)}") from None
+        if not isinstance(meta, dict):
+            kind = _JSON_KINDS.get(type(meta), type(meta).__name__)
+            raise DamagedRunFile(
+                f"{printable(self.meta_path)} is damaged: it holds {kind}, not a JSON object"
+            )
+        return meta
 
     def read_run(self) -> RunInfo:
-        """The run run.json describes (the directory name fills in a missing id)."""
-        return RunInfo.from_meta(self.read_meta(), self.run_id)
+        """The run run.json describes (the directory name fills in a missing id); ``DamagedRunFile``
+        naming the file when it is not a run's metadata (a field of the wrong type too)."""
+        meta = self.read_meta()
+        try:
+            return RunInfo.from_meta(meta, self.run_id)
+        except (TypeError, ValueError) as exc:
+            raise DamagedRunFile(f"{printable(self.meta_path)} is damaged: {printable(exc)}") from None
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
         """Merge ``fields`` into run.json (``sinks`` is merged per sink) and return the result."""
@@ -328,6 +342,28 @@ class DuplicateRunId(ValueError):
     """Two run directories claim one run id (a copied folder): neither is read as that run."""
 
 
+_JSON_KINDS = {
+    type(None): "null",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+class DamagedRunFile(ValueError):
+    """A run.json that is not a run's metadata (empty, torn, not a JSON object, a field of the wrong
+    type); the message names the file."""
+
+
+class DamagedRun(UserWarning):
+    """A run directory skipped by a reader of the spool: its run.json is damaged (``DamagedRunFile``)."""
+
+    label = "note"
+    """How the command line prefixes it (``cliptrack: note: ...``)."""
+
+
 def check_unique_ids(runs: Iterable[RunDir]) -> list[RunDir]:
     """``runs`` when each run id (the one its run.json names, else its directory's) is claimed by
     one directory; ``DuplicateRunId`` naming the id and both directories otherwise (a copied run
@@ -350,8 +386,9 @@ def check_unique_ids(runs: Iterable[RunDir]) -> list[RunDir]:
 
 def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
     """The run directories directly under the spool directory ``root`` (those holding a run.json),
-    sorted by name (the run id); ``[]`` when ``root`` is not a directory. ``DuplicateRunId`` when
-    two of them claim one run id (``check_unique_ids``)."""
+    sorted by name (the run id); ``[]`` when ``root`` is not a directory. A run whose run.json is
+    damaged is left out with a ``DamagedRun`` note naming the file: one damaged run never hides the
+    others. ``DuplicateRunId`` when two of them claim one run id (``check_unique_ids``)."""
     base = Path(root)
     if not base.is_dir():
         return []
@@ -365,7 +402,20 @@ def spool_runs(root: str | os.PathLike[str]) -> list[RunDir]:
                 found.append(RunDir(base, p.name))
             except ValueError:
                 continue  # not a name the tracker writes
-    return check_unique_ids(sorted(found, key=lambda r: r.run_id))
+    return check_unique_ids(sorted(_readable(found), key=lambda r: r.run_id))
+
+
+def _readable(runs: Iterable[RunDir]) -> list[RunDir]:
+    """``runs`` whose run.json describes a run; each other one named in a ``DamagedRun`` note."""
+    out = []
+    for run in runs:
+        try:
+            run.read_run()
+        except DamagedRunFile as exc:
+            warnings.warn(f"{exc}; the run is skipped", DamagedRun, stacklevel=3)
+            continue
+        out.append(run)
+    return out
 
 
 def run_dirs(root: str | os.PathLike[str]) -> list[RunDir]:

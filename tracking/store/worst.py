@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cliptrack.core.text import printable
 from cliptrack.core.worst import COLUMNS, CRITERIA, SequenceGauge, Worst, rank_key
-from cliptrack.store.files import open_regular
+from cliptrack.store import journal
 
 LOG = logging.getLogger("cliptrack")
 
@@ -52,6 +53,10 @@ TAG = "cliptrack.worst_sequences"
 """The MLflow run tag (``"1"``) set once a table reached the run's artifacts: a reader lists the
 artifacts only then (artifact requests of a proxied store go through MLflow's artifact proxy, which
 drops a tracking URI's query, so a run without tables costs no such request)."""
+MAX_LINE_BYTES = journal.MAX_LINE_BYTES
+"""Longest ``worst.jsonl`` line (bytes, newline included) a reader takes, the journal's limit (16 MiB:
+about 60,000 sequences a table); ``log_worst`` refuses a longer table (``checked``), a reader skips a
+longer line with a note, never holding it whole."""
 TABLE_COLUMNS = ("step", "criterion", "rank", "k", *COLUMNS)
 """The columns of a step's table (W&B, MLflow): a record of ``Worst.records()`` and ``k``."""
 
@@ -95,7 +100,14 @@ def checked(step: int, worst: object) -> Worst:
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"step {step}: a worst sequence by {criterion}: {exc}") from None
         _check_ranked(step, criterion, by[criterion])
-    return Worst(step, k, by)
+    table = Worst(step, k, by)
+    size = len(encode(table))
+    if size > MAX_LINE_BYTES:
+        raise ValueError(
+            f"step {step}: the table takes {size} bytes in worst.jsonl, more than the readers' "
+            f"{MAX_LINE_BYTES}-byte limit of a line; log fewer sequences (a smaller k)"
+        )
+    return table
 
 
 def _check_ranked(step: int, criterion: str, listed: tuple[SequenceGauge, ...]) -> None:
@@ -144,7 +156,10 @@ def from_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]], step: int |
 
 
 def _parse(line: bytes) -> Worst:
-    obj = json.loads(line)
+    try:
+        obj = json.loads(line)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
     if not isinstance(obj, Mapping):
         raise ValueError("not a JSON object")
     return Worst.from_records(int(obj["step"]), int(obj["k"]), obj["records"])
@@ -152,22 +167,36 @@ def _parse(line: bytes) -> Worst:
 
 def read_worst_file(path: str | Path) -> list[Worst]:
     """Every table of a ``worst.jsonl`` (a run directory or the file), in logging order; ``[]`` when
-    there is none. A damaged line (torn by a crash, not JSON, not a table) is skipped with a warning
-    naming the file and line."""
+    there is none. A damaged line (torn by a crash, not JSON, nested too deeply, not a table, longer
+    than ``MAX_LINE_BYTES``) is skipped with a warning naming the file and line. Lines are read one
+    at a time, an oversized one in bounded chunks (``journal.lines``): memory stays within
+    ``MAX_LINE_BYTES`` and the tables, whatever the file holds."""
     path = Path(path)
     if path.is_dir():
         path = path / WORST_FILE
     if not path.exists():
         return []
     out = []
-    with open_regular(path) as fh:
-        for number, line in enumerate(fh.read().splitlines(), start=1):
-            if not line.strip():
-                continue
+    start = 0
+    for number, line, end in journal.lines(path):
+        size, start = end - start, end
+        if journal.oversized(line, end - size, end):
+            why: str | None = f"a line of {size} bytes, longer than the {MAX_LINE_BYTES}-byte limit"
+        elif not line.strip():
+            continue
+        else:
+            why = None
             try:
                 out.append(_parse(line))
-            except (ValueError, KeyError, TypeError) as exc:
-                LOG.warning("%s line %d is not a worst-sequences table (skipped): %s", path, number, exc)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                why = str(exc)
+        if why is not None:
+            LOG.warning(
+                "%s line %d is not a worst-sequences table (skipped): %s",
+                printable(path),
+                number,
+                printable(why),
+            )
     return out
 
 
