@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cliptrack.adapters.losses.output import loss_metrics
+from cliptrack.adapters.losses.recipe import recipe_of
 from cliptrack.adapters.losses.registry import loss_spec
 from cliptrack.adapters.shared.merge import (
     ForwardBackwardOutput,
@@ -48,6 +49,7 @@ from cliptrack.adapters.shared.merge import (
 )
 from cliptrack.adapters.shared.stack import StackCall
 from cliptrack.core import keys
+from cliptrack.core.recipe import Recipe
 from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
 
@@ -87,6 +89,7 @@ class TrackedTrainingClient:
         self._step = first_step
         self._steps: dict[int, _Step] = {}
         self._changed = threading.Condition(threading.Lock())
+        self._recipe: Recipe | None = None
         self.logged_steps: list[int] = []
         """Steps logged so far, in the order they were logged."""
 
@@ -121,13 +124,32 @@ class TrackedTrainingClient:
 
     def forward_backward(self, *args: Any, **kwargs: Any) -> Any:
         future = self._client.forward_backward(*args, **kwargs)
+        self._record_recipe(args, kwargs)
         self._observe(future)
         return future
 
     async def forward_backward_async(self, *args: Any, **kwargs: Any) -> Any:
         future = await self._client.forward_backward_async(*args, **kwargs)
+        self._record_recipe(args, kwargs)
         self._observe(future)
         return future
+
+    def _record_recipe(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The run's config gets the recipe of a built-in loss call (``forward_backward(data, loss_fn,
+        loss_fn_config)``) whenever it differs from the last one recorded; a loss cliptrack does not
+        register, or a tracker without ``log_config``, records nothing."""
+        loss_fn = kwargs.get("loss_fn", args[1] if len(args) > 1 else None)
+        config = kwargs.get("loss_fn_config", args[2] if len(args) > 2 else None)
+        log_config = getattr(self._tracker, "log_config", None)
+        if not isinstance(loss_fn, str) or log_config is None:
+            return
+        try:
+            recipe = recipe_of(loss_fn, config if isinstance(config, Mapping) else None)
+        except (TypeError, ValueError):  # not one of ours: the client reports its own errors
+            return
+        if recipe != self._recipe:
+            self._recipe = recipe
+            log_config(recipe.as_config())
 
     def forward_backward_custom(self, *args: Any, **kwargs: Any) -> Any:
         future = self._client.forward_backward_custom(*args, **kwargs)

@@ -474,3 +474,21 @@ def test_ids_echoed_without_a_worst_token_keep_the_steps_metrics(tmp_path):
     assert not (run_dir / WORST_FILE).exists()
     (point,) = [json.loads(line) for line in (run_dir / keys.POINTS_FILE).read_text().splitlines()]
     assert point["metrics"][keys.LOSS_TOKENS] == future.result().metrics[keys.LOSS_TOKENS]
+
+
+def test_the_run_records_the_recipe_of_its_loss_calls(tmp_path):
+    from cliptrack.core.recipe import Recipe, recipe_from_config
+
+    service = InProcessService()
+    tracker = Tracker("tinker-recipe", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    client = TrackedTrainingClient(service, tracker)
+    data, _ = make_data(service, 3, seed=5)
+    client.forward_backward(data, "ppo", {"clip_high_threshold": 1.28})
+    client.optim_step(types.AdamParams(learning_rate=0.1))
+    service.resolve([0])
+    assert client.flush(timeout_s=60)
+    tracker.close()
+    [run] = load_runs([tracker.run_id], jsonl_dir=tmp_path).runs
+    assert recipe_from_config(run.run.config) == Recipe(
+        loss="ppo", clip_low=0.8, clip_high=1.28, clip_reference="sampler", aggregation="sum"
+    )

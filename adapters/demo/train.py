@@ -38,6 +38,7 @@ import torch
 from cliptrack.adapters.demo import megatron_cpu
 from cliptrack.adapters.demo.task import Policy, Rollout, TaskConfig, rollout
 from cliptrack.adapters.losses.output import ForwardBackwardOutput, merge_outputs
+from cliptrack.adapters.losses.recipe import recipe_of
 from cliptrack.core import keys
 from cliptrack.core.worst import DEFAULT_K, Worst, merge_worst
 from torch import Tensor
@@ -87,8 +88,10 @@ class RunConfig:
             raise ValueError(f"staleness must be >= 0 steps, got {self.staleness}")
 
     def as_config(self) -> dict[str, Any]:
-        """The run's configuration, for the tracker."""
+        """The run's configuration, for the tracker, with the recipe its counts are measured under
+        (the loss's defaults; every path divides the step's summed loss by its tokens)."""
         return {
+            **recipe_of(self.loss, aggregation="token-mean").as_config(),
             "path": self.path,
             "loss": self.loss,
             "steps": self.steps,
