@@ -158,6 +158,23 @@ def test_quoted_passwords_and_a_dict_held_authorization_header_are_hidden():
         assert redact(expected) == expected
 
 
+@given(
+    _WORD, st.text(alphabet=st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=24)
+)
+def test_a_password_or_a_header_in_a_dict_s_repr_never_survives(user, password):
+    """Python's own ``repr`` of a dict (whichever quotes it picks, with its backslash escapes) is
+    the plain reference: redacted, it is the same repr with the password's value (in its quotes)
+    and the header's credentials masked."""
+    held = {"user": user, "password": password}
+    shown = repr(password)  # in the quotes repr picks for it
+    head, _, tail = repr(held).rpartition(shown)
+    assert redact(repr(held)) == f"{head}{shown[0]}{MASK}{shown[0]}{tail}"
+    header = {"Authorization": "Basic " + base64.b64encode(f"user-{user}:{password}".encode()).decode()}
+    assert redact(repr(header)) == repr({"Authorization": f"Basic {MASK}"})
+    libpq = password.replace("\\", "\\\\").replace("'", "\\'")  # libpq's quoted form escapes these
+    assert redact(f"host=db password='{libpq}' port=5") == f"host=db password='{MASK}' port=5"
+
+
 def test_redacted_text_in_a_sentence_is_redacted_again_unchanged():
     """A masked query value or password followed by punctuation (a URI in parentheses, before a
     colon) is left as it is by a second pass: the sentence keeps its ``):``."""
