@@ -137,7 +137,8 @@ def _(reason: r.Approximate) -> str:
 @sentence.register
 def _(reason: r.FrameworkRun) -> str:
     parts = [
-        f"{reason.run}: logged by {reason.framework} itself (its metric names; read as {reason.version})"
+        f"{reason.run}: logged by {reason.framework} itself (its own metric names, read through the table "
+        f"of {reason.framework} {reason.version}: docs/FRAMEWORKS.md)"
     ]
     if reason.approximate:
         parts.append(f"{', '.join(reason.approximate)} approximate (a mean of means, or the old log-probs)")
@@ -150,7 +151,7 @@ def _(reason: r.FrameworkRun) -> str:
         parts.append(
             f"{', '.join(reason.different)} a different quantity, shown under its own name, not compared"
         )
-    return "; ".join(parts) + " (docs/FRAMEWORKS.md)"
+    return "; ".join(parts)
 
 
 @sentence.register
