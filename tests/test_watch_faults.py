@@ -318,6 +318,9 @@ def test_a_reference_run_is_read_within_twice_its_size(tmp_path) -> None:
     run = _reference_journal(tmp_path / "reference", 20_000)
     size = (run / "points.jsonl").stat().st_size
     watch = live.Watch(KL, reference=run)
+    live.band_of_reference(
+        live.Watch(KL, reference=[1e-3 * (1 + i % 7 / 100) for i in range(200)])
+    )  # imports
     tracemalloc.start()
     try:
         band = live.band_of_reference(watch)

@@ -266,8 +266,8 @@ def reference_band(
     return Band(level, 0.0, _floor_sd(sd, level, scale), int(arr.size), scale, ratio, floor, trajectory)
 
 
-MEDIAN_BLOCK_VALUES = 1 << 22
-"""Values (32 MiB of float64) a block of full windows holds while ``moving_median`` takes their
+MEDIAN_BLOCK_VALUES = 1 << 20
+"""Values (8 MiB of float64) a block of full windows holds while ``moving_median`` takes their
 medians at once."""
 MEDIAN_HEAPS_ABOVE = 64
 """``moving_median`` takes a ``half`` above this through its heaps, at or below it by blocks."""
