@@ -89,6 +89,11 @@ def test_verl_and_trl_configs_as_they_log_them():
     got = recipe_from_config(trl)
     assert got is not None and (got.loss, got.clip_reference) == ("trl:dapo", "old")
     assert got.clip_low == pytest.approx(0.8) and got.clip_high == pytest.approx(1.28)
+    cispo = recipe_from_config({"loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 5.0})
+    assert cispo is not None and (cispo.clip_low, cispo.clip_high) == (
+        None,
+        5.0,
+    )  # TRL clamps at epsilon_high
     assert recipe_from_config({"seed": 1, "lr": 0.1}) is None
 
 

@@ -197,7 +197,8 @@ TRL_CLIPPING = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 def _trl(flat: Mapping[str, Any]) -> Recipe | None:
     """TRL's ``GRPOConfig`` as its ``report_to`` logs it: ``loss_type``, ``epsilon`` and
     ``epsilon_high`` (``1 - epsilon``, ``1 + epsilon_high``; CISPO clips above only, at
-    ``1 + epsilon_high``), against the old log-probs."""
+    ``epsilon_high`` itself, which TRL 1.16 uses as the bound of the ratio), against the old
+    log-probs."""
     loss_type = _text(flat.get("loss_type"))
     if loss_type is None or "epsilon" not in flat:
         return None
@@ -208,7 +209,7 @@ def _trl(flat: Mapping[str, Any]) -> Recipe | None:
     return Recipe(
         loss=f"trl:{loss_type}",
         clip_low=low,
-        clip_high=None if eps_high is None else 1 + eps_high,
+        clip_high=None if eps_high is None else eps_high if loss_type == "cispo" else 1 + eps_high,
         clip_reference=OLD,
         aggregation=loss_type,
     )
