@@ -21,8 +21,11 @@ import numpy as np
 import pytest
 from cliptrack.backends import load_runs
 from cliptrack.compare import compare
+from cliptrack.compare.aliases import canonical_metrics
 from cliptrack.compare.reasons import FrameworkRun
-from cliptrack.core import keys
+from cliptrack.core import frameworks, keys
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -175,7 +178,9 @@ def write_trl(directory: Path, name: str, uri: str, rows) -> None:
 
         # the run a user starts before training (W&B's settings are read once per process); the
         # callback logs into it as it would into its own
-        wandb.init(project="frameworks", name=name, dir=str(directory), mode="offline", reinit="finish_previous")
+        wandb.init(
+            project="frameworks", name=name, dir=str(directory), mode="offline", reinit="finish_previous"
+        )
         # a fresh process's MLflow reads MLFLOW_TRACKING_URI; this one has set another store before
         mlflow.set_tracking_uri(uri)
         callbacks = (WandbCallback(), MLflowCallback())
@@ -400,7 +405,10 @@ def test_a_frameworks_own_runs_read_as_logged_and_compare(written, name, store):
         values = _by_step(runs, label)
         for e in case.expect:
             for step in range(STEPS):
-                assert values[step, e.key] == pytest.approx(e.value(batches(seed, step)), rel=1e-6), (e.key, step)
+                assert values[step, e.key] == pytest.approx(e.value(batches(seed, step)), rel=1e-6), (
+                    e.key,
+                    step,
+                )
             assert (e.key in info.approximate) == e.approximate, e.key
         assert set(case.per_step_exact) <= set(info.per_step)
         for kept in case.different:  # under its own name (W&B's transformers callback prefixes train/)
@@ -450,7 +458,6 @@ def test_stacks_over_seeds_group_by_framework_with_approximate_marked(written, t
 
 def test_every_entry_of_the_table_is_documented():
     """docs/FRAMEWORKS.md lists every framework's version and every metric name of the table."""
-    from cliptrack.core import frameworks
 
     text = (Path(__file__).parents[1] / "docs" / "FRAMEWORKS.md").read_text(encoding="utf-8")
     for f in frameworks.FRAMEWORKS:
@@ -460,8 +467,6 @@ def test_every_entry_of_the_table_is_documented():
 
 
 def test_detection_needs_a_name_one_framework_alone_logs():
-    from cliptrack.core import frameworks
-
     assert frameworks.detect(["loss", "train/ppo_kl"]) is None  # shared and unknown names say nothing
     found = frameworks.detect(["train/ppo_clip_ratio", "train/ppo_kl", "loss"])
     assert found is not None and found.title == "OpenRLHF"
@@ -478,3 +483,27 @@ def test_runs_lists_a_frameworks_own_runs_under_its_name(written, name):
         assert sorted((e.name, e.backend, e.steps) for e in entries) == [
             (f"{name}-seed{seed}", name, STEPS) for seed in (0, 1)
         ], store
+
+
+@given(
+    loss=st.integers(1, 10**9),
+    share=st.floats(0, 1),
+    theirs=st.floats(0, 1),
+    name=st.sampled_from(sorted(m.name for m in frameworks.METRICS if m.key == keys.CLIP_FRACTION)),
+)
+def test_a_frameworks_fraction_beside_our_counts_is_kept_and_ours_is_used(loss, share, theirs, name):
+    """Whatever the framework's value, the point's clip fraction is our counts' ratio, and the
+    framework's number stays under its own name, recorded as audited (never as approximate)."""
+    clipped = int(share * loss)
+    got = canonical_metrics(
+        {name: theirs, keys.CLIPPED_TOKENS: float(clipped), keys.LOSS_TOKENS: float(loss)}
+    )
+    assert got.metrics[keys.CLIP_FRACTION] == clipped / loss
+    assert got.metrics[name] == theirs
+    assert got.audited == {(keys.CLIP_FRACTION, name)}
+    assert got.approximate == frozenset() and got.per_step == frozenset()
+    alone = canonical_metrics({name: theirs})  # without our counts: read as ours, flagged per its entry
+    assert alone.metrics[keys.CLIP_FRACTION] == theirs and name not in alone.metrics
+    entry = frameworks.BY_FOREIGN[name]
+    assert (keys.CLIP_FRACTION in alone.approximate) == (entry.agreement == frameworks.APPROXIMATE)
+    assert (keys.CLIP_FRACTION in alone.per_step) == (entry.agreement == frameworks.EXACT)

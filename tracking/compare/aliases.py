@@ -92,11 +92,16 @@ def _beside_ours(
     """A framework's own numbers of keys ``own`` holds exactly, into ``out`` under their own names;
     returns the (our key, foreign name) pairs."""
     audited = set()
-    for foreign, alias in _ALIASES.items():
-        if foreign in metrics and foreign in frameworks.BY_FOREIGN and _held_exactly(alias.key, own):
+    for foreign in sorted(_AUDITABLE.keys() & metrics.keys()):
+        key = _AUDITABLE[foreign].key
+        if _held_exactly(key, own):
             out[foreign] = float(metrics[foreign])
-            audited.add((alias.key, foreign))
+            audited.add((key, foreign))
     return audited
+
+
+_AUDITABLE = {name: alias for name, alias in _ALIASES.items() if name in frameworks.BY_FOREIGN}
+"""The frameworks' own names read as a key of ours (or a labelled one): kept beside ours when both are logged."""
 
 
 _SUMS = frozenset(m.key for m in measures.MEASURES)
