@@ -2,9 +2,9 @@
 recording loss), once with verl's own mode. Writes ``rank<r>.pt`` under the output folder: the
 recorded calls, both runs' reduced metrics (rank 0) and parameters after the step.
 
-Usage: ``python -m tests._verl_update_worker OUT MODEL RANK WORLD PORT MODE [ENGINE]``, with MODE a
-key of :data:`MODES` and ENGINE ``weights`` to give the batch plain rollout weights (and declare
-them so, ``CLIPTRACK_VERL_ENGINE=weights``).
+Usage: ``python -m tests._verl_update_worker OUT MODEL RANK WORLD PORT MODE [weights]``, with MODE a
+key of :data:`MODES`; ``weights`` gives the batch plain token-level rollout weights and declares
+them so (``CLIPTRACK_VERL_ENGINE=weights``).
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ tokens on rank 0, 9 and 10 on rank 1."""
 MICRO = 2
 
 
-def main(out: Path, model: Path, rank: int, world: int, port: int, mode: str, engine: str) -> None:
+def main(out: Path, model: Path, rank: int, world: int, port: int, mode: str, weights: bool) -> None:
     harness.use_cpu_platform()
     harness.init_gloo(rank, world, port)
-    if engine == "weights":
+    if weights:
         os.environ["CLIPTRACK_VERL_ENGINE"] = "weights"
     import cliptrack.adapters.verl  # noqa: F401  (registers the twins)
 
     ours, theirs = MODES[mode]
     recorder = harness.Recorder(f"recording_{ours}", ours)
     lengths = LENGTHS[world]
-    batch = harness.random_batch(lengths, seed=1, weights=engine == "weights")
+    batch = harness.random_batch(lengths, seed=1, weights=weights)
     share = len(lengths) // world
     rows = slice(rank * share, (rank + 1) * share)
     result: dict[str, object] = {"rank": rank}
@@ -63,5 +63,5 @@ if __name__ == "__main__":
         int(args[3]),
         int(args[4]),
         args[5],
-        (args[6:] or ["none"])[0],
+        args[6:] == ["weights"],
     )

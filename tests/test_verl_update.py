@@ -30,7 +30,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(out: Path, model: Path, world: int, mode: str, engine: str = "none") -> list[dict[str, Any]]:
+def _launch(out: Path, model: Path, world: int, mode: str, *extra: str) -> list[dict[str, Any]]:
     port = _port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("CLIPTRACK_VERL_ENGINE", None)
@@ -46,7 +46,7 @@ def _launch(out: Path, model: Path, world: int, mode: str, engine: str = "none")
                 str(world),
                 str(port),
                 mode,
-                engine,
+                *extra,
             ],
             cwd=ROOT,
             env=env,
@@ -86,6 +86,11 @@ def vanilla_two(tmp_path_factory: pytest.TempPathFactory, model: Path) -> list[d
 
 
 @pytest.fixture(scope="module")
+def vanilla_weights(tmp_path_factory: pytest.TempPathFactory, model: Path) -> list[dict[str, Any]]:
+    return _launch(tmp_path_factory.mktemp("verl-weights"), model, 1, "vanilla", "weights")
+
+
+@pytest.fixture(scope="module")
 def cispo_one(tmp_path_factory: pytest.TempPathFactory, model: Path) -> list[dict[str, Any]]:
     return _run(tmp_path_factory, model, 1, "cispo")
 
@@ -95,36 +100,44 @@ def cispo_one(tmp_path_factory: pytest.TempPathFactory, model: Path) -> list[dic
 LOW, HIGH = 1 - 0.2, 1 + 0.2
 
 
-def _clipped(call: dict[str, Any], mode: str) -> tuple[int, int]:
-    """(clipped tokens, eligible tokens) of one recorded loss call, token by token."""
-    clipped = tokens = 0
-    mask, adv = call["mask"].flatten().tolist(), call["advantages"].flatten().tolist()
-    ratio = torch.exp(call["current"] - call["old"]).flatten().tolist()
-    for m, a, r in zip(mask, adv, ratio, strict=True):
+def _clipped(call: dict[str, Any], mode: str) -> tuple[int, int, int]:
+    """(clipped tokens, eligible tokens, dual-clipped tokens) of one recorded loss call, token by
+    token; the dual clip (vanilla, ``clip_ratio_c`` 3) as verl writes it, in the inputs' float32."""
+    adv, ratio = call["advantages"], torch.exp(call["current"] - call["old"])
+    dual = (torch.maximum(-adv * ratio, -adv * ratio.clamp(LOW, HIGH)) > -adv * 3.0) & (adv < 0)
+    clipped = tokens = duals = 0
+    rows = zip(
+        call["mask"].flatten().tolist(),
+        adv.flatten().tolist(),
+        ratio.flatten().tolist(),
+        dual.flatten().tolist(),
+        strict=True,
+    )
+    for m, a, r, d in rows:
         if not m:
             continue
         tokens += 1
+        duals += d and mode == "vanilla"
         if mode == "cispo":
             clipped += r < LOW or r > HIGH
         else:
             clipped += (a > 0 and r > HIGH) or (a < 0 and r < LOW)
-    return clipped, tokens
+    return clipped, tokens, duals
 
 
-def _reference(ranks: list[dict[str, Any]], mode: str) -> tuple[int, int, float]:
-    """Exact clipped and eligible tokens over every call of every rank, and verl's mean of
-    per-micro-batch means (averaged over ranks per micro-batch index, then over micro-batches)."""
-    per_rank = [[_clipped(call, mode) for call in rank["calls"]] for rank in ranks]
-    clipped = sum(c for calls in per_rank for c, _ in calls)
-    tokens = sum(t for calls in per_rank for _, t in calls)
-    means = [sum(c / t for c, t in calls) / len(calls) for calls in per_rank]
-    return clipped, tokens, sum(means) / len(means)
+def _mean_of_means(per_rank: list[list[float]]) -> float:
+    """verl's reduction of a per-micro-batch value: the mean over ranks, then over micro-batches."""
+    return sum(sum(values) / len(values) for values in per_rank) / len(per_rank)
 
 
 def _check(ranks: list[dict[str, Any]], mode: str, differs: bool = True) -> None:
     metrics = ranks[0]["ours_metrics"]
-    clipped, tokens, mean_of_means = _reference(ranks, mode)
-    token_counts = [int(call["mask"].sum()) for rank in ranks for call in rank["calls"]]
+    per_rank = [[_clipped(call, mode) for call in rank["calls"]] for rank in ranks]
+    clipped = sum(c for calls in per_rank for c, _, _ in calls)
+    tokens = sum(t for calls in per_rank for _, t, _ in calls)
+    duals = sum(d for calls in per_rank for _, _, d in calls)
+    mean_of_means = _mean_of_means([[c / t for c, t, _ in calls] for calls in per_rank])
+    token_counts = [t for calls in per_rank for _, t, _ in calls]
     assert len(set(token_counts)) > 1, f"micro-batches of equal token counts {token_counts}"
     # one mini-batch: the logged sums are the step's exact totals, their ratio the exact fraction
     assert metrics["cliptrack/loss_tokens"] == tokens
@@ -135,6 +148,10 @@ def _check(ranks: list[dict[str, Any]], mode: str, differs: bool = True) -> None
     assert ranks[0]["theirs_metrics"]["actor/pg_clipfrac"] == metrics["actor/pg_clipfrac"]
     if differs:
         assert not math.isclose(mean_of_means, clipped / tokens, rel_tol=1e-3), "the data shows no difference"
+    if mode == "vanilla":
+        assert metrics["cliptrack/dual_clipped_tokens"] == duals
+        dual_means = _mean_of_means([[d / t for _, t, d in calls] for calls in per_rank])
+        assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(dual_means, rel=1e-6, abs=1e-12)
     # the same update as verl's own mode: loss, gradient norm, every parameter after the step
     for key in ("actor/pg_loss", "grad_norm", "actor/ppo_kl"):
         assert metrics[key] == ranks[0]["theirs_metrics"][key], key
@@ -180,3 +197,18 @@ def test_drift_logged_and_engine_unavailable_without_rollout_log_probs(
         1.2,
         3.0,
     )
+
+
+def test_plain_rollout_weights_give_the_engine_part(vanilla_weights: list[dict[str, Any]]) -> None:
+    """With rollout weights in the batch (verl's ppo_loss hands them to the loss) declared plain,
+    the update is still verl's own, and the gauge against the sampler is measured: its engine part
+    is log(w) per token."""
+    _check(vanilla_weights, "vanilla")
+    metrics = vanilla_weights[0]["ours_metrics"]
+    calls = vanilla_weights[0]["calls"]
+    assert all(call["weights"] is not None for call in calls)
+    assert metrics["cliptrack/engine_gauge"] == 1.0
+    engine = sum(float((c["weights"].double().log().abs() * c["mask"]).sum()) for c in calls)
+    tokens = sum(int(c["mask"].sum()) for c in calls)
+    assert metrics["cliptrack/engine_abs_log_ratio"] == pytest.approx(engine, abs=tokens * 1e-6)
+    assert metrics["cliptrack/kl_k3"] > 0 and metrics["cliptrack/is_weight"] > 0
