@@ -6,6 +6,7 @@ from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
 from cliptrack.backends.jsonl.directory import spool_directory
+from cliptrack.backends.jsonl.verl_log import find_logs, verl_entry
 from cliptrack.store.spool import spool_runs
 
 
@@ -26,8 +27,10 @@ def spool_entry(run_dir: Any) -> RunEntry:
 
 
 def spool_entries(directory: str) -> list[RunEntry]:
-    """Every run of a JSONL spool directory, as ``catalog.RunEntry``."""
-    return [spool_entry(run_dir) for run_dir in spool_runs(spool_directory(directory))]
+    """Every run of a JSONL spool directory, and every verl log there
+    (:mod:`cliptrack.backends.jsonl.verl_log`), as ``catalog.RunEntry``."""
+    root = spool_directory(directory)
+    return [spool_entry(run_dir) for run_dir in spool_runs(root)] + [verl_entry(p) for p in find_logs(root)]
 
 
 def list_runs(*, include_comparisons: bool = False, jsonl_dir: str) -> list[RunEntry]:

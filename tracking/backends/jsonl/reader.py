@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from cliptrack.backends.catalog import choose_runs
+from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.jsonl.directory import spool_directory
 from cliptrack.backends.jsonl.listing import spool_entry
+from cliptrack.backends.jsonl.verl_log import find_logs, read_log, verl_entry
 from cliptrack.compare.frame import Columns, LoadedRun, MetricCodes, RunSet
 from cliptrack.core.worst import Worst
 from cliptrack.store import journal
@@ -25,7 +26,8 @@ def _jsonl_runs(directory: Path) -> list[RunDir]:
 
 
 def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
-    """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``).
+    """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``), and the
+    runs verl's own file or console logger wrote there (:mod:`cliptrack.backends.jsonl.verl_log`).
 
     ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory. Points are
     read by ``journal.load_columns``: a damaged line (torn, not JSON, over the reader's limits) is
@@ -38,13 +40,25 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
         info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
         found.append((info, run_dir))
     by_id = {info.run.run_id: run_dir for info, run_dir in found}
+    logged = {info.run.run_id: (info, points) for info, points in map(read_log, find_logs(root))}
     chosen = choose_runs(
         refs,
-        [(info, info.run.run_id, info.run.run_name) for info, _ in found],
+        [(info, info.run.run_id, info.run.run_name) for info, _ in found + list(logged.values())],
         f"JSONL dir {root}",
-        entry=lambda info: spool_entry(by_id[info.run.run_id]),
+        entry=lambda info: _entry(info, by_id),
     )
-    return RunSet.from_points((info, _spool_columns(by_id[info.run.run_id])) for info in chosen)
+    return RunSet.from_points(
+        logged[info.run.run_id]
+        if info.run.run_id in logged
+        else (info, _spool_columns(by_id[info.run.run_id]))
+        for info in chosen
+    )
+
+
+def _entry(info: LoadedRun, by_id: dict[str, RunDir]) -> RunEntry:
+    """A chosen run as listed: a spool run by its directory, a verl log by its file."""
+    run_dir = by_id.get(info.run.run_id)
+    return spool_entry(run_dir) if run_dir is not None else verl_entry(Path(info.location))
 
 
 def _spool_columns(run_dir: RunDir) -> Columns:
