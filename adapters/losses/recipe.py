@@ -40,18 +40,15 @@ def recipe_of(
     spec.check_config(config)
     options = {name: default for name, default in spec.option_defaults.items() if default is not REQUIRED}
     options.update(config)
-    clips = {}
-    if spec.clips:
-        clips = {
-            "clip_low": _number(options.get("clip_low_threshold")),
-            "clip_high": _number(options.get("clip_high_threshold")),
-            "dual_clip": _number(options.get("dual_clip")),
-            "clip_reference": options.get("clip_reference"),
-        }
-    outside = {"ratio_outside_low": None, "ratio_outside_high": None}
-    if spec.gauge:
-        outside = {
-            "ratio_outside_low": _number(options.get(measures.RATIO_OUTSIDE_LOW_OPTION)),
-            "ratio_outside_high": _number(options.get(measures.RATIO_OUTSIDE_HIGH_OPTION)),
-        }
-    return Recipe(loss=spec.name, aggregation=aggregation, **clips, **outside)
+    clips, gauge = spec.clips, spec.gauge
+    reference = options.get("clip_reference") if clips else None
+    return Recipe(
+        loss=spec.name,
+        clip_low=_number(options.get("clip_low_threshold")) if clips else None,
+        clip_high=_number(options.get("clip_high_threshold")) if clips else None,
+        dual_clip=_number(options.get("dual_clip")) if clips else None,
+        clip_reference=reference if isinstance(reference, str) else None,
+        ratio_outside_low=_number(options.get(measures.RATIO_OUTSIDE_LOW_OPTION)) if gauge else None,
+        ratio_outside_high=_number(options.get(measures.RATIO_OUTSIDE_HIGH_OPTION)) if gauge else None,
+        aggregation=aggregation,
+    )
