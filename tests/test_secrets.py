@@ -665,3 +665,16 @@ def test_a_resumed_run_and_replay_reach_the_store_with_the_uri_run_json_does_not
     client = MlflowClient(real)
     [run] = client.search_runs([client.get_experiment_by_name("cliptrack").experiment_id])
     assert len(client.get_metric_history(run.info.run_id, keys.REWARD)) == 10
+
+
+def test_a_watch_and_its_reference_show_no_password_in_their_repr():
+    from cliptrack.log.watch import RunRef, Watch
+
+    text = "http://alice:S3cretPW@mlflow.example:5000#RUN7"
+    for obj in (
+        Watch("kl_k3:mean", reference=text),
+        RunRef.parse(text),
+        Watch("kl_k3:mean", RunRef.parse(text)),
+    ):
+        shown = repr(obj)
+        assert "S3cretPW" not in shown and "RUN7" in shown and "alice" in shown, shown

@@ -36,6 +36,7 @@ echoes the URL it was given).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -276,3 +277,10 @@ def redacted_output() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def redacted_repr(obj: Any) -> str:
+    """A dataclass's repr (its fields as the generated one shows them) with :func:`redact` applied:
+    for a dataclass holding a store's address, what a log line or a traceback shows of it."""
+    shown = ", ".join(f"{f.name}={getattr(obj, f.name)!r}" for f in dataclasses.fields(obj) if f.repr)
+    return redact(f"{type(obj).__name__}({shown})")

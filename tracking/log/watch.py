@@ -41,7 +41,7 @@ from typing import Any
 from cliptrack.backends.base import Alert
 from cliptrack.compare.quantities import ABS_LOG_RATIO_FLOOR, CLIP_FLOOR, KL_FLOOR, WEIGHT_LAG_FLOOR
 from cliptrack.compare.stats import watch as rule
-from cliptrack.core.secrets import redact
+from cliptrack.core.secrets import redact, redacted_repr
 from cliptrack.core.text import printable
 from cliptrack.store import journal
 from cliptrack.store.spool import RunDir
@@ -111,6 +111,9 @@ class RunRef:
             if store.startswith(prefix):
                 return cls(run, ((keyword, store[len(prefix) :]),))
         return cls(run, (("tracking_uri", store),))
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
     def __str__(self) -> str:
         """For humans: the run and its store, without the store's credentials."""
@@ -198,6 +201,9 @@ class Watch:
         )
         if self.on_breach is not None and not callable(self.on_breach):
             raise ValueError(f"Watch on_breach={self.on_breach!r}: expected a callable taking an Alert")
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
     @property
     def offset(self) -> float:
