@@ -35,22 +35,45 @@ def _difference(quantity):
     return [base, f"{base}:low", f"{base}:high", f"{base}:margin_low", f"{base}:margin_high"]
 
 
+CLIP_AS_LOGGED = [
+    "actor/pg_clipfrac",
+    "clip_ratio/region_mean",
+    "train/clip_ratio/region_mean",
+    "train/ppo_clip_ratio",
+    "train/pg_clipfrac",
+    "ppo_actor/update/clip_ratio/avg",
+    "policy/clip_ratio",
+    "actor/clipfrac",
+]
+"""The frameworks' own clip fractions (docs/FRAMEWORKS.md): a W&B line plot shows them beside ours."""
+KL_AS_LOGGED = ["rollout_corr/k3_kl", "train/gen_kl_error", "train/train_rollout_kl", "mismatch_kl/all/mean"]
+ABS_AS_LOGGED = [
+    "sampling/sampling_logp_difference/mean",
+    "train/sampling/sampling_logp_difference/mean",
+    "train/train_rollout_logprob_abs_diff",
+    "policy/rollout_train_logprobs_abs_diff_mean",
+]
 EXPECTED = {
     "clipping": [
-        [keys.CLIP_FRACTION],
+        [keys.CLIP_FRACTION, *CLIP_AS_LOGGED],
         _difference("clip_fraction"),
-        [keys.CLIPPED_TOKENS, keys.LOSS_TOKENS],
+        [
+            keys.CLIPPED_TOKENS,
+            keys.LOSS_TOKENS,
+            "ppo_actor/update/clipped_tokens",
+            "ppo_actor/update/n_valid_tokens",
+        ],
         [keys.CLIPPED_LOW_TOKENS, keys.CLIPPED_HIGH_TOKENS],
     ],
-    "reward": [[keys.REWARD], _difference("reward")],
+    "reward": [[keys.REWARD, "critic/score/mean"], _difference("reward")],
     "throughput": [[keys.THROUGHPUT], _difference("throughput"), [keys.STEP_TIME]],
     "gauge": [
-        [keys.KL_K3_MEAN],
+        [keys.KL_K3_MEAN, *KL_AS_LOGGED],
         _difference("kl_k3"),
         _difference("abs_log_ratio"),
         _difference("ratio_outside_fraction"),
         [keys.ENGINE_KL_K3_MEAN, keys.DRIFT_KL_K3_MEAN],
-        [keys.ABS_LOG_RATIO_MEAN],
+        [keys.ABS_LOG_RATIO_MEAN, *ABS_AS_LOGGED],
     ],
 }
 

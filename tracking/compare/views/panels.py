@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cliptrack.compare.quantities import QUANTITIES
-from cliptrack.core import keys
+from cliptrack.core import frameworks, keys
 
 SERIES = "series"
 """Panel kind: each run's per-step series."""
@@ -63,10 +63,14 @@ class Panel:
 
     @property
     def wandb_keys(self) -> list[str]:
-        """The logged keys the W&B line plot of this panel shows."""
+        """The logged keys the W&B line plot of this panel shows: a series panel's keys, then the
+        frameworks' own names read as one of them (a run that logged one beside ours shows both)."""
         if self.quantity:
             return list(difference_keys(self.quantity))
-        return [line.key for line in self.lines]
+        ours = [line.key for line in self.lines]
+        return ours + [
+            m.name for m in frameworks.METRICS if m.key in ours and m.agreement != frameworks.DIFFERENT
+        ]
 
 
 DIFFERENCE_PREFIX = "difference"
