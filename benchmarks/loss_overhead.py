@@ -521,7 +521,8 @@ def _plain_dual(lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, weights: Ten
 def _decoupled_rows(b: _Batch, repeats: int) -> list[Row]:
     """Decoupled PPO (clipped against the old log-probs: the gauge then also splits into engine and
     drift) and with verl's dual clip and importance weights, fused and eager, against the same
-    objectives without counting, compiled and eager, beside today's PPO against the sampler."""
+    objectives without counting, compiled and eager, beside today's PPO against the sampler given
+    the same old log-probs (whose gauge splits alike: what choosing the old reference costs)."""
     slp, adv, mask, step = b.slp, b.adv, b.mask, b.step
     gen = torch.Generator().manual_seed(2)
     old = slp + 0.05 * torch.randn(SHAPE, generator=gen)  # the trainer at the sampling weights
@@ -547,7 +548,8 @@ def _decoupled_rows(b: _Batch, repeats: int) -> list[Row]:
             "ppo decoupled, dual clip and importance weights"
         ](x, old, adv, mask, weights),
     }
-    sampler = _with_path("1", lambda x: losses.ppo(x, slp, adv, mask).loss)
+    # today's default, given the same old log-probs: the gauge's engine/drift split costs the same
+    sampler = _with_path("1", lambda x: losses.ppo(x, slp, adv, mask, old_logprobs=old).loss)
     rows: list[Row] = []
     for name, fn in counted.items():
         fused_fn, eager_fn = _with_path("1", fn), _with_path("0", fn)
@@ -574,7 +576,7 @@ def _decoupled_rows(b: _Batch, repeats: int) -> list[Row]:
             Row(
                 f"{name} fused with counting and the gauge",
                 m["fused"],
-                "ppo fused against the sampler (today's default)",
+                "ppo fused against the sampler, given the same old_logprobs",
                 m["fused"] / m["sampler"],
             ),
             Row(
