@@ -458,6 +458,9 @@ def test_stacks_over_seeds_group_by_framework_with_approximate_marked(written, t
     assert clip.approximate  # verl's clip fraction is a mean of micro-batch means
     exact = {e.run: e.approximate for e in result.estimates if e.metric == "clip_fraction"}
     assert exact == {"areal-seed0": False, "areal-seed1": False, "verl-seed0": True, "verl-seed1": True}
+    row = result.compact_table().set_index("metric").loc["clip_fraction"]
+    assert row["verl"].startswith("≈") and not row["areal"].startswith("≈")  # the stack's mean marked
+    assert row["difference [90% CI]"].startswith("≈")
 
 
 def test_every_entry_of_the_table_is_documented():

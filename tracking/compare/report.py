@@ -291,8 +291,15 @@ def _group_value(result: Findings, group: str, metric: str) -> str:
     if not math.isfinite(mean):
         return "n/a"
     seeds = sum(math.isfinite(result.run_estimate(metric, r).estimate.value) for r in result.groups[group])
-    text = _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    text = _approximate_mark(result, group, metric) + (
+        _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    )
     return f"{text} (mean of {seeds} seeds)"
+
+
+def _approximate_mark(result: Findings, group: str, metric: str) -> str:
+    """``≈`` when a seed of ``group`` logged ``metric`` only as a mean of means, else ""."""
+    return "≈" if any(result.run_estimate(metric, r).approximate for r in result.groups[group]) else ""
 
 
 def _formatted_groups(result: Findings) -> pd.DataFrame:
@@ -871,7 +878,9 @@ def _group_mean(result: Findings, group: str, metric: str, named: bool = False) 
     mean = result.group_mean(group, metric)
     if not math.isfinite(mean):
         return "n/a"
-    text = _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    text = _approximate_mark(result, group, metric) + (
+        _pct(mean) if result.quantity(metric).percent else f"{mean:.4g}"
+    )
     return f"{group} {text}" if named else text
 
 
