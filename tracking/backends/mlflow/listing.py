@@ -11,7 +11,7 @@ from cliptrack.backends.mlflow import creation
 from cliptrack.backends.mlflow._compat import bounded_requests, installed_version, schema_revision
 from cliptrack.backends.mlflow._rest import history_length
 from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
-from cliptrack.core import keys
+from cliptrack.core import frameworks, keys
 
 
 def check_schema(revision: str | None, uri: str, origin: str, tables: list[str]) -> None:
@@ -52,8 +52,13 @@ def read_uri(tracking_uri: str | None) -> str:
 
 
 def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
-    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key``."""
+    """An MLflow run (``mlflow.entities.Run``) as listed; steps are the points of ``count_key`` (of a
+    framework's own metric for a run that framework logged itself, which then names its backend when
+    the run has none: ``cliptrack.core.frameworks.detect``)."""
     tags = run.data.tags
+    framework = frameworks.detect(run.data.metrics)
+    if framework is not None and count_key not in run.data.metrics:  # a framework's own run: its own metric
+        count_key = next(m.name for m in frameworks.of(framework.name) if m.name in run.data.metrics)
     steps: int | None = 0
     if count_key in run.data.metrics:  # a server's history in bounded pages, else through the client
         steps = history_length(str(client.tracking_uri), run.info.run_id, count_key)
@@ -63,7 +68,7 @@ def mlflow_entry(client: Any, run: Any, count_key: str) -> RunEntry:
         cliptrack_id=tags.get(keys.TAG_RUN_ID, run.info.run_id),
         store_id=run.info.run_id,
         name=run.info.run_name or "",
-        backend=tags.get(keys.TAG_BACKEND, ""),
+        backend=tags.get(keys.TAG_BACKEND) or (framework.name if framework is not None else ""),
         status=run.info.status,
         started=(run.info.start_time or 0) / 1000.0,
         steps=steps,
