@@ -166,7 +166,10 @@ def _readme_loop() -> str:
     return after[start : after.index("```", start)]
 
 
-def test_the_readme_loop_runs_and_logs_what_the_readme_says(tmp_path):
+def test_the_readme_loop_runs_and_its_printed_command_finds_the_stale_stack(tmp_path):
+    """The README's own loop as it stands, run from a folder of its own: six runs (two stacks, three
+    seeds each) logged with their counts as the README says, and the command it prints, run as
+    printed, calls the stale stack different on the clip fraction and the mismatch KL."""
     code = _readme_loop()
     assert (
         "tracker.log_losses(" in code and "with tracker.step(step):" in code and "/ out.loss_tokens" in code
@@ -176,23 +179,31 @@ def test_the_readme_loop_runs_and_logs_what_the_readme_says(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.strip().splitlines()[-1]
+    assert printed == "cliptrack compare --group-by stack --jsonl my-runs"
     listing = _cliptrack(["runs", "--jsonl", "my-runs", "--json"], tmp_path)
-    [row] = json.loads(listing.stdout)
-    assert row["name"] == "my-loop" and row["status"] == "FINISHED" and row["steps"] == 20
+    rows = json.loads(listing.stdout)
+    assert sorted(r["name"] for r in rows) == sorted(
+        f"{s}-seed{i}"
+        for s, i in [("fresh", 0), ("fresh", 1), ("fresh", 2), ("stale", 10), ("stale", 11), ("stale", 12)]
+    )
+    assert all(r["status"] == "FINISHED" and r["steps"] == 40 for r in rows)
     points = [
         json.loads(line)
-        for line in (tmp_path / "my-runs" / row["cliptrack_id"] / keys.POINTS_FILE).read_text().splitlines()
+        for line in (tmp_path / "my-runs" / rows[0]["cliptrack_id"] / keys.POINTS_FILE)
+        .read_text()
+        .splitlines()
     ]
     metrics = points[0]["metrics"]
-    assert metrics[keys.LOSS_TOKENS] == 4 * 64  # four epochs of 64 tokens, summed
+    assert metrics[keys.LOSS_TOKENS] == 2 * 64  # two epochs of 64 tokens, summed
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    assert "`loss_tokens:sum` is tokens × passes (here 64 × 4 = 256 a step)" in readme  # says so
-    assert (
-        0 < metrics[keys.CLIP_FRACTION] < 1
-        and metrics[keys.CLIP_FRACTION] == metrics[keys.CLIPPED_TOKENS] / metrics[keys.LOSS_TOKENS]
-    )
-    assert (
-        metrics[keys.STEP_TIME] > 0
-        and metrics[keys.THROUGHPUT] == metrics[keys.LOSS_TOKENS] / metrics[keys.STEP_TIME]
-    )
-    assert keys.REWARD in metrics
+    assert "`loss_tokens:sum` is tokens × passes (here 64 × 2 = 128 a step)" in readme  # says so
+    assert metrics[keys.CLIP_FRACTION] == metrics[keys.CLIPPED_TOKENS] / metrics[keys.LOSS_TOKENS]
+    assert metrics[keys.STEP_TIME] > 0 and keys.REWARD in metrics
+    result = _cliptrack([*shlex.split(printed)[1:], "--json"], tmp_path)
+    answer = json.loads(result.stdout)
+    verdicts = {d["metric"]: d["verdict"] for d in answer["group_differences"]}
+    assert verdicts["clip_fraction"] == "different" and verdicts["kl_k3"] == "different", result.stdout[
+        -2000:
+    ]
+    assert "different" in readme  # and the README says what it gives
