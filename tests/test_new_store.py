@@ -200,3 +200,18 @@ def test_the_tracker_names_the_repair_of_a_store_left_mid_migration(tmp_path):
         rf"the store was left mid-migration \(the leftover tables _alembic_tmp_metrics .*{stopped}", message
     )
     assert message.endswith(f"&& mlflow db upgrade sqlite:///{path}"), message
+
+
+def test_a_store_being_created_is_said_to_be_not_refused_as_stuck(tmp_path, capsys):
+    from cliptrack.backends.mlflow import creation
+    from cliptrack.cli.main import main
+
+    path = tmp_path / "mlflow.db"
+    _stuck_store(path)  # as a creator sees it midway
+    uri = f"sqlite:///{path}"
+    with creation.creating(uri):  # another creator holds the lock
+        assert main(["runs", "--tracking-uri", uri]) == 2
+    line = capsys.readouterr().err
+    assert f"{uri} is being created by another process right now (it holds mlflow.db.cliptrack-lock)" in line
+    assert main(["runs", "--tracking-uri", uri]) == 2  # the lock let go: what it left is named
+    assert "was left mid-migration" in capsys.readouterr().err
