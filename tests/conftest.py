@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +35,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(session[0]))
         elif shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+REQUIRE_STACK = "CLIPTRACK_REQUIRE_STACK"
+"""Set (to the stack's name) where a stack's tests run in the environment built for them (``make
+test-stacks``): there a test module skipped for a missing package fails instead, so that the stack's
+tests can never pass by not running."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    stack = os.environ.get(REQUIRE_STACK)
+    if stack and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{collector.nodeid} was skipped in the {stack} environment, where it must run: {report.longrepr}"
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
