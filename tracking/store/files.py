@@ -61,3 +61,28 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def lock_held(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a live process holds an advisory lock (``flock``) on the file at ``path``; read-only:
+    the file is neither made nor changed, the lock is tried shared and let go at once. False when
+    there is no such file; None where advisory locks are not there or the file cannot be opened."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here (Windows)
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

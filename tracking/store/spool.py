@@ -45,7 +45,7 @@ from cliptrack.core import keys
 from cliptrack.core.secrets import redact_value
 from cliptrack.core.text import printable
 from cliptrack.store import journal
-from cliptrack.store.files import open_regular
+from cliptrack.store.files import lock_held, open_regular
 from cliptrack.store.journal import DamagedLine as DamagedLine
 from cliptrack.store.journal import Journal as Journal  # the append side, for the tracker
 from cliptrack.store.journal import Position
@@ -310,21 +310,7 @@ class RunDir:
             return None
         if sink in self._locks:
             return True
-        try:
-            fd = os.open(self.path / f"{sink}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        finally:
-            os.close(fd)
+        return lock_held(self.path / f"{sink}.lock")
 
     def unlock_sink(self, sink: str) -> None:
         """Release the lock this process took; in a forked child only close the child's copy of

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from cliptrack.backends.mlflow._compat import SQLITE_PREFIX, initialize_schema
+from cliptrack.store.files import lock_held
 
 LOCK_SUFFIX = ".cliptrack-lock"
 """The lock file's name: the database file's name with this suffix, in the same folder."""
@@ -149,24 +150,7 @@ def in_progress(database: Path) -> bool:
     """Whether a process holds the creation lock of the sqlite file ``database`` now (it is creating
     or migrating the store); read-only: the lock file is neither made nor changed, the lock tried
     shared and let go at once."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    lock = database.with_name(database.name + LOCK_SUFFIX)
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return lock_held(database.with_name(database.name + LOCK_SUFFIX)) is True
 
 
 def mid_migration(tables: Sequence[str], revision: str | None) -> str | None:
