@@ -36,11 +36,17 @@ def _counts(mbs) -> dict[str, float]:
 
 
 def trl_rows(seed: int) -> list[dict[str, float]]:
-    return [{"clip_ratio/region_mean": mean_of_means(batches(seed, s)), **_counts(batches(seed, s))} for s in range(STEPS)]
+    return [
+        {"clip_ratio/region_mean": mean_of_means(batches(seed, s)), **_counts(batches(seed, s))}
+        for s in range(STEPS)
+    ]
 
 
 def verl_rows(seed: int) -> list[dict[str, float]]:
-    return [{"actor/pg_clipfrac": mean_of_means(batches(seed, s)), **_counts(batches(seed, s))} for s in range(STEPS)]
+    return [
+        {"actor/pg_clipfrac": mean_of_means(batches(seed, s)), **_counts(batches(seed, s))}
+        for s in range(STEPS)
+    ]
 
 
 def miles_rows(seed: int) -> list[dict[str, float]]:
@@ -74,7 +80,9 @@ def stores(tmp_path_factory):
             _wandb(root / "wandb-verl", name, lambda run, step, row: run.log(row, step=step), rows)
         for seed, name in enumerate(("miles-a", "miles-b")):
             rows = miles_rows(seed)
-            _wandb(root / "wandb-miles", name, lambda run, step, row: run.log({**row, "train/step": step}), rows)
+            _wandb(
+                root / "wandb-miles", name, lambda run, step, row: run.log({**row, "train/step": step}), rows
+            )
     finally:
         os.chdir(here)
     return root, uri
