@@ -50,7 +50,7 @@ def _printed_commands(stdout: str) -> list[str]:
 def test_output_is_quiet_and_third_party_messages_are_in_the_log(demo):
     out, proc = demo
     assert "\r" not in proc.stdout and "\x1b[" not in proc.stdout  # no bar frames in a file
-    assert f"megatron: step {3 * STEPS}/{3 * STEPS} (100%)" in proc.stdout  # 3 seeds of STEPS steps
+    assert f"megatron: run 3/3, step {STEPS}/{STEPS} (100%)" in proc.stdout  # 3 seeds of STEPS steps
     for noise in (
         "Creating initial MLflow database tables",
         "UserWarning",

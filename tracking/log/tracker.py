@@ -835,7 +835,7 @@ def _sink_options(
             f"Tracker({keyword}=...) is deprecated and goes in the next release: pass "
             f"sink_options={{{name!r}: {{{option!r}: ...}}}} (or a ready sink in sinks=[...])",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=4,  # the caller of Tracker(): past this helper, __init__ and its redacted_errors wrapper
         )
         if option in options.get(name, {}):
             raise ValueError(f"give {name} {option!r} once: sink_options or {keyword}=, not both")
