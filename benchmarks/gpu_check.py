@@ -38,9 +38,10 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cliptrack.adapters.losses import builtin as losses
-from cliptrack.adapters.losses import fused
 from cliptrack.adapters.megatron import make_loss_func, merged_sums, sum_reports
 from cliptrack.core import keys
+
+from tests._harness import loss_path
 
 GPU_SHAPE = (256, 8192)
 DRY_SHAPE = (8, 256)
@@ -143,19 +144,6 @@ def loss_bound(name: str, x: Inputs) -> tuple[float, float]:
     return total, 8 * unit * magnitude + terms.numel() * unit32 * magnitude + unit * abs(total)
 
 
-@contextlib.contextmanager
-def path(value: str) -> Iterator[None]:
-    saved = os.environ.get(fused.ENV_VAR)
-    os.environ[fused.ENV_VAR] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(fused.ENV_VAR, None)
-        else:
-            os.environ[fused.ENV_VAR] = saved
-
-
 def timed(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call, ended by a synchronisation (CUDA events on a GPU)."""
     if device.type == "cuda":
@@ -190,7 +178,7 @@ def check_case(
     truth, bound = loss_bound(name, x)
     rows = []
     for value in ("0", "1"):
-        with path(value):
+        with loss_path(value):
             ours = forward_backward(lambda lp: counted(name, lp, x).loss, x)
             for _ in range(3):  # compile both (a second shape guard may recompile) before timing
                 ours(), plain()
@@ -245,7 +233,7 @@ def check_syncs(device: torch.device, shape: tuple[int, int]) -> dict[str, bool]
             x = make_inputs(shape, torch.float32, device, seed=1)
             inputs = {"sampling_logprobs": x.slp, "advantages": x.adv, "mask": x.mask, "old_logprobs": x.old}
             loss_func = make_loss_func(name, inputs, OPTIONS[name])
-            with path(value):
+            with loss_path(value):
                 warm = [loss_func(x.lp.detach().requires_grad_(True))[2]]
                 merged_sums(warm, group=group, device=device)
                 try:
