@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from cliptrack.compare.frame import COLUMNS, RunSet
 from cliptrack.core import keys
+from cliptrack.store.frame import COLUMNS, RunSet
 
 
 def build_frame(info: Any, points: list[Any]) -> pd.DataFrame:

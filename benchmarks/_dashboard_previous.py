@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.views.panels import SERIES_PANELS as PANELS
 from cliptrack.compare.views.series import AXIS_TITLES, all_series
+from cliptrack.store.frame import RunSet
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 

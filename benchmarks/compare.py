@@ -176,7 +176,7 @@ def _in_memory(runs: int, steps: int):  # type: ignore[no-untyped-def]
     """``runs`` runs of ``steps`` steps x 5 series as ``Columns`` (the bulk loaders' form)."""
     import numpy as np
 
-    frame = _module("tracking.compare.frame", "cliptrack.compare.frame")
+    frame = _module("tracking.compare.frame", "cliptrack.store.frame")
     Columns, LoadedRun = frame.Columns, frame.LoadedRun
     RunInfo = _module("tracking.records", "cliptrack.store.records").RunInfo
 
@@ -222,7 +222,7 @@ def _child(what: str, root: Path) -> dict[str, float]:
     from cliptrack.backends.jsonl import reader as jsonl_reader
     from cliptrack.backends.mlflow import reader as mlflow_reader
     from cliptrack.compare import compare
-    from cliptrack.compare import frame as frame_module
+    from cliptrack.store import frame as frame_module
 
     from benchmarks import _compare_previous as previous
 

@@ -43,7 +43,7 @@ RUNS = ("bench-a", "bench-b")
 def _runset(steps: int) -> RunSet:
     import numpy as np
     from cliptrack.compare import LoadedRun, RunSet
-    from cliptrack.compare.frame import Columns
+    from cliptrack.store.frame import Columns
     from cliptrack.store.records import RunInfo
 
     from benchmarks.compare import KEYS, _series

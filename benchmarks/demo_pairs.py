@@ -65,7 +65,7 @@ def generate(staleness: int, seed: int, steps: int) -> None:
 
 
 def _runset(runs: list[tuple[str, dict[str, np.ndarray]]], n: int):  # -> RunSet
-    from cliptrack.compare.frame import LoadedRun, Point, RunInfo, RunSet
+    from cliptrack.store.frame import LoadedRun, Point, RunInfo, RunSet
 
     out = []
     for name, data in runs:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from cliptrack.adapters.demo.train import RunConfig, train
 from cliptrack.compare import RunSet, compare
-from cliptrack.compare.frame import LoadedRun, Point
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 
 

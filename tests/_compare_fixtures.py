@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cliptrack.compare.frame import Point
 from cliptrack.core import keys
+from cliptrack.store.frame import Point
 
 T0 = 1_767_225_600.0
 """Wall time of the first step (unix seconds, 2026-01-01)."""

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from cliptrack import Tracker
 from cliptrack.backends import load_runs
-from cliptrack.compare.aliases import canonical_metrics
 from cliptrack.core import keys
+from cliptrack.store.aliases import canonical_metrics
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -17,10 +17,10 @@ from cliptrack.backends import load_jsonl
 from cliptrack.compare import RunSet, compare, report
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.notes import steps_text
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT
 from cliptrack.core import keys
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 
 from tests._compare_fixtures import _ar1, megatron_vs_miles, run_from_curves, write_jsonl

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pandas as pd
 from cliptrack.compare import RunSet
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.core import keys
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st

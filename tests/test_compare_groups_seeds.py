@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 from cliptrack.compare import RunSet, compare
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.groups import groups_by
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT
 from cliptrack.compare.stats.seeds import (
@@ -20,6 +19,7 @@ from cliptrack.compare.stats.seeds import (
     stack_verdict,
     steps_factor,
 )
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st

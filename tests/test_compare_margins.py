@@ -11,10 +11,10 @@ import pytest
 from cliptrack.compare import RunSet, compare
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT, INCONCLUSIVE, INSUFFICIENT, ratio_estimate
 from cliptrack.compare.stats.intervals import _bounded
 from cliptrack.core import keys
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st

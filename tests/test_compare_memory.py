@@ -191,9 +191,9 @@ def test_a_comparison_of_long_memory_runs_says_so_in_its_reason_and_json():
     difference's estimate carries the memory found, its JSON names it, and a gated verdict's reason
     names long memory with the d found (not the batch check's wording)."""
     from cliptrack.compare import RunSet, compare
-    from cliptrack.compare.frame import LoadedRun, Point
     from cliptrack.compare.report import as_dict
     from cliptrack.core import keys
+    from cliptrack.store.frame import LoadedRun, Point
     from cliptrack.store.records import RunInfo
 
     rng = np.random.default_rng(21)

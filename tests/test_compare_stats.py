@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pytest
 from cliptrack.compare import RunSet, Window, compare, parse_window, unit_table
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.compare.quantities import quantity
 from cliptrack.compare.stats import (
     ABSOLUTE,
@@ -32,6 +31,7 @@ from cliptrack.compare.stats import (
 )
 from cliptrack.compare.stats.cosines import cosine_coefficients
 from cliptrack.core import keys
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import RunInfo
 from hypothesis import example, given, settings
 from hypothesis import strategies as st

@@ -364,7 +364,6 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
     from cliptrack.adapters.demo.train import RunConfig, train
     from cliptrack.cli.demo import add_arguments
     from cliptrack.compare import DEFAULT_TOLERANCES, compare
-    from cliptrack.compare.frame import LoadedRun, Point, RunInfo, RunSet
     from cliptrack.compare.stats import (
         DIFFERENT,
         INSUFFICIENT,
@@ -374,6 +373,7 @@ def test_default_training_clips_more_on_the_stale_run_and_the_verdict_is_honest(
         equivalence_verdict,
         paired_difference,
     )
+    from cliptrack.store.frame import LoadedRun, Point, RunInfo, RunSet
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from cliptrack.backends import load_runs
 from cliptrack.compare import compare
-from cliptrack.compare.aliases import canonical_metrics
 from cliptrack.compare.reasons import FrameworkRun
 from cliptrack.core import frameworks, keys
+from cliptrack.store.aliases import canonical_metrics
 from hypothesis import given
 from hypothesis import strategies as st
 

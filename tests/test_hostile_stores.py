@@ -27,12 +27,12 @@ import pytest
 from cliptrack.backends import load_jsonl
 from cliptrack.cli.main import main
 from cliptrack.compare import RunSet
-from cliptrack.compare.frame import LoadedRun, Point
 from cliptrack.core import keys
 from cliptrack.core.validation import MAX_KEY_CHARS
 from cliptrack.log.tracker import Tracker
 from cliptrack.store import journal
 from cliptrack.store.files import SpecialFileError
+from cliptrack.store.frame import LoadedRun, Point
 from cliptrack.store.records import FINISHED, RunInfo
 from cliptrack.store.spool import DuplicateRunId, RunDir
 
@@ -208,7 +208,7 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
         f"""
         import json
         import numpy, pandas
-        import cliptrack.compare.frame, cliptrack.backends.jsonl.reader
+        import cliptrack.store.frame, cliptrack.backends.jsonl.reader
         def status(field):  # VmHWM: this process's own peak (ru_maxrss carries the parent's over a fork)
             with open("/proc/self/status") as fh:
                 return next(int(l.split()[1]) * 1024 for l in fh if l.startswith(field))

@@ -18,9 +18,9 @@ from typing import Any
 from cliptrack.backends.catalog import RunNotFoundError
 from cliptrack.backends.options import choose_backend
 from cliptrack.backends.registry import BACKENDS, resolve
-from cliptrack.compare.frame import LoadedRun, RunSet
 from cliptrack.core.secrets import redacted_errors
 from cliptrack.core.worst import Worst
+from cliptrack.store.frame import LoadedRun, RunSet
 
 __all__ = ["RunNotFoundError", "load_runs", "load_worst"]
 

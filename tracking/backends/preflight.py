@@ -44,8 +44,8 @@ from cliptrack.compare.align import ALIGNMENTS
 from cliptrack.core.secrets import RedactedError
 
 if TYPE_CHECKING:
-    from cliptrack.compare.frame import RunSet
     from cliptrack.compare.window import Window
+    from cliptrack.store.frame import RunSet
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 """MLflow's own default store (relative to the working directory)."""

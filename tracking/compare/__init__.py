@@ -24,11 +24,11 @@ _HOMES = {
     "DEFAULT_CONFIDENCE": "cliptrack.compare.engine",
     "DEFAULT_TOLERANCES": "cliptrack.compare.engine",
     "compare": "cliptrack.compare.engine",
-    "COLUMNS": "cliptrack.compare.frame",
-    "LoadedRun": "cliptrack.compare.frame",
-    "Point": "cliptrack.compare.frame",
-    "RunSet": "cliptrack.compare.frame",
-    "build_frame": "cliptrack.compare.frame",
+    "COLUMNS": "cliptrack.store.frame",
+    "LoadedRun": "cliptrack.store.frame",
+    "Point": "cliptrack.store.frame",
+    "RunSet": "cliptrack.store.frame",
+    "build_frame": "cliptrack.store.frame",
     "QUANTITIES": "cliptrack.compare.quantities",
     "Quantity": "cliptrack.compare.quantities",
     "ComparisonResult": "cliptrack.compare.result",
@@ -48,7 +48,6 @@ _HOMES = {
 if TYPE_CHECKING:
     from cliptrack.compare.align import ALIGNMENTS, unit_table
     from cliptrack.compare.engine import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
-    from cliptrack.compare.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
     from cliptrack.compare.quantities import QUANTITIES, Quantity
     from cliptrack.compare.result import (
         ComparisonResult,
@@ -60,6 +59,7 @@ if TYPE_CHECKING:
     )
     from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
     from cliptrack.compare.window import Window, parse_window
+    from cliptrack.store.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
 
 
 def __getattr__(name: str) -> Any:

@@ -25,8 +25,8 @@ from cliptrack.core import keys
 
 if TYPE_CHECKING:  # pandas and numpy are imported when a table is built, so the CLI starts fast
     import pandas as pd
-    from cliptrack.compare.frame import RunSet
     from cliptrack.compare.quantities import Quantity
+    from cliptrack.store.frame import RunSet
 
 
 ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
@@ -36,7 +36,7 @@ ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}
 def _per_step(runset: RunSet, label: str, specs: Sequence[Quantity], axis: str) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
-    from cliptrack.compare.frame import count_problems
+    from cliptrack.store.frame import count_problems
 
     wide = runset.wide(label)
     nonfinite = runset.nonfinite(label)

@@ -22,11 +22,11 @@ from cliptrack.compare import reasons as r
 from cliptrack.compare.align import unit_table
 from cliptrack.compare.estimates import valid
 from cliptrack.compare.findings import Audit, Note, RunEstimate
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.notes import note
 from cliptrack.compare.quantities import Estimand, Quantity
 from cliptrack.compare.window import Window
 from cliptrack.core import frameworks
+from cliptrack.store.frame import RunSet
 
 __all__ = ["audits", "framework_notes"]
 

@@ -38,7 +38,6 @@ from cliptrack.compare.estimates import (
     run_weighting_note,
 )
 from cliptrack.compare.findings import Difference, GroupDifference, Note, RunEstimate
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.groups import group_differences, groups_by
 from cliptrack.compare.notes import note
 from cliptrack.compare.pairs import differences
@@ -46,6 +45,7 @@ from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.window import Window
 from cliptrack.core import recipe as rc
+from cliptrack.store.frame import RunSet
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,12 +19,12 @@ from cliptrack.compare import stats as st
 from cliptrack.compare.align import unit_table
 from cliptrack.compare.columns import Columns, X
 from cliptrack.compare.findings import Note, RunEstimate
-from cliptrack.compare.frame import RunSet, count_problems
 from cliptrack.compare.notes import note
 from cliptrack.compare.quantities import Quantity
 from cliptrack.compare.stats import ABSOLUTE, LOG_RATIO, Estimate, wilson_interval
 from cliptrack.compare.window import Window
 from cliptrack.core import keys
+from cliptrack.store.frame import RunSet, count_problems
 
 
 def valid(table: pd.DataFrame, q: Quantity) -> tuple[np.ndarray, np.ndarray, pd.Index]:

@@ -39,7 +39,7 @@ from cliptrack.compare.stats.segments import segment_bounds
 from cliptrack.compare.verdicts import whole_window
 
 if TYPE_CHECKING:
-    from cliptrack.compare.frame import RunSet
+    from cliptrack.store.frame import RunSet
 
 Seed = tuple[np.ndarray, np.ndarray, np.ndarray]
 """One seed's ``(num, den, x)``: its sums at the units it logged validly, and their x."""

@@ -16,7 +16,7 @@ clip) is read under a labelled key of its own (:data:`LABELLED`: ``kl_k1:mean``,
 ``dual_clip_fraction:mean``), exact or approximate as above, and never compared as one of ours
 either.
 
-Loaders rename through :data:`ALIASES` only (``cliptrack.compare.aliases``); :func:`detect` names the
+Loaders rename through :data:`ALIASES` only (``cliptrack.store.aliases``); :func:`detect` names the
 framework a run was logged by from its metric names.
 """
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.csv.format import HEADER, RUN_PREFIX, run_files
-from cliptrack.compare.frame import LoadedRun, Point, RunSet
 from cliptrack.store.files import open_regular
+from cliptrack.store.frame import LoadedRun, Point, RunSet
 from cliptrack.store.records import RUNNING, RunInfo
 
 __all__ = ["CsvRun", "load_csv", "read", "read_run_file"]

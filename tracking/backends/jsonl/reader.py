@@ -11,10 +11,10 @@ from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.jsonl.directory import spool_directory
 from cliptrack.backends.jsonl.listing import spool_entry
 from cliptrack.backends.jsonl.verl_log import find_logs, read_log, verl_entry
-from cliptrack.compare.frame import Columns, LoadedRun, MetricCodes, RunSet
 from cliptrack.core.worst import Worst
 from cliptrack.store import journal
 from cliptrack.store import worst as worst_store
+from cliptrack.store.frame import Columns, LoadedRun, MetricCodes, RunSet
 from cliptrack.store.spool import RunDir, spool_runs
 
 __all__ = ["load_jsonl", "read", "read_worst"]

@@ -9,7 +9,7 @@ Either is found directly in ``DIR`` or one folder below (verl's project folder).
 its file (``<project>/<experiment>``), its stack is ``verl``, and its recipe is the one the
 cliptrack verl losses logged beside their sums (:func:`cliptrack.core.verl_keys.logged_recipe`),
 recorded in its config under ``loss_recipe.<field>``; the points go through the same key translation
-as other trackers' (:mod:`cliptrack.compare.aliases`): the losses' exact sums become ours, verl's own
+as other trackers' (:mod:`cliptrack.store.aliases`): the losses' exact sums become ours, verl's own
 ``actor/pg_clipfrac`` is kept beside them.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
-from cliptrack.compare.aliases import as_logged, canonical_points
-from cliptrack.compare.frame import LoadedRun
 from cliptrack.core import verl_keys
 from cliptrack.core.recipe import CONFIG_KEY
+from cliptrack.store.aliases import as_logged, canonical_points
+from cliptrack.store.frame import LoadedRun
 from cliptrack.store.records import Point, RunInfo
 
 __all__ = ["BACKEND", "find_logs", "read_log", "verl_entry"]

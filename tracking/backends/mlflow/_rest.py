@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from cliptrack.backends.mlflow import _compat as compat
 from cliptrack.backends.preflight import StoreError
-from cliptrack.compare.frame import Columns
 from cliptrack.core.secrets import redact
+from cliptrack.store.frame import Columns
 
 HTTP_SCHEMES = ("http://", "https://")
 PAGE_ROWS = 25_000

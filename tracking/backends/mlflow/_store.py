@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 import numpy as np
-from cliptrack.compare.frame import Columns
+from cliptrack.store.frame import Columns
 
 SQL_SCHEMES = ("sqlite:", "postgresql", "mysql", "mssql")
 CHUNK_ROWS = 100_000

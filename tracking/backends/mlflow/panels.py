@@ -51,13 +51,13 @@ from typing import Any
 from cliptrack.backends.mlflow._compat import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
 from cliptrack.compare import report
 from cliptrack.compare.findings import GroupDifference
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.stats import MIN_ESS, MIN_UNITS
 from cliptrack.compare.views.dashboard import write_dashboard
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import markdown_lines, markdown_text
+from cliptrack.store.frame import RunSet
 
 DEFAULT_EXPERIMENT = "cliptrack-comparisons"
 COMPARISONS_SUFFIX = "-comparisons"

@@ -19,11 +19,11 @@ from cliptrack.backends.mlflow._rest import http_columns
 from cliptrack.backends.mlflow._store import bulk_columns
 from cliptrack.backends.mlflow.listing import mlflow_entry, read_uri
 from cliptrack.backends.preflight import StoreError
-from cliptrack.compare.aliases import as_logged, canonical_points, needs_aliases
-from cliptrack.compare.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.core import keys
 from cliptrack.core.worst import Worst
 from cliptrack.store import worst as worst_store
+from cliptrack.store.aliases import as_logged, canonical_points, needs_aliases
+from cliptrack.store.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.store.records import RunInfo
 
 __all__ = ["load_mlflow", "mlflow_run_info", "read", "read_worst"]

@@ -33,12 +33,12 @@ from typing import Any
 
 from cliptrack.backends.wandb import _compat as _compat_wandb
 from cliptrack.backends.wandb._workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.views.panels import DIFFERENCE_PREFIX, PANELS, Panel, difference_keys, sections
 from cliptrack.compare.views.plots import SegmentView, plot_series, segment_views, x_range_of
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact, redact_value
+from cliptrack.store.frame import RunSet
 
 __all__ = [
     "COMPARISON_GROUP",

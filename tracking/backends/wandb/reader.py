@@ -19,11 +19,11 @@ from typing import Any
 
 from cliptrack.backends.catalog import RunEntry, choose_runs
 from cliptrack.backends.wandb import _compat as compat_wandb
-from cliptrack.compare.aliases import as_logged, canonical_points, foreign_step
-from cliptrack.compare.frame import LoadedRun, Point, RunSet
 from cliptrack.core import keys
 from cliptrack.core.worst import Worst
 from cliptrack.store import worst as worst_store
+from cliptrack.store.aliases import as_logged, canonical_points, foreign_step
+from cliptrack.store.frame import LoadedRun, Point, RunSet
 from cliptrack.store.records import EXIT_CODES, FAILED, RUNNING, RunInfo
 
 __all__ = [

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.views.panels import PANELS
 from cliptrack.compare.views.plots import (
@@ -46,6 +45,7 @@ from cliptrack.compare.worst import CRITERION_WORDS, IDS_CAVEAT, WorstSequences
 from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import html_lines, html_text
 from cliptrack.core.worst import COLUMNS, CRITERIA
+from cliptrack.store.frame import RunSet
 
 __all__ = ["PALETTE", "figures", "render_dashboard", "write_dashboard"]
 

@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult, Difference, GroupDifference
 from cliptrack.compare.stats import DIFFERENT, LOG_RATIO
 from cliptrack.compare.views import downsample
@@ -37,6 +36,7 @@ from cliptrack.compare.views.panels import PANELS, Panel
 from cliptrack.compare.views.series import AXIS_TITLES, run_series
 from cliptrack.compare.worst import WorstSequences
 from cliptrack.core.worst import CRITERIA
+from cliptrack.store.frame import RunSet
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 """Colours of the runs (or seed groups), in the comparison's order."""

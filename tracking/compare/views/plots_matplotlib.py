@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.result import ComparisonResult
 from cliptrack.compare.views.plots import (
     BAND,
@@ -22,6 +21,7 @@ from cliptrack.compare.views.plots import (
     nice_ticks,
     panel_figures,
 )
+from cliptrack.store.frame import RunSet
 
 STYLES = {"solid": "-", "dot": ":", "dash": "--"}
 """Matplotlib line styles of the traces' dash names."""

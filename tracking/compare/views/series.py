@@ -14,9 +14,9 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 from cliptrack.compare.align import ALIGNMENTS
-from cliptrack.compare.frame import RunSet
 from cliptrack.compare.window import Window
 from cliptrack.core import keys
+from cliptrack.store.frame import RunSet
 
 AXIS_TITLES = {
     "step": "trainer step",

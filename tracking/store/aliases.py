@@ -23,7 +23,7 @@ from cliptrack.core.verl_keys import as_ours, is_entry
 from cliptrack.store.records import Point
 
 if TYPE_CHECKING:
-    from cliptrack.compare.frame import LoadedRun
+    from cliptrack.store.frame import LoadedRun
 
 __all__ = [
     "AsLogged",
@@ -199,7 +199,7 @@ def canonical_points(points: list[Point]) -> AsLogged:
 
 
 def needs_aliases(columns: object) -> bool:
-    """Whether a bulk-read run (``cliptrack.compare.frame.Columns``) has any foreign metric name."""
+    """Whether a bulk-read run (``cliptrack.store.frame.Columns``) has any foreign metric name."""
     names = getattr(columns, "metric", ())
     return any(
         str(name) in _FOREIGN or is_entry(name)
