@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
+from cliptrack.backends.jsonl import framework_logs
 from cliptrack.backends.jsonl.directory import spool_directory
-from cliptrack.backends.jsonl.verl_log import find_logs, verl_entry
 from cliptrack.store.spool import spool_runs
 
 
@@ -27,10 +27,12 @@ def spool_entry(run_dir: Any) -> RunEntry:
 
 
 def spool_entries(directory: str) -> list[RunEntry]:
-    """Every run of a JSONL spool directory, and every verl log there
-    (:mod:`cliptrack.backends.jsonl.verl_log`), as ``catalog.RunEntry``."""
+    """Every run of a JSONL spool directory, and every run verl's or TRL's own logger wrote there
+    (:mod:`cliptrack.backends.jsonl.framework_logs`), as ``catalog.RunEntry``."""
     root = spool_directory(directory)
-    return [spool_entry(run_dir) for run_dir in spool_runs(root)] + [verl_entry(p) for p in find_logs(root)]
+    return [spool_entry(run_dir) for run_dir in spool_runs(root)] + [
+        framework_logs.entry(p) for p in framework_logs.find(root)
+    ]
 
 
 def list_runs(*, include_comparisons: bool = False, jsonl_dir: str) -> list[RunEntry]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 from cliptrack.backends.catalog import RunEntry, choose_runs
+from cliptrack.backends.jsonl import framework_logs
 from cliptrack.backends.jsonl.directory import spool_directory
 from cliptrack.backends.jsonl.listing import spool_entry
-from cliptrack.backends.jsonl.verl_log import find_logs, read_log, verl_entry
 from cliptrack.core.worst import Worst
 from cliptrack.store import journal
 from cliptrack.store import worst as worst_store
@@ -27,7 +27,8 @@ def _jsonl_runs(directory: Path) -> list[RunDir]:
 
 def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``), and the
-    runs verl's own file or console logger wrote there (:mod:`cliptrack.backends.jsonl.verl_log`).
+    runs verl's own file or console logger and TRL's trainer state wrote there
+    (:mod:`cliptrack.backends.jsonl.framework_logs`).
 
     ``refs`` are run ids or run names; an empty ``refs`` loads every run in the directory. Points are
     read by ``journal.load_columns``: a damaged line (torn, not JSON, over the reader's limits) is
@@ -40,7 +41,10 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
         info = LoadedRun(run_dir.read_run(), source="jsonl", location=str(root))  # the run.json mapping
         found.append((info, run_dir))
     by_id = {info.run.run_id: run_dir for info, run_dir in found}
-    logged = {info.run.run_id: (info, points) for info, points in map(read_log, find_logs(root))}
+    logged = {
+        info.run.run_id: (info, points)
+        for info, points in map(framework_logs.read, framework_logs.find(root))
+    }
     chosen = choose_runs(
         refs,
         [(info, info.run.run_id, info.run.run_name) for info, _ in found + list(logged.values())],
@@ -56,9 +60,9 @@ def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
 
 
 def _entry(info: LoadedRun, by_id: dict[str, RunDir]) -> RunEntry:
-    """A chosen run as listed: a spool run by its directory, a verl log by its file."""
+    """A chosen run as listed: a spool run by its directory, a framework's own log by its file."""
     run_dir = by_id.get(info.run.run_id)
-    return spool_entry(run_dir) if run_dir is not None else verl_entry(Path(info.location))
+    return spool_entry(run_dir) if run_dir is not None else framework_logs.entry(Path(info.location))
 
 
 def _spool_columns(run_dir: RunDir) -> Columns:
