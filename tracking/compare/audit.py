@@ -22,7 +22,7 @@ from cliptrack.compare import reasons as r
 from cliptrack.compare.align import unit_table
 from cliptrack.compare.estimates import valid
 from cliptrack.compare.findings import Audit, Note, RunEstimate
-from cliptrack.compare.notes import note
+from cliptrack.compare.notes import audit_text, note
 from cliptrack.compare.quantities import Estimand, Quantity
 from cliptrack.compare.window import Window
 from cliptrack.core import frameworks
@@ -91,7 +91,7 @@ def _audit(
     if exact_den <= 0:
         return None
     metric = frameworks.BY_FOREIGN[name]
-    return Audit(
+    found = Audit(
         run=label,
         metric=q.name,
         framework=frameworks.BY_NAME[metric.framework].title,
@@ -102,3 +102,4 @@ def _audit(
         why=metric.why if metric.agreement == frameworks.APPROXIMATE else "",
         percent=q.percent,
     )
+    return replace(found, text=audit_text(found))

@@ -226,7 +226,7 @@ class Audit:
     that logged both; ``exact``: the ratio of our token sums over the same steps (both in the
     quantity's units); ``steps``: how many; ``why``: what the framework does differently ("TRL
     averages micro-steps"; "" when its number is exact within each step); ``percent``: shown in
-    percent (the gap in percentage points)."""
+    percent (the gap in percentage points); ``text``: all of it in words (``notes.audit_text``)."""
 
     run: str
     metric: str
@@ -237,6 +237,7 @@ class Audit:
     steps: int
     why: str = ""
     percent: bool = False
+    text: str = ""
 
     @property
     def gap(self) -> float:
@@ -244,16 +245,8 @@ class Audit:
         return self.theirs - self.exact
 
     def sentence(self) -> str:
-        """``TRL's clip_ratio/region_mean 3.1 % vs exact 2.4 % (+0.7 pp): TRL averages micro-steps``."""
-        if self.percent:
-            shown, gap = f"{self.theirs * 100:.3g} %", f"{self.gap * 100:+.2g} pp"
-            exact = f"{self.exact * 100:.3g} %"
-        else:
-            shown, exact, gap = f"{self.theirs:.4g}", f"{self.exact:.4g}", f"{self.gap:+.2g}"
-        why = (
-            self.why or f"{self.framework}'s number is exact within each step; the window weights steps alike"
-        )
-        return f"{self.framework}'s {self.name} {shown} vs exact {exact} ({gap}): {why}"
+        """The audit in words (``text``, written by ``cliptrack.compare.notes.audit_text``)."""
+        return self.text
 
 
 @dataclass

@@ -42,6 +42,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from cliptrack.compare import formatting
 from cliptrack.compare.stats.estimate import ABSOLUTE, LOG_RATIO
 from cliptrack.core import keys
 
@@ -217,14 +218,14 @@ class Quantity:
         """The margin in words: ``±25% (±0.01 pp near zero)``, ``±5%``, ``±2 pp``, ``±0.002``."""
         if self.scale == ABSOLUTE:
             return self.absolute_text(self.margin)
-        text = f"±{self.margin * 100:.3g}%"
+        text = formatting.margin(self.margin, LOG_RATIO, self.percent)
         if self.scale == AUTO:
-            text += f" (±{self.absolute_text(self.abs_margin)[1:]} near zero)"
+            text += f" ({self.absolute_text(self.abs_margin)} near zero)"
         return text
 
     def absolute_text(self, margin: float) -> str:
         """An absolute margin of this quantity in words: ``±0.01 pp`` (percent), ``±0.002``."""
-        return f"±{margin * 100:.3g} pp" if self.percent else f"±{margin:.4g}"
+        return formatting.margin(margin, ABSOLUTE, self.percent)
 
     @property
     def plural_label(self) -> str:

@@ -1,4 +1,4 @@
-"""Reasons into sentences: the one place the comparison's explanations are written.
+"""Reasons into sentences: the comparison's explanations of its verdicts and notes.
 
 ``sentence(reason)`` turns a reason of ``reasons`` (a verdict reason or a note reason) into words,
 true of the numbers the reason holds; ``note(metric, run, reason)`` makes the ``Note`` a result
@@ -12,12 +12,11 @@ import math
 from collections.abc import Sequence
 from functools import singledispatch
 
+from cliptrack.compare import formatting
 from cliptrack.compare import reasons as r
-from cliptrack.compare.findings import Note
-from cliptrack.compare.stats.estimate import DIFFERENT, EQUIVALENT, counted
-
-AXIS_WORDS = {"step": "steps", "tokens": "tokens seen", "time": "seconds"}
-"""An alignment's axis in words (plural), for spans and shifts."""
+from cliptrack.compare.findings import Audit, Note
+from cliptrack.compare.notes.words import AXIS_WORDS
+from cliptrack.compare.stats.estimate import ABSOLUTE, DIFFERENT, EQUIVALENT, LOG_RATIO, counted
 
 
 def steps_text(steps: Sequence[int], most: int = 6) -> str:
@@ -36,7 +35,7 @@ def steps_text(steps: Sequence[int], most: int = 6) -> str:
 
 def span_text(span: r.Span) -> str:
     """``"steps 100-199"``: a stretch of the window on its axis."""
-    return f"{AXIS_WORDS[span.align]} {span.start:g}-{span.end:g}"
+    return f"{AXIS_WORDS[span.align].units} {span.start:g}-{span.end:g}"
 
 
 def densities_text(densities: Sequence[r.TokenDensity]) -> str:
@@ -236,10 +235,11 @@ def _(reason: r.AbsoluteScale) -> str:
     def value(v: float) -> str:
         return f"{v * 100:.3g}%" if reason.percent else f"{v:.4g}"
 
-    floor = f"{reason.abs_margin * 100:.3g} pp" if reason.percent else f"{reason.abs_margin:g}"
+    floor = formatting.margin(reason.abs_margin, ABSOLUTE, reason.percent)
+    relative = formatting.margin(reason.margin, LOG_RATIO, reason.percent)
     return (
-        f"{reason.run} vs {reason.reference}: {name} compared on the absolute scale (±{floor}, the floor near "
-        f"zero) instead of ±{reason.margin * 100:g}%: relative margins apply only when both runs' {name} is "
+        f"{reason.run} vs {reason.reference}: {name} compared on the absolute scale ({floor}, the floor near "
+        f"zero) instead of {relative}: relative margins apply only when both runs' {name} is "
         f"clearly away from zero (both intervals on one side of 0 and |{name}| >= {value(reason.floor)}); here "
         f"{value(reason.reference_value)} and {value(reason.run_value)}"
     )
@@ -297,7 +297,7 @@ def _(reason: r.ShortMemory) -> str:
 def _(reason: r.Lagging) -> str:
     return (
         f"{reason.run} vs {reason.reference}: {reason.behind}'s {reason.metric} curve lags {reason.ahead}'s by "
-        f"{abs(reason.shift):g} {AXIS_WORDS[reason.align]} ({abs(reason.lag)} units; shifting it removes "
+        f"{abs(reason.shift):g} {AXIS_WORDS[reason.align].units} ({abs(reason.lag)} units; shifting it removes "
         f"{reason.gain * 100:.0f}% of the squared difference of the smoothed curves): the difference is "
         "mostly a shift in time, not a level"
     )
@@ -351,3 +351,15 @@ def _(reason: r.RecipeUnknown) -> str:
         f"{', '.join(reason.runs)}: no recipe recorded (loss, clip bounds, clip reference), so whether "
         "their clip fractions were counted like the others' is not known"
     )
+
+
+def audit_text(a: Audit) -> str:
+    """``TRL's clip_ratio/region_mean 3.1 % vs exact 2.4 % (+0.7 pp): TRL averages micro-steps``:
+    a framework's own number beside the exact one, the gap, and why they differ."""
+    if a.percent:
+        shown, gap = f"{a.theirs * 100:.3g} %", f"{a.gap * 100:+.2g} pp"
+        exact = f"{a.exact * 100:.3g} %"
+    else:
+        shown, exact, gap = f"{a.theirs:.4g}", f"{a.exact:.4g}", f"{a.gap:+.2g}"
+    why = a.why or f"{a.framework}'s number is exact within each step; the window weights steps alike"
+    return f"{a.framework}'s {a.name} {shown} vs exact {exact} ({gap}): {why}"
