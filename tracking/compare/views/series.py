@@ -14,15 +14,13 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 from cliptrack.compare.align import ALIGNMENTS
+from cliptrack.compare.notes.words import AXIS_WORDS
 from cliptrack.compare.window import Window
 from cliptrack.core import keys
 from cliptrack.store.frame import RunSet
 
-AXIS_TITLES = {
-    "step": "trainer step",
-    "tokens": "tokens seen (loss tokens)",
-    "time": "wall time since start (s)",
-}
+AXIS_TITLES = {axis: words.title for axis, words in AXIS_WORDS.items()}
+"""An alignment as a plot's axis title (``cliptrack.compare.notes.words``)."""
 SERIES_COLUMNS = (
     "x",
     "clip_fraction",
