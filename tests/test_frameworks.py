@@ -31,6 +31,8 @@ pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
 STEPS = 6
+PROJECT = "frameworks"
+"""The W&B project and MLflow experiment the writers log into (as each framework's logger is told)."""
 MICRO = 3
 """Micro-batches (micro-steps, samples, ranks) per step, each with its own token count."""
 
@@ -85,7 +87,7 @@ class Case:
 def _wandb(directory: Path, name: str, log: Callable[[Any, int, dict[str, float]], None], rows, setup=None):
     import wandb
 
-    run = wandb.init(project="frameworks", name=name, dir=str(directory), mode="offline", reinit="create_new")
+    run = wandb.init(project=PROJECT, name=name, dir=str(directory), mode="offline", reinit="create_new")
     if setup is not None:
         setup(run)
     for step, row in enumerate(rows):
@@ -102,7 +104,7 @@ def _mlflow(uri: str | None, name: str, rows, transform=lambda row: row) -> None
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
-        mlflow.set_experiment("frameworks")
+        mlflow.set_experiment(PROJECT)
         with mlflow.start_run(run_name=name):
             for step, row in enumerate(rows):
                 mlflow.log_metrics(transform(row), step=step)
@@ -170,8 +172,8 @@ def write_trl(directory: Path, name: str, uri: str, rows) -> None:
     args = _TrainingArgs(str(directory / name), name)
     names = ("WANDB_DIR", "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE")
     saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(WANDB_DIR=str(directory), WANDB_PROJECT="frameworks", MLFLOW_TRACKING_URI=uri)
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = "frameworks"
+    os.environ.update(WANDB_DIR=str(directory), WANDB_PROJECT=PROJECT, MLFLOW_TRACKING_URI=uri)
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = PROJECT
     os.environ["WANDB_MODE"] = "offline"
     import mlflow
 
@@ -181,9 +183,7 @@ def write_trl(directory: Path, name: str, uri: str, rows) -> None:
 
         # the run a user starts before training (W&B's settings are read once per process); the
         # callback logs into it as it would into its own
-        wandb.init(
-            project="frameworks", name=name, dir=str(directory), mode="offline", reinit="finish_previous"
-        )
+        wandb.init(project=PROJECT, name=name, dir=str(directory), mode="offline", reinit="finish_previous")
         # a fresh process's MLflow reads MLFLOW_TRACKING_URI; this one has set another store before
         mlflow.set_tracking_uri(uri)
         callbacks = (WandbCallback(), MLflowCallback())
@@ -210,11 +210,12 @@ def write_trl(directory: Path, name: str, uri: str, rows) -> None:
 # ---- each framework's reduction, from its source ---------------------------------------------------
 
 
-def verl_rows(mbs):  # core_algos.py:1227 per micro-batch; reduce_metrics: np.mean over micro-batches
+def verl_rows(mbs):  # core_algos.py:1353 per micro-batch, then means over micro-batches and ranks;
+    # rollout_corr/* once over the step's batch (ray_trainer.py:1658): a token mean, of the old log-probs
     return {
         "actor/pg_clipfrac": mean_of_means(mbs),
         "actor/pg_clipfrac_lower": 0.5 * mean_of_means(mbs),
-        "rollout_corr/k3_kl": mean_of_means(mbs, 2),
+        "rollout_corr/k3_kl": ratio_of_sums(mbs, 2),
         "rollout_corr/chi2_token": 0.01,
         "critic/score/mean": 0.5,
     }
@@ -271,7 +272,7 @@ CASES = {
         write_step_keyword,
         (
             CLIP_APPROX,
-            Expect(keys.KL_K3_MEAN, lambda mbs: mean_of_means(mbs, 2), True),
+            Expect(keys.KL_K3_MEAN, lambda mbs: ratio_of_sums(mbs, 2), True),
             Expect(keys.DUAL_CLIP_FRACTION, lambda mbs: 0.5 * mean_of_means(mbs), True),
             Expect(keys.REWARD, lambda mbs: 0.5, False),
         ),

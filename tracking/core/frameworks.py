@@ -83,8 +83,13 @@ class ForeignMetric:
 
 
 FRAMEWORKS: tuple[Framework, ...] = (
-    Framework("verl", "verl", "0.8.0.dev (commit b178a3c, after v0.7.0)", "W&B, MLflow, file (JSONL)"),
-    Framework("trl", "TRL", "1.9.0 (commit f2cd577)", "W&B, MLflow (transformers' callbacks)"),
+    Framework("verl", "verl", "0.9.1 (PyPI release)", "W&B, MLflow, file and console logs (--jsonl)"),
+    Framework(
+        "trl",
+        "TRL",
+        "1.16.0 (PyPI release)",
+        "W&B, MLflow (transformers' callbacks), trainer_state.json (--jsonl)",
+    ),
     Framework("openrlhf", "OpenRLHF", "0.11.0 (commit 3c3be62)", "W&B"),
     Framework("nemo-rl", "NeMo-RL", "0.6.0 (commit 7ea279a)", "W&B, MLflow"),
     Framework("miles", "slime/Miles", "slime 0.3.1 (commit 624b824); Miles' tracker", "W&B, MLflow (Miles)"),
@@ -96,7 +101,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
 BY_NAME = {f.name: f for f in FRAMEWORKS}
 
 _M = ForeignMetric
-_TRL_LOG = "trl/trainer/grpo_trainer.py:3272 (log: the mean of the window's values)"
+_TRL_LOG = "trl/trainer/grpo_trainer.py:3302-3312 (log: the mean of the window's values, NaN left out)"
 _NO_DRIFT = "the trainer's log-probs before the update against the sampler's (no drift of the step)"
 
 
@@ -113,8 +118,12 @@ def _trl(name: str, key: str | None, agreement: str, reduction: str, why: str, l
 _PER_STEP_MEAN = "mean over the logging window's micro-steps"
 
 METRICS: tuple[ForeignMetric, ...] = (
-    # ---- verl: each loss metric a token mean per micro-batch, then np.mean over micro-batches,
-    # DP ranks and mini-batches (verl/utils/metric/utils.py:25 reduce_metrics)
+    # ---- verl: each loss metric a token mean per micro-batch (Metric MEAN,
+    # verl/workers/utils/losses.py:116), the mean over DP ranks and micro-batches
+    # (verl/workers/engine_workers.py:330, verl/utils/metric/utils.py:139-154 aggregate_dp), then
+    # np.mean over mini-batches (verl/trainer/ppo/ray_trainer.py:1718, verl/utils/metric/utils.py:25
+    # reduce_metrics); rollout_corr/* a token mean over the step's batch, once on the driver before
+    # the update (verl/trainer/ppo/ray_trainer.py:1658, decoupled mode)
     _M(
         "actor/pg_clipfrac",
         "verl",
@@ -122,7 +131,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         "token mean per micro-batch, then the mean over micro-batches, ranks and mini-batches",
         "verl averages micro-batch means",
-        "verl/trainer/ppo/core_algos.py:1227,1246",
+        "verl/trainer/ppo/core_algos.py:1353,1372; verl/workers/utils/losses.py:116",
     ),
     _M(
         "actor/pg_clipfrac_lower",
@@ -131,34 +140,34 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         "dual-clip fraction (A < 0 and the bound clip_ratio_c bites), micro-batch means averaged",
         "verl averages micro-batch means",
-        "verl/trainer/ppo/core_algos.py:1231,1248",
+        "verl/trainer/ppo/core_algos.py:1357-1359,1374",
     ),
     _M(
         "critic/score/mean",
         "verl",
         keys.REWARD,
         EXACT,
-        "mean sequence score of the step's batch",
+        "mean sequence score of the step's batch (aborted sequences left out)",
         "",
-        "verl/trainer/ppo/metric_utils.py:162",
+        "verl/trainer/ppo/metric_utils.py:475,556",
     ),
     _M(
         "rollout_corr/k3_kl",
         "verl",
         keys.KL_K3_MEAN,
         APPROXIMATE,
-        f"k3 token mean of {_NO_DRIFT}, micro-batch means averaged",
-        "verl averages micro-batch means of the old log-probs",
-        "verl/trainer/ppo/rollout_corr_helper.py:893-896",
+        f"k3 token mean over the step's batch of {_NO_DRIFT}",
+        "verl measures the old log-probs",
+        "verl/trainer/ppo/rollout_corr_helper.py:964-966; ray_trainer.py:1658",
     ),
     _M(
         "rollout_corr/kl",
         "verl",
         keys.KL_K1,
         APPROXIMATE,
-        "k1: token mean of log pi_rollout - log pi_old (it may be negative), micro-batch means averaged",
+        "k1: token mean over the step's batch of log pi_rollout - log pi_old (it may be negative)",
         "k1, not k3",
-        "verl/trainer/ppo/rollout_corr_helper.py:889",
+        "verl/trainer/ppo/rollout_corr_helper.py:959",
     ),
     _M(
         "rollout_corr/chi2_token",
@@ -167,7 +176,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "chi-squared E[rho^2] - 1 of the clamped token ratio old/rollout",
         "chi-squared, not k3",
-        "verl/trainer/ppo/rollout_corr_helper.py:930-931",
+        "verl/trainer/ppo/rollout_corr_helper.py:997-1001",
     ),
     _M(
         "rollout_corr/rollout_is_eff_sample_size",
@@ -176,16 +185,16 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "1 / mean of the squared normalised importance weights, clamped to the thresholds",
         "of clamped weights",
-        "verl/trainer/ppo/rollout_corr_helper.py:689-694",
+        "verl/trainer/ppo/rollout_corr_helper.py:754-759",
     ),
     _M(
         "rollout_corr/rollout_is_ratio_fraction_high",
         "verl",
         None,
         DIFFERENT,
-        "tokens whose importance weight exceeds rollout_is_threshold (cliptrack's ratio outside [1/2, 2])",
+        "tokens whose raw importance weight exceeds rollout_is_threshold (cliptrack's ratio outside [1/2, 2])",
         "another bound",
-        "verl/trainer/ppo/rollout_corr_helper.py:652,662",
+        "verl/trainer/ppo/rollout_corr_helper.py:726-730 (token level), 717 (sequence level)",
     ),
     _M(
         "actor/ppo_kl",
@@ -194,7 +203,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "k1 between the current and the old policy (not the sampler)",
         "current vs old policy",
-        "verl/trainer/ppo/core_algos.py:1214",
+        "verl/trainer/ppo/core_algos.py:1340,1373",
     ),
     # ---- TRL GRPOTrainer: clip ratios exact across processes within one micro-step
     # (global_masked_mean), then log() averages the micro-steps and the logging window
@@ -204,7 +213,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         f"exact across processes within one micro-step, then the {_PER_STEP_MEAN}",
         "TRL averages micro-steps",
-        "3236-3249",
+        "3259-3265,3276,3279",
     ),
     *_trl(
         "clip_ratio/low_mean",
@@ -212,7 +221,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         f"low side (ratio < 1 - epsilon_low, A < 0) per micro-step, then the {_PER_STEP_MEAN}",
         "TRL averages micro-steps",
-        "3244-3247",
+        "3274,3277",
     ),
     *_trl(
         "clip_ratio/high_mean",
@@ -220,7 +229,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         f"high side (ratio > 1 + epsilon_high, A > 0) per micro-step, then the {_PER_STEP_MEAN}",
         "TRL averages micro-steps",
-        "3245-3248",
+        "3275,3278",
     ),
     *_trl(
         "clip_ratio/low_min",
@@ -228,7 +237,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "the least per-sequence low-side fraction (sequence level)",
         "sequence level",
-        "3250-3251",
+        "3280-3281",
     ),
     *_trl(
         "clip_ratio/high_max",
@@ -236,7 +245,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "the largest per-sequence high-side fraction (sequence level)",
         "sequence level",
-        "3252-3253",
+        "3282-3283",
     ),
     *_trl(
         "cispo_clip_ratio",
@@ -244,7 +253,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "CISPO tokens with ratio > epsilon_high and A > 0 (cliptrack counts every departing coefficient)",
         "A > 0 only",
-        "3255-3256",
+        "3285-3286",
     ),
     *_trl(
         "sampling/sampling_logp_difference/mean",
@@ -252,7 +261,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         APPROXIMATE,
         f"per-process token mean of |{_NO_DRIFT}|, averaged over processes and the window",
         "TRL averages per-process means of the old log-probs",
-        "2779-2787",
+        "2861-2870",
     ),
     *_trl(
         "sampling/sampling_logp_difference/max",
@@ -260,7 +269,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "largest |log pi_old - log pi_sampler|",
         "an unsigned extreme of the old log-probs",
-        "2788-2790",
+        "2867,2871-2873",
     ),
     *_trl(
         "sampling/importance_sampling_ratio/min",
@@ -268,7 +277,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "least truncated importance weight pi_old / pi_sampler over processes",
         "a truncated weight",
-        "2805-2807",
+        "2879-2881,2888-2890",
     ),
     *_trl(
         "sampling/importance_sampling_ratio/max",
@@ -276,7 +285,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "largest truncated importance weight pi_old / pi_sampler over processes",
         "a truncated weight",
-        "2811-2813",
+        "2885-2887,2894-2896",
     ),
     *_trl(
         "sampling/importance_sampling_ratio/mean",
@@ -284,7 +293,7 @@ METRICS: tuple[ForeignMetric, ...] = (
         DIFFERENT,
         "mean truncated importance weight pi_old / pi_sampler per process",
         "a truncated weight",
-        "2808-2810",
+        "2882-2884,2891-2893",
     ),
     # ---- OpenRLHF: token-weighted across micro-batches, ranks and epochs
     # (openrlhf/trainer/ray/ppo_actor.py:205-222, 255); W&B keys train/<name> against train/global_step
