@@ -6,7 +6,7 @@
   circular block bootstrap of 2000 replicates, blocks of ``ceil(n^(1/3))`` steps, through
   ``(n_boot, n)`` index arrays (the indices and the gathered values both materialised);
 - MLflow histories read with ``MlflowClient.get_metric_history``, one metric key at a time (the
-  fallback path of ``load_mlflow``, used by the benchmark directly).
+  fallback path of ``load_runs``, used by the benchmark directly).
 """
 
 from __future__ import annotations

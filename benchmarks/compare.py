@@ -9,9 +9,9 @@ store (cached in the temp directory between runs).
 Every measurement runs in a fresh process (so each one's peak resident memory is its own), the
 current method three times (median), the anchor once:
 
-- load JSONL: ``load_jsonl`` vs the previous path (``RunDir.load_points`` line by line, then the
+- load JSONL: ``load_runs`` vs the previous path (``RunDir.load_points`` line by line, then the
   per-point frame builder) (target <= 3 s);
-- load MLflow: ``load_mlflow`` (bulk SQL read) vs ``get_metric_history`` per key (target <= 10 s);
+- load MLflow: ``load_runs`` (bulk SQL read) vs ``get_metric_history`` per key (target <= 10 s);
 - compare: ``compare`` (5 quantities: EWC intervals, segments, the throughout verdict, influence
   screen, lead-lag, step-weighted estimates, bad-data checks) vs the previous block bootstrap with
   2000 x n index arrays on the same 5 quantities, and vs the comparison as it was before the
@@ -218,7 +218,7 @@ def _child(what: str, root: Path) -> dict[str, float]:
     if what.startswith(("big", "groups")):
         seconds = _child_memory(what.replace("-today", ""))
         return {"seconds": seconds, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    from cliptrack.backends import load_jsonl, load_mlflow
+    from cliptrack.backends import load_runs
     from cliptrack.backends.jsonl import reader as jsonl_reader
     from cliptrack.backends.mlflow import reader as mlflow_reader
     from cliptrack.compare import compare
@@ -236,11 +236,11 @@ def _child(what: str, root: Path) -> dict[str, float]:
         import mlflow  # noqa: F401 - imported first: its import time is not the loader's
     started = time.perf_counter()
     if what.startswith("load-jsonl"):
-        runset = load_jsonl(list(RUNS), root / "spool")
+        runset = load_runs(list(RUNS), jsonl_dir=root / "spool")
     elif what.startswith("load-mlflow"):
-        runset = load_mlflow(list(RUNS), tracking_uri=uri)
+        runset = load_runs(list(RUNS), tracking_uri=uri)
     else:
-        runset = load_jsonl(list(RUNS), root / "spool")
+        runset = load_runs(list(RUNS), jsonl_dir=root / "spool")
         started = time.perf_counter()
         if what in ("compare", "compare-today"):
             result = compare(runset)

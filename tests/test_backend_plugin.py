@@ -1,11 +1,13 @@
 """A backend is one folder and one registry entry (docs/ARCHITECTURE.md, "Adding a backend").
 
-The toy backend below is such a backend, written in this file: a sink that keeps one JSON-lines
-file per run, a reader for the comparison, a listing for ``cliptrack runs`` and one store flag. It
-is registered with one ``register_backend`` call; two runs are logged to it through a real
-``Tracker``, listed through ``cliptrack runs`` and compared through ``cliptrack compare``, whose
-verdict and estimates are checked against the counts logged. The real CSV backend makes the same
-round trip.
+The toy backend below is such a backend, written in this file and nowhere else: a sink that keeps
+one JSON-lines file per run (its worst-sequence tables too), a reader for the comparison, a
+listing for ``cliptrack runs``, one store flag, a worst-sequence table reader and a panels command.
+It is registered with one ``register_backend`` call, every part optional; two runs are logged to it
+through a real ``Tracker``, listed through ``cliptrack runs``, compared through ``cliptrack
+compare`` (verdict and estimates checked against the counts logged), their worst sequences read
+back through ``load_worst`` and drawn by ``cliptrack panels toy``. The real CSV backend makes the
+same round trip.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cliptrack.backends import BACKENDS, RunEntry, Sink, register_backend
+from cliptrack import load_worst
+from cliptrack.backends import BACKENDS, RunEntry, Sink, load_runs, register_backend
 from cliptrack.backends.catalog import choose_runs
 from cliptrack.backends.options import StoreOption
+from cliptrack.cli.compare import add_comparison_arguments, add_source_arguments, load_and_compare
 from cliptrack.cli.main import main
-from cliptrack.compare import LoadedRun, RunSet
 from cliptrack.core import keys
+from cliptrack.core.worst import SequenceGauge, Worst
 from cliptrack.log.tracker import Tracker
+from cliptrack.store.frame import LoadedRun, RunSet
 from cliptrack.store.records import Point, RunInfo
 
 STEPS = 150
@@ -67,6 +72,9 @@ class ToySink(Sink):
     def close(self, status: str) -> None:
         self._append({"status": status})
 
+    def log_worst(self, worst: Worst) -> None:
+        self._append({"worst": worst.records(), "worst_step": worst.step, "k": worst.k})
+
     def _append(self, record: dict[str, Any]) -> None:
         assert self.path is not None
         with open(self.path, "a", encoding="utf-8") as fh:
@@ -82,7 +90,7 @@ def _toy_runs(directory: str) -> Iterator[tuple[RunInfo, list[Point]]]:
                 run = RunInfo(record["run"], record["name"], record["backend"], status="RUNNING")
             elif "status" in record:
                 run.status = record["status"]
-            else:
+            elif "worst" not in record:
                 points.append(Point(record["step"], record["wall"], record["metrics"]))
         yield run, points
 
@@ -99,9 +107,44 @@ def toy_read(refs: Sequence[str], *, toy_dir: str) -> RunSet:
 def toy_list(*, include_comparisons: bool = False, toy_dir: str) -> list[RunEntry]:
     """The toy's listing for ``cliptrack runs``."""
     return [
-        RunEntry(run.run_id, run.run_id, run.run_name, run.backend_label or "", run.status, 0.0, len(points))
+        RunEntry(
+            cliptrack_id=run.run_id,
+            store_id=run.run_id,
+            name=run.run_name,
+            backend=run.backend_label or "",
+            status=run.status,
+            started=0.0,
+            steps=len(points),
+        )
         for run, points in _toy_runs(toy_dir)
     ]
+
+
+def toy_worst(run: LoadedRun) -> list[Worst]:
+    """The toy's worst-sequence tables of a run it read, by step."""
+    path = Path(run.location) / f"{run.run.run_id}.toy"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [Worst.from_records(r["worst_step"], r["k"], r["worst"]) for r in records if "worst" in r]
+
+
+def _toy_panels_arguments(parser: Any) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN")
+    parser.add_argument("--out", required=True, help="the panel file")
+    add_source_arguments(parser)
+    add_comparison_arguments(parser)
+
+
+def _toy_panels_run(args: Any) -> int:
+    """The toy's panel: one JSON file with the verdict per quantity of the compared runs."""
+    _, result = load_and_compare(args)
+    verdicts = {d.metric: d.verdict for d in result.differences}
+    Path(args.out).write_text(json.dumps({"runs": list(result.runs), "verdicts": verdicts}), encoding="utf-8")
+    return 0
+
+
+TOY_PANELS = types.SimpleNamespace(
+    HELP="the toy's panel file", add_arguments=_toy_panels_arguments, run=_toy_panels_run
+)
 
 
 TOY_OPTIONS = types.SimpleNamespace(
@@ -112,7 +155,15 @@ TOY_OPTIONS = types.SimpleNamespace(
 
 @pytest.fixture
 def toy_backend() -> Iterator[None]:
-    register_backend("toy", sink=ToySink, reader=toy_read, listing=toy_list, options=TOY_OPTIONS)
+    register_backend(
+        "toy",
+        sink=ToySink,
+        reader=toy_read,
+        listing=toy_list,
+        options=TOY_OPTIONS,
+        worst=toy_worst,
+        panels=TOY_PANELS,
+    )
     try:
         yield
     finally:
@@ -122,9 +173,22 @@ def toy_backend() -> Iterator[None]:
 # ------------------------------------------------------------------------------------- the runs
 
 
+WORST_STEPS = (10, 20)
+"""The steps the toy runs log a worst-sequence table at."""
+
+
+def _worst(step: int, seed: int) -> Worst:
+    """A step's worst sequences: two sequences ranked by mean |log ratio| (datum ``seed * 1000 + step``)."""
+    gauges = tuple(
+        SequenceGauge(seed * 1000 + step + i, 100, -0.5 * (i + 1), 0.5 / (i + 1) * 100, 0.01, 0.9, 3)
+        for i in range(2)
+    )
+    return Worst(step, 2, {"abs_log_ratio": gauges})
+
+
 def _log_run(name: str, clip_p: float, seed: int, **tracker: Any) -> tuple[str, int, int]:
-    """Log ``STEPS`` steps clipping about ``clip_p`` of the tokens; the run id and the sums of
-    clipped and loss tokens logged (integers)."""
+    """Log ``STEPS`` steps clipping about ``clip_p`` of the tokens (and a worst-sequence table at
+    each of ``WORST_STEPS``); the run id and the sums of clipped and loss tokens logged (integers)."""
     rng = random.Random(seed)
     clipped_sum = loss_sum = 0
     with Tracker(name, backend_label=name, handle_signals=False, **tracker) as t:
@@ -132,6 +196,8 @@ def _log_run(name: str, clip_p: float, seed: int, **tracker: Any) -> tuple[str, 
             loss_tokens = rng.randint(2000, 4000)
             clipped = round(loss_tokens * (clip_p + rng.uniform(-0.02, 0.02)))
             t.log(step, {keys.LOSS_TOKENS: loss_tokens, keys.CLIPPED_TOKENS: clipped, keys.REWARD: 0.5})
+            if step in WORST_STEPS:
+                t.log_worst(step, _worst(step, seed))
             clipped_sum, loss_sum = clipped_sum + clipped, loss_sum + loss_tokens
     return t.run_id, clipped_sum, loss_sum
 
@@ -179,6 +245,21 @@ def test_a_backend_registered_with_one_call_logs_lists_and_compares(tmp_path, to
     }
     assert len(list(target.glob("*.toy"))) == 2
     _round_trip("--toy", target, runs, capsys)
+    # the worst sequences, read back by the toy's own worst reader through load_worst
+    runset = load_runs([runs["low"][0], runs["high"][0]], toy_dir=str(target))
+    tables = load_worst(runset)
+    assert {label: [w.step for w in found] for label, found in tables.items()} == {
+        "low": list(WORST_STEPS),
+        "high": list(WORST_STEPS),
+    }
+    assert tables["high"][1].by["abs_log_ratio"][0].datum == 2000 + WORST_STEPS[1]
+    # the toy's panels, reached by `cliptrack panels toy` through its registry entry alone
+    out = tmp_path / "toy-panel.json"
+    argv = ["panels", "toy", runs["low"][0], runs["high"][0], "--toy", str(target), "--out", str(out)]
+    assert main(argv) == 0
+    panel = json.loads(out.read_text(encoding="utf-8"))
+    assert panel["runs"] == ["low", "high"]
+    assert panel["verdicts"]["clip_fraction"] == "different"
 
 
 def test_the_csv_backend_logs_lists_and_compares(tmp_path, capsys):

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from cliptrack.backends import load_jsonl
+from cliptrack.backends import load_runs
 from cliptrack.compare import RunSet, compare, report
 from cliptrack.compare import quantities as qs
 from cliptrack.compare import reasons as r
@@ -391,7 +391,7 @@ def test_a_step_logged_twice_keeps_the_last_value_and_says_so(tmp_path):
     miles.points = miles.points + replayed  # a resume replays steps 100-199 with other values
     write_jsonl(tmp_path, megatron)
     write_jsonl(tmp_path, miles)
-    result = compare(load_jsonl(["megatron0001", "miles0000002"], tmp_path))
+    result = compare(load_runs(["megatron0001", "miles0000002"], jsonl_dir=tmp_path))
     last = {p.step: p for p in miles.points}  # the last point of each step wins
     clipped = sum(p.metrics[keys.CLIPPED_TOKENS] for p in last.values())
     tokens = sum(p.metrics[keys.LOSS_TOKENS] for p in last.values())

@@ -12,8 +12,9 @@ import warnings
 
 import pandas as pd
 import pytest
-from cliptrack.backends import load_jsonl, load_mlflow, load_runs, load_wandb_offline, load_wandb_online
+from cliptrack.backends import load_runs
 from cliptrack.backends.load import RunNotFoundError
+from cliptrack.backends.wandb import reader as wandb_reader
 from cliptrack.backends.wandb._compat import records as wandb_records
 from cliptrack.core import keys
 from cliptrack.store.records import RunInfo
@@ -44,9 +45,9 @@ def _normalised(frame: pd.DataFrame) -> pd.DataFrame:
 def test_same_frame_from_all_three_stores(stores):
     megatron, miles = stores["runs"]
     refs = [megatron.run_id, miles.run_id]
-    from_jsonl = load_jsonl(refs, stores["root"] / "spool")
-    from_wandb = load_wandb_offline(refs, stores["root"] / "wb")
-    from_mlflow = load_mlflow([megatron.run_name, miles.run_name], tracking_uri=stores["uri"])
+    from_jsonl = load_runs(refs, jsonl_dir=stores["root"] / "spool")
+    from_wandb = load_runs(refs, wandb_dir=stores["root"] / "wb")
+    from_mlflow = load_runs([megatron.run_name, miles.run_name], tracking_uri=stores["uri"])
     expected_rows = sum(len(p.metrics) for run in (megatron, miles) for p in run.points)
     assert len(from_jsonl.frame) == expected_rows
     pd.testing.assert_frame_equal(
@@ -71,7 +72,7 @@ def test_same_frame_from_all_three_stores(stores):
 
 def test_frame_columns_and_values(stores):
     megatron, _ = stores["runs"]
-    rs = load_jsonl([megatron.run_id], stores["root"] / "spool")
+    rs = load_runs([megatron.run_id], jsonl_dir=stores["root"] / "spool")
     f = rs.frame
     assert list(f.columns) == [
         "run",
@@ -119,14 +120,14 @@ def test_ambiguous_name_takes_the_latest_finished_run_and_lists_the_others(tmp_p
     first, second, crashed = (write_mlflow(uri, megatron) for _ in range(3))
     MlflowClient(tracking_uri=uri).set_terminated(crashed, status="FAILED")  # the latest run crashed
     with pytest.warns(RunChoiceWarning, match="matches 3 runs") as caught:
-        runset = load_mlflow(["megatron-run"], tracking_uri=uri)
+        runset = load_runs(["megatron-run"], tracking_uri=uri)
     assert [info.run.run_id for info in runset.runs] == [second]
     message = str(caught[0].message)
     assert first in message and crashed in message and "FAILED" in message and "200 steps" in message
     MlflowClient(tracking_uri=uri).set_terminated(first, status="FAILED")
     MlflowClient(tracking_uri=uri).set_terminated(second, status="KILLED")
     with pytest.raises(RunNotFoundError, match="none FINISHED") as info:
-        load_mlflow(["megatron-run"], tracking_uri=uri)
+        load_runs(["megatron-run"], tracking_uri=uri)
     assert first in str(info.value) and second in str(info.value)
 
 
@@ -138,18 +139,18 @@ def test_jsonl_torn_lines_are_skipped_with_a_warning_and_a_foreign_line_is_named
         fh.write('{"step": 200, "wall_ti')  # crash mid-write
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rs = load_jsonl([], tmp_path)
+        rs = load_runs([], jsonl_dir=tmp_path)
     assert rs.frame.step.max() == 199 and any("incomplete last line" in str(w.message) for w in caught)
     lines = points.read_text().splitlines()
     lines[3] = "not json"
     points.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match=r"points.jsonl:4: damaged line skipped"):  # torn by a full disk
-        rs = load_jsonl([], tmp_path)
+        rs = load_runs([], jsonl_dir=tmp_path)
     assert sorted(rs.frame.step.unique()) == [s for s in range(200) if s != 3]  # the rest of the run is read
     lines[3] = '{"step": 3}'
     points.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"points.jsonl:4: not a cliptrack point"):
-        load_jsonl([], tmp_path)
+        load_runs([], jsonl_dir=tmp_path)
 
 
 def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
@@ -168,7 +169,7 @@ def test_wandb_transaction_log_damage_is_reported(stores, tmp_path):
     truncated.write_bytes(source.read_bytes()[:-40])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rs = load_wandb_offline([], truncated.parent)
+        rs = load_runs([], wandb_dir=truncated.parent)
     assert 195 <= rs.frame.step.nunique() <= 200
 
 
@@ -200,11 +201,11 @@ def test_wandb_online_loader(stores):
             return FakeRun()
 
     online = load_runs([f"ent/proj/{megatron.run_id}"], wandb_api=FakeApi())
-    offline = load_jsonl([megatron.run_id], stores["root"] / "spool")
+    offline = load_runs([megatron.run_id], jsonl_dir=stores["root"] / "spool")
     pd.testing.assert_frame_equal(_normalised(online.frame), _normalised(offline.frame), check_exact=True)
     assert "_wandb" not in online.runs[0].run.config
-    with pytest.raises(ValueError, match="entity/project/run_id"):
-        load_wandb_online(["just-an-id"], api=FakeApi())
+    with pytest.raises(ValueError, match="entity/project/run_id"):  # the W&B reader itself
+        wandb_reader.read(["just-an-id"], wandb_api=FakeApi())
 
 
 @pytest.mark.slow
@@ -221,12 +222,12 @@ def test_runs_logged_by_the_tracker_load_the_same_from_every_store(tmp_path):
         for r in (megatron, miles)
     ]
     frames = {
-        "jsonl": load_jsonl(ids, tmp_path / "spool"),
-        "wandb": load_wandb_offline(ids, tmp_path / "wb"),
-        "mlflow": load_mlflow(ids, tracking_uri=uri),  # by the cliptrack run id tag
+        "jsonl": load_runs(ids, jsonl_dir=tmp_path / "spool"),
+        "wandb": load_runs(ids, wandb_dir=tmp_path / "wb"),
+        "mlflow": load_runs(ids, tracking_uri=uri),  # by the cliptrack run id tag
     }
     assert (
-        load_mlflow([megatron.run_name], tracking_uri=uri).runs[0].run.run_id
+        load_runs([megatron.run_name], tracking_uri=uri).runs[0].run.run_id
         == frames["mlflow"].runs[0].run.run_id
     )
     base = _normalised(frames["jsonl"].frame)
@@ -276,12 +277,12 @@ def test_wandb_run_resumed_in_a_second_process_loads_as_one_run(tmp_path, monkey
     # finish() of a run resumed in the same process can return before W&B's service has written its
     # rows (seen under load): wait until the second file holds them, then check everything
     deadline = time.monotonic() + 60
-    while len(load_wandb_offline([], tmp_path).frame.query("metric == @keys.REWARD")) < 6:
+    while len(load_runs([], wandb_dir=tmp_path).frame.query("metric == @keys.REWARD")) < 6:
         assert time.monotonic() < deadline, "W&B never wrote the resumed run's rows"
         time.sleep(0.2)
 
     for refs in ([run.run_id], ["resumed"], []):
-        rs = load_wandb_offline(refs, tmp_path)
+        rs = load_runs(refs, wandb_dir=tmp_path)
         assert rs.labels == ["resumed"], refs
         rows = rs.frame[rs.frame.metric == keys.REWARD].sort_values("step")
         assert rows.step.tolist() == list(range(6)) and rows.value.tolist() == [s / 10 for s in range(6)]
@@ -309,9 +310,9 @@ def test_mlflow_bulk_read_gives_the_same_frame_as_metric_history(tmp_path, monke
             Metric(keys.REWARD, 7.0, ms + 10**7, 7),
         ],
     )  # logged again, later
-    bulk = load_mlflow([run_id], tracking_uri=uri)
+    bulk = load_runs([run_id], tracking_uri=uri)
     monkeypatch.setattr(load_module, "bulk_columns", lambda uri, ids: None)
-    one_by_one = load_mlflow([run_id], tracking_uri=uri)
+    one_by_one = load_runs([run_id], tracking_uri=uri)
     pd.testing.assert_frame_equal(_normalised(bulk.frame), _normalised(one_by_one.frame), check_exact=True)
     f = bulk.frame.set_index(["step", "metric"])["value"]
     assert f[7, keys.REWARD] == 7.0 and f[6, keys.THROUGHPUT] > 1e307

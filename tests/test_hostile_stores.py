@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cliptrack.backends import load_jsonl
+from cliptrack.backends import load_runs
 from cliptrack.cli.main import main
 from cliptrack.compare import RunSet
 from cliptrack.core import keys
@@ -68,7 +68,7 @@ def test_a_run_id_claimed_by_two_directories_is_refused_naming_both(tmp_path, ca
     copy = _spool_run(root, "run-a-copy", _points(30, 50.0), run_id="run-a")  # a copied folder
 
     with pytest.raises(DuplicateRunId) as caught:
-        load_jsonl(["run-a"], root)
+        load_runs(["run-a"], jsonl_dir=root)
     assert str(real) in str(caught.value) and str(copy) in str(caught.value)
 
     assert main(["runs", "--jsonl", str(root)]) == 2
@@ -92,7 +92,7 @@ def test_a_key_or_line_over_the_limits_is_skipped_with_a_note_naming_the_line(tm
         fh.write(b"".join(journal.encode_points(_points(3, 10.0, start=7))))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runset = load_jsonl([], root)
+        runset = load_runs([], jsonl_dir=root)
     notes = [str(w.message) for w in caught]
     points = run / keys.POINTS_FILE
     assert any(f"{points}:6:" in n and f"a key of {MAX_KEY_CHARS + 6} characters" in n for n in notes), notes
@@ -134,9 +134,9 @@ def _load_in_child(root: Path, what: str) -> subprocess.CompletedProcess[str]:
         f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
-        from cliptrack.backends.jsonl.reader import load_jsonl
+        from cliptrack.backends import load_runs
         from cliptrack.backends.jsonl.listing import spool_entries
-        for call in (lambda: load_jsonl([], {str(root)!r}), lambda: spool_entries({str(root)!r})):
+        for call in (lambda: load_runs([], jsonl_dir={str(root)!r}), lambda: spool_entries({str(root)!r})):
             try:
                 call()
             except ValueError as exc:
@@ -178,7 +178,7 @@ def test_a_journal_that_is_a_fifo_or_a_device_is_refused_never_read(tmp_path, ki
 # ---- memory -----------------------------------------------------------------------------------------
 def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(tmp_path):
     """A journal of the shape a cliptrack run writes (the measured keys, the means, reward, step
-    time and throughput at full float precision: 41 bytes a value), read by ``load_jsonl`` in a
+    time and throughput at full float precision: 41 bytes a value), read by ``load_runs`` in a
     child: its peak resident memory (VmHWM) over what it held after the imports stays within 3x the
     journal's size plus ``MEMORY_BASELINE``."""
     from cliptrack.core.measures import MEANS, MEASURES
@@ -213,7 +213,7 @@ def test_reading_a_journal_for_a_comparison_takes_at_most_three_times_its_size(t
             with open("/proc/self/status") as fh:
                 return next(int(l.split()[1]) * 1024 for l in fh if l.startswith(field))
         base = status("VmRSS")
-        runset = cliptrack.backends.jsonl.reader.load_jsonl([], {str(root)!r})
+        runset = cliptrack.backends.jsonl.reader.read([], jsonl_dir={str(root)!r})
         peak = status("VmHWM")
         print(json.dumps({{"base": base, "peak": peak, "rows": len(runset.frame)}}))
         """
@@ -301,6 +301,6 @@ def test_steps_0_and_2_to_the_62_in_one_run_keep_every_value(tmp_path):
     )
     with (root / "j" / keys.POINTS_FILE).open("ab") as fh:
         fh.write(b"".join(journal.encode_points([(2**63 - 1, 3.0, {"x:sum": 2.0})])))
-    frame = load_jsonl([], root).frame
+    frame = load_runs([], jsonl_dir=root).frame
     assert sorted(set(frame["step"].tolist())) == [-(2**63), 0, 2**62, 2**63 - 1]
     assert len(frame) == 6

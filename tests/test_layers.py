@@ -26,16 +26,23 @@ ROOTS = {"cliptrack": ROOT / "tracking", "cliptrack.adapters": ROOT / "adapters"
 LAYERS = (
     "cliptrack.core",
     "cliptrack.store",
+    "cliptrack.backends",
     "cliptrack.compare.stats",
     "cliptrack.compare",
     "cliptrack.compare.views",
-    "cliptrack.backends",
     "cliptrack.log",
     "cliptrack.cli",
     "cliptrack",
 )
 """Layers from the bottom up, by package prefix (the longest prefix decides): a module may import its
-own layer and those below it. ``cliptrack`` itself (the package's ``__init__``) is the facade on top."""
+own layer and those below it. ``cliptrack`` itself (the package's ``__init__``) is the facade on top.
+The backends stand on the store alone (a reader hands back ``cliptrack.store.frame.RunSet``); the
+comparison stands above them, and of it only the views (the panels a backend's UI shows) use them."""
+
+BACKENDS = "cliptrack.backends"
+COMPARISON = "cliptrack.compare"
+COMPARISON_MAY_IMPORT_BACKENDS = ("cliptrack.compare.views",)
+"""The comparison's engine reads no store: only its views (the MLflow run, the W&B panels) use a backend."""
 
 ADAPTER_LAYERS = (
     "cliptrack.adapters._compat",
@@ -218,6 +225,32 @@ def test_no_import_runs_up_a_layer():
         elif target_level > level:
             wrong.append(_where(imp) + f" (up: {LAYERS[level]} -> {LAYERS[target_level]})")
     assert not wrong, "imports that run up a layer:\n" + "\n".join(wrong)
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_backends_import_no_comparison_module():
+    wrong = [
+        _where(imp) + " (a backend stands on cliptrack.core and cliptrack.store alone)"
+        for imp in IMPORTS
+        if _in(imp.importer, BACKENDS) and _in(imp.target, COMPARISON)
+    ]
+    assert not wrong, "backends that import the comparison:\n" + "\n".join(wrong)
+    backend_modules = [m for m in MODULES if _in(m, BACKENDS)]
+    assert len(backend_modules) > 20  # the rule reads real modules
+
+
+def test_only_the_comparisons_views_import_a_backend():
+    wrong = [
+        _where(imp) + " (the comparison's engine reads no store)"
+        for imp in IMPORTS
+        if _in(imp.importer, COMPARISON)
+        and not imp.importer.startswith(COMPARISON_MAY_IMPORT_BACKENDS)
+        and _in(imp.target, BACKENDS)
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def _integration(module: str) -> str | None:

@@ -14,13 +14,13 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from cliptrack.backends import load_mlflow
-from cliptrack.backends.mlflow.panels import log_comparison
-from cliptrack.backends.wandb.panels import build_report, build_workspace, report_spec, workspace_spec
+from cliptrack.backends import load_runs
 from cliptrack.cli.main import main
 from cliptrack.compare import LoadedRun, RunSet, compare
+from cliptrack.compare.views.mlflow_run import log_comparison
 from cliptrack.compare.views.panels import PANELS
 from cliptrack.compare.views.plots import PALETTE
+from cliptrack.compare.views.wandb_panels import build_report, build_workspace, report_spec, workspace_spec
 from cliptrack.core import keys
 from cliptrack.core.text import markdown_lines
 from cliptrack.store.records import RunInfo
@@ -146,7 +146,7 @@ import sys
 from tests._compare_fixtures import megatron_vs_miles
 from tests.test_panels import _runset
 from cliptrack.compare import compare
-from cliptrack.backends.wandb.panels import log_comparison
+from cliptrack.compare.views.wandb_panels import log_comparison
 
 runset = _runset(*megatron_vs_miles(miles_clip_p=0.15))
 print(log_comparison(runset, compare(runset), project="cliptrack-tests", directory=sys.argv[1]))
@@ -207,7 +207,7 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri, ids = mlflow_store
-    runset = load_mlflow(ids, tracking_uri=uri)
+    runset = load_runs(ids, tracking_uri=uri)
     result = compare(runset)
     run_id = log_comparison(runset, result, tracking_uri=uri)
     client = MlflowClient(tracking_uri=uri)
@@ -250,7 +250,7 @@ def test_mlflow_comparison_run(mlflow_store, tmp_path):
     with open(local, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     # the comparison run is not itself loaded as a training run of the experiment
-    again = load_mlflow([], tracking_uri=uri, experiment="cliptrack-tests")
+    again = load_runs([], tracking_uri=uri, experiment="cliptrack-tests")
     assert sorted(i.run.run_id for i in again.runs) == sorted(ids)
 
 
@@ -317,7 +317,7 @@ def test_panels_mlflow_command(mlflow_store, capsys, tmp_path):
 
 
 def test_wandb_workspaces_version_is_checked():
-    from cliptrack.backends.wandb import _workspaces as compat
+    from cliptrack.compare.views import _wandb_workspaces as compat
 
     assert compat.check_version() == compat.installed_version()  # the installed one is supported
     low, high = compat.SUPPORTED

@@ -1,4 +1,4 @@
-"""Reading never writes: ``cliptrack runs`` and ``compare`` (and ``load_mlflow`` / ``list_runs``) on a
+"""Reading never writes: ``cliptrack runs`` and ``compare`` (and ``load_runs`` / ``list_runs``) on a
 sqlite path that is not an MLflow store refuse with one line on stderr and exit code 2, and leave
 every file of the folder byte-identical (no MLflow table created inside another program's
 database, no new file). A real MLflow store, and a plain path to one, keep working; writing to a
@@ -107,13 +107,13 @@ def test_the_default_store_and_the_environment_are_checked_too(command, tmp_path
 
 
 def test_the_python_readers_refuse_before_mlflow_opens_the_file(tmp_path):
-    from cliptrack.backends import list_runs, load_mlflow, load_runs
+    from cliptrack.backends import list_runs, load_runs
 
     _foreign_db(tmp_path / "x.db")
     uri = f"sqlite:///{tmp_path / 'x.db'}"
     before = _snapshot(tmp_path)
     for read in (
-        lambda: load_mlflow(["a", "b"], tracking_uri=uri),
+        lambda: load_runs(["a", "b"], tracking_uri=uri),
         lambda: load_runs(["a", "b"], tracking_uri=uri),
         lambda: list_runs(tracking_uri=uri),
     ):

@@ -1,5 +1,5 @@
 """Reading never writes, on PostgreSQL: ``cliptrack runs``, ``compare`` and ``notebook`` (and
-``load_mlflow`` / ``list_runs``) on a ``postgresql://`` database that is empty, another program's,
+``load_runs`` / ``list_runs``) on a ``postgresql://`` database that is empty, another program's,
 missing, or refused (wrong password) exit 2 with one line on stderr, and leave the cluster as it
 was: the same databases, and each database's ``pg_dump`` (schema and rows) byte-identical. MLflow's
 own store constructor would create its tables and run its migrations in such a database.
@@ -93,12 +93,12 @@ def test_a_wrong_password_or_a_closed_port_is_one_line(postgres, capsys, monkeyp
 
 
 def test_the_python_readers_refuse_before_mlflow_opens_the_database(postgres):
-    from cliptrack.backends import list_runs, load_mlflow, load_runs
+    from cliptrack.backends import list_runs, load_runs
 
     uri = postgres.uri("foreign")
     before = _state(postgres)
     for read in (
-        lambda: load_mlflow(["a", "b"], tracking_uri=uri),
+        lambda: load_runs(["a", "b"], tracking_uri=uri),
         lambda: load_runs(["a", "b"], tracking_uri=uri),
         lambda: list_runs(tracking_uri=uri),
     ):

@@ -7,9 +7,7 @@ import dataclasses
 import math
 
 import pytest
-from cliptrack.backends.jsonl.reader import load_jsonl
-from cliptrack.backends.mlflow.reader import load_mlflow
-from cliptrack.backends.wandb.reader import load_wandb_offline
+from cliptrack.backends import load_runs
 from cliptrack.compare import compare
 from cliptrack.core import keys
 from cliptrack.core.recipe import Recipe, quantities_defined_differently, recipe_from_config
@@ -158,9 +156,9 @@ def stores(tmp_path_factory):
             for r in runs
         ]
         logged[name] = {
-            "jsonl": lambda ids=ids, name=name: load_jsonl(ids, root / name),
-            "wandb": lambda ids=ids, name=name: load_wandb_offline(ids, root / f"wb-{name}"),
-            "mlflow": lambda ids=ids: load_mlflow(ids, tracking_uri=uri),
+            "jsonl": lambda ids=ids, name=name: load_runs(ids, jsonl_dir=root / name),
+            "wandb": lambda ids=ids, name=name: load_runs(ids, wandb_dir=root / f"wb-{name}"),
+            "mlflow": lambda ids=ids: load_runs(ids, tracking_uri=uri),
         }
     return logged
 
@@ -214,7 +212,7 @@ def test_stacks_over_seeds_with_different_bands_get_no_clip_verdict(tmp_path):
     ]
     for run in runs:
         write_jsonl(tmp_path, run)
-    result = compare(load_jsonl([r.run_id for r in runs], tmp_path), group_by="stack")
+    result = compare(load_runs([r.run_id for r in runs], jsonl_dir=tmp_path), group_by="stack")
     assert {d.metric for d in result.group_differences} >= {"kl_k3", "reward", "clip_low_fraction"}
     assert not {"clip_fraction", "clip_high_fraction"} & {d.metric for d in result.group_differences}
     assert "[0.8, 1.2] (a1), [0.8, 1.2] (a2), [0.8, 1.28] (b3), [0.8, 1.28] (b4)" in " ".join(

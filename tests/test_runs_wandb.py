@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cliptrack.backends import RunChoiceWarning, load_wandb_offline
+from cliptrack.backends import RunChoiceWarning, load_runs
 from cliptrack.backends.wandb import _compat as compat_wandb
 from cliptrack.backends.wandb.reader import run_status
 from cliptrack.cli.main import main
@@ -111,7 +111,7 @@ def test_runs_lists_status_and_start_latest_first(wandb_dir, capsys):
 def test_a_name_of_several_runs_takes_the_latest_finished(wandb_dir):
     root, _ = wandb_dir
     with pytest.warns(RunChoiceWarning, match="took the latest FINISHED"):
-        runset = load_wandb_offline(["ppo-run"], root)
+        runset = load_runs(["ppo-run"], wandb_dir=root)
     assert [info.run.run_id for info in runset.runs] == ["done"]
     assert runset.runs[0].run.status == "FINISHED"
 

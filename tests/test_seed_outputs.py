@@ -27,7 +27,7 @@ from cliptrack.adapters.losses.output import (
 )
 from cliptrack.adapters.miles import ClientAggregator, aggregate_datums, output_from_json, output_to_json
 from cliptrack.adapters.miles.wire import count_data
-from cliptrack.backends import load_jsonl
+from cliptrack.backends import load_runs
 from cliptrack.compare import compare
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
@@ -238,7 +238,7 @@ def test_logged_by_the_tracker_and_compared(tmp_path, form):
         assert points[0]["metrics"][keys.CLIP_FRACTION] == exact(
             int(points[0]["metrics"][keys.CLIPPED_TOKENS]), int(points[0]["metrics"][keys.LOSS_TOKENS])
         )
-    runset = load_jsonl(list(totals), tmp_path)
+    runset = load_runs(list(totals), jsonl_dir=tmp_path)
     assert not SPLIT & set(runset.metrics())
     result = compare(runset)
     for run_id, (tokens, clipped) in totals.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from cliptrack.backends import load_csv
+from cliptrack.backends import load_runs
 from cliptrack.cli.main import main
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
@@ -77,6 +77,6 @@ def test_replay_re_targets_a_csv_sink_with_the_flag_its_backend_declares(tmp_pat
     assert main(["replay", str(tmp_path / "spool"), "--csv-dir", str(second)]) == 0
     assert "40 points pushed" in capsys.readouterr().out
     for directory in (first, second):
-        frame = load_csv([t.run_id], directory).frame
+        frame = load_runs([t.run_id], csv_dir=directory).frame
         clipped = frame[frame["metric"] == "clipped_tokens:sum"]
         assert sorted(clipped["step"]) == list(range(40)) and clipped["value"].sum() == sum(range(40))

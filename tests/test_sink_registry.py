@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cliptrack.backends import SINKS, Sink, SinkError, make_sink, register_sink
+from cliptrack.backends import BACKENDS, Backend, Sink, SinkError, make_sink, register_backend
 from cliptrack.backends.mlflow.sink import MlflowSink
 from cliptrack.log.replay import replay_run
 from cliptrack.log.tracker import Tracker
@@ -76,7 +77,7 @@ def _metrics(step: int) -> dict[str, float]:
 
 @pytest.fixture
 def csv_registered(monkeypatch):
-    monkeypatch.setitem(SINKS, "csv", "tests.test_sink_registry:CsvSink")
+    monkeypatch.setitem(BACKENDS, "csv", replace(BACKENDS["csv"], sink="tests.test_sink_registry:CsvSink"))
     return CsvSink
 
 
@@ -106,9 +107,6 @@ def test_ready_sink_objects_with_vendor_options_beside_mlflow(tmp_path, csv_regi
     (run,) = client.search_runs([client.get_experiment_by_name("objects").experiment_id])
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "kl:mean")) == list(range(300))
     assert tracker.run.run_name == "objects"
-    from cliptrack import backends as sinks
-
-    assert sinks.MlflowSink is MlflowSink  # also reachable from the package, imported on use
 
 
 def test_replay_rebuilds_a_registered_sink_by_name_and_delivers_what_it_missed(
@@ -130,16 +128,16 @@ def test_replay_rebuilds_a_registered_sink_by_name_and_delivers_what_it_missed(
     assert rows[-1] == ["status", "FINISHED"] and len(rows) == 200 * 3 + 1
 
 
-def test_register_sink_checks_what_it_is_given(monkeypatch):
-    monkeypatch.setitem(SINKS, "placeholder", "x:Y")  # restored afterwards
-    register_sink("placeholder", CsvSink)
-    assert SINKS["placeholder"] == "tests.test_sink_registry:CsvSink"
+def test_register_backend_checks_the_sink_it_is_given(monkeypatch):
+    monkeypatch.setitem(BACKENDS, "placeholder", Backend("placeholder"))  # restored afterwards
+    register_backend("placeholder", sink=CsvSink)
+    assert BACKENDS["placeholder"].sink == "tests.test_sink_registry:CsvSink"
     assert isinstance(make_sink("placeholder:/tmp/p.csv"), CsvSink)
     with pytest.raises(ValueError, match="without ':'"):
-        register_sink("a:b", CsvSink)
+        register_backend("a:b", sink=CsvSink)
     with pytest.raises(ValueError, match="does not derive from cliptrack.backends.Sink"):
-        register_sink("placeholder", dict)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="is not 'module:Class'"):
-        register_sink("placeholder", "no_class_here")
+        register_backend("placeholder", sink=dict)
+    with pytest.raises(ValueError, match="is not 'module:attribute'"):
+        register_backend("placeholder", sink="no_class_here")
     with pytest.raises(ValueError, match="give the sinks once"):
         Tracker(backends=["jsonl"], sinks=["jsonl"])

@@ -189,9 +189,9 @@ def test_the_wandb_directory_is_resolved_once_and_replay_uses_the_recorded_one(t
 
 
 def test_the_sink_registry_names_every_sink_and_refuses_unknown_ones():
-    from cliptrack.backends import SINKS, sink_class, sink_from_state
+    from cliptrack.backends import sink_class, sink_from_state, sink_names
 
-    assert {name: sink_class(name).name for name in SINKS} == {
+    assert {name: sink_class(name).name for name in sink_names()} == {
         "mlflow": "mlflow",
         "wandb": "wandb",
         "csv": "csv",

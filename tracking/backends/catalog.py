@@ -37,10 +37,10 @@ class RunChoiceWarning(UserWarning):
     """A run name matched several runs; the latest finished one was taken."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunEntry:
-    """One run of a store as listed: ``started`` in unix seconds (0: unknown), ``steps`` the number
-    of logged steps (None: not counted)."""
+    """One run of a store as listed, every field by keyword: ``started`` in unix seconds (0:
+    unknown), ``steps`` the number of logged steps (None: not counted)."""
 
     cliptrack_id: str
     store_id: str

@@ -11,7 +11,6 @@ Reading never writes (``preflight``).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,16 +46,15 @@ def load_runs(refs: Iterable[str] = (), **store: Any) -> RunSet:
 def load_worst(runs: RunSet | LoadedRun) -> dict[str, list[Worst]]:
     """The worst-sequence tables each run logged (``Tracker.log_worst``), by run label, one table per
     step (the last logged), by step; ``[]`` for a run that logged none or whose store cannot hold
-    them. Read by the ``read_worst(run)`` function beside the backend's reader (JSONL: the run's
+    them. Read by the ``worst`` part of the backend the run was read from (JSONL: the run's
     ``worst.jsonl``; MLflow: its ``worst_sequences/`` artifacts; W&B: the tables in its run files);
-    a backend without one has none."""
+    a backend that declares none has none."""
     loaded = [runs] if isinstance(runs, LoadedRun) else list(runs.runs)
     out: dict[str, list[Worst]] = {}
     for run in loaded:
         declared = BACKENDS.get(run.source)
-        target = None if declared is None else declared.reader
-        read = None
-        if isinstance(target, str):
-            read = getattr(importlib.import_module(target.partition(":")[0]), "read_worst", None)
-        out[run.display] = list(read(run)) if read is not None else []
+        if declared is None or declared.worst is None:
+            out[run.display] = []
+        else:
+            out[run.display] = list(resolve(declared, "worst")(run))
     return out

@@ -1,4 +1,5 @@
-"""Checks before anything reads: the MLflow store named exists and answers, the window holds data.
+"""Checks before anything reads: the MLflow store named exists and answers (the window holding data is
+checked by the comparison, ``cliptrack.compare.align.check_window``).
 
 Reading never writes: MLflow's client makes a missing sqlite file (and its folder) and creates its
 tables (66 in MLflow 3.17) in any sqlite file it opens, so a mistyped path, or a path to another
@@ -37,15 +38,9 @@ import sqlite3
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
-from cliptrack.compare.align import ALIGNMENTS
 from cliptrack.core.secrets import RedactedError
-
-if TYPE_CHECKING:
-    from cliptrack.compare.window import Window
-    from cliptrack.store.frame import RunSet
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 """MLflow's own default store (relative to the working directory)."""
@@ -72,7 +67,6 @@ passes it, given the store's URI as a refusal names it (without a password), whe
 from (``origin``: " (the default store)", or "") and the store's table names (an interrupted
 migration leaves some behind); raises ``StoreError`` for one it cannot read without migrating
 (``cliptrack.backends.mlflow.listing.check_schema``)."""
-_AXIS_WORDS = {"step": "steps", "tokens_seen": "tokens seen", "elapsed_s": "elapsed seconds"}
 
 
 class StoreError(RedactedError, LookupError):
@@ -325,20 +319,3 @@ def _plain_path_message(uri: str, origin: str = "") -> str:
         f"no MLflow store at {given}: the file {str(path)!r} does not exist (reading creates nothing); "
         f"{STORE_HINT}"
     )
-
-
-def check_window(runset: RunSet, align: str, window: Window) -> None:
-    """Every run has data inside ``window`` on the ``align`` axis; StoreError naming the run and its
-    range otherwise (an empty window would compare nothing and report NaN)."""
-    if window.start is None and window.end is None:
-        return
-    axis = ALIGNMENTS[align]
-    frame = runset.frame
-    for info in runset.runs:
-        values = frame.loc[frame["run_id"] == info.run.run_id, axis]
-        if values.empty or window.mask(values).any():
-            continue
-        raise StoreError(
-            f"--window {window} holds no data of run {info.display}: its {_AXIS_WORDS[axis]} run from "
-            f"{values.min():g} to {values.max():g}; choose a window inside that range"
-        )

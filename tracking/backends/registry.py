@@ -1,30 +1,35 @@
 """The one registry of tracking backends: each declared once, with where its parts live.
 
 A ``Backend`` names a backend, the URI schemes that reach it, and where its parts are, as
-``"module:attribute"`` targets imported on first use (so a backend's vendor library is imported
-only when that backend is used):
+``"module:attribute"`` targets (``"module"`` for ``options`` and ``panels``) imported on first use
+(so a backend's vendor library is imported only when that backend is used), or the objects
+themselves. Every part is optional:
 
 - ``sink``: a ``Sink`` subclass (the tracker writes through it; replay rebuilds it);
-- ``reader``: ``read(refs, **store) -> RunSet``, the runs ``cliptrack compare`` and ``load_runs`` read;
+- ``reader``: ``read(refs, **store) -> cliptrack.store.frame.RunSet``, the runs ``cliptrack compare``
+  and ``load_runs`` read;
 - ``listing``: ``list_runs(*, include_comparisons, **store) -> list[RunEntry]``, for ``cliptrack runs``;
 - ``options``: a module holding ``STORE_OPTIONS`` (the flags that name its store for reading) and
   ``TARGET_OPTIONS`` (the flags that re-target its sink for replay), tuples of
-  ``cliptrack.backends.options.StoreOption``; it must import nothing heavy (``--help`` reads it).
+  ``cliptrack.backends.options.StoreOption``; it must import nothing heavy (``--help`` reads it);
+- ``worst``: ``read_worst(run: LoadedRun) -> list[Worst]``, the worst-sequence tables a run it read
+  logged (``load_worst``);
+- ``panels``: the ``cliptrack panels <name>`` command: an object (a module) with ``HELP`` (one
+  line), ``add_arguments(parser)`` and ``run(args) -> int`` (the exit status); it must import
+  nothing heavy at import (``--help`` builds its flags).
 
 Every consumer goes through this registry: the tracker (``make_sink``), replay
-(``sink_from_state``, ``target_options``), ``load_runs`` (``reader``), ``cliptrack runs``
-(``listing``) and the command lines' store flags (``store_options``). Adding a backend is one folder
-and one ``register_backend`` call (or one entry in ``BACKENDS``); see docs/ARCHITECTURE.md.
-
-Older spellings stay: ``SINKS`` (name -> ``"module:Class"``, a live view of the sinks declared
-here, writable) and ``register_sink``; ``SCHEMES`` (URI scheme -> backend name, read-only).
+(``sink_from_state``, ``target_options``), ``load_runs`` (``reader``), ``load_worst`` (``worst``),
+``cliptrack runs`` (``listing``), ``cliptrack panels`` (``panels``) and the command lines' store
+flags (``store_options``). Adding a backend is one folder and one ``register_backend`` call (or one
+entry in ``BACKENDS``); see docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -32,38 +37,46 @@ from cliptrack.backends.base import Sink
 
 __all__ = [
     "BACKENDS",
-    "SCHEMES",
-    "SINKS",
+    "PARTS",
     "Backend",
     "backend",
     "is_jsonl",
     "jsonl_root",
     "make_sink",
     "register_backend",
-    "register_sink",
     "resolve",
+    "scheme_backend",
     "sink_class",
     "sink_from_state",
+    "sink_names",
 ]
 
 Target = Any
 """A part of a backend: ``"module:attribute"`` (imported on first use) or the object itself."""
 
+PARTS = ("sink", "reader", "listing", "options", "worst", "panels")
+"""The optional parts of a backend, each a field of ``Backend`` (see the module docstring)."""
+MODULE_PARTS = ("options", "panels")
+"""The parts that may be named as a whole module (``"module"``, no attribute)."""
+
 
 @dataclass(frozen=True)
 class Backend:
     """One backend as declared: ``name`` (the spec ``"<name>"`` / ``"<name>:<argument>"`` and the
-    key of a sink's replay state in run.json), ``schemes`` (URI schemes whose bare URIs name it, the
-    whole URI its argument), ``sink``, ``reader``, ``listing`` and ``options`` (see the module
-    docstring; None where the backend has no such part) and ``extra`` (the pip extra its vendor
-    library comes with)."""
+    key of a sink's replay state in run.json), then, by keyword only: ``schemes`` (URI schemes whose
+    bare URIs name it, the whole URI its argument), its parts ``sink``, ``reader``, ``listing``,
+    ``options``, ``worst`` and ``panels`` (see the module docstring; None where the backend has no
+    such part) and ``extra`` (the pip extra its vendor library comes with)."""
 
     name: str
+    _: KW_ONLY
     schemes: tuple[str, ...] = ()
     sink: Target = None
     reader: Target = None
     listing: Target = None
     options: Target = None
+    worst: Target = None
+    panels: Target = None
     extra: str | None = None
 
 
@@ -77,6 +90,8 @@ BACKENDS: dict[str, Backend] = {
             reader="cliptrack.backends.mlflow.reader:read",
             listing="cliptrack.backends.mlflow.listing:list_runs",
             options="cliptrack.backends.mlflow.options",
+            worst="cliptrack.backends.mlflow.reader:read_worst",
+            panels="cliptrack.cli.mlflow_panels",
             extra="mlflow",
         ),
         Backend(
@@ -84,6 +99,7 @@ BACKENDS: dict[str, Backend] = {
             reader="cliptrack.backends.jsonl.reader:read",
             listing="cliptrack.backends.jsonl.listing:list_runs",
             options="cliptrack.backends.jsonl.options",
+            worst="cliptrack.backends.jsonl.reader:read_worst",
         ),
         Backend(
             "wandb",
@@ -91,6 +107,8 @@ BACKENDS: dict[str, Backend] = {
             reader="cliptrack.backends.wandb.reader:read",
             listing="cliptrack.backends.wandb.listing:list_runs",
             options="cliptrack.backends.wandb.options",
+            worst="cliptrack.backends.wandb.reader:read_worst",
+            panels="cliptrack.cli.wandb_panels",
             extra="wandb",
         ),
         Backend(
@@ -113,9 +131,9 @@ def _check_name(name: object) -> str:
 
 def _dotted(name: str, what: str, target: Target) -> Target:
     """``target`` as ``"module:attribute"`` where it is a class or function (so that replay, in
-    another process, imports it by name); other objects are kept as they are."""
+    another process, imports it by name); other objects (a module, a namespace) are kept as they are."""
     if isinstance(target, str):
-        if target.count(":") != 1 and what != "options":
+        if target.count(":") != 1 and not (what in MODULE_PARTS and ":" not in target):
             raise ValueError(f"backend {name!r}: {what} {target!r} is not 'module:attribute'")
         return target
     module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
@@ -132,12 +150,15 @@ def register_backend(
     reader: Target = None,
     listing: Target = None,
     options: Target = None,
+    worst: Target = None,
+    panels: Target = None,
     extra: str | None = None,
 ) -> Backend:
-    """Declare (or replace) the backend ``name``: its URI schemes and its parts, each a
+    """Declare (or replace) the backend ``name``: its URI schemes and its parts (``PARTS``), each a
     ``"module:attribute"`` target or the object itself (a class or function is kept by its dotted
-    name; ``options`` may be a module). One call makes it reachable from ``Tracker(backends=[...])``,
-    replay, ``load_runs``, ``cliptrack runs`` and ``cliptrack compare``."""
+    name; ``options`` and ``panels`` may be a module). One call makes it reachable from
+    ``Tracker(sinks=[...])``, replay, ``load_runs``, ``load_worst``, ``cliptrack runs``,
+    ``cliptrack compare`` and ``cliptrack panels``."""
     _check_name(name)
     if isinstance(sink, type) and not issubclass(sink, Sink):
         raise ValueError(f"backend {name!r}: {sink.__name__} does not derive from cliptrack.backends.Sink")
@@ -145,15 +166,16 @@ def register_backend(
         owner = next((b.name for b in BACKENDS.values() if scheme in b.schemes and b.name != name), None)
         if owner is not None:
             raise ValueError(f"backend {name!r}: URI scheme {scheme!r} already names backend {owner!r}")
-    declared = Backend(
-        name,
-        tuple(schemes),
-        _dotted(name, "sink", sink) if sink is not None else None,
-        _dotted(name, "reader", reader) if reader is not None else None,
-        _dotted(name, "listing", listing) if listing is not None else None,
-        _dotted(name, "options", options) if options is not None else None,
-        extra,
-    )
+    given = {
+        "sink": sink,
+        "reader": reader,
+        "listing": listing,
+        "options": options,
+        "worst": worst,
+        "panels": panels,
+    }
+    parts = {part: None if target is None else _dotted(name, part, target) for part, target in given.items()}
+    declared = Backend(name, schemes=tuple(schemes), extra=extra, **parts)
     BACKENDS[name] = declared
     return declared
 
@@ -167,7 +189,7 @@ def backend(name: str) -> Backend:
 
 
 def resolve(declared: Backend, part: str) -> Any:
-    """The object ``part`` (``"sink"``, ``"reader"``, ``"listing"``, ``"options"``) of a backend,
+    """The object ``part`` (one of ``PARTS``) of a backend,
     imported on first use; ValueError when the backend has no such part, ModuleNotFoundError naming
     the extra to install when its vendor library is missing."""
     target = getattr(declared, part)
@@ -192,66 +214,14 @@ def resolve(declared: Backend, part: str) -> Any:
 # ------------------------------------------------------------------------------------------ sinks
 
 
-class _SinkTable(MutableMapping[str, Any]):
-    """``SINKS``: sink name -> ``"module:Class"`` of every backend that has a sink, read from and
-    written to ``BACKENDS`` (setting a name declares or updates that backend's sink; deleting it
-    removes the sink, and the backend when it had nothing else)."""
-
-    def __getitem__(self, name: str) -> Any:
-        found = BACKENDS.get(name)
-        if found is None or found.sink is None:
-            raise KeyError(name)
-        return found.sink
-
-    def __setitem__(self, name: str, target: Any) -> None:
-        _check_name(name)
-        found = BACKENDS.get(name)
-        BACKENDS[name] = Backend(name, sink=target) if found is None else replace(found, sink=target)
-
-    def __delitem__(self, name: str) -> None:
-        found = BACKENDS.get(name)
-        if found is None or found.sink is None:
-            raise KeyError(name)
-        rest = replace(found, sink=None)
-        if rest.reader is None and rest.listing is None and rest.options is None and not rest.schemes:
-            del BACKENDS[name]
-        else:
-            BACKENDS[name] = rest
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([name for name, found in BACKENDS.items() if found.sink is not None])
-
-    def __len__(self) -> int:
-        return sum(1 for found in BACKENDS.values() if found.sink is not None)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
+def sink_names() -> list[str]:
+    """The names of the registered backends that have a sink, in registry order."""
+    return [name for name, found in BACKENDS.items() if found.sink is not None]
 
 
-class _SchemeTable(Mapping[str, str]):
-    """``SCHEMES``: URI scheme -> the backend a bare URI of that scheme names (read-only)."""
-
-    def _table(self) -> dict[str, str]:
-        return {scheme: found.name for found in BACKENDS.values() for scheme in found.schemes}
-
-    def __getitem__(self, scheme: str) -> str:
-        return self._table()[scheme]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-    def __repr__(self) -> str:
-        return repr(self._table())
-
-
-SINKS: MutableMapping[str, Any] = _SinkTable()
-"""Sink name -> ``module:Class`` (a ``Sink`` subclass), imported on first use: the sinks of ``BACKENDS``."""
-
-SCHEMES: Mapping[str, str] = _SchemeTable()
-"""URI scheme -> the backend a bare URI of that scheme names (the whole URI its argument)."""
+def scheme_backend(scheme: str) -> str | None:
+    """The backend a bare URI of ``scheme`` names (the whole URI its argument); None for none."""
+    return next((found.name for found in BACKENDS.values() if scheme in found.schemes), None)
 
 
 def sink_class(name: str) -> type[Sink]:
@@ -259,23 +229,9 @@ def sink_class(name: str) -> type[Sink]:
     ModuleNotFoundError naming the extra to install when its dependency is missing."""
     found = BACKENDS.get(name)
     if found is None or found.sink is None:
-        raise ValueError(f"unknown sink {name!r}: registered sinks are {sorted(SINKS)}")
+        raise ValueError(f"unknown sink {name!r}: registered sinks are {sorted(sink_names())}")
     cls: type[Sink] = resolve(found, "sink")
     return cls
-
-
-def register_sink(name: str, target: str | type[Sink]) -> None:
-    """Register a sink under ``name``: ``"module:Class"`` (imported on first use) or the class
-    itself (which must then be importable as ``module:Class`` for replay to rebuild it)."""
-    if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"sink name {name!r} must be a non-empty string without ':'")
-    if isinstance(target, type):
-        if not issubclass(target, Sink):
-            raise ValueError(f"sink {name!r}: {target.__name__} does not derive from cliptrack.backends.Sink")
-        target = f"{target.__module__}:{target.__qualname__}"
-    if not isinstance(target, str) or target.count(":") != 1:
-        raise ValueError(f"sink {name!r}: {target!r} is not 'module:Class'")
-    SINKS[name] = target
 
 
 def jsonl_root(spec: Any) -> str | None:
@@ -310,14 +266,14 @@ def make_sink(spec: Any, options: Mapping[str, Mapping[str, Any]] | None = None,
     if not isinstance(spec, str):
         raise ValueError(f"backend {spec!r} is neither a name, a URI nor a Sink")
     name, colon, argument = spec.partition(":")
-    if name not in SINKS:
-        scheme = urlparse(spec).scheme.split("+")[0]
-        target = SCHEMES.get(scheme) or SCHEMES.get(spec)
-        if target is None or target not in SINKS:
-            schemes = ", ".join(s + "://" for s, n in SCHEMES.items() if n == "mlflow")
+    sinks = sink_names()
+    if name not in sinks:
+        target = scheme_backend(urlparse(spec).scheme.split("+")[0]) or scheme_backend(spec)
+        if target is None or target not in sinks:
+            schemes = ", ".join(f"{s}:// ({b.name})" for b in BACKENDS.values() for s in b.schemes)
             raise ValueError(
-                f"unknown tracking backend {spec!r}: use a registered sink {sorted(SINKS)} (optionally "
-                f"'name:argument'), 'jsonl', an MLflow tracking URI ({schemes}) or 'jsonl:/dir'"
+                f"unknown tracking backend {spec!r}: use a registered sink {sorted(sinks)} (optionally "
+                f"'name:argument'), 'jsonl', a URI of a registered scheme ({schemes}) or 'jsonl:/dir'"
             )
         name, argument, colon = target, spec, ":"
     own = (options or {}).get(name) or {}

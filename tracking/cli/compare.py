@@ -21,9 +21,8 @@ import traceback
 from typing import Any
 
 from cliptrack.backends.options import add_source_arguments, source_arguments
-from cliptrack.backends.preflight import check_window
 from cliptrack.cli.errors import error_text
-from cliptrack.compare.align import ALIGNMENTS
+from cliptrack.compare.align import ALIGNMENTS, check_window
 from cliptrack.compare.quantities import (
     QUANTITIES,
     RELATIVE_MARGIN,

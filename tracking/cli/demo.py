@@ -467,10 +467,10 @@ def _compare(
     dashboard and the panels; then the control (Miles against the Megatron path as stale as Miles,
     on other seeds): its headline."""
     from cliptrack.backends.load import load_runs
-    from cliptrack.backends.mlflow.panels import log_comparison
-    from cliptrack.backends.wandb.panels import save_or_write
     from cliptrack.compare.engine import compare
     from cliptrack.compare.views.dashboard import write_dashboard
+    from cliptrack.compare.views.mlflow_run import log_comparison
+    from cliptrack.compare.views.wandb_panels import save_or_write
 
     names = [run_id for ids in stacks.values() for run_id in ids]
     runs = load_runs(names, tracking_uri=tracking_uri)

@@ -54,7 +54,9 @@ COMMANDS = {
         "compare two stacks' outputs of the same batch per datum (a paired probe)", "cliptrack.cli.probe"
     ),
     "runs": Command("list a store's runs: ids, names, status, start time, steps", "cliptrack.cli.runs"),
-    "panels": Command("build W&B workspace/report or MLflow comparison panels", "cliptrack.cli.panels"),
+    "panels": Command(
+        "draw a comparison in a backend's own UI (cliptrack panels BACKEND)", "cliptrack.cli.panels"
+    ),
     "notebook": Command(
         "run the comparison notebook on the demo's runs (or a store) and write the executed copy",
         "cliptrack.cli.notebook",

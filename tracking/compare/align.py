@@ -180,3 +180,23 @@ def unit_table(
     if by == "step":
         return {label: table.rename_axis(UNIT) for label, table in steps.items()}
     return _binned(steps, *_shared_range(steps, by, window))
+
+
+_AXIS_WORDS = {"step": "steps", "tokens_seen": "tokens seen", "elapsed_s": "elapsed seconds"}
+
+
+def check_window(runset: RunSet, align: str, window: Window) -> None:
+    """Every run has data inside ``window`` on the ``align`` axis; ValueError naming the run and its
+    range otherwise (an empty window would compare nothing and report NaN)."""
+    if window.start is None and window.end is None:
+        return
+    axis = ALIGNMENTS[align]
+    frame = runset.frame
+    for info in runset.runs:
+        values = frame.loc[frame["run_id"] == info.run.run_id, axis]
+        if values.empty or window.mask(values).any():
+            continue
+        raise ValueError(
+            f"--window {window} holds no data of run {info.display}: its {_AXIS_WORDS[axis]} run from "
+            f"{values.min():g} to {values.max():g}; choose a window inside that range"
+        )

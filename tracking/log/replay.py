@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from cliptrack.backends import SINKS, Sink, sink_from_state
+from cliptrack.backends import Sink, sink_from_state, sink_names
 from cliptrack.backends.options import add_target_arguments, target_arguments
 from cliptrack.core.secrets import redact_value
 from cliptrack.core.text import printable
@@ -247,7 +247,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         dest="sinks",
         metavar="NAME",
-        help=f"only this sink: {', '.join(SINKS)} (repeatable)",
+        help=f"only this sink: {', '.join(sink_names())} (repeatable)",
     )
     add_target_arguments(parser)  # each backend's re-target flags: --tracking-uri, --wandb-project, ...
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sink before giving up")

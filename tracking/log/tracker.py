@@ -78,7 +78,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cliptrack.backends import SINKS, is_jsonl, jsonl_root, make_sink
+from cliptrack.backends import is_jsonl, jsonl_root, make_sink, sink_names
 from cliptrack.backends.base import Alert, Sink
 from cliptrack.core import keys
 from cliptrack.core.outputs import metrics_of
@@ -136,7 +136,7 @@ class Tracker:
         run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
         backends: names or URIs, see ``cliptrack.backends`` ("mlflow", "wandb", "jsonl",
             "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", any name in
-            ``cliptrack.backends.SINKS``, or Sink objects). The JSONL run directory is always written:
+            ``cliptrack.backends.sink_names()``, or Sink objects). The JSONL run directory is always written:
             it is the spool. Default ``("mlflow",)``.
         sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
             vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
@@ -822,8 +822,10 @@ def _sink_options(
         raise ValueError(f"sink_options={given!r} must map sink names to their options")
     options: dict[str, dict[str, Any]] = {}
     for name, own in (given or {}).items():
-        if name not in SINKS:
-            raise ValueError(f"sink_options names {name!r}, which is no registered sink: {sorted(SINKS)}")
+        if name not in sink_names():
+            raise ValueError(
+                f"sink_options names {name!r}, which is no registered sink: {sorted(sink_names())}"
+            )
         if not isinstance(own, Mapping):
             raise ValueError(f"sink_options[{name!r}]={own!r} must be a mapping of option names to values")
         options[name] = dict(own)

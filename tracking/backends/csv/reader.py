@@ -23,7 +23,7 @@ from cliptrack.store.files import open_regular
 from cliptrack.store.frame import LoadedRun, Point, RunSet
 from cliptrack.store.records import RUNNING, RunInfo
 
-__all__ = ["CsvRun", "load_csv", "read", "read_run_file"]
+__all__ = ["CsvRun", "read", "read_run_file"]
 
 
 class DamagedRow(UserWarning):
@@ -128,7 +128,7 @@ def entry(found: CsvRun) -> RunEntry:
     )
 
 
-def load_csv(refs: Sequence[str], directory: str | Path) -> RunSet:
+def _load_csv(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from a CSV backend directory; ``refs`` are run ids or names (empty: every run).
     A name of several runs takes the latest FINISHED one, with a warning listing the others."""
     found = [read_run_file(path) for path in run_files(directory)]
@@ -141,5 +141,5 @@ def load_csv(refs: Sequence[str], directory: str | Path) -> RunSet:
 
 
 def read(refs: Sequence[str], *, csv_dir: str | Path) -> RunSet:
-    """The registry's reader: ``load_csv`` of ``csv_dir``."""
-    return load_csv(refs, csv_dir)
+    """The registry's reader: ``_load_csv`` of ``csv_dir``."""
+    return _load_csv(refs, csv_dir)

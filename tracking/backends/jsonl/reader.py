@@ -17,7 +17,7 @@ from cliptrack.store import worst as worst_store
 from cliptrack.store.frame import Columns, LoadedRun, MetricCodes, RunSet
 from cliptrack.store.spool import RunDir, spool_runs
 
-__all__ = ["load_jsonl", "read", "read_worst"]
+__all__ = ["read", "read_worst"]
 
 
 def _jsonl_runs(directory: Path) -> list[RunDir]:
@@ -25,7 +25,7 @@ def _jsonl_runs(directory: Path) -> list[RunDir]:
     return spool_runs(spool_directory(directory))
 
 
-def load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
+def _load_jsonl(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from a JSONL spool directory (``<dir>/<run_id>/run.json`` + ``points.jsonl``), and the
     runs verl's own file or console logger and TRL's trainer state wrote there
     (:mod:`cliptrack.backends.jsonl.framework_logs`).
@@ -87,5 +87,5 @@ def read_worst(run: LoadedRun) -> list[Worst]:
 
 
 def read(refs: Sequence[str], *, jsonl_dir: str | Path) -> RunSet:
-    """The registry's reader: ``load_jsonl`` of the spool ``jsonl_dir``."""
-    return load_jsonl(refs, jsonl_dir)
+    """The registry's reader: ``_load_jsonl`` of the spool ``jsonl_dir``."""
+    return _load_jsonl(refs, jsonl_dir)

@@ -1,7 +1,9 @@
 """MLflow experiments as cliptrack makes them: a training experiment (``mlflow ui`` shows its runs'
 metrics as training charts, not as a GenAI experiment) with its artifacts where the caller says, and
 the UI view that opens on the clip fraction, the mismatch KL, reward and throughput
-(``charts_view_tags``, opened by an address carrying ``CHARTS_VIEW_QUERY``)."""
+(``charts_view_tags``, opened by an address carrying ``CHARTS_VIEW_QUERY``). The experiment-kind tag
+and ``artifacts_beside`` (a directory beside a sqlite store) are the names others (the comparison's
+MLflow run) make experiments with."""
 
 from __future__ import annotations
 
@@ -12,9 +14,21 @@ from cliptrack.backends.mlflow._compat import (
     SHARED_VIEW_PARAM,
     SHARED_VIEW_TAG_PREFIX,
     TRAINING_EXPERIMENT_KIND,
+    artifacts_beside,
     shared_view_state,
 )
 from cliptrack.core import keys
+
+__all__ = [
+    "CHARTS_FIRST",
+    "CHARTS_VIEW_KEY",
+    "CHARTS_VIEW_QUERY",
+    "EXPERIMENT_KIND_TAG",
+    "TRAINING_EXPERIMENT_KIND",
+    "artifacts_beside",
+    "charts_view_tags",
+    "training_experiment",
+]
 
 CHARTS_VIEW_KEY = "cliptrack-charts"
 """The share key of the view cliptrack writes for its training experiments (``charts_view_tags``)."""

@@ -26,7 +26,7 @@ from cliptrack.store.aliases import as_logged, canonical_points, needs_aliases
 from cliptrack.store.frame import Columns, LoadedRun, Point, RunSet
 from cliptrack.store.records import RunInfo
 
-__all__ = ["load_mlflow", "mlflow_run_info", "read", "read_worst"]
+__all__ = ["mlflow_run_info", "read", "read_worst"]
 
 
 def _mlflow_quote(value: str) -> str:
@@ -35,27 +35,6 @@ def _mlflow_quote(value: str) -> str:
     if '"' not in value:
         return f'"{value}"'
     raise ValueError(f"run name {value!r} contains both quote characters; pass its run id instead")
-
-
-def load_mlflow(
-    refs: Sequence[str] = (), tracking_uri: str | None = None, experiment: str | None = None
-) -> RunSet:
-    """Load runs from an MLflow tracking store (any URI: sqlite, file, http server).
-
-    Histories are read in bulk from SQL stores (``_compat_mlflow_store``), in bounded pages from a
-    server (``_compat_mlflow_rest``), one metric at a time through
-    ``MlflowClient.get_metric_history`` otherwise; all give the same frame.
-
-    ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
-    ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
-    (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
-    looked up inside that experiment only. Requests to a server are a reader's
-    (``_compat_mlflow.bounded_requests(reads=True)``): a server that cannot be reached (or dies
-    mid-read) fails within seconds, a busy one is waited for; histories are read by
-    ``_compat_mlflow_rest`` (bulk endpoint or pages, several requests at once).
-    """
-    with bounded_requests(reads=True):
-        return _load_mlflow(refs, tracking_uri, experiment)
 
 
 def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str | None) -> RunSet:
@@ -67,7 +46,7 @@ def _load_mlflow(refs: Sequence[str], tracking_uri: str | None, experiment: str 
     if refs:
         runs = [_mlflow_find(client, ref, experiment_ids, where) for ref in refs]
     elif experiment is None:
-        raise ValueError("load_mlflow: name runs (ids or names) or an experiment to load from")
+        raise ValueError("MLflow: name runs (ids or names) or an experiment to load from")
     else:
         runs = _mlflow_training_runs(client, experiment_ids, f"experiment {experiment!r} in {where}")
     bulk = bulk_columns(str(client.tracking_uri), [run.info.run_id for run in runs])
@@ -234,6 +213,22 @@ def read_worst(run: LoadedRun) -> list[Worst]:
     return worst_store.latest_per_step(tables)
 
 
-def read(refs: Sequence[str], *, tracking_uri: str | None = None, experiment: str | None = None) -> RunSet:
-    """The registry's reader: ``load_mlflow`` (the default store when no store is named)."""
-    return load_mlflow(refs, tracking_uri=tracking_uri, experiment=experiment)
+def read(
+    refs: Sequence[str] = (), *, tracking_uri: str | None = None, experiment: str | None = None
+) -> RunSet:
+    """Load runs from an MLflow tracking store (any URI: sqlite, file, http server).
+
+    Histories are read in bulk from SQL stores (``_compat_mlflow_store``), in bounded pages from a
+    server (``_compat_mlflow_rest``), one metric at a time through
+    ``MlflowClient.get_metric_history`` otherwise; all give the same frame.
+
+    ``refs`` are MLflow run ids, run names, or cliptrack run ids (tag ``cliptrack.run_id``). With
+    ``experiment`` (a name or id) and no refs, every training run of that experiment is loaded
+    (comparison runs, tagged ``cliptrack.kind=comparison``, are left out); with both, names are
+    looked up inside that experiment only. Requests to a server are a reader's
+    (``_compat_mlflow.bounded_requests(reads=True)``): a server that cannot be reached (or dies
+    mid-read) fails within seconds, a busy one is waited for; histories are read by
+    ``_compat_mlflow_rest`` (bulk endpoint or pages, several requests at once).
+    """
+    with bounded_requests(reads=True):
+        return _load_mlflow(refs, tracking_uri, experiment)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from cliptrack.backends.catalog import RunEntry
-from cliptrack.backends.wandb.reader import load_wandb_offline
+from cliptrack.backends.wandb.reader import read
 
 
 def wandb_entries(directory: str | Path) -> list[RunEntry]:
     """Every run found in W&B run files under ``directory``: status, start time (unix seconds) and
     steps (distinct steps logged) of each."""
-    runset = load_wandb_offline([], directory)
+    runset = read([], wandb_dir=directory)
     frame = runset.frame
     entries = []
     for info in runset.runs:
@@ -20,7 +20,13 @@ def wandb_entries(directory: str | Path) -> list[RunEntry]:
         steps = int(frame.loc[frame["run_id"] == run.run_id, "step"].nunique())
         entries.append(
             RunEntry(
-                run.run_id, run.run_id, run.run_name, run.backend_label or "", run.status, run.started, steps
+                cliptrack_id=run.run_id,
+                store_id=run.run_id,
+                name=run.run_name,
+                backend=run.backend_label or "",
+                status=run.status,
+                started=run.started,
+                steps=steps,
             )
         )
     return entries

@@ -27,8 +27,6 @@ from cliptrack.store.frame import LoadedRun, Point, RunSet
 from cliptrack.store.records import EXIT_CODES, FAILED, RUNNING, RunInfo
 
 __all__ = [
-    "load_wandb_offline",
-    "load_wandb_online",
     "read",
     "read_worst",
     "wandb_run_files",
@@ -203,7 +201,7 @@ def _merge_segments(segments: list[tuple[LoadedRun, list[Point]]]) -> list[tuple
     return list(merged.values())
 
 
-def load_wandb_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
+def _load_offline(refs: Sequence[str], directory: str | Path) -> RunSet:
     """Load runs from W&B run directories on disk (offline runs, or online runs' local copies).
 
     ``refs`` are W&B run ids or display names; empty loads every run found under ``directory``.
@@ -227,11 +225,17 @@ def wandb_entry(info: LoadedRun, points: Sequence[Point]) -> RunEntry:
     run = info.run
     steps = len({p.step for p in points})
     return RunEntry(
-        run.run_id, run.run_id, run.run_name, run.backend_label or "", run.status, run.started, steps
+        cliptrack_id=run.run_id,
+        store_id=run.run_id,
+        name=run.run_name,
+        backend=run.backend_label or "",
+        status=run.status,
+        started=run.started,
+        steps=steps,
     )
 
 
-def load_wandb_online(paths: Sequence[str], api: Any = None) -> RunSet:
+def _load_online(paths: Sequence[str], api: Any = None) -> RunSet:
     """Load runs through the W&B public API; ``paths`` are ``entity/project/run_id``.
 
     ``api`` defaults to ``wandb.Api()`` (needs an API key and network).
@@ -281,5 +285,5 @@ def read(refs: Sequence[str], *, wandb_dir: str | Path | None = None, wandb_api:
     """The registry's reader: the run files under ``wandb_dir``, else the public API (``wandb_api``,
     default ``wandb.Api()``) for refs ``entity/project/run_id``."""
     if wandb_dir is not None:
-        return load_wandb_offline(refs, wandb_dir)
-    return load_wandb_online(refs, api=wandb_api)
+        return _load_offline(refs, wandb_dir)
+    return _load_online(refs, api=wandb_api)

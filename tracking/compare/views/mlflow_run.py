@@ -1,4 +1,4 @@
-"""MLflow panels: a comparison run holding the verdict, figures, table and dashboard.
+"""The comparison as an MLflow run (``cliptrack panels mlflow``): a comparison run holding the verdict, figures, table and dashboard.
 
 ``log_comparison`` creates one run tagged ``cliptrack.kind=comparison`` in an experiment of its own
 (``<experiment of the reference run>-comparisons``, or ``cliptrack-comparisons``), so ``mlflow ui``
@@ -48,7 +48,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.mlflow._compat import EXPERIMENT_KIND_TAG, TRAINING_EXPERIMENT_KIND, artifacts_beside
+from cliptrack.backends.mlflow.experiments import (
+    EXPERIMENT_KIND_TAG,
+    TRAINING_EXPERIMENT_KIND,
+    artifacts_beside,
+)
 from cliptrack.compare import report
 from cliptrack.compare.findings import GroupDifference
 from cliptrack.compare.result import ComparisonResult

@@ -52,7 +52,7 @@ def check_version(found: str | None = None) -> str:
         found or installed_version(),
         *SUPPORTED,
         USES,
-        seam="tracking/backends/wandb/_workspaces.py",
+        seam="tracking/compare/views/_wandb_workspaces.py",
     )
 
 

@@ -1,4 +1,4 @@
-"""W&B panels for the comparison, built with ``wandb-workspaces``.
+"""W&B panels for the comparison (``cliptrack panels wandb``), built with ``wandb-workspaces``.
 
 - ``build_workspace``: a workspace with one section per section of ``panels.PANELS`` (*clipping*:
   clip fraction, its difference over training, clipped and loss tokens, low/high split; *reward*
@@ -20,7 +20,7 @@ be named in a grouping.)
 Building the models needs no network except the report runset's project-id lookup, which
 ``Runset._to_model`` performs through the W&B API; ``offline_project_ids`` stands in for it when
 specs are written without an API key. Every use of ``wandb-workspaces`` internals lives in
-``_compat_wandb_workspaces`` (checked against the supported versions).
+``_wandb_workspaces`` (checked against the supported versions).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.wandb import _compat as _compat_wandb
-from cliptrack.backends.wandb._workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
+from cliptrack.backends import wandb as wandb_backend
 from cliptrack.compare.result import ComparisonResult
+from cliptrack.compare.views._wandb_workspaces import OFFLINE_PROJECT_ID, model_json, offline_project_ids
 from cliptrack.compare.views.panels import DIFFERENCE_PREFIX, PANELS, Panel, difference_keys, sections
 from cliptrack.compare.views.plots import SegmentView, plot_series, segment_views, x_range_of
 from cliptrack.core import keys
@@ -245,8 +245,8 @@ def log_comparison(
 
     import wandb
 
-    _compat_wandb.check_supported()
-    _compat_wandb.own_service()  # not a service another process started (it may outlive this run)
+    wandb_backend.check_supported()
+    wandb_backend.own_service()  # not a service another process started (it may outlive this run)
     mode = mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
     run = wandb.init(
         project=project,
