@@ -176,9 +176,9 @@ class Sink(ABC):
     @classmethod
     def from_spec(cls, argument: str | None, options: Mapping[str, Any]) -> Sink:
         """The sink a backend spec names: ``"<name>"`` (``argument`` None) or ``"<name>:<argument>"``
-        (for a URI scheme in ``SCHEMES``, the whole URI). ``options`` are the tracker's vendor
-        options (``tracking_uri``, ``experiment``, ``wandb_project``, ...): a sink reads its own and
-        ignores the rest. Default: ``cls()``, or ``cls(argument)``."""
+        (for a URI scheme among a backend's ``schemes``, the whole URI). ``options`` are the
+        tracker's vendor options (``tracking_uri``, ``experiment``, ``wandb_project``, ...): a sink
+        reads its own and ignores the rest. Default: ``cls()``, or ``cls(argument)``."""
         return cls() if argument is None else cls(argument)  # type: ignore[call-arg]
 
     @classmethod
