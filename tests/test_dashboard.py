@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import subprocess
@@ -52,35 +53,47 @@ def test_self_contained_and_escaped(dashboard):
     assert html.escape(EVIL) in text
     assert "\\u0026lt;script\\u0026gt;alert(1)" in text  # trace names inside the figure JSON
     assert f'class="summary {result.on_policy_verdict}"' in text
-    assert all(f'data-panel="{panel.id}"' in text for panel in PANELS)  # the one panel list
+    drawn = _drawn(text)
+    assert set(drawn) <= {panel.id for panel in PANELS} and "clip" in drawn  # the one panel list
 
 
-def test_opens_with_the_answer_and_folds_the_long_text(dashboard):
-    """The headline (four lines at most: the fourth says why, when the runs log the gauge's parts)
-    and the difference plots come first; the runs' curves
-    after the verdict table; the whole summary folded in a <details> below them."""
+def _drawn(page: str) -> list[str]:
+    """The panel ids a dashboard page draws, in page order."""
+    return re.findall(r'data-panel="([^"]+)"', page)
+
+
+OPENING = {
+    "equivalent": "Equally on-policy:",
+    "different": "Not equally on-policy:",
+    "inconclusive": "Inconclusive:",
+    "insufficient data": "Insufficient data:",
+}
+
+
+def test_opens_with_the_answer_then_the_curves_then_the_differences(dashboard):
+    """The headline (three lines: verdict, figure, what would change it), then the runs' curves,
+    then the differences table and the plots over training; the long text and the full verdict
+    table folded in a <details> below them."""
     path, result = dashboard
     text = path.read_text(encoding="utf-8")
     body = text[text.index("<body") :]
     headline = re.search(r'<p class="headline ([^"]*)" id="headline">(.*?)</p>', body, re.S)
     assert headline and headline.group(1) == result.on_policy_verdict.replace(" ", "-")
-    lines = headline.group(2).split("\n")
-    assert 1 <= len(lines) <= 4 and len(lines) == len(result.headline_lines())
-    opening = {
-        "equivalent": "Equally on-policy:",
-        "different": "Not equally on-policy:",
-        "inconclusive": "Inconclusive:",
-        "insufficient data": "Insufficient data:",
-    }
-    assert lines[0].startswith(opening[result.on_policy_verdict])
-    panels = re.findall(r'data-panel="([^"]+)"', body)
-    differences = [i for i, p in enumerate(panels) if p.endswith("_difference")]
-    assert differences and differences == list(range(len(differences)))  # the difference plots first
+    lines = html.unescape(headline.group(2)).split("\n")
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(OPENING[result.on_policy_verdict])
+    assert lines[1].startswith("The figure: clip fraction, ") and "90 % interval" in lines[1]
+    assert lines[2].startswith("What would change it: ")
+    assert 'id="control"' not in body  # no control comparison was given
+    panels = _drawn(body)
+    curves = [p for p in panels if not p.endswith("_difference")]
+    over_training = [p for p in panels if p.endswith("_difference")]
+    assert panels == curves + over_training and over_training  # this pair has segments
     at = body.index
-    assert at('id="headline"') < at(f'data-panel="{panels[0]}"') < at("Verdict table")
-    assert at("Verdict table") < at(f'data-panel="{panels[len(differences)]}"') < at("<details")
+    assert at('id="headline"') < at(f'data-panel="{curves[0]}"') < at('id="differences-table"')
+    assert at('id="differences-table"') < at(f'data-panel="{over_training[0]}"') < at("<details")
     details = body[at("<details") : at("</details>")]
-    assert 'id="summary"' in details and "<summary>" in details
+    assert 'id="summary"' in details and "<summary>" in details and 'class="verdict-table"' in details
 
 
 def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
@@ -142,8 +155,9 @@ def test_renders_in_headless_chromium(dashboard, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert _console(dom.stderr) == [], _console(dom.stderr)
     out = dom.stdout
-    assert f'data-rendered="{len(PANELS)}"' in out  # every panel drawn by plotly
-    assert out.count("js-plotly-plot") >= len(PANELS)
+    drawn = _drawn(path.read_text(encoding="utf-8"))
+    assert f'data-rendered="{len(drawn)}"' in out  # every panel drawn by plotly
+    assert out.count("js-plotly-plot") >= len(drawn)
     assert "megatron-run" in out and html.escape(EVIL) in out
     assert EVIL not in out  # shown as text, never as an element
     assert '<img src="x"' not in out and "<img src=x" not in out
@@ -284,13 +298,14 @@ def test_layout_at_1400px(dashboard, tmp_path):
     """At 1400 px nothing leaves the page (the runs table wraps a 400-character config value), no
     toolbar covers a title, no legend covers an axis title, and every panel has the same x ticks."""
     path, _ = dashboard
-    found = _layout(path, len(PANELS), tmp_path)
+    drawn = _drawn(path.read_text(encoding="utf-8"))
+    found = _layout(path, len(drawn), tmp_path)
     assert found["viewport"] == 1400
     assert found["scrollWidth"] <= 1400
     assert found["overflow"] == []
     assert found["overlaps"] == []
     ticks = found["xticks"]
-    assert sorted(ticks) == sorted(f"plot-{panel.id}" for panel in PANELS)
+    assert sorted(ticks) == sorted(f"plot-{panel}" for panel in drawn)
     assert len(set(ticks.values())) == 1 and next(iter(ticks.values())), ticks
     shot = tmp_path / "dashboard-1400.png"
     proc = _chromium(
@@ -301,27 +316,98 @@ def test_layout_at_1400px(dashboard, tmp_path):
     print(f"\ndashboard screenshot at 1400 px: {shot}")
 
 
-def test_seed_groups_are_drawn_per_stack(tmp_path):
-    """A comparison of seed groups: every seed is in the runs table, each group is one legend entry
-    per line with its band, and the difference panels show the groups' difference over seeds."""
+def _groups(n_steps: int, miles_clip: float = 0.14, seeds: int = 2, throughput: float = 1000.0):
+    """Seed groups of synthetic runs: megatron and miles (clip ``miles_clip``, throughput
+    ``throughput``), ``seeds`` seeds each, ``n_steps`` steps; the run set and the group names."""
     from tests._compare_fixtures import synthetic_run
 
-    runs = [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i, n_steps=120) for i in range(2)]
-    runs += [synthetic_run(f"l{i}", f"l{i}", "miles", seed=5 + i, n_steps=120, clip_p=0.14) for i in range(2)]
+    runs = [synthetic_run(f"m{i}", f"m{i}", "megatron", seed=i, n_steps=n_steps) for i in range(seeds)]
+    runs += [
+        synthetic_run(
+            f"l{i}", f"l{i}", "miles", seed=5 + i, n_steps=n_steps, clip_p=miles_clip, throughput=throughput
+        )
+        for i in range(seeds)
+    ]
     rs = RunSet.from_points(
         [(LoadedRun(RunInfo(r.run_id, r.run_name, r.backend, r.config), "test"), r.points) for r in runs]
     )
-    result = compare(rs, groups={"megatron": ["m0", "m1"], "miles": ["l0", "l1"]})
+    groups = {"megatron": [f"m{i}" for i in range(seeds)], "miles": [f"l{i}" for i in range(seeds)]}
+    return rs, groups, runs
+
+
+def _figures(text: str) -> dict:
+    return json.loads(
+        re.search(r'id="cliptrack-figures">(.*?)</script>', text, re.S).group(1).replace("\\u0026", "&")
+    )
+
+
+def test_seed_groups_are_drawn_per_stack_as_the_mean_with_a_band_of_the_spread(tmp_path):
+    """A comparison of seed groups: every seed is in the runs table; each group is one legend entry
+    per line, its mean over seeds at each step with a band of ± one standard deviation across its
+    seeds (numpy's, over the runs' own series), each seed thin."""
+    import numpy as np
+    from cliptrack.compare.views.series import run_series
+
+    rs, groups, runs = _groups(120)
+    result = compare(rs, groups=groups)
     text = render_dashboard(rs, result)
     table = text[text.index('<table class="runs">') :]
     assert all(f"<td>{r.run_name}</td>" in table for r in runs)
-    figures = json.loads(
-        re.search(r'id="cliptrack-figures">(.*?)</script>', text, re.S).group(1).replace("\\u0026", "&")
-    )
+    figures = _figures(text)
     legend = [t["name"] for t in figures["clip"]["data"] if t["showlegend"]]
-    assert legend == ["megatron (2 seeds)", "miles (2 seeds)"]
-    diff_legend = [t["name"] for t in figures["clip_fraction_difference"]["data"] if t["showlegend"]]
-    assert diff_legend[0] == "miles − megatron (over seeds)"
+    assert legend == ["megatron (2 seeds): mean ± sd over seeds", "miles (2 seeds): mean ± sd over seeds"]
+    seeds = np.column_stack([run_series(rs, r)["clip_rolling"].to_numpy() for r in groups["miles"]])
+    [mean] = [t for t in figures["clip"]["data"] if t["name"].startswith("miles") and t["showlegend"]]
+    finite = np.isfinite(seeds).all(axis=1)
+    assert np.allclose(np.array(mean["y"], dtype=float)[finite], seeds.mean(axis=1)[finite], rtol=1e-6)
+    [band] = [
+        t
+        for t in figures["clip"]["data"]
+        if t.get("fill") == "toself" and t["legendgroup"].startswith("miles")
+    ]
+    n = len(band["x"]) // 2
+    upper = np.array(band["y"][:n], dtype=float)
+    sd = seeds.std(axis=1, ddof=1)
+    assert np.allclose(upper[finite], (seeds.mean(axis=1) + sd)[finite], rtol=1e-6)
+    thin = [
+        t for t in figures["clip"]["data"] if t["legendgroup"].startswith("miles") and not t["showlegend"]
+    ]
+    assert sum(1 for t in thin if t.get("mode") == "lines" and t.get("fill") is None) == 2  # each seed
+
+
+def test_a_difference_judged_over_one_window_has_no_plot_over_training(tmp_path):
+    """Groups of short runs (no segments across seeds): the differences table holds the numbers,
+    as ratios, and no panel says "over training"."""
+    rs, groups, _ = _groups(24, seeds=3)
+    result = compare(rs, groups=groups)
+    assert all(len(d.segments) <= 1 for d in result.group_differences)
+    text = render_dashboard(rs, result)
+    assert not [p for p in _drawn(text) if p.endswith("_difference")]
+    assert "over training" not in "".join(f["layout"]["title"]["text"] for f in _figures(text).values())
+    assert "no difference over training to draw" in text
+    row = re.search(r'<tr class="policy" data-metric="clip_fraction">(.*?)</tr>', text, re.S).group(1)
+    clip = result.group_difference("clip_fraction")
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    ratio = math.exp(clip.estimate.value)
+    shown = f"×{ratio:.3g}" if ratio >= 2 else f"+{(ratio - 1) * 100:.3g} %"
+    assert cells[3].startswith(shown), cells
+
+
+def test_a_difference_over_segments_is_drawn_as_a_ratio(dashboard):
+    """A pair with segments: the clip fraction's difference over training on a log axis of ratios
+    (ticks ×2 or +25 %), its step line at exp(each segment's log-ratio difference)."""
+    import numpy as np
+
+    path, result = dashboard
+    d = result.difference("clip_fraction")
+    assert d.scale == "log-ratio" and len(d.segments) > 1
+    figure = _figures(path.read_text(encoding="utf-8"))["clip_fraction_difference"]
+    assert figure["layout"]["yaxis"]["type"] == "log"
+    assert all(re.fullmatch(r"×[\d.]+|[+−][\d.]+ %", t) for t in figure["layout"]["yaxis"]["ticktext"])
+    assert "over training" in figure["layout"]["title"]["text"]
+    [step] = [t for t in figure["data"] if t["name"].endswith("per segment")]
+    for seg in d.segments:
+        assert np.isclose(step["y"], math.exp(seg.estimate.value), rtol=1e-6).any(), seg
 
 
 def test_size_is_bounded_by_downsampling_not_by_run_length():
@@ -342,3 +428,90 @@ def test_size_is_bounded_by_downsampling_not_by_run_length():
     demo, long, longer = size(150), size(6000), size(12000)
     assert demo <= 1_500_000
     assert longer <= 1.05 * long and longer <= 3_000_000
+
+
+READING_CHECK = r"""
+<script>
+(function(){
+  function check(){
+    var want=Number(document.body.getAttribute('data-expect')||'0');
+    if(Number(document.body.getAttribute('data-rendered')||'0')<want){setTimeout(check,50);return;}
+    function top(el){return el?el.getBoundingClientRect().top+window.scrollY:-1;}
+    function bg(el){return el?getComputedStyle(el).backgroundColor:'';}
+    var head=document.getElementById('headline'),control=document.getElementById('control');
+    var table=document.getElementById('differences-table');
+    var machine=document.querySelector('tr.machine td.verdict');
+    var different=document.querySelector('tr.policy td.verdict.different');
+    var out={
+      headline:head.innerText.split('\n').filter(function(l){return l.trim();}),
+      headlineBorder:getComputedStyle(head).borderLeftColor,
+      control:control?control.innerText:null,
+      controlBorder:control?getComputedStyle(control).borderLeftColor:null,
+      curves:top(document.getElementById('curves')),
+      firstCurve:top(document.querySelector('.plot')),
+      table:top(table),
+      tableText:table?table.innerText:'',
+      machineText:machine?machine.innerText:null,
+      machineBackground:bg(machine),
+      machineColor:machine?getComputedStyle(machine).color:null,
+      differentBackground:bg(different),
+      titles:[].map.call(document.querySelectorAll('.gtitle'),function(t){return t.textContent;})
+    };
+    document.body.setAttribute('data-reading-check',JSON.stringify(out));
+  }
+  window.addEventListener('load',function(){setTimeout(check,0);});
+})();
+</script>
+"""
+"""Injected into a copy of a page: once every panel is drawn, records into ``data-reading-check``
+what a reader sees: the headline's lines and colour, the control's line, where the curves and the
+differences table sit, the table's text, the throughput row's verdict cell's text and colours
+beside an on-policy *different* cell's, and every drawn panel's title."""
+
+
+def _reading(page: Path, expect: int, tmp_path: Path) -> dict:
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"<body([^>]*)>", rf'<body\1 data-expect="{expect}">', text, count=1)
+    checked = tmp_path / f"read-{page.name}"
+    checked.write_text(text.replace("</body>", READING_CHECK + "</body>"), encoding="utf-8")
+    proc = _chromium(["--window-size=1400,1000", "--dump-dom", checked.as_uri()], tmp_path / "profile-read")
+    found = re.search(r'data-reading-check="([^"]*)"', proc.stdout)
+    assert found, "the reading check did not run: " + proc.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_reads_headline_control_curves_then_ratios_with_throughput_apart(tmp_path):
+    """Rendered in headless Chromium, stacks over seeds with a control comparison: three headline
+    lines, then the control's verdict line; the curves above the differences table; the table's
+    differences as ratios; throughput's verdict cell neither red nor in the headline's colour, and
+    said to be the machines'; no panel titled "over training" (no segments across seeds)."""
+    from cliptrack.compare.views.dashboard import Control
+
+    rs, groups, _ = _groups(24, seeds=3, miles_clip=0.3)
+    result = compare(rs, groups=groups)
+    assert result.on_policy_verdict == "different"
+    assert result.group_difference("throughput").verdict == "different"
+    twin, twin_groups, _ = _groups(24, seeds=3, miles_clip=0.10, throughput=2000.0)
+    check = compare(twin, groups=twin_groups)
+    control = Control(check, "megatron-stale (as stale as miles) vs miles", "staleness")
+    path = write_dashboard(tmp_path / "dashboard.html", rs, result, control=control)
+    found = _reading(path, len(_drawn(path.read_text(encoding="utf-8"))), tmp_path)
+    assert len(found["headline"]) == 3, found["headline"]
+    assert found["headline"][0].startswith("Not equally on-policy: miles vs megatron (3 seeds each)")
+    assert found["control"].startswith(f"Control: {check.on_policy_verdict} — megatron-stale")
+    if check.on_policy_verdict == "equivalent":
+        assert found["control"].endswith("Staleness is the cause of the gap, not the stack.")
+    assert 0 <= found["curves"] < found["firstCurve"] < found["table"]
+    assert "×" in found["tableText"]
+    assert found["machineText"] == "different on these machines"
+    red = found["differentBackground"]
+    assert red and found["machineBackground"] not in (red, found["headlineBorder"])
+    assert found["machineColor"] != found["headlineBorder"]
+    assert found["titles"] and not [t for t in found["titles"] if "over training" in t]
+
+
+def test_without_a_control_there_is_no_control_line(dashboard):
+    path, _ = dashboard
+    assert 'id="control"' not in path.read_text(encoding="utf-8")

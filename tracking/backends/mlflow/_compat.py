@@ -26,7 +26,9 @@
   reads a view state (its chart search, its run list shown or hidden) from the experiment tag
   ``mlflow.sharedViewState.<key>`` when its address carries ``viewStateShareKey=<key>`` — what its
   own "Share" button writes. No other setting a client can write orders or filters the charts
-  (their layout otherwise lives in the browser's local storage);
+  (their layout otherwise lives in the browser's local storage); a view may also group the runs
+  by a param (``grouped_view_state``: the UI's ``groupBy``, one row per value with its runs under
+  it, and the charts drawing each group's mean with its range);
 - the experiment kind tag ``mlflow.experimentKind`` that ``mlflow ui`` 3.x reads to open an
   experiment as a training one (``custom_model_development``) rather than a GenAI one;
 - where a local ``sqlite:///<path>`` store keeps its database file (``artifacts_beside``): MLflow
@@ -57,7 +59,8 @@ USES = (
     "MAX_PARAM_VAL_LENGTH), the HTTP settings, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT and MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR of "
     "mlflow.environment_variables read per request, mlflow.store.db.utils._get_latest_schema_revision and "
     "_initialize_tables, the "
-    "experiment tags mlflow.experimentKind and mlflow.sharedViewState.<key> (the UI's viewStateShareKey)"
+    "experiment tags mlflow.experimentKind, mlflow.note.content and mlflow.sharedViewState.<key> (the UI's "
+    "viewStateShareKey, its groupBy)"
 )
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -80,6 +83,24 @@ def shared_view_state(charts_search: str, run_list_hidden: bool) -> str:
     the run list folded or not."""
     state = {"chartsSearchFilter": charts_search, "hideEmptyCharts": True, "runListHidden": run_list_hidden}
     return json.dumps(state)
+
+
+def grouped_view_state(view: str, param: str) -> str:
+    """The view ``view`` (a ``shared_view_state`` JSON) with the runs grouped by the value of their
+    param ``param`` (the UI's ``groupBy``: ``{"aggregateFunction": "average", "groupByKeys":
+    [{"mode": "param", "groupByData": param}]}``, as its "Group by" menu stores it), the charts
+    drawing each group's average over its runs and their range."""
+    state = json.loads(view)
+    state["groupBy"] = {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "param", "groupByData": param}],
+    }
+    state["useGroupedValuesInCharts"] = True
+    return json.dumps(state)
+
+
+EXPERIMENT_DESCRIPTION_TAG = "mlflow.note.content"
+"""The experiment tag the MLflow UI shows, as markdown, at the top of the experiment page."""
 
 
 def artifacts_beside(tracking_uri: str, name: str) -> Path | None:

@@ -1,4 +1,12 @@
-"""A self-contained HTML dashboard: interactive plotly figures, the verdict table and the runs.
+"""A self-contained HTML dashboard: the answer, the evidence, the differences, then the rest.
+
+It opens with the headline (three lines: the verdict, the figure with its interval, what would
+change it; ``headline``) and, when a control comparison was run, the control's verdict; then the
+runs' curves per stack (each stack's mean over seeds at every step with a band of ± one standard
+deviation across seeds: the evidence), the machine-dependent ones (throughput, step time) apart;
+then the differences as ratios (``×7.76 (+676 %)``, ``differences``) with the "over training"
+plots of the quantities judged over two or more segments; the audit and the worst sequences; the
+long text and the full verdict table folded; the runs.
 
 plotly.js is embedded inline (its *basic* bundle, vendored in ``_vendor/``: scatter traces are all
 the panels use), so the file opens with no network. Every run name and config value is escaped:
@@ -26,7 +34,9 @@ from typing import Any
 
 import numpy as np
 from cliptrack.compare.result import ComparisonResult
-from cliptrack.compare.views.panels import PANELS
+from cliptrack.compare.views import differences as shown
+from cliptrack.compare.views.headline import Control, control_line, headline_lines
+from cliptrack.compare.views.panels import SECTIONS
 from cliptrack.compare.views.plots import (
     BAND,
     HLINE,
@@ -37,6 +47,7 @@ from cliptrack.compare.views.plots import (
     PanelFigure,
     Trace,
     nice_ticks,
+    ratio_ticks,
     stacks,
     worst_spread,
 )
@@ -47,7 +58,7 @@ from cliptrack.core.text import html_lines, html_text
 from cliptrack.core.worst import COLUMNS, CRITERIA
 from cliptrack.store.frame import RunSet
 
-__all__ = ["PALETTE", "figures", "render_dashboard", "write_dashboard"]
+__all__ = ["PALETTE", "Control", "figures", "render_dashboard", "write_dashboard"]
 
 PLOTLY_JS = Path(__file__).with_name("_vendor") / "plotly-basic.min.js"
 """The plotly.js basic bundle (scatter, bar, pie), MIT licence beside it."""
@@ -177,8 +188,16 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
     }
     if fig.percent:
         yaxis["tickformat"] = ".3~%"  # 0.15%, 12.5%, 10%: enough digits near zero, none wasted
+    if fig.ratio:  # ratios on a log axis, ticks read as ×2 or +25 %
+        values = [v for t in fig.traces if t.kind != SPAN for v in (t.y, t.y2) if v is not None]
+        ticks = ratio_ticks(
+            np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.ones(1)
+        )
+        yaxis.update(
+            type="log", tickmode="array", tickvals=[t for t, _ in ticks], ticktext=[lb for _, lb in ticks]
+        )
     return {
-        "title": _title(html_text(fig.panel.title)),
+        "title": _title(html_text(fig.title or fig.panel.title)),
         "xaxis": {
             "title": {"text": html_text(fig.x_title), "standoff": 6},
             "automargin": True,
@@ -212,13 +231,29 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
     }
 
 
+def _plotly(fig: PanelFigure) -> dict[str, Any]:
+    data = [d for d in (_plotly_trace(t) for t in fig.traces) if d is not None]
+    return {"data": data, "layout": _layout(fig)}
+
+
 def figures(runset: RunSet, result: ComparisonResult) -> dict[str, Any]:
     """Plotly figures (as plain dicts) keyed by panel id, one per entry of ``panels.PANELS``."""
-    out = {}
-    for fig in _panel_figures(runset, result):
-        data = [d for d in (_plotly_trace(t) for t in fig.traces) if d is not None]
-        out[fig.panel.id] = {"data": data, "layout": _layout(fig)}
-    return out
+    return {fig.panel.id: _plotly(fig) for fig in _panel_figures(runset, result)}
+
+
+MACHINE_SECTIONS = frozenset(SECTIONS.get(q, "") for q in shown.MACHINE_DEPENDENT)
+"""Panel sections of the machine-dependent quantities (throughput and step time)."""
+
+
+def _sections(drawn: Sequence[PanelFigure]) -> tuple[list[str], list[str], list[str]]:
+    """The panels the dashboard draws, by place: the on-policy curves, the machine-dependent
+    curves, and the difference plots over training (two or more segments only); curves no
+    compared run logged are left out (the notes say so)."""
+    curves = [f for f in drawn if not f.panel.quantity and not f.notes]
+    machine = [f.panel.id for f in curves if f.panel.section in MACHINE_SECTIONS]
+    policy = [f.panel.id for f in curves if f.panel.section not in MACHINE_SECTIONS]
+    over_training = [f.panel.id for f in drawn if f.panel.quantity and f.segmented and not f.notes]
+    return policy, machine, over_training
 
 
 def _worst_figure(worst: WorstSequences, runs: Sequence[str]) -> dict[str, Any]:
@@ -404,11 +439,16 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;padding:20px 24px;
 color:#222;max-width:1400px}
 h1{font-size:1.5em;margin:0 0 4px} h2{font-size:1.15em;margin-top:28px}
-.summary,.headline{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-left:4px solid #888;
-padding:10px 14px}
-.headline{font-size:1.05em}
+.summary,.headline,.control{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;border-left:6px solid #888;
+padding:10px 14px;margin:6px 0}
+.headline{font-size:1.08em;line-height:1.5} .headline::first-line{font-weight:650;font-size:1.1em}
+.control{font-size:1em}
 p.equivalent{border-color:#2ca02c} p.different{border-color:#d62728}
 p.inconclusive{border-color:#ff7f0e} p.insufficient-data{border-color:#7f7f7f}
+p.note.machine,h3.machine{color:#555}
+table.differences td.judged{font-weight:600}
+table.differences tr.machine td{color:#555;background:#f4f6f8}
+table.differences td.verdict.machine{background:#e8edf3;color:#333;font-style:italic}
 details{margin-top:28px} details>summary{cursor:pointer;font-weight:600;font-size:1.05em}
 .table-wrap{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;font-size:0.9em;margin:8px 0;max-width:100%}
@@ -447,31 +487,111 @@ def _plots(keys: Sequence[str]) -> str:
     )
 
 
-def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison") -> str:
+def _differences_table(result: ComparisonResult) -> str:
+    """The differences as read (``differences.rows``): the on-policy quantities first (in bold),
+    the machine-dependent last, their verdict in a neutral style, never a verdict's colour."""
+    pct = int(round(result.confidence * 100))
+    found = sorted(shown.rows(result), key=lambda r: (r.machine, not r.on_policy))
+    body = []
+    for r in found:
+        if r.machine:
+            verdict = f'<td class="verdict machine">{html_text(r.verdict)} on these machines</td>'
+        else:
+            verdict = (
+                f'<td class="verdict {html_text(r.verdict.replace(" ", "-"))}">{html_text(r.verdict)}</td>'
+            )
+        label = f"{r.label} (machine-dependent)" if r.machine else r.label
+        cells = [label, r.compared, r.values, r.difference, r.interval, r.margin]
+        first = "judged" if r.on_policy else ""
+        tds = "".join(
+            f'<td class="{first}">{html_text(c)}</td>' if i == 0 and first else f"<td>{html_text(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        body.append(
+            f'<tr class="{"machine" if r.machine else "policy"}" data-metric="{html_text(r.metric)}">{tds}{verdict}</tr>'
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("quantity", "compared", "values", "difference", f"{pct} % interval", "margin", "verdict")
+    )
+    table = (
+        f'<table class="differences" id="differences-table"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+    note = ""
+    if any(r.machine for r in found):
+        note = (
+            '<p class="note machine">Throughput depends on the machine each run ran on and its load, '
+            "not on the stack: its verdict says how these runs' machines compared, nothing about the "
+            "stacks, and no on-policy answer reads it.</p>"
+        )
+    return f'<div class="table-wrap">{table}</div>{note}'
+
+
+def _curves_note(result: ComparisonResult) -> str:
+    if result.groups:
+        return (
+            "Each stack's mean over its seeds at every step (thick), with a band of ± one standard "
+            "deviation across its seeds at that step (the spread the verdict's interval includes); "
+            "each seed thin."
+        )
+    return "Each run as logged; the clip fraction with its rolling 90 % band and the per-step points."
+
+
+def render_dashboard(
+    runset: RunSet,
+    result: ComparisonResult,
+    title: str = "cliptrack comparison",
+    control: Control | None = None,
+) -> str:
     """The dashboard as one HTML string (plotly.js basic inline, ~1.2 MB, plus the figures' data).
 
-    It opens with the answer: the headline (verdict, figure, what would change it) and the
-    difference plots, then the verdict table and the runs' own curves; the long text (how it was
-    compared, every row and note) is folded below, then the runs."""
-    figs = figures(runset, result)
+    It opens with the answer: the headline (three lines: verdict, figure, what would change it)
+    and, with ``control``, the control's verdict; then the runs' curves per stack, the
+    machine-dependent ones apart; then the differences as ratios with the plots over training;
+    the long text (every row and note) is folded below, then the runs."""
+    drawn = _panel_figures(runset, result)
+    policy, machine, over_training = _sections(drawn)
+    figs = {f.panel.id: _plotly(f) for f in drawn if f.panel.id in {*policy, *machine, *over_training}}
     if result.worst is not None:
         figs[WORST_PANEL] = _worst_figure(result.worst, result.runs)
-    # a difference panel is one with a compared quantity (panels.Panel.quantity)
-    differences = [p.id for p in PANELS if p.quantity and p.id in figs]
-    curves = [k for k in figs if k not in differences and k != WORST_PANEL]
     verdict = result.on_policy_verdict.replace(" ", "-")
     members = [m for group in stacks(result).values() for m in group]
+    control_html = ""
+    if control is not None:
+        line = control_line(control, result.on_policy_verdict)
+        cls = control.result.on_policy_verdict.replace(" ", "-")
+        control_html = f'<p class="control {cls}" id="control">{html_text(line)}</p>'
+    machine_html = ""
+    if machine:
+        machine_html = (
+            '<h3 class="machine" id="machine-curves">Machine-dependent: throughput and step time</h3>'
+            '<p class="note machine">These depend on the machine each run ran on and its load, not on '
+            f"the stack.</p>{_plots(machine)}"
+        )
+    over_html = (
+        f"<h3>Over training (per segment)</h3>{_plots(over_training)}"
+        if over_training
+        else '<p class="note">Judged over the whole window: no quantity was compared over two or more '
+        "segments, so there is no difference over training to draw.</p>"
+    )
+    prose = html_lines("\n".join(result.headline_lines()))
     # what comes from the runs (names, config, store addresses) has no credential (cliptrack.core.secrets);
     # the vendored and static scripts are left as they are
     content = redact(
         f"<h1>{html_text(title)}</h1>"
-        f'<p class="headline {verdict}" id="headline">{html_lines(chr(10).join(result.headline_lines()))}</p>'
-        f"<h2>Differences</h2>{_plots(differences)}"
-        f'<h2>Verdict table</h2><div class="table-wrap">{result.to_html_table()}</div>'
+        f'<p class="headline {verdict}" id="headline">{html_lines(chr(10).join(headline_lines(result)))}</p>'
+        f"{control_html}"
+        f'<h2 id="curves">The curves, per stack</h2><p class="note">{_curves_note(result)}</p>'
+        f"{_plots(policy)}{machine_html}"
+        f'<h2 id="differences">The differences (run / reference)</h2>{_differences_table(result)}'
+        f"{over_html}"
         f"{_audit_table(result)}"
-        f"<h2>The runs</h2>{_plots(curves)}"
         f"{_worst_section(result.worst)}"
-        '<details id="details"><summary>How they were compared, every row and note</summary>'
+        '<details id="details"><summary>How they were compared: the full verdict table, every row and '
+        "note</summary>"
+        f'<p class="summary {verdict}" id="prose">{prose}</p>'
+        f'<div class="table-wrap">{result.to_html_table()}</div>'
         f'<p class="summary {verdict}" id="summary">{html_lines(result.summary())}</p></details>'
         f'<h2>Runs</h2><div class="table-wrap">{_runs_table(runset, members)}</div>'
         f'<script type="application/json" id="cliptrack-figures">{_safe_json(figs)}</script>'
@@ -486,10 +606,14 @@ def render_dashboard(runset: RunSet, result: ComparisonResult, title: str = "cli
 
 
 def write_dashboard(
-    path: str | Path, runset: RunSet, result: ComparisonResult, title: str = "cliptrack comparison"
+    path: str | Path,
+    runset: RunSet,
+    result: ComparisonResult,
+    title: str = "cliptrack comparison",
+    control: Control | None = None,
 ) -> Path:
     """Write ``render_dashboard`` to ``path`` (UTF-8) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_dashboard(runset, result, title), encoding="utf-8")
+    path.write_text(render_dashboard(runset, result, title, control), encoding="utf-8")
     return path

@@ -7,14 +7,20 @@ panel (so every panel has the same x ticks). The dashboard turns these into plot
 draws the same thing.
 
 - Series panels: each run's per-step series (``series.run_series``). When the comparison has seed
-  groups, every seed is drawn thin in its group's colour and the group's band is the range across
-  its seeds at each step (the rolling clip fraction's band: from the lowest seed's lower edge to
-  the highest seed's upper edge); without groups each run is drawn as itself.
+  groups, each group is drawn as its mean over seeds at each step, thick, with a band of ± one
+  standard deviation across its seeds at that step (the spread the verdict's interval includes),
+  and every seed thin and faint in the group's colour; without groups each run is drawn as itself
+  (the clip fraction with its rolling 90 % band and the per-step points).
 - Difference panels ("difference over training"): for every compared run (or group) against the
   reference, the difference per segment of the window as a step line with its interval as a band,
-  the whole window's difference as a dotted line, the ± margin as dashed lines, zero, and the
-  segments whose verdict is *different* shaded in the run's colour. A result without segments is
-  drawn as one segment spanning the paired window.
+  the whole window's difference as a dotted line, the ± margin as dashed lines, no difference, and
+  the segments whose verdict is *different* shaded in the run's colour. A difference on the
+  log-ratio scale is drawn as the ratio ``run / reference`` on a log axis (``PanelFigure.ratio``:
+  ×2 is twice as much, the margin ±25 % the lines at ×1.25 and ×0.8). A difference judged over
+  the whole window alone (a pair without segments, a group comparison too short for segments
+  across seeds) is drawn as one segment spanning the window and marked ``segmented=False``: the
+  dashboard leaves such a panel out (its numbers are in the differences table) rather than call a
+  flat line "over training".
 
 Lines longer than ``downsample.MAX_POINTS`` are downsampled (min and max per bucket) for drawing;
 the result's tables keep the exact numbers.
@@ -38,8 +44,9 @@ from cliptrack.compare.worst import WorstSequences
 from cliptrack.core.worst import CRITERIA
 from cliptrack.store.frame import RunSet
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-"""Colours of the runs (or seed groups), in the comparison's order."""
+PALETTE = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#393b79")
+"""Colours of the runs (or seed groups), in the comparison's order: none of them the verdicts'
+green, red or orange, so a stack's colour never reads as a verdict."""
 
 LINE, MARKERS, BAND, SPAN, HLINE = "line", "markers", "band", "span", "hline"
 """Trace kinds: ``band`` fills between ``y2`` (lower) and ``y`` (upper); ``span`` shades the x
@@ -65,7 +72,12 @@ class Trace:
 
 @dataclass(frozen=True)
 class PanelFigure:
-    """One panel as drawn: its traces, axis titles, y format, and the x range shared by all panels."""
+    """One panel as drawn: its traces, axis titles, y format, and the x range shared by all panels.
+
+    ``title``: the panel's title as drawn (its own, or for a difference panel without segments,
+    one saying it is the whole window's); ``ratio``: the y values are ratios ``run / reference``,
+    drawn on a log axis; ``segmented``: a difference panel with more than one segment for some
+    compared run or group (always True for a series panel)."""
 
     panel: Panel
     traces: list[Trace]
@@ -74,6 +86,9 @@ class PanelFigure:
     percent: bool
     x_range: tuple[float, float]
     notes: list[str] = field(default_factory=list)
+    title: str = ""
+    ratio: bool = False
+    segmented: bool = True
 
 
 class Spread(NamedTuple):
@@ -130,42 +145,43 @@ def _single_run(panel: Panel, s: pd.DataFrame, color: str, name: str) -> list[Tr
     return out
 
 
-def _seed_bands(
-    panel: Panel, aligned: list[pd.DataFrame], x: np.ndarray, color: str, name: str
-) -> list[Trace]:
-    """One band per line: the across-seed range (of the band edges on a band panel)."""
-    out = []
-    for line in panel.lines:
-        low_col, high_col = ("band_low", "band_high") if panel.band else (line.column, line.column)
-        low = _nan_reduce(np.column_stack([_arr(s[low_col]) for s in aligned]), np.nanmin)
-        high = _nan_reduce(np.column_stack([_arr(s[high_col]) for s in aligned]), np.nanmax)
-        out.append(_band(x, low, high, color, name))
-    return out
+def _sd(values: np.ndarray, axis: int = 1) -> np.ndarray:
+    """Row-wise sample standard deviation over the finite values (0 where a row has one)."""
+    finite = np.isfinite(values)
+    n = finite.sum(axis=axis)
+    filled = np.where(finite, values, 0.0)
+    mean = filled.sum(axis=axis) / np.maximum(n, 1)
+    squares = (np.where(finite, values - mean[:, None], 0.0) ** 2).sum(axis=axis)
+    return np.sqrt(squares / np.maximum(n - 1, 1))
+
+
+def mean_and_spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (a step) of ``values`` (one column per seed): the mean over the seeds that logged
+    a finite value and their sample standard deviation (0 with one seed; NaN with none)."""
+    mean = _nan_reduce(values, np.nanmean)
+    sd = _nan_reduce(values, _sd)
+    return mean, sd
 
 
 def _seed_group(panel: Panel, seeds: list[pd.DataFrame], color: str, name: str) -> list[Trace]:
-    """Each seed thin, the group's band: the across-seed range (of the band edges on a band panel)."""
+    """Per line: the band of ± one standard deviation across seeds at each step, every seed thin
+    and faint, the mean over seeds thick (a fraction's band kept at or above 0)."""
     steps = seeds[0].index
     for s in seeds[1:]:
         steps = steps.union(s.index)
     aligned = [s.reindex(steps) for s in seeds]
     x = _nan_reduce(np.column_stack([_arr(s["x"]) for s in aligned]), np.nanmean)
-    out = _seed_bands(panel, aligned, x, color, name)
-    for i, s in enumerate(aligned):
-        for line in panel.lines:
-            label = f"{name} {line.label}".strip() if i == 0 else ""
+    out = []
+    for line in panel.lines:
+        mean, sd = mean_and_spread(np.column_stack([_arr(s[line.column]) for s in aligned]))
+        low = np.maximum(mean - sd, 0.0) if panel.percent else mean - sd
+        out.append(_band(x, low, mean + sd, color, name))
+        for s in aligned:
             out.append(
-                _line(
-                    x,
-                    _arr(s[line.column]),
-                    color,
-                    name=label,
-                    group=name,
-                    dash=line.dash,
-                    width=1,
-                    opacity=0.6,
-                )
+                _line(x, _arr(s[line.column]), color, group=name, dash=line.dash, width=0.8, opacity=0.35)
             )
+        label = f"{name} {line.label}".strip() + ": mean ± sd over seeds"
+        out.append(_line(x, mean, color, name=label, group=name, dash=line.dash, width=2.2))
     return out
 
 
@@ -204,10 +220,10 @@ class SegmentView:
     verdict: str
 
 
-def segment_views(d: Difference, x_range: tuple[float, float]) -> list[SegmentView]:
+def segment_views(d: Difference | GroupDifference, x_range: tuple[float, float]) -> list[SegmentView]:
     """The difference's segments in x order (each from ``start`` to ``end`` on the alignment axis;
-    episodes found by the scan are segments of their own); without segments, the whole window as
-    one segment spanning ``x_range``."""
+    episodes found by the scan are segments of their own; a group's are across seeds); without
+    segments, the whole window as one segment spanning ``x_range``."""
     if not d.segments:
         e = d.estimate
         return [SegmentView(x_range[0], x_range[1], e.value, e.low, e.high, d.verdict)]
@@ -234,10 +250,12 @@ def _steps(views: list[SegmentView], attr: str) -> tuple[np.ndarray, np.ndarray]
     return x, y
 
 
-def _pair_traces(d: Difference, color: str, x_range: tuple[float, float]) -> list[Trace]:
-    """One pair's difference: differing segments and episodes shaded, the per-segment step line
-    with its band, the whole window's difference dotted."""
-    name = f"{d.run} − {d.reference}"
+def _pair_traces(
+    d: Difference | GroupDifference, color: str, x_range: tuple[float, float], name: str = ""
+) -> list[Trace]:
+    """One pair's (or group's) difference: differing segments and episodes shaded, the
+    per-segment step line with its band, the whole window's difference dotted."""
+    name = name or f"{d.run if isinstance(d, Difference) else d.group} − {d.reference}"
     views = _tiled(segment_views(d, x_range))
     shaded = [v for v in views if v.verdict == DIFFERENT]
     out = [Trace(SPAN, _arr([v.start, v.stop]), _arr([0.0]), color, group=name, opacity=0.12) for v in shaded]
@@ -253,9 +271,12 @@ def _pair_traces(d: Difference, color: str, x_range: tuple[float, float]) -> lis
 
 
 def _group_traces(d: GroupDifference, color: str, x_range: tuple[float, float]) -> list[Trace]:
-    """One group's difference over seeds (the whole window; its interval includes the between-seed
-    variation): a band over the window and its value, dashed."""
+    """One group's difference over seeds (its interval includes the between-seed variation): per
+    segment across seeds like a pair's when it has two or more, else the whole window's band and
+    value, dashed."""
     name = f"{d.group} − {d.reference} (over seeds)"
+    if len(d.segments) > 1:
+        return _pair_traces(d, color, x_range, name)
     edges = _arr(x_range)
     e = d.estimate
     return [
@@ -283,11 +304,10 @@ def _difference_traces(
 
 
 def _margin_label(tolerance: float, scale: str, percent: bool) -> str:
-    """The legend of a margin line, in the panel's units: ``± margin 0.223 (25%)`` on the log-ratio
-    scale (the line's height, ``log(1.25)``, then the relative margin it stands for), ``± margin 2 pp``
-    for a fraction, else the number."""
+    """The legend of a margin line, in the panel's units: ``± margin 25 %`` on the log-ratio scale
+    (drawn as ratios: the lines at ×1.25 and ×0.8), ``± margin 2 pp`` for a fraction, else the number."""
     if scale == LOG_RATIO:
-        return f"± margin {tolerance:.3g} ({math.expm1(tolerance) * 100:.3g}%)"
+        return f"± margin {math.expm1(tolerance) * 100:.3g} %"
     return f"± margin {tolerance * 100:.3g} pp" if percent else f"± margin {tolerance:.3g}"
 
 
@@ -305,15 +325,38 @@ def _margin_lines(
     return out
 
 
-LOG_RATIO_TITLE = "log(run / reference)"
-"""The y title of a difference drawn on the log-ratio scale (plain numbers: log 2 is twice as much)."""
+RATIO_TITLE = "run / reference (log scale)"
+"""The y title of a difference on the log-ratio scale, drawn as the ratio on a log axis."""
+
+
+def _as_ratio(t: Trace) -> Trace:
+    """A log-ratio trace as ratios (``exp``): what a reader reads (×2 is twice as much)."""
+    if t.kind == SPAN:
+        return t
+    return replace(t, y=np.exp(t.y), y2=None if t.y2 is None else np.exp(t.y2))
+
+
+def segmented(result: ComparisonResult, quantity: str) -> bool:
+    """Whether some compared run (or group) has two or more segments on ``quantity``: only then is
+    its difference drawn "over training"."""
+    rows: list[Any] = result.group_differences if result.groups else result.differences
+    return any(len(d.segments) > 1 for d in rows if d.metric == quantity)
+
+
+def _difference_title(panel: Panel, ratio: bool, is_segmented: bool) -> str:
+    """A difference panel's title: over training (per segment) or the whole window's alone."""
+    label = panel.title.split(":")[0]
+    what = "run / reference" if ratio else "difference"
+    if is_segmented:
+        return f"{label}: {what} over training (per segment, 90% band, ± margin)"
+    return f"{label}: {what}, whole window (90% band, ± margin)"
 
 
 def _difference_y_title(result: ComparisonResult, panel: Panel) -> str:
     rows: list[Any] = result.group_differences if result.groups else result.differences
     scales = {d.scale for d in rows if d.metric == panel.quantity}
     if scales == {LOG_RATIO}:
-        return LOG_RATIO_TITLE
+        return RATIO_TITLE
     return "run − reference (percentage points)" if panel.percent else "run − reference"
 
 
@@ -379,14 +422,21 @@ def panel_figures(
             traces = _difference_traces(panel, result, colors, x_range)
             y_title = _difference_y_title(result, panel)
             notes = [] if traces[:-1] else ["not compared: no run pair logged this quantity"]
+            ratio, is_segmented = y_title == RATIO_TITLE, segmented(result, panel.quantity)
+            if ratio:
+                traces = [_as_ratio(t) for t in traces]
+            title = _difference_title(panel, ratio, is_segmented)
         else:
             traces, y_title = _series_traces(panel, result, series, colors), panel.y_title
             traces += _audit_traces(panel, runset, result, series, colors)
             drawn = [t for t in traces if t.kind in (LINE, MARKERS) and np.isfinite(t.y).any()]
             notes = [] if drawn else ["not logged by the compared runs"]
-        # a log ratio is a plain number (its ticks are not percentages of anything)
-        percent = panel.percent and y_title != LOG_RATIO_TITLE
-        out.append(PanelFigure(panel, traces, x_title, y_title, percent, x_range, notes))
+            ratio, is_segmented, title = False, True, panel.title
+        # a ratio is a plain number (its ticks are not percentages of anything)
+        percent = panel.percent and not ratio
+        out.append(
+            PanelFigure(panel, traces, x_title, y_title, percent, x_range, notes, title, ratio, is_segmented)
+        )
     return out
 
 
@@ -402,6 +452,31 @@ def nice_ticks(lo: float, hi: float, target: int = 8) -> tuple[float, float]:
     if first < lo:  # lo / step underflowed (a subnormal lo) or rounded down
         first += step
     return first, step
+
+
+RATIO_TICKS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 0.8, 1.0, 1.25, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+"""Candidate ticks of a ratio axis (log scale)."""
+
+
+def ratio_label(r: float) -> str:
+    """A ratio axis' tick label: ``×2`` from 2-fold either way, else the change (``+25 %``, ``−20 %``,
+    ``×1`` at no difference)."""
+    if r >= 2 or r <= 0.5:
+        return f"×{r:g}"
+    if r == 1:
+        return "×1"
+    change = (r - 1) * 100
+    return f"{'+' if change > 0 else '−'}{abs(change):.3g} %"
+
+
+def ratio_ticks(values: np.ndarray) -> list[tuple[float, str]]:
+    """The ticks of a ratio axis spanning ``values`` (ratios; non-finite and non-positive ignored):
+    the candidates of ``RATIO_TICKS`` within the span widened to the next candidate either side."""
+    finite = values[np.isfinite(values) & (values > 0)]
+    lo, hi = (float(finite.min()), float(finite.max())) if len(finite) else (1.0, 1.0)
+    below = [t for t in RATIO_TICKS if t <= lo] or [RATIO_TICKS[0]]
+    above = [t for t in RATIO_TICKS if t >= hi] or [RATIO_TICKS[-1]]
+    return [(t, ratio_label(t)) for t in RATIO_TICKS if below[-1] <= t <= above[0]]
 
 
 def worst_spread(worst: WorstSequences, criterion: str = CRITERIA[0]) -> dict[str, Spread]:

@@ -20,6 +20,7 @@ from cliptrack.compare.views.plots import (
     PanelFigure,
     nice_ticks,
     panel_figures,
+    ratio_ticks,
 )
 from cliptrack.store.frame import RunSet
 
@@ -53,14 +54,30 @@ def draw(ax: Any, figure: PanelFigure) -> None:
     ax.xaxis.set_major_locator(MultipleLocator(step, offset=first % step))
     if figure.percent:
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    if figure.ratio:
+        _ratio_axis(ax, figure)
     for note in figure.notes:
         ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", color="#666666")
-    ax.set_title(figure.panel.title, fontsize=10, loc="left")
+    ax.set_title(figure.title or figure.panel.title, fontsize=10, loc="left")
     ax.set_xlabel(figure.x_title)
     ax.set_ylabel(figure.y_title)
     ax.grid(alpha=0.3)
     if any(t.name for t in figure.traces):
         ax.legend(fontsize=7)
+
+
+def _ratio_axis(ax: Any, figure: PanelFigure) -> None:
+    """A ratio panel's y axis: log scale, ticks labelled as ratios (``×2``) or changes (``+25 %``)."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    values = [v for t in figure.traces for v in (t.y, t.y2) if v is not None and t.kind != SPAN]
+    ticks = ratio_ticks(
+        np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.ones(1)
+    )
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(FixedLocator([t for t, _ in ticks]))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticklabels([label for _, label in ticks])
 
 
 def draw_all(
