@@ -59,13 +59,17 @@ def run_name(result: Findings) -> str:
 
 
 def show_verdict(
-    tracking_uri: str, experiment_id: str, result: Findings, control: Control | None, comparison_id: str
+    tracking_uri: str, experiment: str, result: Findings, control: Control | None, comparison_id: str
 ) -> str:
-    """Write the verdict where the experiment page shows it (its description) and name the
-    comparison run after it; return the description."""
+    """Write the verdict where the page of experiment ``experiment`` (a name) shows it, its
+    description, and name the comparison run after it; return the description."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} in the store to show the verdict on")
+    experiment_id = found.experiment_id
     comparison = client.get_run(comparison_id)
     link = f"#/experiments/{comparison.info.experiment_id}/runs/{comparison_id}"
     text = redact(description(result, control, link))
