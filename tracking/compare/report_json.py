@@ -39,8 +39,8 @@ from cliptrack.compare.stats.seeds import GroupEstimate
 from cliptrack.core.secrets import redact_value
 
 SCHEMA_VERSION = 2
-"""The version of the JSON's layout (``schema_version``): raised when a key is renamed or removed
-(a key added keeps it). 2: the layout derived from the dataclasses, with ``schema_version``."""
+"""The version of the JSON's layout (``schema_version``): raised when a key is renamed or removed,
+or its type changes (a key added keeps it). 2: the layout derived from the dataclasses, with ``schema_version``."""
 
 OBJECTS: dict[str, type] = {
     "estimate": Estimate,
