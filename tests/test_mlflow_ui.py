@@ -15,6 +15,7 @@ import re
 import pytest
 from cliptrack.backends.mlflow.experiments import CHARTS_FIRST, CHARTS_VIEW_KEY, training_experiment
 from cliptrack.cli.demo import EXPERIMENT, _training_experiment, mlflow_ui_url
+from cliptrack.cli.demo_view import STACK_PARAM
 from cliptrack.core import keys
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -35,13 +36,15 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
-    """A demo-like store (the demo's training experiment, two runs) behind a real ``mlflow server``."""
+    """A demo-like store (the demo's training experiment, two runs, each with its stack as the demo
+    logs it: the param the view groups by) behind a real ``mlflow server``."""
     out = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{out / 'mlflow.db'}"
     experiment_id = _training_experiment(uri, out)
     client = MlflowClient(tracking_uri=uri)
     for run in megatron_vs_miles(n_megatron=30, n_miles=30):
         run_id = write_mlflow(uri, run, experiment=EXPERIMENT)
+        client.log_param(run_id, STACK_PARAM, run.backend)
         for key in OTHER_KEYS:  # the mismatch KL, and a metric of the gauge the view leaves out
             client.log_batch(
                 run_id, metrics=[Metric(key, 0.01 * (1 + step % 3), 0, step) for step in range(30)]
@@ -99,7 +102,7 @@ def test_every_training_experiment_cliptrack_makes_holds_the_view(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     tag = f"mlflow.sharedViewState.{CHARTS_VIEW_KEY}"
     with Tracker(
-        "r", backends=["mlflow"], sink_options={"mlflow": {"tracking_uri": uri}}, spool_dir=tmp_path / "spool"
+        "r", sinks=["mlflow"], sink_options={"mlflow": {"tracking_uri": uri}}, spool_dir=tmp_path / "spool"
     ) as tracker:
         tracker.log(0, {keys.LOSS_TOKENS: 1.0})
     [made] = [e for e in client.search_experiments() if e.name != "Default"]
