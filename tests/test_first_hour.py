@@ -73,7 +73,7 @@ def test_the_printed_commands_run_as_printed(demo):
     assert sorted(groups) == ["megatron", "megatron-stale2", "miles"]
     assert all(len(ids) == 3 for ids in groups.values())
     run_ids = [run_id for ids in groups.values() for run_id in ids]
-    compare, as_json, control, runs, ui, notebook = commands
+    compare, as_json, control, probe, runs, ui, notebook = commands
     stacks = f"--group megatron={','.join(groups['megatron'])} --group miles={','.join(groups['miles'])}"
     assert compare.startswith(f"cliptrack compare {stacks} --tracking-uri ")  # the ids the demo printed
     assert as_json == compare + " --json"
@@ -82,6 +82,7 @@ def test_the_printed_commands_run_as_printed(demo):
     )
     assert ui.startswith("mlflow ui --backend-store-uri sqlite:///")
     assert notebook == f"cliptrack notebook --demo-out {out}"
+    assert probe.startswith("cliptrack probe ")  # run as printed: the test below
     table = _cliptrack(shlex.split(compare)[1:], out.parent)
     assert table.returncode == 0, table.stderr
     assert "Downloading artifacts" not in table.stderr, table.stderr  # no progress bar per run read
@@ -108,7 +109,18 @@ def test_the_printed_commands_run_as_printed(demo):
     assert other.returncode == 0, other.stderr
 
 
+def _verdict_lines(text: str) -> list[str]:
+    """The lines that carry the demo's answer, in order: each comparison's figure (the stacks',
+    then the control's), the verdict on the stacks, the control's verdict."""
+    starts = ("The figure: ", "verdict on the stacks: ", "control verdict (")
+    return [line for line in text.splitlines() if line.startswith(starts)]
+
+
 def test_the_notebook_as_shipped_reads_the_demo_output(demo, monkeypatch):
+    """Run as shipped against the demo's output, the notebook compares the demo's stacks over seeds
+    (and the control) from the store and prints what the demo's terminal printed: the same figures
+    and the same verdicts, each side computed on its own (the demo in its process, the notebook
+    from the runs it reads back)."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -127,11 +139,42 @@ def test_the_notebook_as_shipped_reads_the_demo_output(demo, monkeypatch):
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     text = json.dumps(outputs)
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert "on-policy verdict: insufficient data" in text
+    printed = "".join(
+        o["text"] for o in outputs if o.get("output_type") == "stream" and o["name"] == "stdout"
+    )
+    terminal = _verdict_lines(proc.stdout)
+    assert len(terminal) == 4, proc.stdout  # two figures (stacks, control) and two verdicts
+    assert "verdict on the stacks: different" in terminal  # the stale Miles stack, over 3 seeds each
+    assert _verdict_lines(printed) == terminal
+    assert "9 runs from sqlite:///" in printed and "megatron (3 seeds), miles (3 seeds)" in printed
+    assert "insufficient data" not in printed
     stderr = [o["text"] for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
     assert stderr == []  # no third-party warning (tqdm's IProgress, MLflow's logs) in the notebook
     assert " pp" in text  # the CLI's units: percentage points, not raw log-ratios
     assert sorted(p.name for p in NOTEBOOK.parent.iterdir()) == before  # no mlflow.db left behind
+
+
+def test_the_printed_probe_command_gives_the_probes_verdict(demo, tmp_path):
+    """The demo writes the paired probe's two inputs and prints the command that compares them; run
+    as printed from another folder it answers from that one batch: both paths compute the same
+    numbers at the same weights (cliptrack.adapters.demo.probe), so the probe says equivalent (exit
+    0), in the very words the demo printed when it compared the outputs in its own process."""
+    out, proc = demo
+    [probe] = [c for c in _printed_commands(proc.stdout) if c.startswith("cliptrack probe ")]
+    words = shlex.split(probe)
+    a, b = Path(words[2]), Path(words[3])
+    assert (a, b) == (out / "probe" / "megatron.json", out / "probe" / "miles.json")
+    for path in (a, b):
+        assert len(json.loads(path.read_text())["loss_fn_outputs"]) == 256  # the probe's 256 datums
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    checked = _cliptrack(words[1:], elsewhere)
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # 0: equivalent
+    first = checked.stdout.splitlines()[0]
+    assert first.startswith("paired probe, miles vs megatron on 256 datums") and ": equivalent" in first
+    assert checked.stdout.strip() in proc.stdout  # the demo's own summary of the same outputs
+    assert "paired probe (numerics, same batch and weights): equivalent" in proc.stdout
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_the_notebook_without_a_demo_output_says_what_to_run(tmp_path, monkeypatch):

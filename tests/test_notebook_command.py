@@ -17,7 +17,7 @@ import pytest
 from cliptrack.cli.demo import next_steps
 from cliptrack.cli.notebook import EXECUTED, shipped_notebook
 
-from tests._compare_fixtures import megatron_vs_miles, write_jsonl, write_mlflow
+from tests._compare_fixtures import megatron_vs_miles, synthetic_run, write_jsonl, write_mlflow
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "compare_backends.ipynb"
@@ -65,12 +65,29 @@ def test_the_notebook_names_the_clis_interval_method():
     assert METHOD.split(" around")[0] in intro  # "equal-weighted cosine (EWC) long-run variance of ..."
 
 
+def _demo_like_store(folder: Path) -> None:
+    """An MLflow store in ``folder`` shaped as the demo's: three seeds each of the ``megatron`` and
+    ``miles`` groups (the run parameter ``group``, as the demo logs it), Miles clipping 3 times as
+    often, and no control."""
+    for backend, clip_p, seeds in (("megatron", 0.05, (1, 2, 3)), ("miles", 0.15, (4, 5, 6))):
+        for seed in seeds:
+            run = synthetic_run(
+                f"{backend}-seed{seed}",
+                f"{backend}-seed{seed}",
+                backend,
+                seed=seed,
+                n_steps=30,
+                clip_p=clip_p,
+            )
+            run.config["group"] = backend
+            write_mlflow(f"sqlite:///{folder / 'mlflow.db'}", run)
+
+
 @pytest.mark.slow
 def test_the_printed_command_runs_from_any_folder(tmp_path):
     demo = (tmp_path / "demo-out").resolve()
     demo.mkdir()
-    for run in megatron_vs_miles(miles_clip_p=0.16, n_megatron=120, n_miles=120):
-        write_mlflow(f"sqlite:///{demo / 'mlflow.db'}", run)
+    _demo_like_store(demo)
     elsewhere = tmp_path / "elsewhere"  # neither the repository nor the demo's folder
     elsewhere.mkdir()
 
@@ -79,6 +96,10 @@ def test_the_printed_command_runs_from_any_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     path = demo / EXECUTED
     assert f"executed notebook, with its outputs: {path}" in proc.stdout.splitlines()
+    said = proc.stdout.split("the notebook says:\n")[1]  # its verdict cell's lines, repeated
+    assert "  verdict on the stacks: different" in said.splitlines()
+    assert "these stacks (miles and megatron, 3 and 3 seeds)" in said and "control verdict" not in said
+    assert f"pip install jupyterlab && jupyter lab {path}" in proc.stdout
     assert proc.stderr == ""
     assert _files(elsewhere) == set() and _files(demo) == {"mlflow.db", EXECUTED}
     nb = nbformat.read(path, as_version=4)
@@ -90,8 +111,20 @@ def test_the_printed_command_runs_from_any_folder(tmp_path):
     assert [o for o in outputs if o.get("output_type") == "error"] == []
     assert sum(1 for c in code if c.outputs) >= 6  # the runs, the frame, totals, verdict, plot, table, notes
     text = json.dumps(outputs)
-    assert "on-policy verdict: different" in text and "difference [CI]" in text  # the CLI's table
+    assert "verdict on the stacks: different" in text and "difference [CI]" in text  # the CLI's table
     assert sum(1 for o in outputs if "image/png" in o.get("data", {})) == 1
+
+
+@pytest.mark.slow
+def test_another_store_compares_the_latest_run_of_each_backend(tmp_path):
+    """``--tracking-uri``: runs that carry no demo group, the latest finished run of each backend."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for run in megatron_vs_miles(miles_clip_p=0.16, n_megatron=120, n_miles=120):
+        write_mlflow(uri, run)
+    proc = _cliptrack(["notebook", "--tracking-uri", uri, "--out", "results"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "  on-policy verdict: different" in proc.stdout.splitlines()
+    assert "verdict on the stacks" not in proc.stdout
 
 
 def test_without_a_demo_output_one_line_exit_2_and_no_file(tmp_path):

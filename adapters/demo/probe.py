@@ -11,13 +11,16 @@ task's ``length`` tokens with their mask), forward only:
   (``probe=True``), each reply over JSON as a REST frontend sends it, the chunks' outputs merged.
 
 ``bfloat16`` plants a numeric change in one path (its policy's forward in bfloat16), for the tests
-that the probe sees it. :func:`cliptrack.compare.probe.compare_outputs` compares the two outputs.
+that the probe sees it. :func:`cliptrack.compare.probe.compare_outputs` compares the two outputs;
+:func:`write_inputs` writes them as the files ``cliptrack probe`` reads.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from cliptrack.adapters.demo.task import Policy, Rollout, rollout
@@ -110,3 +113,20 @@ def probe(
         megatron = _megatron(policy, batch, run, bfloat16 == "megatron")
         miles = _miles(policy, batch, run, bfloat16 == "miles")
     return ProbeOutputs(megatron, miles, batch)
+
+
+def write_inputs(outputs: ProbeOutputs, folder: Path) -> tuple[Path, Path]:
+    """Write both paths' outputs of the probe batch as ``folder/megatron.json`` and
+    ``folder/miles.json`` (the folder made if needed): each one ``ForwardBackwardOutput`` as JSON
+    (:func:`cliptrack.adapters.miles.output_to_json`: per datum its float32 log-probs, one per
+    token, its token counts, clip sides and gauge sums), the inputs of ``cliptrack probe A B``.
+    Returns the two paths, Megatron's first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, output in (("megatron", outputs.megatron), ("miles", outputs.miles)):
+        path = folder / f"{name}.json"
+        partial = folder / f".{name}.json.partial"
+        partial.write_text(json.dumps(output_to_json(output)), encoding="utf-8")
+        partial.replace(path)
+        written.append(path)
+    return written[0], written[1]

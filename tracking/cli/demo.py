@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -48,6 +49,9 @@ LOG_FILE = "demo.log"
 """Where, in ``--out``, third-party log records and warnings of the demo go."""
 UI_PORT = 5000
 """Port of the ``mlflow ui`` command the demo prints (MLflow's default)."""
+PROBE_INPUTS = "probe"
+"""Where, in ``--out``, the paired probe's two inputs go (``megatron.json``, ``miles.json``: the
+paths' outputs of one batch, read by ``cliptrack probe``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -252,22 +256,27 @@ def _demo(args: argparse.Namespace, paths: list[str], out: Path) -> int:
     ]
     summary_lines += [worst_line(group, worst) for group, worst in seen.worst.items()]
     stacks = {p: groups[p] for p in paths if p in groups}
+    probe_inputs = None
     if len(stacks) >= 2 and args.seeds >= 2:
         summary_lines += _compare(stacks, groups, tracking_uri, out, control_name(args.miles_staleness))
-        summary_lines += _probe(last[paths[0]])
+        probe_line, probe_inputs = _probe(last[paths[0]], out / PROBE_INPUTS)
+        summary_lines.append(probe_line)
     elif len(stacks) >= 2:
         summary_lines.append("no stack-level verdict with one seed per stack (--seeds 2 or more)")
     print("\n".join(summary_lines))
     print()
-    print(where_everything_is(out, tracking_uri, groups, wandb=args.wandb))
+    print(where_everything_is(out, tracking_uri, groups, wandb=args.wandb, probe=probe_inputs is not None))
     print()
-    print(next_steps(out, tracking_uri, experiment_id, stacks, groups))
+    print(next_steps(out, tracking_uri, experiment_id, stacks, groups, probe=probe_inputs))
     print(f"\nthe demo took {time.perf_counter() - started:.1f} s")
     return 0
 
 
-def where_everything_is(out: Path, tracking_uri: str, groups: dict[str, list[str]], *, wandb: bool) -> str:
-    """The demo's outputs, one per line (no credential of the store: ``cliptrack.core.secrets``)."""
+def where_everything_is(
+    out: Path, tracking_uri: str, groups: dict[str, list[str]], *, wandb: bool, probe: bool = False
+) -> str:
+    """The demo's outputs, one per line (no credential of the store: ``cliptrack.core.secrets``);
+    ``probe``: whether the paired probe's inputs were written."""
     lines = [
         "where everything is:",
         f"  MLflow store   {tracking_uri}   (artifacts in {out / 'mlruns'})",
@@ -285,6 +294,8 @@ def where_everything_is(out: Path, tracking_uri: str, groups: dict[str, list[str
             f"{out / 'comparison-artifacts'}",
             f"  W&B panels     {out / 'wandb-panels.json'}",
         ]
+    if probe:
+        lines.append(f"  probe inputs   {out / PROBE_INPUTS}   (one batch through both paths, per datum)")
     lines += [f"  runs {group:<15} {' '.join(ids)}" for group, ids in groups.items()]
     lines.append("  (cliptrack ids, accepted by every command)")
     return redact("\n".join(lines))
@@ -308,8 +319,11 @@ def next_steps(
     experiment_id: str,
     stacks: dict[str, list[str]],
     groups: dict[str, list[str]],
+    *,
+    probe: tuple[Path, Path] | None = None,
 ) -> str:
-    """The exact commands that continue from this demo's runs (each line after ``$ `` runs as is)."""
+    """The exact commands that continue from this demo's runs (each line after ``$ `` runs as is);
+    ``probe``: the paired probe's two inputs (Megatron's, Miles'), when written."""
     store = f"--tracking-uri {tracking_uri}"
     lines = ["next steps:"]
     if len(stacks) >= 2 and min(len(ids) for ids in stacks.values()) >= 2:
@@ -326,6 +340,12 @@ def next_steps(
                 "  the control: Miles against the Megatron path as stale as Miles (other seeds):",
                 f"    $ cliptrack compare {group_arguments({control[0]: groups[control[0]], 'miles': stacks['miles']})} {store}",
             ]
+    if probe is not None:
+        lines += [
+            "  the paired probe: one batch through both paths' losses at the same weights, compared per",
+            "  datum (the stacks' numerics alone, answered from one step):",
+            f"    $ cliptrack probe {shlex.quote(str(probe[0]))} {shlex.quote(str(probe[1]))} --labels megatron,miles",
+        ]
     lines += [
         "  list the store's runs (ids, status, start time, steps):",
         f"    $ cliptrack runs {store}",
@@ -339,9 +359,7 @@ def next_steps(
         "  the notebook on these runs, executed with its outputs (from any folder; it prints where):"
     )
     if not notebooks_installed():
-        lines.append(
-            "  (first: pip install 'cliptrack[notebooks]': make demo leaves the notebook kernel out)"
-        )
+        lines.append("  (first: pip install 'cliptrack[notebooks]', which `make demo` installs)")
     lines.append(f"    $ cliptrack notebook --demo-out {out}")
     return redact("\n".join(lines))  # a store's password is never printed (cliptrack.core.secrets)
 
@@ -429,15 +447,17 @@ def _training_experiment(tracking_uri: str, out: Path) -> str:
     return training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
 
 
-def _probe(last: tuple[Any, Any]) -> list[str]:
-    """The paired probe at the first run's last checkpoint (the same weights and the same batch
-    through both paths), its answer set beside the training comparison's."""
-    from cliptrack.adapters.demo.probe import probe
+def _probe(last: tuple[Any, Any], folder: Path) -> tuple[str, tuple[Path, Path]]:
+    """The paired probe at the first path's last checkpoint (the same weights and the same batch
+    through both paths): its two inputs written to ``folder`` (for ``cliptrack probe``), its
+    answer printed; the line that sets it beside the training comparison's, and the inputs' paths."""
+    from cliptrack.adapters.demo.probe import probe, write_inputs
     from cliptrack.compare.probe import compare_outputs
 
     result, config = last
     started = time.perf_counter()
     outputs = probe(result.checkpoint, result.sampler, config)
+    inputs = write_inputs(outputs, folder)
     found = compare_outputs(outputs.megatron, outputs.miles, labels=("megatron", "miles"))
     print()
     print(
@@ -445,11 +465,11 @@ def _probe(last: tuple[Any, Any]) -> list[str]:
         f"({time.perf_counter() - started:.1f} s):"
     )
     print(found.summary())
-    return [
+    return (
         f"paired probe (numerics, same batch and weights): {found.verdict}; training runs (the loop, "
         "staleness included): the verdict above. A gap in the runs with an equivalent probe comes "
-        "from the training loop, not from the stacks' numerics",
-    ]
+        "from the training loop, not from the stacks' numerics"
+    ), inputs
 
 
 def _labelled(runs: Any, groups: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -458,6 +478,29 @@ def _labelled(runs: Any, groups: dict[str, list[str]]) -> dict[str, list[str]]:
     ids = [run_id for members in groups.values() for run_id in members]
     label = dict(zip(ids, runs.labels, strict=True))
     return {group: [label[run_id] for run_id in ids] for group, ids in groups.items()}
+
+
+def stacks_verdict_line(result: Any) -> str:
+    """The demo's line of the stacks' verdict (``result``: Megatron against Miles over seeds);
+    the notebook prints the same line from its own comparison of the stored runs."""
+    return f"verdict on the stacks: {result.on_policy_verdict}"
+
+
+def control_heading(control: str) -> str:
+    """The line above the control comparison's headline."""
+    return f"the control: {control} (the Megatron path as stale as Miles, other seeds) against miles:"
+
+
+def control_verdict_line(control: str, check: Any, result: Any) -> str:
+    """The demo's line of the control's verdict (``check``: the control against Miles), read
+    beside the stacks' (``result``)."""
+    line = f"control verdict ({control} vs miles): {check.on_policy_verdict}"
+    if check.on_policy_verdict != "different" and result.on_policy_verdict == "different":
+        line += (
+            ". A gap between the stacks that the control does not show comes from the staleness, "
+            "not from the path"
+        )
+    return line
 
 
 def _compare(
@@ -477,19 +520,14 @@ def _compare(
     result = compare(runs, groups=_labelled(runs, stacks))
     result.worst = worst_of_runs(runs)  # the sequences that recur as worst: the dashboard shows them
     print(format_result(result))
-    lines = [f"verdict on the stacks: {result.on_policy_verdict}"]
+    lines = [stacks_verdict_line(result)]
     if control in groups and "miles" in stacks:
         both = load_runs(groups[control] + stacks["miles"], tracking_uri=tracking_uri)
         check = compare(both, groups=_labelled(both, {control: groups[control], "miles": stacks["miles"]}))
         print()
-        print(f"the control: {control} (the Megatron path as stale as Miles, other seeds) against miles:")
+        print(control_heading(control))
         print("\n".join(check.headline_lines()))
-        lines.append(
-            f"control verdict ({control} vs miles): {check.on_policy_verdict}. A gap between the stacks "
-            "that the control does not show comes from the staleness, not from the path"
-            if check.on_policy_verdict != "different" and result.on_policy_verdict == "different"
-            else f"control verdict ({control} vs miles): {check.on_policy_verdict}"
-        )
+        lines.append(control_verdict_line(control, check, result))
     dashboard = write_dashboard(
         out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles over seeds"
     )

@@ -3,11 +3,13 @@
 The notebook ships inside the package (``cliptrack/cli/compare_backends.ipynb``, package data; the
 repository's ``notebooks/compare_backends.ipynb`` is the same file, for working in Jupyter), so the
 command runs from any folder. It reads the demo's output (``--demo-out DIR``, else
-``CLIPTRACK_DEMO_OUT``, else ``./cliptrack-demo``: the notebook's own default) or the store named by
-``--tracking-uri`` or ``--jsonl``, executes every cell with nbclient on a ``python3`` kernel
-started in the working directory, and writes ``<out>/compare_backends.executed.ipynb`` with the
-outputs (``--out DIR``; default: the demo's output folder, or the working directory when a store is
-named), then prints its path.
+``CLIPTRACK_DEMO_OUT``, else ``./cliptrack-demo``: the notebook's own default) and compares the
+demo's stacks over seeds and its control, as the demo's terminal does; or, from the store named by
+``--tracking-uri`` or ``--jsonl``, the latest finished run of each backend. It executes every cell
+with nbclient on a ``python3`` kernel started in the working directory, writes
+``<out>/compare_backends.executed.ipynb`` with the outputs (``--out DIR``; default: the demo's
+output folder, or the working directory when a store is named), then prints its path and what the
+notebook's verdict cell printed.
 
 The values given are put in a cell of their own after the notebook's ``parameters`` cell (tagged
 ``injected-parameters``, as papermill does), so the executed copy shows both. Nothing is written
@@ -26,7 +28,7 @@ from typing import Any
 
 from cliptrack.backends.preflight import StoreError, resolve_tracking_uri
 from cliptrack.cli.demo import DEFAULT_OUT, find_output
-from cliptrack.core.secrets import redact_value
+from cliptrack.core.secrets import redact, redact_value
 from cliptrack.core.text import printable
 
 NOTEBOOK = "compare_backends.ipynb"
@@ -43,6 +45,9 @@ KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
 """The kernel process's own log: errors only (not ipykernel's start-up warning about its local TCP
 transport); what the cells print is in the notebook."""
 EXIT_FAILED = 2
+VERDICT_TAG = "verdict"
+"""The tag of the notebook's cell whose printed lines (the headline and the verdicts) the command
+repeats on stdout."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +120,17 @@ def with_parameters(text: str, parameters: dict[str, Any]) -> Any:
     return nb
 
 
+def verdict_text(nb: Any) -> str:
+    """What the executed ``nb``'s verdict cell (tagged :data:`VERDICT_TAG`) printed on stdout."""
+    return "".join(
+        output.get("text", "")
+        for cell in nb.cells
+        if VERDICT_TAG in cell.get("metadata", {}).get("tags", [])
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream" and output.get("name") == "stdout"
+    )
+
+
 def _first_error(nb: Any) -> str:
     """``Name: value`` of the first error output of ``nb``'s cells."""
     for cell in nb.cells:
@@ -176,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     out = Path(args.out).expanduser().resolve() if args.out else default_out
     path = write(nb, out)
+    said = redact(verdict_text(nb)).strip()
+    if said:
+        print("the notebook says:")
+        print("\n".join(f"  {printable(line)}" if line else "" for line in said.splitlines()))
     print(f"executed notebook, with its outputs: {path}")
-    print(f"  open it: jupyter lab {path}")
+    print(f"  to work in it in Jupyter (not in any extra): pip install jupyterlab && jupyter lab {path}")
     return 0
