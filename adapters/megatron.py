@@ -72,25 +72,7 @@ from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.worst import COLUMNS, CRITERIA, DEFAULT_K, Worst
 from torch import Tensor
 
-__all__ = [
-    "AUTO",
-    "STACK",
-    "PACKED_FIELDS",
-    "REPORT_INVALID",
-    "LossFunc",
-    "MegatronStack",
-    "ReducedStep",
-    "broadcast_from_last_stage",
-    "gather_vectors",
-    "make_loss_func",
-    "merge_packed",
-    "merged_sums",
-    "output_from_sums",
-    "reduce_losses",
-    "reduce_step",
-    "report_of",
-    "sum_reports",
-]
+__all__ = ["broadcast_from_last_stage", "make_loss_func", "reduce_losses"]
 
 REPORT_INVALID = "cliptrack/invalid"
 """Private report key: int64 vector of bad-input counts (``cliptrack.adapters.shared.packing.INPUT_CHECKS`` order)."""
@@ -118,14 +100,9 @@ _THRESHOLDS = {"ppo": (PPO_CLIP_LOW, PPO_CLIP_HIGH), "cispo": (CISPO_CLIP_LOW, C
 """The default clip thresholds of the losses whose clip sides a probe writes."""
 
 
-def __getattr__(name: str) -> object:
-    if name == "PACKED_FIELDS":  # live: the declaration in force (cliptrack.core.measures)
-        return measures.declared().packed_fields
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-PACKED_FIELDS: tuple[str, ...]
-"""The layout of the merged vector (:data:`cliptrack.core.measures.PACKED_FIELDS`, read live)."""
+PACKED_FIELDS: tuple[str, ...] = measures.PACKED_FIELDS
+"""The layout of the merged vector under the default declaration (:data:`cliptrack.core.measures.PACKED_FIELDS`;
+another declaration's: its ``packed_fields``)."""
 
 LossFunc = Callable[[Tensor], tuple[Tensor, Tensor, dict[str, Tensor]]]
 """What Megatron-Core calls with the model's output tensor: ``(loss, num_tokens, report)``."""
@@ -156,6 +133,7 @@ def make_loss_func(
     sequences: bool = False,
     datum_ids: Tensor | None = None,
     token_positions: Tensor | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossFunc:
     """Build the loss function of one micro-batch for a Megatron-Core ``forward_step_func``.
 
@@ -175,8 +153,9 @@ def make_loss_func(
     per-token loss, ``num_tokens`` the int64 count of eligible tokens, ``report`` the 0-dim tensors
     ``loss:sum`` (detached copy, unaffected by Megatron's in-place scaling) and every measure the
     loss emits under its metric key (``loss_tokens:sum``; for clipping losses the clip counts and
-    their split; for losses with sampling log-probs the gauge's sums and extremes; registered
-    measures), plus the bad-input vector under :data:`REPORT_INVALID`. Unknown or
+    their split; for losses with sampling log-probs the gauge's sums and extremes; the measures of
+    ``declaration``, passed to the loss as ``declaration=`` when it is not the default one), plus
+    the bad-input vector under :data:`REPORT_INVALID`. Unknown or
     missing input and option names are raised here, shapes and Python-number options when the loss
     runs; bad tensor values (NaN, masks not 0/1) are counted on device and raised by
     :func:`reduce_losses` after its collective.
@@ -216,17 +195,18 @@ def make_loss_func(
         raise TypeError(f"output_to_logprobs must be callable, got {type(output_to_logprobs).__name__}")
     _check_sequences(spec, name, sequences, datum_ids, token_positions)
     _check_sequence_tensors(inputs.get("sampling_logprobs"), datum_ids, token_positions)
+    extra = {} if declaration is measures.DEFAULT else {"declaration": declaration}
 
     def loss_func(output_tensor: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logprobs = output_tensor if output_to_logprobs is None else output_to_logprobs(output_tensor)
-        out = fn(logprobs, **inputs, **config)
+        out = fn(logprobs, **inputs, **config, **extra)
         if spec is not None:
             out = spec.check_output(out)
         elif not isinstance(out, LossOutput):
             raise TypeError(f"loss function {name} returned {type(out).__name__}, expected LossOutput")
         report = report_of(out)
         if datum_outputs or probe:
-            report.update(_datum_report(fn, name, logprobs, inputs, config, probe))
+            report.update(_datum_report(fn, name, logprobs, inputs, {**config, **extra}, probe))
         if sequences:
             report.update(_sequence_report(logprobs, inputs, datum_ids, token_positions))
         return out.loss, out.loss_tokens, report
@@ -378,9 +358,12 @@ def report_of(out: LossOutput) -> dict[str, Tensor]:
 
 
 def sum_reports(
-    losses_reduced: Sequence[Mapping[str, Tensor]], device: torch.device | str | None = None
+    losses_reduced: Sequence[Mapping[str, Tensor]],
+    device: torch.device | str | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> Tensor:
-    """Sum micro-batch reports on device into one vector laid out as :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`.
+    """Sum micro-batch reports on device into one vector laid out as ``declaration.packed_fields``
+    (:data:`PACKED_FIELDS` for the default declaration).
 
     No host synchronisation. An empty list gives zeros on ``device`` (default: CPU). Raises
     ValueError naming the micro-batch and key when a report is malformed.
@@ -389,31 +372,31 @@ def sum_reports(
         raise TypeError(
             f"losses_reduced must be the list forward_backward_func returned, got {type(losses_reduced).__name__}"
         )
-    layouts = [_report_layout(i, report) for i, report in enumerate(losses_reduced)]
+    layouts = [_report_layout(i, report, declaration) for i, report in enumerate(losses_reduced)]
     if not layouts:
-        return _empty(device)
+        return _empty(device, declaration)
     target = torch.device(device) if device is not None else layouts[0][0]
     if len(set(layouts)) == 1:  # the usual step: one loss, one device: a few stacked ops in all
-        return combine_packed(_packed_rows(losses_reduced, layouts[0]).to(target))
+        return combine_packed(_packed_rows(losses_reduced, layouts[0], declaration).to(target), declaration)
     rows = [
-        _packed_rows([report], layout).to(target)
+        _packed_rows([report], layout, declaration).to(target)
         for report, layout in zip(losses_reduced, layouts, strict=True)
     ]
-    return combine_packed(torch.cat(rows))
+    return combine_packed(torch.cat(rows), declaration)
 
 
-def _empty(device: torch.device | str | None) -> Tensor:
+def _empty(device: torch.device | str | None, declaration: measures.Declaration = measures.DEFAULT) -> Tensor:
     """The packed vector of no loss call (zeros, the extremes ``-inf``) on ``device``."""
     zero = torch.zeros(1, dtype=PACKED_DTYPE, device=device)
     checks = torch.zeros(1, len(INPUT_CHECKS), dtype=PACKED_DTYPE, device=device)
-    return pack_rows(zero, {keys.LOSS_TOKENS: zero}, checks, 0)[0]
+    return pack_rows(zero, {keys.LOSS_TOKENS: zero}, checks, 0, declaration)[0]
 
 
 _Layout = tuple[torch.device, tuple[str, ...]]
 """A report's device and the measured keys it holds (declaration order)."""
 
 
-def _report_layout(index: int, report: object) -> _Layout:
+def _report_layout(index: int, report: object, declaration: measures.Declaration) -> _Layout:
     """Check one micro-batch report (ValueError / TypeError naming the micro-batch and key); its layout."""
     if not isinstance(report, Mapping):
         raise TypeError(
@@ -424,7 +407,6 @@ def _report_layout(index: int, report: object) -> _Layout:
     missing = [k for k in required if k not in report]
     if missing:
         raise ValueError(f"micro-batch {index}: report lacks {missing} (has {sorted(report)})")
-    declaration = measures.declared()
     measured = tuple(m.key for m in declaration.measures if m.key in report)
     _check_report_groups(index, report, declaration)
     for key in (*measured, REPORT_INVALID):
@@ -478,14 +460,17 @@ def _absent_for_group(
     return absent
 
 
-def _packed_rows(reports: Sequence[Mapping[str, Tensor]], layout: _Layout) -> Tensor:
-    """The packed rows of checked reports of one layout, ``[len(reports), len(PACKED_FIELDS)]``:
+def _packed_rows(
+    reports: Sequence[Mapping[str, Tensor]], layout: _Layout, declaration: measures.Declaration
+) -> Tensor:
+    """The packed rows of checked reports of one layout, ``[len(reports), len(declaration.packed_fields)]``:
     one stack per field, whatever the number of micro-batches (no sync)."""
     _, measured = layout
     return pack_rows(
         torch.stack([r[keys.LOSS_SUM].detach().reshape(()) for r in reports]),
         {key: torch.stack([r[key].detach().reshape(()) for r in reports]) for key in measured},
         torch.stack([r[REPORT_INVALID].detach() for r in reports]),
+        declaration=declaration,
     )
 
 
@@ -493,17 +478,18 @@ def merged_sums(
     losses_reduced: Sequence[Mapping[str, Tensor]],
     group: Any = None,
     device: torch.device | str | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> Tensor:
     """Sum the reports on device, then merge them over ``group`` in one collective.
 
     ``group``: a ``torch.distributed`` process group (every rank of it must call), or ``None`` for
-    one process (no collective). Returns the vector of :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`, on device.
+    one process (no collective). Returns the vector of ``declaration.packed_fields``, on device.
     See :func:`merge_packed` for the collective.
     """
     if device is None and not losses_reduced and group is not None:
         device = _collective_device(group)
-    packed = sum_reports(losses_reduced, device=device)
-    return packed if group is None else merge_packed(packed, group)
+    packed = sum_reports(losses_reduced, device=device, declaration=declaration)
+    return packed if group is None else merge_packed(packed, group, declaration)
 
 
 def reduce_losses(
@@ -512,6 +498,7 @@ def reduce_losses(
     group: Any = AUTO,
     loss_fn_output_type: str = "ArrayRecord",
     device: torch.device | str | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> ForwardBackwardOutput | None:
     """The step's :class:`ForwardBackwardOutput` from ``forward_backward_func``'s return value.
 
@@ -534,10 +521,16 @@ def reduce_losses(
     every micro-batch reported it, and ``clip_fraction:mean`` (formed from the merged sums; absent
     when no token was eligible); for a loss with sampling log-probs the gauge's sums, extremes and
     means (docs/CONTRACT.md, "The on-policy gauge"). A loss that never clips emits no clip keys,
-    cross entropy no gauge.
+    cross entropy no gauge. ``declaration``: the measures the reports carry (that of the loss
+    functions, :func:`make_loss_func`; every rank must pass the same).
     """
     return reduce_step(
-        losses_reduced, group=group, loss_fn_output_type=loss_fn_output_type, device=device, worst_k=0
+        losses_reduced,
+        group=group,
+        loss_fn_output_type=loss_fn_output_type,
+        device=device,
+        worst_k=0,
+        declaration=declaration,
     ).output
 
 
@@ -558,6 +551,7 @@ def reduce_step(
     group: Any = AUTO,
     loss_fn_output_type: str = "ArrayRecord",
     device: torch.device | str | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> ReducedStep:
     """:func:`reduce_losses`, and the step's worst sequences found on the way.
 
@@ -582,18 +576,20 @@ def reduce_step(
         raise ValueError(f"worst_k must be an integer >= 0, got {worst_k!r}")
     if device is None and not losses_reduced and group is not None:
         device = _collective_device(group)
-    packed = sum_reports(losses_reduced, device=device)  # checks the reports first
+    packed = sum_reports(losses_reduced, device=device, declaration=declaration)  # checks the reports first
     carried = _carry_sequences(losses_reduced)
     if carried and worst_k:
         _check_default_ids(losses_reduced, group)
     # every rank appends a block of the same size (empty without rows), so the one collective matches
-    values, worst_values = _merged(losses_reduced if carried else [], packed, worst_k, group, state)
-    output = output_from_sums(values, loss_fn_output_type=loss_fn_output_type)
+    values, worst_values = _merged(
+        losses_reduced if carried else [], packed, worst_k, group, state, declaration
+    )
+    output = output_from_sums(values, loss_fn_output_type=loss_fn_output_type, declaration=declaration)
     worst = None
     if worst_values is not None and (carried or not losses_reduced):
         nested = torch.tensor(worst_values, dtype=PACKED_DTYPE).reshape(len(CRITERIA), worst_k, -1).tolist()
         worst = worst_rows.worst_from_block(nested, step, worst_k)
-    datums = _datum_outputs(losses_reduced)
+    datums = _datum_outputs(losses_reduced, declaration)
     if datums is not None:
         output = ForwardBackwardOutput(
             loss_fn_output_type=output.loss_fn_output_type, loss_fn_outputs=datums, metrics=output.metrics
@@ -602,7 +598,12 @@ def reduce_step(
 
 
 def _merged(
-    losses_reduced: Sequence[Mapping[str, Tensor]], packed: Tensor, k: int, group: Any, state: Any
+    losses_reduced: Sequence[Mapping[str, Tensor]],
+    packed: Tensor,
+    k: int,
+    group: Any,
+    state: Any,
+    declaration: measures.Declaration,
 ) -> tuple[list[float], list[float] | None]:
     """The step's merged sums and (``k`` >= 1) its merged worst-sequence block, host values: this
     rank's top ``k`` block appended to the packed vector, **one** collective over ``group`` (none
@@ -612,7 +613,7 @@ def _merged(
         block = _worst_block(losses_reduced, k, state if group is not None else None, packed.device)
         packed = torch.cat([packed, block.reshape(-1)])
     rows = packed.reshape(1, -1) if group is None else gather_vectors(packed, group)
-    merged = combine_packed(rows[:, :width])
+    merged = combine_packed(rows[:, :width], declaration)
     if k:
         parts = rows[:, width:].reshape(rows.shape[0], len(CRITERIA), k, worst_rows.WIDTH)
         merged = torch.cat([merged, worst_rows.merge_top(parts, k).reshape(-1)])
@@ -727,7 +728,9 @@ def _all_or_none(losses_reduced: Sequence[Mapping[str, Tensor]], key: str, what:
     return any(carried)
 
 
-def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[str, Any]] | None:
+def _datum_outputs(
+    losses_reduced: Sequence[Mapping[str, Tensor]], declaration: measures.Declaration
+) -> list[dict[str, Any]] | None:
     """The per-datum outputs of this rank's micro-batches, in order (``None`` when the loss
     function was built without ``datum_outputs``): one host copy, built by the per-datum wire form
     every stack shares (:func:`cliptrack.adapters.shared.datums.datum_outputs`)."""
@@ -742,7 +745,10 @@ def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[
         parts += [report[REPORT_CLIP_SIDES].reshape(-1).to(PACKED_DTYPE) for report in losses_reduced]
     host = torch.cat([p.cpu() for p in parts]).numpy()
     n, width = rows.shape[0], rows.shape[1]
-    sums = [unpack(row.tolist(), f"datum {i}") for i, row in enumerate(host[: n * width].reshape(n, width))]
+    sums = [
+        unpack(row.tolist(), f"datum {i}", declaration)
+        for i, row in enumerate(host[: n * width].reshape(n, width))
+    ]
     shapes = [tuple(lp.shape[1:]) for lp in logprobs for _ in range(lp.shape[0])]
     tokens = sum(lp.numel() for lp in logprobs)
     flat_logprobs = host[n * width : n * width + tokens]
@@ -751,16 +757,19 @@ def _datum_outputs(losses_reduced: Sequence[Mapping[str, Tensor]]) -> list[dict[
 
 
 def output_from_sums(
-    values: Sequence[float], *, loss_fn_output_type: str = "ArrayRecord"
+    values: Sequence[float],
+    *,
+    loss_fn_output_type: str = "ArrayRecord",
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> ForwardBackwardOutput:
-    """Build the output from the merged :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS` values (host numbers)."""
-    fields = measures.declared().packed_fields
+    """Build the output from the merged values of ``declaration.packed_fields`` (host numbers)."""
+    fields = declaration.packed_fields
     if len(values) != len(fields):
         raise ValueError(f"expected {len(fields)} merged values ({fields}), got {len(values)}")
     first = fields.index("invalid[0]")
     invalid = [int(v) for v in values[first : first + len(INPUT_CHECKS)]]
     raise_invalid(invalid)  # bad inputs first: they explain any odd count
-    sums = unpack(values, _SUMMED)
+    sums = unpack(values, _SUMMED, declaration)
     if sums.calls == 0:
         raise ValueError(
             "losses_reduced is empty on every rank: pass the list forward_backward_func returned on the "
@@ -837,25 +846,26 @@ class MegatronStack:
     """Megatron-Core as a :class:`cliptrack.adapters.shared.stack.Stack`: the loss hook is
     :func:`make_loss_func`'s loss function (its report per micro-batch), the reduction
     :func:`reduce_losses` over ``group`` (``None``: this process alone), the read-back the
-    output's measured sums."""
+    output's measured sums, all of ``declaration``'s measures."""
 
     group: Any = None
     name: str = "megatron"
+    declaration: measures.Declaration = measures.DEFAULT
 
     def loss_hook(
         self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
     ) -> StackCall:
-        loss, _, report = make_loss_func(loss_fn, inputs, config)(logprobs)
+        loss, _, report = make_loss_func(loss_fn, inputs, config, declaration=self.declaration)(logprobs)
         return StackCall(loss, report)
 
     def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
-        output = reduce_losses(list(reports), group=self.group)
+        output = reduce_losses(list(reports), group=self.group, declaration=self.declaration)
         if output is None:
             raise ValueError("this rank is off the last pipeline stage: it holds no step output")
         return output
 
     def read_back(self, output: object) -> MeasuredSums | None:
-        return measured_sums(output)
+        return measured_sums(output, self.declaration)
 
 
 STACK = MegatronStack()

@@ -48,7 +48,7 @@ from cliptrack.adapters.shared.merge import (
     worst_of_outputs,
 )
 from cliptrack.adapters.shared.stack import StackCall
-from cliptrack.core import keys
+from cliptrack.core import keys, measures
 from cliptrack.core.recipe import Recipe
 from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
@@ -388,9 +388,11 @@ class TinkerStack:
     Tinker-compatible service computes for one chunk (the registered loss; its output's metrics are
     the exact sums, :func:`cliptrack.adapters.losses.output.loss_metrics`), the reduction the
     client's merge of a step's outputs (:func:`cliptrack.adapters.shared.merge.merge_outputs`, as
-    :class:`TrackedTrainingClient` does), the read-back the output's measured sums."""
+    :class:`TrackedTrainingClient` does), the read-back the output's measured sums; the measures:
+    ``declaration``'s."""
 
     name: str = "tinker"
+    declaration: measures.Declaration = measures.DEFAULT
 
     def loss_hook(
         self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
@@ -398,15 +400,16 @@ class TinkerStack:
         spec = loss_spec(loss_fn)
         assert spec is not None
         spec.check_arguments(inputs, config)
-        out = spec.check_output(spec.fn(logprobs, **inputs, **config))
+        extra = {} if self.declaration is measures.DEFAULT else {"declaration": self.declaration}
+        out = spec.check_output(spec.fn(logprobs, **inputs, **config, **extra))
         output = ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=loss_metrics(out))
         return StackCall(out.loss, output)
 
     def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
-        return merge_outputs(reports)
+        return merge_outputs(reports, self.declaration)
 
     def read_back(self, output: object) -> MeasuredSums | None:
-        return measured_sums(output)
+        return measured_sums(output, self.declaration)
 
 
 STACK = TinkerStack()

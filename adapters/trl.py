@@ -208,13 +208,17 @@ class ExactWindow:
 
     def __init__(self) -> None:
         self._packed: Tensor | None = None
+        self._declaration = measures.DEFAULT
         self.gauge = True
         """Whether every micro-step of the window had the sampler's log-probs."""
 
     def add(self, out: LossOutput, *, gauge: bool) -> None:
         """Add one micro-step's output; ``gauge``: it had the sampler's log-probs."""
         packed = pack(out)
-        self._packed = packed if self._packed is None else combine_packed(torch.stack([self._packed, packed]))
+        if self._packed is None:
+            self._packed, self._declaration = packed, out.declaration
+        else:
+            self._packed = combine_packed(torch.stack([self._packed, packed]), self._declaration)
         self.gauge = self.gauge and gauge
 
     @property
@@ -229,17 +233,19 @@ class ExactWindow:
         self._packed, self.gauge = None, True
         if packed is None:
             return None
-        counts = reduce_packed(packed, where).counts
+        counts = reduce_packed(packed, where, self._declaration).counts
         return counts if gauge else counts.without(measures.GAUGE)
 
 
-def reduce_packed(packed: Tensor, where: str) -> PackedSums:
-    """A packed vector (:func:`cliptrack.adapters.shared.packing.pack`) summed over every process
-    of the default group (one collective, when torch.distributed runs more than one) and read on
-    the host; ValueError for invalid loss inputs, naming ``where``."""
+def reduce_packed(
+    packed: Tensor, where: str, declaration: measures.Declaration = measures.DEFAULT
+) -> PackedSums:
+    """A packed vector of ``declaration`` (:func:`cliptrack.adapters.shared.packing.pack`) summed
+    over every process of the default group (one collective, when torch.distributed runs more than
+    one) and read on the host; ValueError for invalid loss inputs, naming ``where``."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        packed = merge_packed(packed, None)
-    sums = unpack(packed.tolist(), where)
+        packed = merge_packed(packed, None, declaration)
+    sums = unpack(packed.tolist(), where, declaration)
     sums.check()
     return sums
 
@@ -256,9 +262,10 @@ class TRLStack:
     count by the registered core loss (its report: the output, detached sums on device), the
     reduction the trainer's (the micro-steps' packed sums added, one collective over the processes,
     :func:`reduce_packed`), the read-back the output's measured sums (or a TRL log entry's,
-    :func:`read_back`)."""
+    :func:`read_back`); the measures: ``declaration``'s."""
 
     name: str = "trl"
+    declaration: measures.Declaration = measures.DEFAULT
 
     def loss_hook(
         self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
@@ -267,21 +274,22 @@ class TRLStack:
         if spec is None:
             raise ValueError(f"loss_fn {loss_fn!r} is not a registered loss")
         spec.check_arguments(inputs, config)
-        out = spec.check_output(spec.fn(logprobs, **inputs, **config))
+        extra = {} if self.declaration is measures.DEFAULT else {"declaration": self.declaration}
+        out = spec.check_output(spec.fn(logprobs, **inputs, **config, **extra))
         return StackCall(out.loss, out)
 
     def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
         if not reports:
             raise ValueError("a step needs at least one micro-step's report")
-        packed = combine_packed(torch.stack([pack(out) for out in reports]))
-        sums = reduce_packed(packed, "TRL step")
+        packed = combine_packed(torch.stack([pack(out) for out in reports]), self.declaration)
+        sums = reduce_packed(packed, "TRL step", self.declaration)
         metrics = {keys.LOSS_SUM: sums.loss_sum, **sums.counts.to_metrics()}
         return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics)
 
     def read_back(self, output: object) -> MeasuredSums | None:
         if isinstance(output, Mapping):
             return read_back(output)
-        return measured_sums(output)
+        return measured_sums(output, self.declaration)
 
 
 STACK = TRLStack()

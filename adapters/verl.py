@@ -162,7 +162,7 @@ def twin_metrics(
     scale = _scale(config)
     metrics: dict[str, Tensor | float] = {}
     for key, value in out.measured.items():
-        measure = measures.by_key(key)
+        measure = measures.by_key(key, out.declaration)
         if measure.reduction != measures.SUM:
             continue  # extremes: verl averages every loss metric
         if not engine and (measure.group == measures.GAUGE or key.startswith("engine_")):
@@ -224,6 +224,8 @@ class VerlStack:
     actor_config: Any
     loss_agg_mode: str = "token-mean"
     name: str = "verl"
+    declaration: measures.Declaration = measures.DEFAULT
+    """The measures read from the twins' entries (their sums) and the means formed from them."""
 
     def loss_hook(
         self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
@@ -254,9 +256,9 @@ class VerlStack:
             raise ValueError("verl stack: a step needs at least one loss call")
         names = [k for k in reports[0] if k.startswith(verl_keys.PREFIX)]
         means = {k: sum(float(r[k]) for r in reports) / len(reports) for k in names}
-        sums = verl_keys.logged_sums(means, verl_keys.PREFIX)
+        sums = verl_keys.logged_sums(means, verl_keys.PREFIX, self.declaration)
         metrics = dict(sums)
-        for mean in measures.declared().means:
+        for mean in self.declaration.means:
             if mean.numerator in sums and sums.get(mean.denominator):
                 metrics[mean.key] = sums[mean.numerator] / sums[mean.denominator]
         return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics=metrics)
@@ -265,7 +267,7 @@ class VerlStack:
         metrics = dict(getattr(output, "metrics", {}) or {})
         if "engine_log_ratio:sum" not in metrics:
             metrics = {k: v for k, v in metrics.items() if not k.startswith("drift_")}
-        return MeasuredSums.from_metrics(metrics)
+        return MeasuredSums.from_metrics(metrics, self.declaration)
 
 
 def register() -> dict[str, Callable[..., Any]]:

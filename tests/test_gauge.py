@@ -470,6 +470,6 @@ def test_a_zero_extreme_is_positive_zero_on_policy():
     with loss_path("0"):
         out = losses.importance_sampling(lp, lp.clone(), torch.ones(3), torch.tensor([1.0, 1.0, 0.0]))
     packed = losses.pack(out).tolist()  # the extremes as the collective combines them
-    slot = measures.declared().slot
+    slot = measures.DEFAULT.slot
     extremes = [packed[slot[keys.LOG_RATIO_MAX]], packed[slot[keys.LOG_RATIO_MIN]]]
     assert [math.copysign(1.0, v) for v in extremes] == [1.0, 1.0]

@@ -104,7 +104,7 @@ def assert_causes(metrics: dict[str, float], ref: dict[str, float], compiled: bo
     assert abs(identity) <= tight, identity
     if metrics[keys.LOSS_TOKENS]:
         assert metrics[keys.WEIGHT_LAG_MAX] == ref[keys.WEIGHT_LAG_MAX]
-        for mean in measures.declared().means:
+        for mean in measures.DEFAULT.means:
             if measures.by_key(mean.numerator).group in (measures.CAUSES, measures.STALENESS):
                 assert metrics[mean.key] == metrics[mean.numerator] / metrics[keys.LOSS_TOKENS]
     else:

@@ -52,8 +52,8 @@ GAUGE_LIKE_KEYS = (
     *keys.STALENESS_KEYS,
     *(
         m.key
-        for m in measures.BUILTIN.means
-        if measures.BUILTIN.by_key[m.numerator].group in (measures.CAUSES, measures.STALENESS)
+        for m in measures.DEFAULT.means
+        if measures.DEFAULT.by_key[m.numerator].group in (measures.CAUSES, measures.STALENESS)
     ),
 )
 """The gauge's keys, its engine and drift parts and the weight lag, with their means."""

@@ -111,13 +111,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name in ("PACKED_FIELDS", "PACKED_ADDED"):  # live: the declaration in force
-        return getattr(_packing, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-PACKED_FIELDS: tuple[str, ...]
-"""Layout of a packed :class:`LossOutput` (:data:`cliptrack.core.measures.PACKED_FIELDS`, live)."""
-PACKED_ADDED: int
-"""Number of leading packed fields that add; the rest combine by max (live)."""
+PACKED_FIELDS: tuple[str, ...] = _packing.PACKED_FIELDS
+"""Layout of a packed :class:`LossOutput` under the default declaration
+(:data:`cliptrack.core.measures.PACKED_FIELDS`; another declaration's: its ``packed_fields``)."""
+PACKED_ADDED: int = _packing.PACKED_ADDED
+"""Number of leading packed fields that add under the default declaration; the rest combine by max."""

@@ -16,8 +16,8 @@ always describe the loss actually computed. Every formula returns a :class:`Resu
 ``invalid`` the int64 vector of :data:`cliptrack.adapters.losses.builtin.INPUT_CHECKS`, and ``measured``:
 every measure the loss emits under its metric key (:mod:`cliptrack.core.measures`), 0-dim tensors
 on the input's device — counts int64, the gauge's values float64 (:func:`gauge_of`), and the
-term of every measure registered with :func:`register_term` whose inputs the loss has
-(:class:`Tokens`). Where eager and compiled code differ in cost, a helper chooses its form with
+term (:attr:`cliptrack.core.measures.Measure.term`) of every measure in ``terms`` (a declaration's
+:attr:`~cliptrack.core.measures.Declaration.terms`) whose inputs the loss has (:class:`Tokens`). Where eager and compiled code differ in cost, a helper chooses its form with
 ``torch.compiler.is_compiling()``; the value is the same.
 """
 
@@ -46,7 +46,7 @@ class Result(NamedTuple):
 
 
 class Tokens(NamedTuple):
-    """The per-token terms of one loss call that a registered measure's term may read.
+    """The per-token terms of one loss call that a measure's term (:attr:`cliptrack.core.measures.Measure.term`) may read.
 
     ``logprobs``: the policy's log-probs (detached); ``log_ratio`` / ``ratio``: ``l = logprobs -
     sampling_logprobs`` and ``exp(l)`` as the loss computed them (``None`` for a loss without
@@ -64,51 +64,31 @@ class Tokens(NamedTuple):
 
 
 Term = Callable[[Tokens], "Tensor | None"]
-"""A registered measure's term: the 0-dim value of one loss call from its :class:`Tokens` (a
-count: :func:`count` of flags and'ed with ``eligible``), or ``None`` where the loss lacks an input
-it needs (the loss then does not emit the measure)."""
+"""A measure's term (:attr:`cliptrack.core.measures.Measure.term`): the 0-dim value of one loss
+call from its :class:`Tokens` (a count: :func:`count_eligible` of flags), or ``None`` where the
+loss lacks an input it needs (the loss then does not emit the measure)."""
 
-TERMS: dict[str, Term] = {}
-"""Registered measures' terms by metric key (:func:`register_term`), computed by every formula."""
-
-
-def register_term(key: str, term: Term) -> None:
-    """Compute ``term`` in every formula (eager and fused) under the metric ``key``, a measure
-    registered with :func:`cliptrack.core.measures.register_measure`. A fused kernel compiled
-    before is rebuilt on its next call (its cache is keyed on the terms)."""
-    measure = measures.by_key(key)
-    if measure.key in measures.BUILTIN.by_key:
-        raise ValueError(f"{key!r} is a built-in measure: its term is written in its formula")
-    if measure.reduction != measures.SUM:
-        raise ValueError(f"{key!r}: a registered term is a sum (a {measure.reduction} is not supported)")
-    if not callable(term):
-        raise TypeError(f"term of {key!r} must be callable, got {type(term).__name__}")
-    TERMS[key] = term
-
-
-def unregister_term(key: str) -> None:
-    """Stop computing the term of ``key``; ValueError when none is registered."""
-    if TERMS.pop(key, None) is None:
-        raise ValueError(f"no term is registered for {key!r}")
+Terms = tuple[measures.Measure, ...]
+"""The measures whose terms a formula computes (:attr:`cliptrack.core.measures.Declaration.terms`)."""
 
 
 def count_eligible(tokens: Tokens, flags: Tensor) -> Tensor:
     """The eligible tokens among ``flags`` (a bool tensor of the token shape), exact, int64 0-dim:
-    the usual body of a registered count's term."""
+    the usual body of a count's term."""
     if tokens.eligible is not None:
         flags = flags & tokens.eligible
     return count(flags, tokens.accumulate)
 
 
-def extra_terms(tokens: Tokens) -> dict[str, Tensor]:
-    """The registered terms of one loss call (those its inputs allow), by key, as int64 for a
+def extra_terms(tokens: Tokens, terms: Terms) -> dict[str, Tensor]:
+    """The terms of ``terms`` for one loss call (those its inputs allow), by key, as int64 for a
     count and float64 otherwise."""
     out: dict[str, Tensor] = {}
-    for key, term in TERMS.items():
-        value = term(tokens)
+    for measure in terms:
+        assert measure.term is not None
+        value = measure.term(tokens)
         if value is not None:
-            exact = measures.by_key(key).exact
-            out[key] = value.to(torch.int64 if exact else torch.float64)
+            out[measure.key] = value.to(torch.int64 if measure.exact else torch.float64)
     return out
 
 
@@ -492,6 +472,7 @@ def ppo(
     dual_clip: float,
     accumulate: torch.dtype,
     gradient: bool,
+    terms: Terms = (),
 ) -> Result:
     """Clipped PPO, per token ``-min(r*A, clamp(r, low, high)*A)``; clipped where clipping bites,
     ``clamp(r)*A < r*A`` (low side exactly when ``A < 0``).
@@ -531,7 +512,10 @@ def ppo(
     if dual is not None:
         clip[keys.DUAL_CLIPPED_TOKENS] = count(dual if eligible is None else dual & eligible, accumulate)
     return Result(
-        loss, grad, invalid, _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate)
+        loss,
+        grad,
+        invalid,
+        _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate, terms),
     )
 
 
@@ -582,6 +566,7 @@ def cispo(
     reference_old: bool,
     accumulate: torch.dtype,
     gradient: bool,
+    terms: Terms = (),
 ) -> Result:
     """CISPO, per token ``-(clamp(r, low, high).detach() * A * logprobs)``; clipped where the
     coefficient departs from the ratio, ``clamp(r) != r`` (low side ``r < low``). ``r`` as in
@@ -607,7 +592,10 @@ def cispo(
     invalid = checks(loss, log_ratio, mask_bad, bad_thresholds(low, high, lp.device), gauge)
     clip = _clip_counts(tokens, n_clipped, n_low)
     return Result(
-        loss, grad, invalid, _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate)
+        loss,
+        grad,
+        invalid,
+        _with_terms({**clip, **gauge}, lp, log_ratio, ratio, adv, eligible, accumulate, terms),
     )
 
 
@@ -653,6 +641,7 @@ def importance_sampling(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
+    terms: Terms = (),
 ) -> Result:
     """Importance-sampled policy gradient, per token ``-(r * A)``; never clips."""
     log_ratio = lp - slp
@@ -664,7 +653,9 @@ def importance_sampling(
     gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
     measured = {keys.LOSS_TOKENS: tokens, **gauge}
-    return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))
+    return Result(
+        loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate, terms)
+    )
 
 
 def dro(
@@ -679,6 +670,7 @@ def dro(
     outside_high: float,
     accumulate: torch.dtype,
     gradient: bool,
+    terms: Terms = (),
 ) -> Result:
     """DRO, per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)`` (``half_beta``
     is ``beta / 2``); never clips. Its ratio ``exp(l)`` is formed for the gauge alone."""
@@ -692,11 +684,18 @@ def dro(
     gauge.update(_gauge_parts(log_ratio, slp, old, lag, eligible, weight))
     invalid = checks(loss, log_ratio, mask_bad, gauge=gauge)
     measured = {keys.LOSS_TOKENS: tokens, **gauge}
-    return Result(loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate))
+    return Result(
+        loss, grad, invalid, _with_terms(measured, lp, log_ratio, ratio, adv, eligible, accumulate, terms)
+    )
 
 
 def cross_entropy(
-    lp: Tensor, weights: Tensor, mask: Tensor | None, accumulate: torch.dtype, gradient: bool
+    lp: Tensor,
+    weights: Tensor,
+    mask: Tensor | None,
+    accumulate: torch.dtype,
+    gradient: bool,
+    terms: Terms = (),
 ) -> Result:
     """Weighted negative log-likelihood, per token ``-(weights * logprobs)``; never clips.
     Eligible tokens are ``mask != 0`` with a mask, else ``weights != 0``."""
@@ -712,7 +711,7 @@ def cross_entropy(
         eligible, weight, tokens, mask_bad = mask_terms(mask, lp, accumulate)
         loss = -(weighted * weight).sum()
         grad = _as(-weight * weights, lp) if gradient else None
-    measured = _with_terms({keys.LOSS_TOKENS: tokens}, lp, None, None, None, eligible, accumulate)
+    measured = _with_terms({keys.LOSS_TOKENS: tokens}, lp, None, None, None, eligible, accumulate, terms)
     return Result(loss, grad, checks(loss, lp, mask_bad), measured)
 
 
@@ -734,16 +733,17 @@ def _with_terms(
     adv: Tensor | None,
     eligible: Tensor | None,
     accumulate: torch.dtype,
+    terms: Terms,
 ) -> dict[str, Tensor]:
-    """``measured`` with the registered terms (:data:`TERMS`) of this call added (none: as it is)."""
-    if not TERMS:
+    """``measured`` with the terms of ``terms`` for this call added (none: as it is)."""
+    if not terms:
         return measured
 
     def detached(t: Tensor | None) -> Tensor | None:
         return None if t is None else t.detach()
 
     tokens = Tokens(lp.detach(), detached(log_ratio), detached(ratio), detached(adv), eligible, accumulate)
-    return {**measured, **extra_terms(tokens)}
+    return {**measured, **extra_terms(tokens, terms)}
 
 
 FORMULAS: dict[str, Callable[..., Result]] = {

@@ -58,7 +58,7 @@ compiled_calls: Counter[str] = Counter()
 
 _failure: str | None = None
 _compiled: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
-"""Kernels by (loss, constants and registered terms)."""
+"""Kernels by (loss, constants and the declaration's measure terms)."""
 _toolchain: dict[str, bool] = {}
 
 
@@ -135,18 +135,20 @@ enter the kernel as tensors, are never limited).
 """
 
 
-def compiled(name: str, constants: tuple[Any, ...] = ()) -> Callable[..., Any] | None:
+def compiled(
+    name: str, constants: tuple[Any, ...] = (), terms: formulas.Terms = ()
+) -> Callable[..., Any] | None:
     """The compiled kernel of loss ``name`` with ``constants`` bound (dynamic shapes, built on first use).
 
     ``None`` once :data:`MAX_CONSTANT_SETS` other sets of constants are compiled for this loss.
-    A kernel is built per set of registered measure terms too
-    (:data:`cliptrack.adapters.losses.formulas.TERMS`): it computes them.
+    A kernel is built per set of measure terms too (``terms``, a declaration's
+    :attr:`~cliptrack.core.measures.Declaration.terms`): it computes them.
     """
-    key = (name, (*constants, *formulas.TERMS.items()))
+    key = (name, (*constants, *terms))
     if key not in _compiled:
         if sum(1 for other, _ in _compiled if other == name) >= MAX_CONSTANT_SETS:
             return None
-        fn = _bind(name, constants, f"{FORMULAS[name].__name__}_{len(_compiled)}")
+        fn = _bind(name, constants, f"{FORMULAS[name].__name__}_{len(_compiled)}", terms)
         _compiled[key] = torch.compile(fn, backend=_inductor, dynamic=True)
     return _compiled[key]
 
@@ -160,8 +162,11 @@ def _literal(value: Any) -> str:
     return repr(value)  # round-trips exactly
 
 
-def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable[..., Any]:
-    """``FORMULAS[name]`` with ``constants`` written into a new function's code as literals.
+def _bind(
+    name: str, constants: tuple[Any, ...], function_name: str, terms: formulas.Terms = ()
+) -> Callable[..., Any]:
+    """``FORMULAS[name]`` with ``constants`` written into a new function's code as literals (and
+    ``terms``, the measures whose terms it computes, as a global of that function).
 
     Literals, not arguments or closure cells: torch.compile turns a float argument or cell into a
     symbolic input, Inductor's CPU code with a runtime bound is several times slower, and Inductor's
@@ -170,8 +175,8 @@ def _bind(name: str, constants: tuple[Any, ...], function_name: str) -> Callable
     recompile limit.
     """
     values = "".join(f", {_literal(c)}" for c in constants)
-    source = f"def {function_name}(*tensors):\n    return _kernel(*tensors{values})\n"
-    namespace: dict[str, Any] = {"_kernel": FORMULAS[name], "torch": torch}
+    source = f"def {function_name}(*tensors):\n    return _kernel(*tensors{values}, terms=_terms)\n"
+    namespace: dict[str, Any] = {"_kernel": FORMULAS[name], "torch": torch, "_terms": tuple(terms)}
     exec(
         compile(source, f"<cliptrack fused {name}>", "exec"), namespace
     )  # the source holds only literals we wrote
@@ -213,6 +218,7 @@ def evaluate(
     others: tuple[Tensor | None, ...],
     constants: tuple[float | bool, ...] = (),
     bounds: tuple[Threshold, Threshold] | None = None,
+    terms: formulas.Terms = (),
 ) -> formulas.Result | None:
     """Formula ``name`` compiled, on one call's checked inputs; ``None``: run it eagerly instead.
 
@@ -220,7 +226,8 @@ def evaluate(
     ``constants``: the numbers (and bools: PPO's clip reference) the formula takes after its
     thresholds (compiled in);
     ``bounds``: a clipping loss's ``(low, high)``, numbers (checked by the caller, compiled in) or
-    tensors (a number beside a tensor becomes a tensor; checked on device). Returns the formula's
+    tensors (a number beside a tensor becomes a tensor; checked on device); ``terms``: the measures
+    whose terms it computes beside its own (:func:`compiled`). Returns the formula's
     :class:`~cliptrack.adapters.losses.formulas.Result` without its gradient (autograd holds it). ``None`` when the call's set of
     constants is beyond :data:`MAX_CONSTANT_SETS`, or on a compile or run failure: then one
     warning, and the fused path is off for the process.
@@ -239,7 +246,7 @@ def evaluate(
     else:
         tensors = (*_flat(logprobs, *others), *extra)
     accumulate = torch.int32 if logprobs.numel() < 2**31 else torch.int64
-    fn = compiled(name, (*constants, accumulate, True))
+    fn = compiled(name, (*constants, accumulate, True), terms)
     if fn is None:
         return None
     names: list[str] = []

@@ -107,6 +107,7 @@ class LossInputs:
         propagated: Tensor,
         measured: Mapping[str, Tensor] | None = None,
         thresholds_bad: Tensor | None = None,
+        declaration: measures.Declaration = measures.DEFAULT,
     ) -> LossOutput:
         """Assemble the output: ``measured``, the loss's measures by metric key (the clip counts
         ``clipped_tokens:sum`` and the split for a loss that clips; ``**gauge_of(...)`` for a loss
@@ -114,13 +115,14 @@ class LossInputs:
 
         ``propagated``: ``logprobs - sampling_logprobs`` (or the logprobs), read by the non-finite
         check (:func:`cliptrack.adapters.losses.formulas.checks`); ``thresholds_bad``: the count of bad tensor
-        threshold entries (:func:`cliptrack.adapters.losses.formulas.bad_thresholds`).
+        threshold entries (:func:`cliptrack.adapters.losses.formulas.bad_thresholds`); ``declaration``:
+        the declaration the output carries (the default one unless given).
         """
         values = {keys.LOSS_TOKENS: self.loss_tokens, **(measured or {})}
         gauge = values if keys.IS_WEIGHT_SQ_SUM in values else None
         with torch.no_grad():
             invalid = formulas.checks(loss, propagated, self.mask_bad, thresholds_bad, gauge)
-        return LossOutput(loss, values, invalid, (self.sources,))
+        return LossOutput(loss, values, invalid, (self.sources,), declaration=declaration)
 
 
 def check_inputs(

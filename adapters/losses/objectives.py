@@ -70,6 +70,7 @@ def _evaluate(
     others: tuple[Tensor | None, ...],
     constants: tuple[float | bool, ...] = (),
     bounds: tuple[Threshold, Threshold] | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossOutput:
     """One call of formula ``name`` (:data:`cliptrack.adapters.losses.formulas.FORMULAS`) on checked inputs: fused
     where :func:`cliptrack.adapters.losses.fused.wanted` chooses it and only the logprobs require grad, else eager.
@@ -77,7 +78,8 @@ def _evaluate(
     ``others``: the per-token inputs after the logprobs as the caller gave them (autograd
     differentiates them on the eager path; the mask is detached); ``constants``: the formula's
     parameters after its thresholds (numbers, and a clipping loss's clip reference as a bool);
-    ``bounds``: a clipping loss's thresholds.
+    ``bounds``: a clipping loss's thresholds; ``declaration``: what it measures (the terms of its
+    added measures computed beside the formula's own).
     """
     threshold_tensors = () if bounds is None else bounds
     result = None
@@ -85,12 +87,12 @@ def _evaluate(
         isinstance(t, Tensor) and t.requires_grad for t in (*others, *threshold_tensors)
     ):
         detached = tuple(None if t is None else t.detach() for t in others)
-        result = _fused.evaluate(name, logprobs, detached, constants, bounds)
+        result = _fused.evaluate(name, logprobs, detached, constants, bounds, declaration.terms)
     if result is None:
         result = formulas.FORMULAS[name](
-            logprobs, *others, *threshold_tensors, *constants, torch.int64, False
+            logprobs, *others, *threshold_tensors, *constants, torch.int64, False, terms=declaration.terms
         )
-    return LossOutput(result.loss, result.measured, result.invalid, (sources,))
+    return LossOutput(result.loss, result.measured, result.invalid, (sources,), declaration=declaration)
 
 
 def _clipping(
@@ -103,12 +105,14 @@ def _clipping(
     constants: tuple[float | bool, ...],
     parts: tuple[Tensor | None, Tensor | None],
     importance_weights: Tensor | None,
+    declaration: measures.Declaration,
 ) -> LossOutput:
     """A clipping loss's call: its inputs checked, then its formula with ``bounds`` (low, high) and
     ``constants`` (the gauge's bounds, the clip reference, the dual clip)."""
     sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, parts, importance_weights)
     check_thresholds(*bounds)
-    return _evaluate(name, sources, logprobs, (*others, sources.get("importance_weights")), constants, bounds)
+    others = (*others, sources.get("importance_weights"))
+    return _evaluate(name, sources, logprobs, others, constants, bounds, declaration)
 
 
 def _rl_inputs(
@@ -151,6 +155,7 @@ def ppo(
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
     weight_lag: Tensor | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossOutput:
     """Clipped PPO: per token ``-min(r*A, clamp(r, low, high)*A)``, ``r = exp(logprobs - sampling_logprobs)``.
 
@@ -173,7 +178,10 @@ def ppo(
     clip counts, which count clipping by the band whatever the dual clip does, as verl's
     ``pg_clipfrac``). ``importance_weights`` (optional, the shape of ``logprobs``; rollout
     correction, TIS): each token's loss is multiplied by its weight (detached: no gradient flows to
-    it); the counts stay token counts. The formula: :func:`cliptrack.adapters.losses.formulas.ppo`.
+    it); the counts stay token counts. ``declaration``: what the loss measures
+    (:class:`cliptrack.core.measures.Declaration`; the default one unless given): the terms of the
+    measures it was extended with are computed too, and the output carries it. The formula:
+    :func:`cliptrack.adapters.losses.formulas.ppo`.
     """
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     reference_old = check_clip_reference(clip_reference, old_logprobs)
@@ -188,6 +196,7 @@ def ppo(
         (*outside, reference_old, c),
         (old_logprobs, weight_lag),
         importance_weights,
+        declaration,
     )
 
 
@@ -205,6 +214,7 @@ def cispo(
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
     weight_lag: Tensor | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossOutput:
     """CISPO: per token ``-(clamp(r, low, high).detach() * A * logprobs)``.
 
@@ -225,6 +235,7 @@ def cispo(
         (*outside, reference_old),
         (old_logprobs, weight_lag),
         importance_weights,
+        declaration,
     )
 
 
@@ -238,11 +249,12 @@ def importance_sampling(
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
     weight_lag: Tensor | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossOutput:
     """Importance-sampled policy gradient: per token ``-(r * A)``. Never clips; the gauge as in :func:`ppo`."""
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, (old_logprobs, weight_lag))
-    return _evaluate("importance_sampling", sources, logprobs, others, outside)
+    return _evaluate("importance_sampling", sources, logprobs, others, outside, declaration=declaration)
 
 
 def dro(
@@ -256,6 +268,7 @@ def dro(
     ratio_outside_high: float = RATIO_OUTSIDE_HIGH,
     old_logprobs: Tensor | None = None,
     weight_lag: Tensor | None = None,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> LossOutput:
     """DRO: per token ``-(logprobs*A - beta/2 * (logprobs - sampling_logprobs)**2)``. Never clips;
     the gauge as in :func:`ppo` (its ratio ``exp(l)`` formed for the gauge alone)."""
@@ -263,14 +276,23 @@ def dro(
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     outside = check_ratio_outside(ratio_outside_low, ratio_outside_high)
     sources, others = _rl_inputs(logprobs, sampling_logprobs, advantages, mask, (old_logprobs, weight_lag))
-    return _evaluate("dro", sources, logprobs, others, (0.5 * float(beta), *outside))
+    return _evaluate("dro", sources, logprobs, others, (0.5 * float(beta), *outside), declaration=declaration)
 
 
-def cross_entropy(logprobs: Tensor, weights: Tensor, mask: Tensor | None = None) -> LossOutput:
+def cross_entropy(
+    logprobs: Tensor,
+    weights: Tensor,
+    mask: Tensor | None = None,
+    *,
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> LossOutput:
     """Weighted negative log-likelihood: per token ``-(weights * logprobs)``. Never clips.
 
-    Eligible tokens are ``mask != 0`` when a mask is given, else ``weights != 0``.
+    Eligible tokens are ``mask != 0`` when a mask is given, else ``weights != 0``. ``declaration``
+    as in :func:`ppo`.
     """
     check_tensor("weights", weights, like=logprobs if isinstance(logprobs, Tensor) else None)
     sources = checked_sources(logprobs, None, weights, mask, advantages_name="weights")
-    return _evaluate("cross_entropy", sources, logprobs, (weights, sources.get("mask")))
+    return _evaluate(
+        "cross_entropy", sources, logprobs, (weights, sources.get("mask")), declaration=declaration
+    )

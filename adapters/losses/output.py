@@ -9,7 +9,7 @@ and ``ForwardBackwardOutput`` in Tinker's form, merged with exact clip fractions
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from cliptrack.adapters.shared.merge import (
@@ -47,10 +47,13 @@ class LossOutput:
     detached in a sum). ``measured``: every measure the loss emits under its metric key
     (:mod:`cliptrack.core.measures`: ``loss_tokens:sum`` always, the clip counts for a loss that
     clips, the low/high split when it reports it, the on-policy gauge for a loss with sampling
-    log-probs, registered measures), detached 0-dim tensors on the loss's device: counts int64 in
+    log-probs, the measures its declaration was extended with), detached 0-dim tensors on the loss's device: counts int64 in
     tokens, the gauge float64 (``log_ratio:max`` / ``:min``: ``-inf`` / ``+inf`` over no eligible
     token). ``invalid``: int64 vector, the number of bad entries per input of
-    :data:`cliptrack.adapters.shared.packing.INPUT_CHECKS`. Moved to the host through one packing (:func:`cliptrack.adapters.shared.packing.pack`, :data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`).
+    :data:`cliptrack.adapters.shared.packing.INPUT_CHECKS`. Moved to the host through one packing
+    (:func:`cliptrack.adapters.shared.packing.pack`, laid out as ``declaration.packed_fields``).
+    ``declaration``: what the loss measures (:data:`cliptrack.core.measures.DEFAULT` unless the
+    loss was given another); outputs of different declarations do not add.
     """
 
     loss: Tensor
@@ -59,6 +62,7 @@ class LossOutput:
     sources: Sources = ()
     calls: int = 1
     """Number of loss calls summed in this output."""
+    declaration: measures.Declaration = field(default=measures.DEFAULT, kw_only=True, repr=False)
 
     @property
     def loss_tokens(self) -> Tensor:
@@ -71,7 +75,7 @@ class LossOutput:
 
     def has(self, group: str) -> bool:
         """Whether this output carries the measures of ``group`` (:mod:`cliptrack.core.measures`)."""
-        return any(m.key in self.measured for m in measures.group_measures(group))
+        return any(m.key in self.measured for m in measures.group_measures(group, self.declaration))
 
     @property
     def clips(self) -> bool:
@@ -95,12 +99,17 @@ class LossOutput:
         ``dropped_when_mixed`` (the split), dropped."""
         if not isinstance(other, LossOutput):
             return NotImplemented
-        declaration = measures.declared()
+        declaration = self.declaration
+        if other.declaration is not declaration:
+            raise ValueError(
+                "these LossOutputs come from losses given different declarations (cliptrack.core."
+                "measures.Declaration): sum outputs of one declaration only"
+            )
         out: dict[str, Tensor] = {}
         for group in declaration.groups:
             mine, theirs = self.has(group.name), other.has(group.name)
             if mine != theirs and not group.dropped_when_mixed:
-                raise measures.mixed_groups_error(group.name, mine, theirs, "this LossOutput")
+                raise measures.mixed_groups_error(group.name, mine, theirs, "this LossOutput", declaration)
             if not (mine and theirs):
                 continue
             for measure in declaration.members[group.name]:
@@ -119,6 +128,7 @@ class LossOutput:
             invalid=self.invalid + other.invalid,
             sources=self.sources + other.sources,
             calls=self.calls + other.calls,
+            declaration=declaration,
         )
 
     def check(self) -> None:
@@ -128,7 +138,7 @@ class LossOutput:
     def token_counts(self) -> MeasuredSums:
         """Exact host-side measured sums, the gauge included (synchronises once); raises ValueError
         for invalid loss inputs."""
-        sums = unpack(pack(self).tolist())
+        sums = unpack(pack(self).tolist(), declaration=self.declaration)
         sums.check(self.sources)
         return sums.counts
 
@@ -139,7 +149,7 @@ class LossOutput:
         if not counts.clips:
             return None
         clip = (measures.EVERY, measures.CLIP, measures.SPLIT, measures.DUAL_CLIP)
-        return counts.without(*(g for g in measures.GROUPS if g not in clip))
+        return counts.without(*(g for g in self.declaration.group_names if g not in clip))
 
 
 def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
@@ -155,6 +165,6 @@ def loss_metrics(*outputs: LossOutput) -> dict[str, float]:
     for other in outputs[1:]:
         total = total + other
     values = pack(total).tolist()  # the one sync
-    sums = unpack(values)
+    sums = unpack(values, declaration=total.declaration)
     sums.check(total.sources)
     return {keys.LOSS_SUM: sums.loss_sum, **sums.counts.to_metrics()}

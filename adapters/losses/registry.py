@@ -81,7 +81,7 @@ class LossSpec:
     :class:`LossOutput` whose ``measured`` carries the clip counts exactly when ``clips``, the
     low/high split exactly when ``splits`` (only for a loss that clips), and the gauge exactly
     when ``gauge`` (a loss with sampling log-probs: :func:`gauge_of`; its inputs checked with
-    :func:`check_inputs`); a registered measure's group is the loss's own business.
+    :func:`check_inputs`); the group of a measure a declaration was extended with is the loss's own business (a loss of one's own given a declaration other than the default takes it as ``declaration=``).
     """
 
     name: str

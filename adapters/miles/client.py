@@ -24,6 +24,7 @@ from cliptrack.adapters.shared.merge import (
     step_metrics,
     worst_of_outputs,
 )
+from cliptrack.core import measures
 from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.validation import check_step
 from cliptrack.core.worst import DEFAULT_K, Worst, worst_of
@@ -75,10 +76,15 @@ class ClientAggregator:
 
     ``keep_outputs``: keep the per-datum outputs and return them, in arrival order, in the emitted
     output's ``loss_fn_outputs`` (off by default: the metrics need only the counts).
+    ``declaration``: the measures the outputs carry (:data:`cliptrack.core.measures.DEFAULT`
+    unless given; that of the runtime's losses).
     """
 
-    def __init__(self, *, keep_outputs: bool = False) -> None:
+    def __init__(
+        self, *, keep_outputs: bool = False, declaration: measures.Declaration = measures.DEFAULT
+    ) -> None:
         self.keep_outputs = keep_outputs
+        self.declaration = declaration
         self._lock = threading.Lock()
         self._steps: dict[str, dict[int, _StepState]] = {}
         self._emitted: dict[str, set[int]] = {}
@@ -112,7 +118,7 @@ class ClientAggregator:
         not match the step's earlier outputs; the sums are then unchanged.
         """
         step = _check_step(step)
-        chunk = read_chunk(output, f"client {client_id!r} step {step} output")
+        chunk = read_chunk(output, f"client {client_id!r} step {step} output", self.declaration)
         with self._lock:
             steps = self._client(client_id)
             if step in self._emitted[client_id]:
@@ -150,7 +156,7 @@ class ClientAggregator:
                 done = " (it was already emitted)" if step in self._emitted[client_id] else ""
                 raise ValueError(f"client {client_id!r} has no outputs for step {step}{done}")
             state = steps[step]
-            metrics = step_metrics(state.chunks, state.total)
+            metrics = step_metrics(state.chunks, state.total, self.declaration)
             output_type = next((c.output_type for c in state.chunks if c.output_type), "")
             datum_outputs = [d for c in state.chunks for d in c.datum_outputs]
             sequences = [s for c in state.chunks for s in c.sequences]

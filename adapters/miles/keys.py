@@ -42,7 +42,7 @@ COUNT_KEYS = (keys.LOSS_TOKENS, *keys.CLIP_COUNT_KEYS)
 """The token counts cliptrack's Miles loss logs (from Miles' own clip decision), in order."""
 GAUGE_KEYS = tuple(m.key for m in measures.GAUGE_MEASURES if m.reduction == measures.SUM)
 """The gauge's sums it logs (Miles adds its log values over micro-batches and ranks: no extreme)."""
-ENTRIES: dict[str, str] = {key: measures.BUILTIN.by_key[key].field for key in (*COUNT_KEYS, *GAUGE_KEYS)}
+ENTRIES: dict[str, str] = {key: measures.DEFAULT.by_key[key].field for key in (*COUNT_KEYS, *GAUGE_KEYS)}
 """Metric key -> the entry of cliptrack's Miles loss in a Miles log dict (a sum's wire field)."""
 COUNT_ENTRIES = tuple(ENTRIES[key] for key in COUNT_KEYS)
 """cliptrack's token-count entries in a Miles log dict, in order."""

@@ -68,8 +68,12 @@ def forward_backward_loss(
     loss_fn_config: Mapping[str, float] | None = None,
     *,
     probe: bool = False,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> RequestResult:
     """Per-datum losses and counts of one forward_backward request of ``N = len(datums)`` datums.
+
+    ``declaration``: what the loss measures (passed to it as ``declaration=`` when it is not the
+    default one): every measure of it travels as a per-datum field and a metric.
 
     ``datums[i]``: a ``tinker.Datum``, its JSON dict (``{"loss_fn_inputs": {...}}``) or the
     ``loss_fn_inputs`` mapping itself; values are TensorData, their JSON dicts, arrays or tensors.
@@ -116,17 +120,17 @@ def forward_backward_loss(
             f"got {len(datums)} datums but {len(logprobs)} logprobs tensors: one per datum is needed"
         )
     device = logprobs[0].device if logprobs else torch.device("cpu")
-    outs, sides = _datum_losses(spec, datums, logprobs, config, device, probe)
+    outs, sides = _datum_losses(spec, datums, logprobs, config, device, probe, declaration)
     if not outs:
-        return _no_datums_result(spec, device)
+        return _no_datums_result(spec, device, declaration)
 
     ids = _datum_ids(spec, datums, logprobs, outs) if spec.gauge else None
-    sums, flat_logprobs, flat_sides, worst_tokens = _host_sums(outs, logprobs, sides, ids)
+    sums, flat_logprobs, flat_sides, worst_tokens = _host_sums(outs, logprobs, declaration, sides, ids)
     shapes = [tuple(lp.shape) for lp in logprobs]
     loss_fn_outputs = datum_outputs(shapes, sums, flat_logprobs, flat_sides, probe=probe)
     if ids is not None and worst_tokens is not None:
         _add_ids(loss_fn_outputs, sums, [datum_id for datum_id, _ in ids], worst_tokens)
-    total = sum_datums([datum.counts for datum in sums])
+    total = sum_datums([datum.counts for datum in sums], declaration=declaration)
     assert total is not None
     metrics = {keys.LOSS_SUM: math.fsum(datum.loss_sum for datum in sums), **total.to_metrics()}
     loss = torch.stack([o.loss for o in outs]).sum()
@@ -145,6 +149,7 @@ def _datum_losses(
     config: Mapping[str, float],
     device: torch.device,
     probe: bool = False,
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> tuple[list[losses.LossOutput], list[Tensor] | None]:
     """Each datum's loss output, on device (no sync): its log-probs checked (a floating tensor on
     ``device``, that of ``logprobs[0]``), then its inputs read and its loss computed; an error names
@@ -159,7 +164,7 @@ def _datum_losses(
             raise ValueError(f"logprobs[{i}] is on {lp.device} but logprobs[0] is on {device}")
         inputs = _loss_fn_inputs(datum, i)
         try:
-            outs.append(_datum_loss(spec, inputs, lp, config))
+            outs.append(_datum_loss(spec, inputs, lp, config, declaration))
             if sides is not None:
                 sides.append(_datum_sides(spec, inputs, lp, config))
         except (ValueError, TypeError) as exc:
@@ -167,10 +172,12 @@ def _datum_losses(
     return outs, sides
 
 
-def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestResult:
+def _no_datums_result(
+    spec: losses.LossSpec, device: torch.device, declaration: measures.Declaration
+) -> RequestResult:
     """The result of a request of no datum: a zero loss on ``device``, no per-datum output, the
     metrics of no token for ``spec``'s loss (``loss:sum`` 0, zero counts in tokens)."""
-    metrics = {keys.LOSS_SUM: 0.0, **_no_tokens(spec).to_metrics()}
+    metrics = {keys.LOSS_SUM: 0.0, **_no_tokens(spec, declaration).to_metrics()}
     return RequestResult(
         loss=torch.zeros((), device=device),
         output=ForwardBackwardOutput(loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=metrics),
@@ -180,6 +187,7 @@ def _no_datums_result(spec: losses.LossSpec, device: torch.device) -> RequestRes
 def _host_sums(
     outs: list[losses.LossOutput],
     logprobs: list[Tensor],
+    declaration: measures.Declaration,
     sides: list[Tensor] | None = None,
     ids: list[tuple[int, Tensor]] | None = None,
 ) -> tuple[list[losses.PackedSums], np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -190,9 +198,9 @@ def _host_sums(
     positions = None if ids is None else [position for _, position in ids]
     host = _to_host(outs, logprobs, sides, positions)
     n = len(outs)
-    width = len(measures.PACKED_FIELDS)
+    width = len(declaration.packed_fields)
     rows = host[: n * width].reshape(n, width)
-    sums = [losses.unpack(row.tolist(), f"datum {i}") for i, row in enumerate(rows)]
+    sums = [losses.unpack(row.tolist(), f"datum {i}", declaration) for i, row in enumerate(rows)]
     _raise_invalid(sums, outs)
     tokens = sum(lp.numel() for lp in logprobs)
     end = n * width + tokens
@@ -205,14 +213,14 @@ def _host_sums(
     return sums, flat_logprobs, flat_sides, worst_tokens
 
 
-def _no_tokens(spec: losses.LossSpec) -> MeasuredSums:
+def _no_tokens(spec: losses.LossSpec, declaration: measures.Declaration) -> MeasuredSums:
     """The measured sums of no token for ``spec``'s loss: zero counts, zero gauge sums, no extreme."""
     groups = {measures.EVERY}
     groups |= {measures.CLIP} if spec.clips else set()
     groups |= {measures.SPLIT} if spec.splits else set()
     groups |= {measures.GAUGE} if spec.gauge else set()
     zeros = {m.key: 0 for m in measures.DATUM_MEASURES if m.group in groups and m.reduction == measures.SUM}
-    return MeasuredSums(zeros)
+    return MeasuredSums(zeros, declaration=declaration)
 
 
 def _check_config(spec: losses.LossSpec, config: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -276,14 +284,19 @@ def _input(inputs: Mapping[str, object], name: str, like: Tensor, dtype: torch.d
 
 
 def _datum_loss(
-    spec: losses.LossSpec, inputs: Mapping[str, object], lp: Tensor, config: Mapping[str, float]
+    spec: losses.LossSpec,
+    inputs: Mapping[str, object],
+    lp: Tensor,
+    config: Mapping[str, float],
+    declaration: measures.Declaration = measures.DEFAULT,
 ) -> losses.LossOutput:
     """One datum's loss: the spec's tensor inputs read from their datum fields, its options from
     the datum (per-datum ones), else the request's config, else their defaults."""
     tensors = _datum_tensors(spec, inputs, lp)
     _check_target_tokens(inputs, lp)
     options = _datum_options(spec, inputs, lp, config)
-    return spec.check_output(spec.fn(lp, **tensors, **options))
+    extra = {} if declaration is measures.DEFAULT else {"declaration": declaration}
+    return spec.check_output(spec.fn(lp, **tensors, **options, **extra))
 
 
 def _datum_sides(
@@ -470,9 +483,10 @@ class MilesStack:
     :func:`forward_backward_loss` on one request (each row of ``[sequences, tokens]`` inputs a
     datum, the sampler's log-probs as its ``logprobs`` field), the reduction the client's exact
     per-datum sums (:func:`cliptrack.adapters.shared.merge.aggregate_datums`), the read-back the
-    output's measured sums."""
+    output's measured sums; the measures: ``declaration``'s."""
 
     name: str = "miles"
+    declaration: measures.Declaration = measures.DEFAULT
 
     def loss_hook(
         self, loss_fn: str, logprobs: Tensor, inputs: Mapping[str, Tensor], config: Mapping[str, Any]
@@ -485,16 +499,20 @@ class MilesStack:
             {name: value.reshape(rows.shape)[i].detach() for name, value in fields.items()}
             for i in range(rows.shape[0])
         ]
-        result = forward_backward_loss(datums, list(rows.unbind(0)), loss_fn, dict(config))
+        result = forward_backward_loss(
+            datums, list(rows.unbind(0)), loss_fn, dict(config), declaration=self.declaration
+        )
         return StackCall(result.loss, result.output)
 
     def reduce(self, reports: Sequence[Any]) -> ForwardBackwardOutput:
         return ForwardBackwardOutput(
-            loss_fn_output_type=OUTPUT_TYPE, loss_fn_outputs=[], metrics=aggregate_datums(list(reports))
+            loss_fn_output_type=OUTPUT_TYPE,
+            loss_fn_outputs=[],
+            metrics=aggregate_datums(list(reports), self.declaration),
         )
 
     def read_back(self, output: object) -> MeasuredSums | None:
-        return measured_sums(output)
+        return measured_sums(output, self.declaration)
 
 
 STACK = MilesStack()

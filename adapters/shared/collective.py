@@ -8,10 +8,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from cliptrack.adapters.shared.packing import combine_packed
+from cliptrack.core import measures
 from torch import Tensor
 
 
-def merge_packed(packed: Tensor, group: Any) -> Tensor:
+def merge_packed(packed: Tensor, group: Any, declaration: measures.Declaration = measures.DEFAULT) -> Tensor:
     """Combine a packed vector (:data:`cliptrack.adapters.shared.packing.PACKED_FIELDS`) over the ranks of ``group``
     with exactly one collective: its added part summed, its extremes by max.
 
@@ -20,7 +21,7 @@ def merge_packed(packed: Tensor, group: Any) -> Tensor:
     collective carries the sums and the gauge's extremes alike, with a bit-identical result on
     every rank. Exact for integer counts in float64.
     """
-    return combine_packed(gather_vectors(packed, group))
+    return combine_packed(gather_vectors(packed, group), declaration)
 
 
 def gather_vectors(vector: Tensor, group: Any) -> Tensor:

@@ -90,7 +90,7 @@ def datum_fields(counts: MeasuredSums, where: str = "datum") -> dict[str, Any]:
     infinity, and protobuf needs the same fields in every datum)."""
     values = counts.to_metrics()
     fields: dict[str, Any] = {}
-    for measure in measures.DATUM_MEASURES:
+    for measure in counts.declaration.datum_measures:
         if measure.key in values:
             value = values[measure.key]
         elif measure.reduction != measures.SUM and counts.has(measure.group) and counts.loss_tokens == 0:
@@ -103,7 +103,9 @@ def datum_fields(counts: MeasuredSums, where: str = "datum") -> dict[str, Any]:
     return fields
 
 
-def datum_counts(datum: object, where: str = "datum") -> MeasuredSums:
+def datum_counts(
+    datum: object, where: str = "datum", declaration: measures.Declaration = measures.DEFAULT
+) -> MeasuredSums:
     """The measured sums of one per-datum output (one sequence), validated.
 
     ``loss_tokens`` is required; ``clipped_tokens`` marks a loss that clips; the low/high split
@@ -128,21 +130,25 @@ def datum_counts(datum: object, where: str = "datum") -> MeasuredSums:
         raise ValueError(f"{where} carries {present} but not {absent}: the clip counts come together")
     loss_tokens = read_count(datum[keys.DATUM_LOSS_TOKENS], f"{where}[{keys.DATUM_LOSS_TOKENS!r}]")
     values: dict[str, float | int] = {keys.LOSS_TOKENS: loss_tokens}
-    for group in measures.declared().groups:
-        values.update(_datum_group(datum, where, loss_tokens, group.name))
+    for group in declaration.groups:
+        values.update(_datum_group(datum, where, loss_tokens, declaration.members[group.name], group.name))
     try:
-        return MeasuredSums(values)
+        return MeasuredSums(values, declaration=declaration)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from exc
 
 
 def _datum_group(
-    datum: Mapping[str, Any], where: str, loss_tokens: int, group: str
+    datum: Mapping[str, Any],
+    where: str,
+    loss_tokens: int,
+    group_measures: Sequence[measures.Measure],
+    group: str,
 ) -> dict[str, float | int]:
     """The fields of ``group``'s measures one datum carries, under their metric keys (none: {});
     its sums come together, its extremes are optional and ignored over no eligible token (the
     wire's placeholder)."""
-    members = [m for m in measures.group_measures(group) if m.key not in (keys.LOSS_SUM, keys.LOSS_TOKENS)]
+    members = [m for m in group_measures if m.key not in (keys.LOSS_SUM, keys.LOSS_TOKENS)]
     fields = [m for m in members if m.field in datum]
     if not fields:
         return {}
@@ -183,30 +189,30 @@ def _read_group_fields(
     return values
 
 
-def count_datums(datums: Iterable[object], where: str = "loss_fn_outputs") -> MeasuredSums | None:
+def count_datums(
+    datums: Iterable[object],
+    where: str = "loss_fn_outputs",
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> MeasuredSums | None:
     """Exact sums over per-datum outputs (``None`` when there are none); ValueError if datums of
     losses that measure different things mix (a clipping loss and one that never clips, a loss with
     the gauge and one without). Float sums are the correctly rounded sum of every datum's value."""
-    total, terms = _count_datums(datums, where)
-    return exact_floats(total, terms)
+    per_datum = [datum_counts(d, f"{where}[{i}]", declaration) for i, d in enumerate(datums)]
+    return exact_floats(*total_and_terms(per_datum, where, declaration))
 
 
-def float_sums() -> tuple[str, ...]:
-    """The float sums (the gauge's, a registered one's): summed once over every datum's value
+def float_sums(declaration: measures.Declaration = measures.DEFAULT) -> tuple[str, ...]:
+    """The float sums of ``declaration`` (the gauge's, an added one's): summed once over every datum's value
     (``math.fsum`` of all of them), so no chunking or order of arrival changes a bit of the result."""
-    return tuple(m.key for m in measures.DATUM_MEASURES if m.reduction == measures.SUM and not m.exact)
-
-
-def _count_datums(datums: Iterable[object], where: str) -> tuple[MeasuredSums | None, dict[str, list[float]]]:
-    """``(total, terms)``: the datums' sum by addition, and each datum's float sums."""
-    return total_and_terms([datum_counts(d, f"{where}[{i}]") for i, d in enumerate(datums)], where)
+    return tuple(m.key for m in declaration.datum_measures if m.reduction == measures.SUM and not m.exact)
 
 
 def total_and_terms(
-    per_datum: Sequence[MeasuredSums], where: str
+    per_datum: Sequence[MeasuredSums], where: str, declaration: measures.Declaration = measures.DEFAULT
 ) -> tuple[MeasuredSums | None, dict[str, list[float]]]:
+    """``(total, terms)``: the datums' sum by addition, and each datum's float sums (of ``declaration``)."""
     total: MeasuredSums | None = None
-    terms: dict[str, list[float]] = {key: [] for key in float_sums()}
+    terms: dict[str, list[float]] = {key: [] for key in float_sums(declaration)}
     for i, counts in enumerate(per_datum):
         total = added(total, counts, f"{where}[{i}]: ")
         for key, values in terms.items():
@@ -215,10 +221,14 @@ def total_and_terms(
     return total, terms
 
 
-def sum_datums(per_datum: Sequence[MeasuredSums], where: str = "datums") -> MeasuredSums | None:
+def sum_datums(
+    per_datum: Sequence[MeasuredSums],
+    where: str = "datums",
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> MeasuredSums | None:
     """The exact sum of datums' measured sums (``None`` for none): counts as ints, extremes by
     max / min, float sums by one ``math.fsum`` over every datum (independent of order)."""
-    return exact_floats(*total_and_terms(per_datum, where))
+    return exact_floats(*total_and_terms(per_datum, where, declaration))
 
 
 def exact_floats(total: MeasuredSums | None, terms: Mapping[str, Sequence[float]]) -> MeasuredSums | None:
@@ -226,8 +236,8 @@ def exact_floats(total: MeasuredSums | None, terms: Mapping[str, Sequence[float]
     rounds at each step, so its result depends on the grouping; one fsum does not)."""
     if total is None:
         return total
-    exact = {key: math.fsum(terms[key]) for key in float_sums() if key in total}
-    return MeasuredSums({**total.values, **exact}) if exact else total
+    exact = {key: math.fsum(terms[key]) for key in float_sums(total.declaration) if key in total}
+    return MeasuredSums({**total.values, **exact}, declaration=total.declaration) if exact else total
 
 
 def added(total: MeasuredSums | None, counts: MeasuredSums | None, where: str) -> MeasuredSums | None:

@@ -39,22 +39,24 @@ from cliptrack.core.validation import check_metrics
 from cliptrack.core.worst import DEFAULT_K, SequenceGauge, Worst, worst_of
 
 
-def clip_counts(output: object) -> MeasuredSums | None:
+def clip_counts(output: object, declaration: measures.Declaration = measures.DEFAULT) -> MeasuredSums | None:
     """Exact token counts of an output (ours, tinker's, or its JSON dict) when its loss clips:
     ``loss_tokens:sum``, ``clipped_tokens:sum``, the low/high split and the dual-clip count when
     present (optional);
     ``None`` when it never clips (no ``clipped_tokens:sum``)."""
-    counts = MeasuredSums.from_metrics(metrics_of(output))
+    counts = MeasuredSums.from_metrics(metrics_of(output), declaration)
     if counts is None or not counts.clips:
         return None
     clip = (measures.EVERY, measures.CLIP, measures.SPLIT, measures.DUAL_CLIP)
-    return counts.without(*(g for g in measures.GROUPS if g not in clip))
+    return counts.without(*(g for g in declaration.group_names if g not in clip))
 
 
-def measured_sums(output: object) -> MeasuredSums | None:
+def measured_sums(
+    output: object, declaration: measures.Declaration = measures.DEFAULT
+) -> MeasuredSums | None:
     """Everything an output (ours, tinker's, or its JSON dict) measured, the gauge included;
     ``None`` without ``loss_tokens:sum``. Raises ValueError naming a bad value."""
-    return MeasuredSums.from_metrics(metrics_of(output))
+    return MeasuredSums.from_metrics(metrics_of(output), declaration)
 
 
 def validate_metrics(metrics: Mapping[str, object]) -> dict[str, float]:
@@ -84,65 +86,80 @@ def _reduce(reduction: str, values: Sequence[float], weights: Sequence[int]) -> 
     return None
 
 
-def merge_metrics(chunks: Sequence[Mapping[str, float]], weights: Sequence[int]) -> dict[str, float]:
+def merge_metrics(
+    chunks: Sequence[Mapping[str, float]],
+    weights: Sequence[int],
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> dict[str, float]:
     """Merge chunk metrics with Tinker's reductions; the means re-formed from the merged sums.
 
     ``weights`` are the chunks' datum counts (Tinker weights ``:mean`` by them). As in Tinker, a
     key missing from any chunk is dropped and ``:unique`` keeps every value under suffixed keys;
     an extreme (``log_ratio:max`` / ``:min``) is also kept when only chunks without an eligible
-    token lack it (it is absent there). Counts are summed exactly.
+    token lack it (it is absent there). Counts are summed exactly. The measured keys are
+    ``declaration``'s.
     """
     if not chunks:
         return {}
     merged: dict[str, float] = {}
-    exact = {m.key for m in measures.MEASURES if m.exact}
+    exact = {m.key for m in declaration.measures if m.exact}
+    extremes = {m.key for m in declaration.extreme_measures}
     for key in chunks[0]:
-        _, reduction = keys.split_key(key)
-        if key in keys.EXTREME_KEYS or not all(key in chunk for chunk in chunks):
-            continue
-        values = [float(chunk[key]) for chunk in chunks]
-        if reduction == "unique":
-            merged[key] = values[0]
-            merged.update({f"{key}_{i + 1}": v for i, v in enumerate(values[1:])})
-            continue
-        if key in exact:
-            merged[key] = float(sum(as_count(key, v) for v in values))
-            continue
-        value = _reduce(reduction, values, weights)
-        if value is not None:
-            merged[key] = value
-    merged.update(_merged_extremes(chunks))
-    for mean in keys.MEAN_KEYS:  # a merged ``:mean`` is datum-weighted: never the token mean
-        merged.pop(mean, None)
-    return exact_measured_metrics(merged)
+        if key not in extremes and all(key in chunk for chunk in chunks):
+            merged.update(_merged_key(key, [float(chunk[key]) for chunk in chunks], weights, key in exact))
+    merged.update(_merged_extremes(chunks, declaration))
+    for mean in declaration.means:  # a merged ``:mean`` is datum-weighted: never the token mean
+        merged.pop(mean.key, None)
+    return exact_measured_metrics(merged, declaration)
 
 
-def _merged_extremes(chunks: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def _merged_key(key: str, values: list[float], weights: Sequence[int], exact: bool) -> dict[str, float]:
+    """One key every chunk carries, merged by its reduction: ``:unique`` keeps every value (the
+    second on under suffixed keys), an exact count is summed as ints, the rest by :func:`_reduce`
+    (an unknown reduction: dropped)."""
+    _, reduction = keys.split_key(key)
+    if reduction == "unique":
+        return {key: values[0], **{f"{key}_{i + 1}": v for i, v in enumerate(values[1:])}}
+    if exact:
+        return {key: float(sum(as_count(key, v) for v in values))}
+    value = _reduce(reduction, values, weights)
+    return {} if value is None else {key: value}
+
+
+def _merged_extremes(
+    chunks: Sequence[Mapping[str, float]], declaration: measures.Declaration
+) -> dict[str, float]:
     """The extremes over the chunks that carry them, when every chunk with an eligible token does."""
     out: dict[str, float] = {}
-    for key in keys.EXTREME_KEYS:
+    for measure in declaration.extreme_measures:
+        key = measure.key
         present = [float(chunk[key]) for chunk in chunks if key in chunk]
         counted = all(key in chunk or float(chunk.get(keys.LOSS_TOKENS, 1)) == 0 for chunk in chunks)
         if present and counted:
-            out[key] = float(measures.combine(measures.by_key(key), present))
+            out[key] = float(measures.combine(measure, present))
     return out
 
 
-def merge_outputs(chunks: Iterable[object]) -> ForwardBackwardOutput:
-    """Merge the outputs of the chunks of one request, as tinker does, but with exact fractions."""
+def merge_outputs(
+    chunks: Iterable[object], declaration: measures.Declaration = measures.DEFAULT
+) -> ForwardBackwardOutput:
+    """Merge the outputs of the chunks of one request, as tinker does, but with exact fractions
+    (the measured keys: ``declaration``'s)."""
     parts = [read_output(c, f"chunks[{i}]") for i, c in enumerate(chunks)]
     if not parts:
         return ForwardBackwardOutput(loss_fn_output_type="", loss_fn_outputs=[], metrics={})
     return ForwardBackwardOutput(
         loss_fn_output_type=parts[0].loss_fn_output_type,
         loss_fn_outputs=[o for part in parts for o in part.loss_fn_outputs],
-        metrics=merge_metrics([p.metrics for p in parts], [len(p.loss_fn_outputs) for p in parts]),
+        metrics=merge_metrics(
+            [p.metrics for p in parts], [len(p.loss_fn_outputs) for p in parts], declaration
+        ),
     )
 
 
-def _from_datums() -> tuple[str, ...]:
+def _from_datums(declaration: measures.Declaration) -> tuple[str, ...]:
     """Metric keys always formed from the per-datum sums (never from a chunk's own metrics)."""
-    return tuple(k for k in (*keys.MEASURED_KEYS, *keys.MEAN_KEYS) if k != keys.LOSS_SUM)
+    return (*(m.key for m in declaration.datum_measures), *(m.key for m in declaration.means))
 
 
 MAX_CHUNK_DATUMS = 1024
@@ -165,7 +182,9 @@ class Chunk:
     """The gauge of each datum that carries an id (:func:`datum_sequence`), for the worst sequences."""
 
 
-def aggregate_datums(outputs: object) -> dict[str, float]:
+def aggregate_datums(
+    outputs: object, declaration: measures.Declaration = measures.DEFAULT
+) -> dict[str, float]:
     """The step's metrics from per-datum outputs, with counts summed exactly.
 
     ``outputs``: one ForwardBackwardOutput (ours or tinker's, including tinker's
@@ -175,13 +194,13 @@ def aggregate_datums(outputs: object) -> dict[str, float]:
     dropped, as in Tinker, rather than summed over part of the step); ``loss_tokens:sum``, the clip
     counts and ``clip_fraction:mean`` always come from the per-datum sums (a loss that never clips
     yields no clip keys; the low/high split only when every datum carries it). Raises ValueError for
-    bad or inconsistent counts and for mixed loss kinds.
+    bad or inconsistent counts and for mixed loss kinds. The measures read: ``declaration``'s.
     """
-    chunks = [read_chunk(o, f"outputs[{i}]") for i, o in enumerate(_as_outputs(outputs))]
+    chunks = [read_chunk(o, f"outputs[{i}]", declaration) for i, o in enumerate(_as_outputs(outputs))]
     total: MeasuredSums | None = None
     for i, chunk in enumerate(chunks):
         total = added(total, chunk.counts, f"outputs[{i}]: ")
-    return step_metrics(chunks, total)
+    return step_metrics(chunks, total, declaration)
 
 
 def _as_outputs(outputs: object) -> list[object]:
@@ -203,18 +222,21 @@ def _as_outputs(outputs: object) -> list[object]:
     raise TypeError("outputs mixes ForwardBackwardOutputs with bare per-datum outputs")
 
 
-def read_chunk(output: object, where: str) -> Chunk:
-    """Validate one output completely (nothing is summed anywhere until this returns)."""
+def read_chunk(output: object, where: str, declaration: measures.Declaration = measures.DEFAULT) -> Chunk:
+    """Validate one output completely (nothing is summed anywhere until this returns); its
+    per-datum measures are ``declaration``'s."""
     parts = read_output(output, where)
     datums_where = f"{where}.loss_fn_outputs"
-    per_datum = [datum_counts(d, f"{datums_where}[{i}]") for i, d in enumerate(parts.loss_fn_outputs)]
-    total, terms = total_and_terms(per_datum, datums_where)
+    per_datum = [
+        datum_counts(d, f"{datums_where}[{i}]", declaration) for i, d in enumerate(parts.loss_fn_outputs)
+    ]
+    total, terms = total_and_terms(per_datum, datums_where, declaration)
     counts = exact_floats(total, terms)
     try:
         checked = check_metrics(parts.metrics) if parts.metrics else {}
     except ValueError as exc:
         raise ValueError(f"{where}.metrics: {exc}") from exc
-    _check_metrics_agree(checked, counts, where)
+    _check_metrics_agree(checked, counts, where, declaration)
     return Chunk(
         counts,
         terms,
@@ -257,12 +279,14 @@ def worst_of_outputs(outputs: object, step: int, k: int = DEFAULT_K) -> Worst | 
     return Worst(step, k, worst_of(sequences, k))
 
 
-def _check_metrics_agree(metrics: Mapping[str, float], counts: MeasuredSums | None, where: str) -> None:
+def _check_metrics_agree(
+    metrics: Mapping[str, float], counts: MeasuredSums | None, where: str, declaration: measures.Declaration
+) -> None:
     """Measured keys an output's metrics carry must agree with its per-datum sums: every count
     equal, and no clip or gauge key for datums without them (float sums and extremes are taken
     from the datums; the output's own are not compared, the wire rounds them)."""
     expected = counts.to_metrics() if counts is not None else {}
-    for key in (m.key for m in measures.DATUM_MEASURES if m.exact):  # they must equal the datums' sums
+    for key in (m.key for m in declaration.datum_measures if m.exact):  # they must equal the datums' sums
         if key not in metrics:
             continue
         if counts is None:
@@ -293,14 +317,17 @@ def _lacking(key: str, counts: MeasuredSums) -> str:
     return "carry no clip counts: a loss that never clips must emit no clip keys"
 
 
-def step_metrics(chunks: Sequence[Chunk], total: MeasuredSums | None) -> dict[str, float]:
+def step_metrics(
+    chunks: Sequence[Chunk], total: MeasuredSums | None, declaration: measures.Declaration = measures.DEFAULT
+) -> dict[str, float]:
     """The step's metrics: the chunks' metrics merged, the token metrics from ``total`` (their sum)."""
     # Tinker's rule: a key missing from any output that holds datums is dropped (an output without
     # metrics among ones with ``loss:sum`` would otherwise leave a sum over part of the step).
     with_metrics = [c for c in chunks if c.metrics or c.datums]
-    merged = merge_metrics([c.metrics for c in with_metrics], [c.datums for c in with_metrics])
-    for key in _from_datums():
+    merged = merge_metrics([c.metrics for c in with_metrics], [c.datums for c in with_metrics], declaration)
+    for key in _from_datums(declaration):
         merged.pop(key, None)
-    terms = {key: [v for c in chunks for v in c.terms.get(key, ())] for key in float_sums()}
-    merged.update((exact_floats(total, terms) or MeasuredSums({keys.LOSS_TOKENS: 0})).to_metrics())
+    terms = {key: [v for c in chunks for v in c.terms.get(key, ())] for key in float_sums(declaration)}
+    none = MeasuredSums({keys.LOSS_TOKENS: 0}, declaration=declaration)
+    merged.update((exact_floats(total, terms) or none).to_metrics())
     return merged

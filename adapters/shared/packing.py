@@ -89,36 +89,27 @@ PACKED_DTYPE = torch.float64
 """The one dtype of a packed vector: every count stays exact below 2**53 tokens (checked on the
 host by :func:`unpack`), so a step's vectors combine on device and cross ranks in one collective.
 
-The layout is :data:`cliptrack.core.measures.PACKED_FIELDS` (read live, a registered measure
-included): ``loss:sum`` and every sum measure (0 where absent), the call counters, the bad-input
+The layout is the declaration's (:attr:`cliptrack.core.measures.Declaration.packed_fields`;
+:data:`PACKED_FIELDS` for the default one): ``loss:sum`` and every sum measure (0 where absent), the call counters, the bad-input
 counts of :data:`INPUT_CHECKS`, all added; then the extremes (``log_ratio:max``,
 ``-log_ratio:min``; ``-inf`` where absent or over no token), combined by max (:func:`combine_packed`).
 """
 
 
-def __getattr__(name: str) -> object:
-    if name == "PACKED_FIELDS":  # live: the declaration in force
-        return measures.declared().packed_fields
-    if name == "PACKED_ADDED":
-        return len(measures.declared().packed_added)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+PACKED_FIELDS: tuple[str, ...] = measures.PACKED_FIELDS
+"""Layout of a packed :class:`LossOutput` under the default declaration
+(:data:`cliptrack.core.measures.PACKED_FIELDS`)."""
 
 
-PACKED_FIELDS: tuple[str, ...]
-"""Layout of a packed :class:`LossOutput` (:data:`cliptrack.core.measures.PACKED_FIELDS`, live)."""
-
-
-PACKED_ADDED: int
-"""Number of leading packed fields that add; the rest combine by max (live)."""
+PACKED_ADDED: int = len(measures.PACKED_ADDED)
+"""Number of leading packed fields that add under the default declaration; the rest combine by max."""
 
 
 @functools.lru_cache(maxsize=256)
-def _constants(
-    device: torch.device, calls: int, groups: tuple[bool, ...], version: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def _constants(device: torch.device, calls: int, groups: tuple[bool, ...]) -> tuple[Tensor, Tensor, Tensor]:
     """The call counters ``[calls, per-group calls...]``, a 0 and a ``-inf`` on ``device``, made
-    once per combination (fills, never a host-to-device copy); only ever read. ``version``: the
-    declaration's (a registration changes the counters)."""
+    once per combination (fills, never a host-to-device copy); only ever read. ``groups``: whether
+    each optional group of the declaration is carried."""
     values = (float(calls), *(float(calls if present else 0) for present in groups))
     counters = torch.empty(len(values), dtype=PACKED_DTYPE, device=device)
     for i, value in enumerate(values):
@@ -127,10 +118,11 @@ def _constants(
     return counters, zero, torch.full((), -math.inf, dtype=PACKED_DTYPE, device=device)
 
 
-def present_groups(measured: Mapping[str, object]) -> tuple[str, ...]:
-    """The optional groups ``measured`` carries whole (every sum of the group present, and the
-    group it refines too), in declaration order."""
-    declaration = measures.declared()
+def present_groups(
+    measured: Mapping[str, object], declaration: measures.Declaration = measures.DEFAULT
+) -> tuple[str, ...]:
+    """The optional groups of ``declaration`` that ``measured`` carries whole (every sum of the
+    group present, and the group it refines too), in declaration order."""
     present: list[str] = []
     for group in declaration.groups:
         if not group.optional:
@@ -141,20 +133,23 @@ def present_groups(measured: Mapping[str, object]) -> tuple[str, ...]:
     return tuple(present)
 
 
-def pack_rows(loss: Tensor, measured: Mapping[str, Tensor], invalid: Tensor, calls: int = 1) -> Tensor:
-    """``[n, len(PACKED_FIELDS)]`` rows of ``n`` loss outputs of one layout, each field given for
+def pack_rows(
+    loss: Tensor,
+    measured: Mapping[str, Tensor],
+    invalid: Tensor,
+    calls: int = 1,
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> Tensor:
+    """``[n, len(declaration.packed_fields)]`` rows of ``n`` loss outputs of one layout, each field given for
     all of them at once: ``loss`` ``[n]``, ``measured`` metric key -> ``[n]`` (a key absent: the
     measure is absent in every output; only groups carried whole are packed), ``invalid``
     ``[n, len(INPUT_CHECKS)]``; ``calls`` per row. A few stacked ops whatever ``n``, on ``loss``'s
     device. No sync."""
-    declaration = measures.declared()
     device = loss.device
     n = loss.shape[0]
-    groups = present_groups(measured)
+    groups = present_groups(measured, declaration)
     optional = declaration.optional_groups
-    counters, zero, minus_inf = _constants(
-        device, calls, tuple(g in groups for g in optional), declaration.version
-    )
+    counters, zero, minus_inf = _constants(device, calls, tuple(g in groups for g in optional))
     carried = {measures.EVERY, *groups}
 
     def column(measure: measures.Measure) -> Tensor:
@@ -176,7 +171,8 @@ def pack_rows(loss: Tensor, measured: Mapping[str, Tensor], invalid: Tensor, cal
 
 class Packable(Protocol):
     """What :func:`pack` reads of a loss's output (:class:`cliptrack.adapters.losses.output.LossOutput`
-    is one): the loss sum, the measured values by metric key, the bad-input counts, the calls."""
+    is one): the loss sum, the measured values by metric key, the bad-input counts, the calls and
+    the declaration of its measures."""
 
     @property
     def loss(self) -> Tensor: ...
@@ -190,19 +186,21 @@ class Packable(Protocol):
     @property
     def calls(self) -> int: ...
 
+    @property
+    def declaration(self) -> measures.Declaration: ...
+
 
 def pack(out: Packable) -> Tensor:
-    """``out`` as one :data:`PACKED_FIELDS` vector on its device (no host sync)."""
+    """``out`` as one vector laid out as its declaration's packed fields, on its device (no host sync)."""
     measured = {key: value.detach().reshape(1) for key, value in out.measured.items()}
-    return pack_rows(out.loss.detach().reshape(1), measured, out.invalid.detach().reshape(1, -1), out.calls)[
-        0
-    ]
+    loss, invalid = out.loss.detach().reshape(1), out.invalid.detach().reshape(1, -1)
+    return pack_rows(loss, measured, invalid, out.calls, out.declaration)[0]
 
 
-def combine_packed(rows: Tensor) -> Tensor:
-    """Combine packed vectors (the rows of ``rows``, ``[n, len(PACKED_FIELDS)]``) into one: the
-    added part summed, the extremes by max (the merge rules of :mod:`cliptrack.core.measures`). No sync."""
-    declaration = measures.declared()
+def combine_packed(rows: Tensor, declaration: measures.Declaration = measures.DEFAULT) -> Tensor:
+    """Combine packed vectors (the rows of ``rows``, ``[n, len(declaration.packed_fields)]``) into
+    one: the added part summed, the extremes by max (the merge rules of
+    :mod:`cliptrack.core.measures`). No sync."""
     width, added = len(declaration.packed_fields), len(declaration.packed_added)
     if rows.dim() != 2 or rows.shape[1] != width:
         raise ValueError(f"rows must have shape [n, {width}], got {tuple(rows.shape)}")
@@ -239,11 +237,13 @@ def _mixed_calls(group: str, present: int, calls: int) -> ValueError:
     )
 
 
-def _carried_groups(values: Sequence[float], slot: Mapping[str, int], calls: int) -> set[str]:
+def _carried_groups(
+    values: Sequence[float], slot: Mapping[str, int], calls: int, declaration: measures.Declaration
+) -> set[str]:
     """The groups every call of a packed vector carried (by their call counters); ValueError for
     a group that refuses mixing carried by some calls only."""
     present = {measures.EVERY}
-    for group in measures.declared().groups:
+    for group in declaration.groups:
         if not group.optional:
             continue
         carrying = int(values[slot[group.counter]])
@@ -257,8 +257,10 @@ def _carried_groups(values: Sequence[float], slot: Mapping[str, int], calls: int
     return present
 
 
-def unpack(values: Sequence[float], where: str = "") -> PackedSums:
-    """Read a :data:`PACKED_FIELDS` vector brought to the host (one combination of packed outputs).
+def unpack(
+    values: Sequence[float], where: str = "", declaration: measures.Declaration = measures.DEFAULT
+) -> PackedSums:
+    """Read a packed vector of ``declaration`` brought to the host (one combination of packed outputs).
 
     Counts are checked whole, non-negative and exact (below 2**53), every value as
     :func:`cliptrack.core.sums.check_sums` checks it; ``where`` is appended to the name of a bad
@@ -268,14 +270,13 @@ def unpack(values: Sequence[float], where: str = "") -> PackedSums:
     left in ``invalid`` (see :meth:`PackedSums.check`); with any, a group with float values is not
     read (its values are then not meaningful).
     """
-    declaration = measures.declared()
     fields = declaration.packed_fields
     if len(values) != len(fields):
         raise ValueError(f"expected {len(fields)} packed values ({fields}), got {len(values)}")
     slot = declaration.slot
     invalid = [int(values[slot[f"invalid[{i}]"]]) for i in range(measures.INVALID_SLOTS)]
     calls = int(values[slot["calls"]])
-    present = _carried_groups(values, slot, calls)
+    present = _carried_groups(values, slot, calls, declaration)
     if any(invalid):
         present -= {m.group for m in declaration.datum_measures if not m.exact}
     suffix = f" ({where})" if where else ""
@@ -291,5 +292,8 @@ def unpack(values: Sequence[float], where: str = "") -> PackedSums:
             sums[measure.key] = -value if measure.reduction == measures.MIN else value
     sums[keys.LOSS_TOKENS] = tokens
     return PackedSums(
-        float(values[slot[keys.LOSS_SUM]]), MeasuredSums(check_sums(sums, suffix)), calls, invalid
+        float(values[slot[keys.LOSS_SUM]]),
+        MeasuredSums(check_sums(sums, suffix, declaration), declaration=declaration),
+        calls,
+        invalid,
     )

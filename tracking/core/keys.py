@@ -30,7 +30,7 @@ THROUGHPUT = "tokens_per_second:mean"
 STEP_TIME = "step_time_s:mean"
 """Wall time of the step, in seconds."""
 
-_BUILTIN = _measures.BUILTIN
+_BUILTIN = _measures.DEFAULT
 SPLIT_KEYS = tuple(m.key for m in _BUILTIN.members[_measures.SPLIT])
 """The low/high split of ``clipped_tokens:sum``: optional (absent from the stacks' own outputs),
 both or neither, and only beside ``clipped_tokens:sum``."""
@@ -141,28 +141,15 @@ DATUM_GAUGE_FIELDS = tuple(m.field for m in _measures.GAUGE_MEASURES)
 ``kl_k3``, ``ratio_outside_tokens``, ``is_weight``, ``is_weight_sq``, ``log_ratio_max``,
 ``log_ratio_min``): each datum's own sums and extremes (a datum is a sequence)."""
 
-# Read live from the declaration in force (module ``__getattr__``; a registered measure included):
-MEASURED_KEYS: tuple[str, ...]
-"""Every measured key (:data:`cliptrack.core.measures.MEASURES`), ``loss:sum`` first."""
-MEAN_KEYS: tuple[str, ...]
-"""Every derived mean (``clip_fraction:mean``, the gauge's, registered ones), formed from merged sums."""
-EXTREME_KEYS: tuple[str, ...]
+MEASURED_KEYS: tuple[str, ...] = tuple(m.key for m in _BUILTIN.measures)
+"""Every measured key of the default declaration (:data:`cliptrack.core.measures.MEASURES`),
+``loss:sum`` first (another declaration's: its ``measures``)."""
+MEAN_KEYS: tuple[str, ...] = tuple(m.key for m in _BUILTIN.means)
+"""Every derived mean of the default declaration (``clip_fraction:mean``, the gauge's), formed from merged sums."""
+EXTREME_KEYS: tuple[str, ...] = tuple(m.key for m in _BUILTIN.extreme_measures)
 """Measured keys merged by max or min, never added."""
-DATUM_MEASURE_FIELDS: tuple[str, ...]
-"""Every per-datum measured field, in declaration order."""
-
-
-def __getattr__(name: str) -> tuple[str, ...]:
-    declaration = _measures.declared()
-    if name == "MEASURED_KEYS":
-        return tuple(m.key for m in declaration.measures)
-    if name == "MEAN_KEYS":
-        return tuple(m.key for m in declaration.means)
-    if name == "EXTREME_KEYS":
-        return tuple(m.key for m in declaration.extreme_measures)
-    if name == "DATUM_MEASURE_FIELDS":
-        return tuple(m.field for m in declaration.datum_measures)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+DATUM_MEASURE_FIELDS: tuple[str, ...] = tuple(m.field for m in _BUILTIN.datum_measures)
+"""Every per-datum measured field of the default declaration, in declaration order."""
 
 
 def split_key(key: str) -> tuple[str, str]:

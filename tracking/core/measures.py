@@ -1,13 +1,15 @@
 """The one declaration of what a loss measures: every measured field, once (torch-free).
 
-Everything that carries a measured value derives from the declaration (:data:`MEASURES`,
-:data:`MEANS`, their :class:`Group` s): the loss output's measured tensors, the packed vector and
-its collective, the metric keys, the per-datum (wire) fields, the merge rules and the validation
-rules, every one read by name. Adding a measure is one :class:`Measure` entry here (and its
-per-token term, ``cliptrack.adapters.losses.formulas``); at run time the same entry goes through
-:func:`register_measure` (docs/ARCHITECTURE.md, "Adding a measure"). The declaration is read
-live: :func:`declared`, or the module names below (``MEASURES``, ``PACKED_FIELDS``, ...), which
-always reflect it (take them as ``measures.NAME`` at the time of use, never copied at import).
+Everything that carries a measured value derives from a :class:`Declaration` (its measures,
+means and :class:`Group` s): the loss output's measured tensors, the packed vector and its
+collective, the metric keys, the per-datum (wire) fields, the merge rules and the validation
+rules, every one read by name. A declaration is frozen data, passed as an argument to what needs
+it; :data:`DEFAULT` (cliptrack's own measures) when none is given, and the module names below
+(``MEASURES``, ``PACKED_FIELDS``, ...) are its plain constants. Adding a measure to cliptrack is
+one :class:`Measure` entry here (and its per-token term, ``cliptrack.adapters.losses.formulas``);
+for an experiment, :meth:`Declaration.extended` returns a new declaration with the measure (its
+term carried on the entry) to pass to the losses and reductions, :data:`DEFAULT` unchanged
+(docs/ARCHITECTURE.md, "Adding a measure").
 
 Shape of the declaration
 ------------------------
@@ -23,7 +25,7 @@ loss call:
   :data:`DUAL_CLIP` (PPO given a dual clip: the tokens where its bound bites), :data:`GAUGE` (losses with sampling log-probs: PPO, CISPO, importance sampling, DRO; cross
   entropy has none), :data:`CAUSES` (the gauge split into engine and drift, for a gauge loss given
   the trainer's log-probs at the sampling weights), :data:`STALENESS` (the weight-version lag, for a
-  gauge loss given it), or a group registered with the measure. A group's measures come together:
+  gauge loss given it), or a group of its own added with the measure. A group's measures come together:
   all present or all absent (extremes may be unknown after a merge);
 - ``definition``: the per-token term or predicate, in words (units included);
 - ``nonnegative``: whether the value is >= 0 by definition (validation refuses a negative one);
@@ -58,8 +60,8 @@ update's own drift). Given ``weight_lag``, :data:`STALENESS` sums each token's w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -68,6 +70,7 @@ __all__ = [
     "CAUSES",
     "CAUSES_MEASURES",
     "CLIP",
+    "DEFAULT",
     "DATUM_MEASURES",
     "DUAL_CLIP",
     "EVERY",
@@ -104,13 +107,11 @@ __all__ = [
     "by_field",
     "by_key",
     "combine",
-    "declared",
     "group",
     "group_measures",
     "identity",
     "mixed_groups_error",
-    "register_measure",
-    "unregister_measure",
+    "present_groups",
 ]
 
 SUM = "sum"
@@ -147,7 +148,7 @@ INVALID_SLOTS = 3
 (messages: ``cliptrack.adapters.losses.builtin.INPUT_CHECKS``, in this order)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Group:
     """Which losses emit a set of measures, and how terms that disagree on it merge.
 
@@ -173,9 +174,16 @@ class Group:
             object.__setattr__(self, "counter", f"{self.name}_calls")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Measure:
-    """One per-token quantity reduced over the eligible tokens of a loss call (module docstring)."""
+    """One per-token quantity reduced over the eligible tokens of a loss call (module docstring).
+
+    ``term``: for a measure a declaration is extended with (:meth:`Declaration.extended`), its
+    per-token term, computed by every built-in loss (eager and fused): a callable taking the call's
+    ``cliptrack.adapters.losses.formulas.Tokens`` and returning the 0-dim value (``None`` where the
+    loss lacks an input it needs); ``None`` for a built-in measure (written in its formula) or a
+    measure only a loss of one's own emits.
+    """
 
     name: str
     reduction: str
@@ -183,6 +191,7 @@ class Measure:
     group: str
     definition: str
     nonnegative: bool = False
+    term: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or ":" in self.name:
@@ -191,6 +200,8 @@ class Measure:
             raise ValueError(f"measure {self.name}: reduction {self.reduction!r} is not one of {REDUCTIONS}")
         if self.exact and self.reduction != SUM:
             raise ValueError(f"measure {self.name}: an exact count is a sum")
+        if self.term is not None and (self.reduction != SUM or not callable(self.term)):
+            raise ValueError(f"measure {self.name}: a term is a callable, and only for a sum")
 
     @cached_property
     def key(self) -> str:
@@ -208,7 +219,7 @@ class Measure:
         return f"-{self.key}" if self.reduction == MIN else self.key
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Mean:
     """A derived ratio of two merged sums, formed once (never itself averaged or summed).
 
@@ -222,25 +233,20 @@ class Mean:
     fraction: bool
     definition: str
 
-    @property
-    def group(self) -> str:
-        """The group of its numerator (the mean exists exactly when that group does)."""
-        return by_key(self.numerator).group
 
-
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Declaration:
-    """The groups, measures and means in force, and every layout derived from them (cached).
+    """The groups, measures and means a loss measures, and every layout derived from them (cached).
 
-    Checked when built (ValueError naming the entry): keys and fields unique, every measure's
-    group declared, a mean's terms declared sums, ``loss_tokens:sum`` an exact count of
-    :data:`EVERY`.
+    Immutable data passed to what needs it (the losses, the packing, the merges, the reductions),
+    :data:`DEFAULT` when not given; :meth:`extended` returns a new one with more measures. Checked
+    when built (ValueError naming the entry): keys and fields unique, every measure's group
+    declared, a mean's terms declared sums, ``loss_tokens:sum`` an exact count of :data:`EVERY`.
     """
 
     groups: tuple[Group, ...]
     measures: tuple[Measure, ...]
     means: tuple[Mean, ...]
-    version: int = field(default=0)
 
     def __post_init__(self) -> None:
         self._check_groups()
@@ -344,331 +350,383 @@ class Declaration:
         index.update({m.key: index[m.packed] for m in self.extreme_measures})
         return index
 
+    @cached_property
+    def terms(self) -> tuple[Measure, ...]:
+        """The measures with a per-token term (:attr:`Measure.term`), in declaration order: what
+        every built-in loss computes beside its own measures (none in :data:`DEFAULT`)."""
+        return tuple(m for m in self.measures if m.term is not None)
+
+    def extended(
+        self, *measures: Measure, groups: Iterable[Group] = (), means: Iterable[Mean] = ()
+    ) -> Declaration:
+        """A new declaration: this one with ``measures`` (after its own), ``groups`` (new groups)
+        and ``means`` (formed from the sums) added; this one is unchanged. Every measure added comes
+        in a group of its own, not a group of :data:`DEFAULT` (whose producers, stack logs and older
+        runs, lack it). ValueError naming the entry when a key or group is taken or a group is
+        unknown; TypeError for an entry of the wrong type."""
+        groups, means = tuple(groups), tuple(means)
+        for what, entries, kind in (
+            ("measures", measures, Measure),
+            ("groups", groups, Group),
+            ("means", means, Mean),
+        ):
+            wrong = [e for e in entries if not isinstance(e, kind)]
+            if wrong:
+                raise TypeError(f"extended takes {kind.__name__} entries as {what}, got {wrong[0]!r}")
+        taken = [g.name for g in groups if g.name in self.group_names]
+        if taken:
+            raise ValueError(f"groups {taken} are already declared")
+        for measure in measures:
+            if measure.key in self.by_key:
+                raise ValueError(f"measure {measure.key!r} is already declared")
+            if measure.group in DEFAULT.group_names:
+                raise ValueError(
+                    f"measure {measure.key}: an added measure comes in a group of its own (pass groups=), "
+                    f"not the built-in {measure.group!r}, whose producers (stack logs, older runs) lack it"
+                )
+        return Declaration(
+            groups=(*self.groups, *groups),
+            measures=(*self.measures, *measures),
+            means=(*self.means, *means),
+        )
+
 
 _BUILTIN_GROUPS = (
-    Group(EVERY, "every loss", optional=False),
-    Group(CLIP, "losses that clip (ppo, cispo)", counter="clipping_calls"),
+    Group(name=EVERY, emitted_by="every loss", optional=False),
+    Group(name=CLIP, emitted_by="losses that clip (ppo, cispo)", counter="clipping_calls"),
     Group(
-        SPLIT,
-        "clipping losses that report the low/high split (ppo, cispo)",
+        name=SPLIT,
+        emitted_by="clipping losses that report the low/high split (ppo, cispo)",
         within=CLIP,
         dropped_when_mixed=True,
     ),
     Group(
-        DUAL_CLIP,
-        "ppo with a dual clip (dual_clip, verl's clip_ratio_c)",
+        name=DUAL_CLIP,
+        emitted_by="ppo with a dual clip (dual_clip, verl's clip_ratio_c)",
         within=CLIP,
         dropped_when_mixed=True,
     ),
-    Group(GAUGE, "losses with sampling log-probs (ppo, cispo, importance_sampling, dro)"),
+    Group(name=GAUGE, emitted_by="losses with sampling log-probs (ppo, cispo, importance_sampling, dro)"),
     Group(
-        CAUSES,
-        "losses with sampling log-probs given the trainer's log-probs at the sampling weights (old_logprobs)",
+        name=CAUSES,
+        emitted_by="losses with sampling log-probs given the trainer's log-probs at the sampling weights (old_logprobs)",
         within=GAUGE,
         dropped_when_mixed=True,
     ),
     Group(
-        STALENESS,
-        "losses with sampling log-probs given each token's weight-version lag (weight_lag)",
+        name=STALENESS,
+        emitted_by="losses with sampling log-probs given each token's weight-version lag (weight_lag)",
         within=GAUGE,
         dropped_when_mixed=True,
     ),
 )
 
-LOSS = Measure("loss", SUM, False, EVERY, "the per-token loss (Tinker's loss:sum; unchanged by cliptrack)")
+LOSS = Measure(
+    name="loss",
+    reduction=SUM,
+    exact=False,
+    group=EVERY,
+    definition="the per-token loss (Tinker's loss:sum; unchanged by cliptrack)",
+)
 """The loss itself: packed and merged like a measure, but not a per-datum field."""
 
 _BUILTIN_MEASURES: tuple[Measure, ...] = (
     LOSS,
-    Measure("loss_tokens", SUM, True, EVERY, "1 for every eligible token (mask != 0); tokens", True),
     Measure(
-        "clipped_tokens",
-        SUM,
-        True,
-        CLIP,
-        "1 where clipping changes the update: PPO clamp(r)*A < r*A, CISPO clamp(r) != r; tokens",
-        True,
+        name="loss_tokens",
+        reduction=SUM,
+        exact=True,
+        group=EVERY,
+        definition="1 for every eligible token (mask != 0); tokens",
+        nonnegative=True,
     ),
-    Measure("clipped_low_tokens", SUM, True, SPLIT, "1 where clipped with r below the band; tokens", True),
-    Measure("clipped_high_tokens", SUM, True, SPLIT, "1 where clipped with r above the band; tokens", True),
     Measure(
-        "dual_clipped_tokens",
-        SUM,
-        True,
-        DUAL_CLIP,
-        "1 where A < 0 and the dual bound -A*c lies strictly below PPO's per-token loss (the loss is then "
+        name="clipped_tokens",
+        reduction=SUM,
+        exact=True,
+        group=CLIP,
+        definition="1 where clipping changes the update: PPO clamp(r)*A < r*A, CISPO clamp(r) != r; tokens",
+        nonnegative=True,
+    ),
+    Measure(
+        name="clipped_low_tokens",
+        reduction=SUM,
+        exact=True,
+        group=SPLIT,
+        definition="1 where clipped with r below the band; tokens",
+        nonnegative=True,
+    ),
+    Measure(
+        name="clipped_high_tokens",
+        reduction=SUM,
+        exact=True,
+        group=SPLIT,
+        definition="1 where clipped with r above the band; tokens",
+        nonnegative=True,
+    ),
+    Measure(
+        name="dual_clipped_tokens",
+        reduction=SUM,
+        exact=True,
+        group=DUAL_CLIP,
+        definition="1 where A < 0 and the dual bound -A*c lies strictly below PPO's per-token loss (the loss is then "
         "-A*c; verl's pg_clipfrac_lower); counted apart from clipped_tokens; tokens",
-        True,
-    ),
-    Measure("log_ratio", SUM, False, GAUGE, "l = logprobs - sampling_logprobs; nats"),
-    Measure("abs_log_ratio", SUM, False, GAUGE, "|l|; nats", True),
-    Measure(
-        "kl_k3",
-        SUM,
-        False,
-        GAUGE,
-        "exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), without cancellation; nats",
-        True,
+        nonnegative=True,
     ),
     Measure(
-        "ratio_outside_tokens",
-        SUM,
-        True,
-        GAUGE,
-        "1 where r = exp(l) < ratio_outside_low or r > ratio_outside_high (default [1/2, 2]); tokens",
-        True,
+        name="log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=GAUGE,
+        definition="l = logprobs - sampling_logprobs; nats",
     ),
-    Measure("is_weight", SUM, False, GAUGE, "the importance weight w = exp(l); dimensionless", True),
-    Measure("is_weight_sq", SUM, False, GAUGE, "w**2 = exp(2 l) (ESS = (sum w)**2 / (n sum w**2))", True),
     Measure(
-        "engine_log_ratio",
-        SUM,
-        False,
-        CAUSES,
-        "e = old_logprobs - sampling_logprobs, the trainer at the sampling weights against the sampler "
+        name="abs_log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=GAUGE,
+        definition="|l|; nats",
+        nonnegative=True,
+    ),
+    Measure(
+        name="kl_k3",
+        reduction=SUM,
+        exact=False,
+        group=GAUGE,
+        definition="exp(l) - 1 - l, the k3 estimator of KL(sampler || trainer), without cancellation; nats",
+        nonnegative=True,
+    ),
+    Measure(
+        name="ratio_outside_tokens",
+        reduction=SUM,
+        exact=True,
+        group=GAUGE,
+        definition="1 where r = exp(l) < ratio_outside_low or r > ratio_outside_high (default [1/2, 2]); tokens",
+        nonnegative=True,
+    ),
+    Measure(
+        name="is_weight",
+        reduction=SUM,
+        exact=False,
+        group=GAUGE,
+        definition="the importance weight w = exp(l); dimensionless",
+        nonnegative=True,
+    ),
+    Measure(
+        name="is_weight_sq",
+        reduction=SUM,
+        exact=False,
+        group=GAUGE,
+        definition="w**2 = exp(2 l) (ESS = (sum w)**2 / (n sum w**2))",
+        nonnegative=True,
+    ),
+    Measure(
+        name="engine_log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="e = old_logprobs - sampling_logprobs, the trainer at the sampling weights against the sampler "
         "(engine numerics, truncation); nats",
     ),
-    Measure("engine_abs_log_ratio", SUM, False, CAUSES, "|e|; nats", True),
     Measure(
-        "engine_kl_k3",
-        SUM,
-        False,
-        CAUSES,
-        "exp(e) - 1 - e, k3 KL(sampler || trainer at sampling weights); nats",
-        True,
+        name="engine_abs_log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="|e|; nats",
+        nonnegative=True,
     ),
     Measure(
-        "drift_log_ratio",
-        SUM,
-        False,
-        CAUSES,
-        "d = l - e (= logprobs - old_logprobs to the rounding of l), the policy trained against itself at "
+        name="engine_kl_k3",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="exp(e) - 1 - e, k3 KL(sampler || trainer at sampling weights); nats",
+        nonnegative=True,
+    ),
+    Measure(
+        name="drift_log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="d = l - e (= logprobs - old_logprobs to the rounding of l), the policy trained against itself at "
         "the sampling weights (staleness, the update's own drift); l = e + d per token; nats",
     ),
-    Measure("drift_abs_log_ratio", SUM, False, CAUSES, "|d|; nats", True),
     Measure(
-        "drift_kl_k3",
-        SUM,
-        False,
-        CAUSES,
-        "exp(d) - 1 - d, k3 KL(trainer at sampling weights || trainer); nats",
-        True,
+        name="drift_abs_log_ratio",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="|d|; nats",
+        nonnegative=True,
     ),
     Measure(
-        "weight_lag",
-        SUM,
-        False,
-        STALENESS,
-        "the weight-version lag of the token's datum (training version - sampling version); versions x tokens",
-        True,
+        name="drift_kl_k3",
+        reduction=SUM,
+        exact=False,
+        group=CAUSES,
+        definition="exp(d) - 1 - d, k3 KL(trainer at sampling weights || trainer); nats",
+        nonnegative=True,
     ),
-    Measure("log_ratio", MAX, False, GAUGE, "the largest l; nats"),
-    Measure("log_ratio", MIN, False, GAUGE, "the smallest l; nats"),
     Measure(
-        "weight_lag",
-        MAX,
-        False,
-        STALENESS,
-        "the largest weight-version lag of an eligible token; versions",
-        True,
+        name="weight_lag",
+        reduction=SUM,
+        exact=False,
+        group=STALENESS,
+        definition="the weight-version lag of the token's datum (training version - sampling version); versions x tokens",
+        nonnegative=True,
+    ),
+    Measure(name="log_ratio", reduction=MAX, exact=False, group=GAUGE, definition="the largest l; nats"),
+    Measure(name="log_ratio", reduction=MIN, exact=False, group=GAUGE, definition="the smallest l; nats"),
+    Measure(
+        name="weight_lag",
+        reduction=MAX,
+        exact=False,
+        group=STALENESS,
+        definition="the largest weight-version lag of an eligible token; versions",
+        nonnegative=True,
     ),
 )
 """The built-in measures, in packed order within its part (sums first, then extremes)."""
 
 _TOKENS = "loss_tokens:sum"
 _BUILTIN_MEANS: tuple[Mean, ...] = (
-    Mean("clip_fraction:mean", "clipped_tokens:sum", _TOKENS, True, "clipped tokens per eligible token"),
     Mean(
-        "dual_clip_fraction:mean",
-        "dual_clipped_tokens:sum",
-        _TOKENS,
-        True,
-        "dual-clipped tokens per eligible token",
-    ),
-    Mean("abs_log_ratio:mean", "abs_log_ratio:sum", _TOKENS, False, "mean |l| per eligible token; nats"),
-    Mean(
-        "kl_k3:mean", "kl_k3:sum", _TOKENS, False, "mean k3 KL(sampler || trainer) per eligible token; nats"
+        key="clip_fraction:mean",
+        numerator="clipped_tokens:sum",
+        denominator=_TOKENS,
+        fraction=True,
+        definition="clipped tokens per eligible token",
     ),
     Mean(
-        "engine_abs_log_ratio:mean",
-        "engine_abs_log_ratio:sum",
-        _TOKENS,
-        False,
-        "mean |e| per eligible token, the engine part; nats",
+        key="dual_clip_fraction:mean",
+        numerator="dual_clipped_tokens:sum",
+        denominator=_TOKENS,
+        fraction=True,
+        definition="dual-clipped tokens per eligible token",
     ),
     Mean(
-        "engine_kl_k3:mean",
-        "engine_kl_k3:sum",
-        _TOKENS,
-        False,
-        "mean k3 KL(sampler || trainer at sampling weights) per eligible token, the engine part; nats",
+        key="abs_log_ratio:mean",
+        numerator="abs_log_ratio:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean |l| per eligible token; nats",
     ),
     Mean(
-        "drift_abs_log_ratio:mean",
-        "drift_abs_log_ratio:sum",
-        _TOKENS,
-        False,
-        "mean |d| per eligible token, the drift part; nats",
+        key="kl_k3:mean",
+        numerator="kl_k3:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean k3 KL(sampler || trainer) per eligible token; nats",
     ),
     Mean(
-        "drift_kl_k3:mean",
-        "drift_kl_k3:sum",
-        _TOKENS,
-        False,
-        "mean k3 KL(trainer at sampling weights || trainer) per eligible token, the drift part; nats",
+        key="engine_abs_log_ratio:mean",
+        numerator="engine_abs_log_ratio:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean |e| per eligible token, the engine part; nats",
     ),
     Mean(
-        "weight_lag:mean",
-        "weight_lag:sum",
-        _TOKENS,
-        False,
-        "mean weight-version lag per eligible token; versions",
+        key="engine_kl_k3:mean",
+        numerator="engine_kl_k3:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean k3 KL(sampler || trainer at sampling weights) per eligible token, the engine part; nats",
+    ),
+    Mean(
+        key="drift_abs_log_ratio:mean",
+        numerator="drift_abs_log_ratio:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean |d| per eligible token, the drift part; nats",
+    ),
+    Mean(
+        key="drift_kl_k3:mean",
+        numerator="drift_kl_k3:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean k3 KL(trainer at sampling weights || trainer) per eligible token, the drift part; nats",
+    ),
+    Mean(
+        key="weight_lag:mean",
+        numerator="weight_lag:sum",
+        denominator=_TOKENS,
+        fraction=False,
+        definition="mean weight-version lag per eligible token; versions",
     ),
 )
 """The built-in derived means, formed from merged sums."""
 
-BUILTIN = Declaration(_BUILTIN_GROUPS, _BUILTIN_MEASURES, _BUILTIN_MEANS)
-"""The declaration of cliptrack's own measures (what :func:`declared` returns until a registration)."""
-_current: Declaration = BUILTIN
+DEFAULT = Declaration(groups=_BUILTIN_GROUPS, measures=_BUILTIN_MEASURES, means=_BUILTIN_MEANS)
+"""The default declaration: cliptrack's own measures. What every function taking a declaration
+reads when none is given; extend it with :meth:`Declaration.extended`."""
 
-
-def declared() -> Declaration:
-    """The declaration in force (the built-in one plus every :func:`register_measure`)."""
-    return _current
-
-
-def register_measure(
-    measure: Measure, *, group: Group | None = None, means: Iterable[Mean] = ()
-) -> Declaration:
-    """Add ``measure`` to the declaration in force (and ``group``, when it is a new group; and
-    ``means`` formed from it); returns the new declaration. Every reader of the declaration sees
-    it from then on: the packed layout, merges, validation, keys and wire fields. Its per-token
-    term goes to ``cliptrack.adapters.losses.formulas.register_term``. ValueError naming the entry
-    when the key is taken or the group unknown; the declaration is then unchanged."""
-    global _current
-    if not isinstance(measure, Measure):
-        raise TypeError(f"register_measure takes a Measure, got {type(measure).__name__}")
-    groups = _current.groups
-    if group is not None and group.name not in _current.group_names:
-        groups = (*groups, group)
-    elif group is not None and _current.group_by_name[group.name] != group:
-        raise ValueError(f"group {group.name!r} is already declared differently")
-    if measure.key in _current.by_key:
-        raise ValueError(f"measure {measure.key!r} is already declared")
-    if measure.group in BUILTIN.group_names:
-        raise ValueError(
-            f"measure {measure.key}: a registered measure comes in a group of its own (pass group=), "
-            f"not the built-in {measure.group!r}, whose producers (stack logs, older runs) lack it"
-        )
-    _current = Declaration(
-        groups, (*_current.measures, measure), (*_current.means, *means), _current.version + 1
-    )
-    return _current
-
-
-def unregister_measure(key: str) -> Measure:
-    """Remove a measure added by :func:`register_measure` (its means, and its group when no other
-    measure is in it); the built-in measures stay. Returns the measure removed."""
-    global _current
-    if key in BUILTIN.by_key:
-        raise ValueError(f"{key!r} is a built-in measure; only registered ones can be removed")
-    measure = by_key(key)
-    rest = tuple(m for m in _current.measures if m.key != key)
-    groups = tuple(
-        g for g in _current.groups if g.name in BUILTIN.group_names or any(m.group == g.name for m in rest)
-    )
-    means = tuple(m for m in _current.means if key not in (m.numerator, m.denominator))
-    _current = Declaration(groups, rest, means, _current.version + 1)
-    return measure
-
-
-_LIVE = {
-    "MEASURES": "measures",
-    "MEANS": "means",
-    "GROUPS": "group_names",
-    "OPTIONAL_GROUPS": "optional_groups",
-    "GROUP_LOSSES": "group_losses",
-    "SUM_MEASURES": "sum_measures",
-    "EXTREME_MEASURES": "extreme_measures",
-    "DATUM_MEASURES": "datum_measures",
-    "CALL_COUNTERS": "call_counters",
-    "PACKED_ADDED": "packed_added",
-    "EXTREME_FIELDS": "extreme_fields",
-    "PACKED_FIELDS": "packed_fields",
-}
-
-# The names below are read live from the declaration in force (module ``__getattr__``):
-MEASURES: tuple[Measure, ...]
-"""Every measured field, in packed order within its part (sums first, then extremes)."""
-MEANS: tuple[Mean, ...]
-"""Every derived mean, formed from merged sums."""
-GROUPS: tuple[str, ...]
-"""Every group's name, in declaration order."""
-OPTIONAL_GROUPS: tuple[str, ...]
+MEASURES: tuple[Measure, ...] = DEFAULT.measures
+"""Every measured field of :data:`DEFAULT`, in packed order within its part (sums first, then extremes)."""
+MEANS: tuple[Mean, ...] = DEFAULT.means
+"""Every derived mean of :data:`DEFAULT`, formed from merged sums."""
+GROUPS: tuple[str, ...] = DEFAULT.group_names
+"""Every group's name of :data:`DEFAULT`, in declaration order."""
+OPTIONAL_GROUPS: tuple[str, ...] = DEFAULT.optional_groups
 """Groups a loss may or may not emit; each has a call counter in the packed vector."""
-GROUP_LOSSES: dict[str, str]
+GROUP_LOSSES: dict[str, str] = DEFAULT.group_losses
 """Who emits each group, in words (for docs and error messages)."""
-SUM_MEASURES: tuple[Measure, ...]
+SUM_MEASURES: tuple[Measure, ...] = DEFAULT.sum_measures
 """Measures in the added part of the packed vector, in order."""
-EXTREME_MEASURES: tuple[Measure, ...]
+EXTREME_MEASURES: tuple[Measure, ...] = DEFAULT.extreme_measures
 """Measures in the max-combined part of the packed vector, in order."""
-DATUM_MEASURES: tuple[Measure, ...]
+DATUM_MEASURES: tuple[Measure, ...] = DEFAULT.datum_measures
 """Measures carried as per-datum fields (every one but the loss)."""
-CALL_COUNTERS: tuple[str, ...]
+CALL_COUNTERS: tuple[str, ...] = DEFAULT.call_counters
 """``calls`` (loss calls summed) and, per optional group, the calls that carry it:
-``clipping_calls``, ``split_calls``, ``gauge_calls``, then registered groups'."""
-PACKED_ADDED: tuple[str, ...]
-"""The added part of the packed vector."""
-EXTREME_FIELDS: tuple[str, ...]
-"""The max-combined part of the packed vector (a min negated)."""
-PACKED_FIELDS: tuple[str, ...]
-"""The layout of a packed loss output (module docstring, "Packed layout")."""
+``clipping_calls``, ``split_calls``, ``gauge_calls``, ... (an extended declaration adds its groups')."""
+PACKED_ADDED: tuple[str, ...] = DEFAULT.packed_added
+"""The added part of the packed vector of :data:`DEFAULT`."""
+EXTREME_FIELDS: tuple[str, ...] = DEFAULT.extreme_fields
+"""The max-combined part of the packed vector of :data:`DEFAULT` (a min negated)."""
+PACKED_FIELDS: tuple[str, ...] = DEFAULT.packed_fields
+"""The layout of a packed loss output under :data:`DEFAULT` (module docstring, "Packed layout";
+another declaration's: its :attr:`Declaration.packed_fields`)."""
 
-GAUGE_MEASURES: tuple[Measure, ...] = BUILTIN.members[GAUGE]
-"""The on-policy gauge's measures (built-in: a registered measure joins a group of its own)."""
-GAUGE_MEANS: tuple[Mean, ...] = tuple(m for m in _BUILTIN_MEANS if BUILTIN.by_key[m.numerator].group == GAUGE)
+GAUGE_MEASURES: tuple[Measure, ...] = DEFAULT.members[GAUGE]
+"""The on-policy gauge's measures (built-in: an added measure comes in a group of its own)."""
+GAUGE_MEANS: tuple[Mean, ...] = tuple(m for m in _BUILTIN_MEANS if DEFAULT.by_key[m.numerator].group == GAUGE)
 """The gauge's derived means (``abs_log_ratio:mean``, ``kl_k3:mean``)."""
-CAUSES_MEASURES: tuple[Measure, ...] = BUILTIN.members[CAUSES]
+CAUSES_MEASURES: tuple[Measure, ...] = DEFAULT.members[CAUSES]
 """The gauge's split into engine and drift parts (sums)."""
-STALENESS_MEASURES: tuple[Measure, ...] = BUILTIN.members[STALENESS]
+STALENESS_MEASURES: tuple[Measure, ...] = DEFAULT.members[STALENESS]
 """The weight-version lag (sum and max)."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LIVE:
-        return getattr(_current, _LIVE[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def by_key(key: str) -> Measure:
-    """The measure of a metric key; KeyError naming it otherwise."""
+def by_key(key: str, declaration: Declaration = DEFAULT) -> Measure:
+    """The measure of a metric key in ``declaration``; KeyError naming it otherwise."""
     try:
-        return _current.by_key[key]
+        return declaration.by_key[key]
     except KeyError:
-        raise KeyError(f"{key!r} is not a measured key (one of {sorted(_current.by_key)})") from None
+        raise KeyError(f"{key!r} is not a measured key (one of {sorted(declaration.by_key)})") from None
 
 
-def by_field(field: str) -> Measure:
+def by_field(field: str, declaration: Declaration = DEFAULT) -> Measure:
     """The measure of a per-datum field; KeyError naming it otherwise."""
     try:
-        return _current.by_field[field]
+        return declaration.by_field[field]
     except KeyError:
         raise KeyError(
-            f"{field!r} is not a measured datum field (one of {sorted(_current.by_field)})"
+            f"{field!r} is not a measured datum field (one of {sorted(declaration.by_field)})"
         ) from None
 
 
-def group(name: str) -> Group:
+def group(name: str, declaration: Declaration = DEFAULT) -> Group:
     """The declared group ``name``; KeyError naming it otherwise."""
     try:
-        return _current.group_by_name[name]
+        return declaration.group_by_name[name]
     except KeyError:
-        raise KeyError(f"{name!r} is not a declared group (one of {_current.group_names})") from None
+        raise KeyError(f"{name!r} is not a declared group (one of {declaration.group_names})") from None
 
 
-def group_measures(name: str) -> tuple[Measure, ...]:
+def group_measures(name: str, declaration: Declaration = DEFAULT) -> tuple[Measure, ...]:
     """The measures of group ``name``, in declaration order."""
-    return _current.members.get(name, ())
+    return declaration.members.get(name, ())
 
 
 def identity(measure: Measure) -> float:
@@ -689,18 +747,22 @@ def combine(measure: Measure, values: Iterable[float | int]) -> float | int:
     return math.fsum(values)
 
 
-def present_groups(keys: Iterable[str] | Mapping[str, object]) -> set[str]:
+def present_groups(
+    keys: Iterable[str] | Mapping[str, object], declaration: Declaration = DEFAULT
+) -> set[str]:
     """The optional groups whose sums are all among ``keys`` (a group without sums: never)."""
     have = set(keys)
     out = set()
-    for g in _current.groups:
-        sums = [m.key for m in _current.members[g.name] if m.reduction == SUM]
+    for g in declaration.groups:
+        sums = [m.key for m in declaration.members[g.name] if m.reduction == SUM]
         if g.optional and sums and all(k in have for k in sums):
             out.add(g.name)
     return out
 
 
-def mixed_groups_error(group: str, earlier: bool, now: bool, what: str = "this output") -> ValueError:
+def mixed_groups_error(
+    group: str, earlier: bool, now: bool, what: str = "this output", declaration: Declaration = DEFAULT
+) -> ValueError:
     """The one error for merging terms that carry ``group`` with terms that do not."""
     if group == CLIP:
         return ValueError(
@@ -711,9 +773,11 @@ def mixed_groups_error(group: str, earlier: bool, now: bool, what: str = "this o
         )
     has = {True: "carries", False: "does not carry"}
     have = {True: "carry", False: "do not carry"}
-    means = "/".join(m.key for m in _current.means if by_key(m.numerator).group == group) or group
+    means = (
+        "/".join(m.key for m in declaration.means if by_key(m.numerator, declaration).group == group) or group
+    )
     return ValueError(
         f"{what} {has[now]} the {group} measures but earlier outputs of the step {have[earlier]} them "
-        f"(emitted by {_current.group_losses.get(group, group)}): their tokens cannot share one "
+        f"(emitted by {declaration.group_losses.get(group, group)}): their tokens cannot share one "
         f"{means}; run such losses in steps of their own"
     )

@@ -2,7 +2,7 @@
 
 :class:`MeasuredSums` is the one host state that aggregates (it adds); the means are derived,
 never summed. It holds what any loss measured, by metric key (every key a measure of
-:mod:`cliptrack.core.measures`, read from the declaration in force): ``loss_tokens`` always, the clip
+:mod:`cliptrack.core.measures`, read by the declaration given, the default one unless another): ``loss_tokens`` always, the clip
 counts only for a loss that clips, the low/high split only when the producer reports it (the stacks emit ``loss:sum``, ``loss_tokens:sum``, ``clipped_tokens:sum`` and
 ``clip_fraction:mean`` alone), and the on-policy gauge (``gauge``: sums and extremes of
 ``l = logprobs - sampling_logprobs``) only for a loss with sampling log-probs. Counts are exact
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cliptrack.core import keys, measures
 from cliptrack.core.outputs import metrics_of
@@ -125,8 +125,10 @@ def _group_label(group: str) -> str:
     return "the gauge" if group == measures.GAUGE else f"the {group} measures"
 
 
-def check_sums(values: Mapping[str, object], where: str = "") -> dict[str, float | int]:
-    """Measured sums by metric key, checked against the declaration in force; the checked copy.
+def check_sums(
+    values: Mapping[str, object], where: str = "", declaration: measures.Declaration = measures.DEFAULT
+) -> dict[str, float | int]:
+    """Measured sums by metric key, checked against ``declaration``; the checked copy.
 
     Every key a declared measure but ``loss:sum``; ``loss_tokens:sum`` present; each value as its
     measure says (:func:`as_count` for a count, finite and ``nonnegative`` for a float); a group
@@ -136,7 +138,6 @@ def check_sums(values: Mapping[str, object], where: str = "") -> dict[str, float
     every sum 0 and no extreme; a min at most its max. ``where`` is appended to a bad key's name.
     Raises ValueError naming the key.
     """
-    declaration = measures.declared()
     unknown = [k for k in values if k not in declaration.by_key or k == keys.LOSS_SUM]
     if unknown:
         raise ValueError(f"{unknown} are not measured sums (declared: {sorted(declaration.by_key)})")
@@ -207,9 +208,10 @@ class MeasuredSums:
     """Exact measured sums of one or more micro-batches, datums, chunks or steps of one loss kind.
 
     ``values``: metric key -> value for every measure present (``loss:sum`` excepted), read and
-    checked by the declaration in force (:func:`check_sums`): ``loss_tokens:sum`` (eligible
+    checked by ``declaration`` (:func:`check_sums`; :data:`cliptrack.core.measures.DEFAULT` unless
+    given): ``loss_tokens:sum`` (eligible
     tokens, ``mask != 0``) always; each optional group (clip counts, their low/high split, the
-    on-policy gauge, a registered group) all or none, its extremes when known. Counts are exact
+    on-policy gauge, a group a declaration was extended with) all or none, its extremes when known. Counts are exact
     ints in tokens, float sums float64, extremes floats.
 
     Addition (:meth:`__add__`) follows :func:`cliptrack.core.measures.combine` per key: exact for
@@ -220,13 +222,14 @@ class MeasuredSums:
     """
 
     values: Mapping[str, float | int]
+    declaration: measures.Declaration = field(default=measures.DEFAULT, kw_only=True, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.values, Mapping):
             raise TypeError(
                 f"MeasuredSums takes a mapping of metric key -> value, got {type(self.values).__name__}"
             )
-        object.__setattr__(self, "values", check_sums(self.values))
+        object.__setattr__(self, "values", check_sums(self.values, declaration=self.declaration))
 
     @property
     def loss_tokens(self) -> int:
@@ -248,11 +251,13 @@ class MeasuredSums:
 
     def has(self, group: str) -> bool:
         """Whether these carry the measures of ``group`` (:data:`cliptrack.core.measures.EVERY`: always)."""
-        return group == measures.EVERY or any(m.key in self.values for m in measures.group_measures(group))
+        members = measures.group_measures(group, self.declaration)
+        return group == measures.EVERY or any(m.key in self.values for m in members)
 
     def group_values(self, group: str) -> dict[str, float | int] | None:
         """The values of ``group``'s measures present, by key; ``None`` when the group is absent."""
-        found = {m.key: self.values[m.key] for m in measures.group_measures(group) if m.key in self.values}
+        members = measures.group_measures(group, self.declaration)
+        found = {m.key: self.values[m.key] for m in members if m.key in self.values}
         return found or None
 
     @property
@@ -282,42 +287,50 @@ class MeasuredSums:
     def without(self, *groups: str) -> MeasuredSums:
         """The same sums without the measures of ``groups`` (and of the groups refining them)."""
         drop = set(groups)
-        drop |= {g.name for g in measures.declared().groups if g.within in drop}
-        return MeasuredSums({k: v for k, v in self.values.items() if measures.by_key(k).group not in drop})
+        drop |= {g.name for g in self.declaration.groups if g.within in drop}
+        kept = {k: v for k, v in self.values.items() if self.declaration.by_key[k].group not in drop}
+        return MeasuredSums(kept, declaration=self.declaration)
 
     def __add__(self, other: MeasuredSums) -> MeasuredSums:
         if not isinstance(other, MeasuredSums):
             return NotImplemented
-        declaration = measures.declared()
+        declaration = self.declaration
+        if other.declaration is not declaration:
+            raise ValueError(
+                "these measured sums were read by different declarations (cliptrack.core.measures."
+                "Declaration): add sums of one declaration only"
+            )
         out: dict[str, float | int] = {}
         for group in declaration.groups:
             mine, theirs = self.has(group.name), other.has(group.name)
             if mine != theirs and not group.dropped_when_mixed:
-                raise measures.mixed_groups_error(group.name, mine, theirs)
+                raise measures.mixed_groups_error(group.name, mine, theirs, declaration=declaration)
             if mine and theirs:
                 out.update(_add_group(declaration.members[group.name], self, other))
-        return MeasuredSums(out)
+        return MeasuredSums(out, declaration=declaration)
 
     def to_metrics(self) -> dict[str, float]:
         """The metric keys of docs/CONTRACT.md: every measured value present (``loss_tokens:sum``
-        always; a loss's clip counts, split, gauge and registered measures when it has them), and
+        always; a loss's clip counts, split, gauge and a declaration's added measures when it has them), and
         every mean whose sums are present when its denominator is > 0 (a mean is never invented)."""
         out = {key: float(value) for key, value in self.values.items()}
-        for mean in measures.declared().means:
+        for mean in self.declaration.means:
             if mean.numerator in out and out.get(mean.denominator):
                 out[mean.key] = out[mean.numerator] / out[mean.denominator]
         return out
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, object]) -> MeasuredSums | None:
+    def from_metrics(
+        cls, metrics: Mapping[str, object], declaration: measures.Declaration = measures.DEFAULT
+    ) -> MeasuredSums | None:
         """Read the measured sums of a metrics mapping; ``None`` when it carries no measured key
         (``loss:sum`` aside). Raises ValueError naming a bad value or an inconsistent set of keys.
 
         A loss clips exactly when ``clipped_tokens:sum`` is present; the split keys are optional
-        but come together and need ``clipped_tokens:sum``; the gauge (and a registered group) is
+        but come together and need ``clipped_tokens:sum``; the gauge (and an added group of ``declaration``) is
         present exactly when one of its sums is (then all of them), its extremes optional.
         """
-        declared = measures.declared().by_key
+        declared = declaration.by_key
         present = [key for key in metrics if key in declared and key != keys.LOSS_SUM]
         if not present:
             return None
@@ -326,7 +339,7 @@ class MeasuredSums:
         if keys.LOSS_TOKENS not in metrics:
             raise ValueError(f"metrics carry {present} but not {keys.LOSS_TOKENS!r}")
         _check_split_keys(present)
-        return cls(values)
+        return cls(values, declaration=declaration)
 
 
 def _add_group(
@@ -414,21 +427,24 @@ CLIP_VALUE_KEYS = MEASURED_VALUE_KEYS
 """The name of :data:`MEASURED_VALUE_KEYS` from before the gauge."""
 
 
-def exact_measured_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+def exact_measured_metrics(
+    metrics: Mapping[str, float], declaration: measures.Declaration = measures.DEFAULT
+) -> dict[str, float]:
     """A copy of ``metrics`` with its measured values checked and the means formed from the sums.
 
     Raises ValueError naming a bad count or gauge value, an inconsistent set of measured keys, or a
     mean out of range. A mean whose sums are present is replaced by ``numerator / loss_tokens:sum``
     (dropped when no token was eligible: a mean is never invented); a mean without its sums is
     kept once it is checked (:func:`check_mean`). Metrics without measured keys are returned
-    unchanged.
+    unchanged. The measured keys and means are ``declaration``'s.
     """
     out = dict(metrics)
-    if MEASURED_VALUE_KEYS.isdisjoint(out):
+    measured = {*(m.key for m in declaration.datum_measures), *(m.key for m in declaration.means)}
+    if measured.isdisjoint(out):
         return out
-    sums = MeasuredSums.from_metrics(out)
+    sums = MeasuredSums.from_metrics(out, declaration)
     formed = sums.to_metrics() if sums is not None else {}
-    for mean in measures.MEANS:
+    for mean in declaration.means:
         if mean.numerator in formed:
             out.pop(mean.key, None)
         elif mean.key in out:

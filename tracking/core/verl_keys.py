@@ -78,29 +78,34 @@ def marker(field: str, value: str) -> str:
     return entry(f"{field}/{value}")
 
 
-def _sum_names() -> dict[str, str]:
-    """Entry name -> our metric key, for every declared sum measure but the loss."""
+def _sum_names(declaration: measures.Declaration) -> dict[str, str]:
+    """Entry name -> our metric key, for every sum measure of ``declaration`` but the loss."""
     return {
         m.name: m.key
-        for m in measures.declared().measures
+        for m in declaration.measures
         if m.reduction == measures.SUM and m.key != measures.LOSS.key
     }
 
 
-def logged_sums(metrics: Mapping[str, Any], prefix: str = LOGGED_PREFIX) -> dict[str, float]:
+def logged_sums(
+    metrics: Mapping[str, Any],
+    prefix: str = LOGGED_PREFIX,
+    declaration: measures.Declaration = measures.DEFAULT,
+) -> dict[str, float]:
     """Our sum keys (``clipped_tokens:sum``, ...) from the entries in one logged step's ``metrics``
     (``prefix``: :data:`LOGGED_PREFIX` for what verl's trainer logs, :data:`PREFIX` for a loss's own
     metrics). A count within 1e-9 (relative) of a whole number is rounded to it (verl's means over
-    ranks and micro-batches may leave the last bit off); the others are kept as they are."""
+    ranks and micro-batches may leave the last bit off); the others are kept as they are. The sums
+    read: ``declaration``'s."""
     out: dict[str, float] = {}
-    for name, key in _sum_names().items():
+    for name, key in _sum_names(declaration).items():
         value = metrics.get(prefix + name)
         if value is None or isinstance(value, bool):
             continue
         number = float(value)
         if not math.isfinite(number):
             continue
-        if measures.by_key(key).exact and abs(number - round(number)) <= 1e-9 * max(1.0, abs(number)):
+        if declaration.by_key[key].exact and abs(number - round(number)) <= 1e-9 * max(1.0, abs(number)):
             number = float(round(number))
         out[key] = number
     return out
