@@ -98,3 +98,35 @@ def test_notes_about_several_quantities_are_one_sentence_naming_them_all():
     ]
     assert sum("long-memory test" in n.text for n in result.notes) == 5
     assert lines[0].startswith("Aligned by step, all steps; 90% intervals: ")
+
+
+AXES = {"step", "tokens", "time", "tokens_seen", "elapsed_s"}
+"""The alignments and the frame columns that are their axes."""
+
+
+def axis_word_maps(source: str) -> list[int]:
+    """Lines of the dict literals of ``source`` that put words to two or more axes (string values;
+    ``align.ALIGNMENTS``' columns, ``step``/``tokens_seen``/``elapsed_s``, are names, not words)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Dict):
+            continue
+        keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        values = {v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+        if len(keys & AXES) >= 2 and values and not values <= {"step", "tokens_seen", "elapsed_s"}:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_axes_are_worded_in_one_place():
+    """``notes.words.AXIS_WORDS`` is the one map of axis -> words in the comparison (and the check
+    finds a second one)."""
+    assert axis_word_maps('W = {"step": "steps", "time": "seconds"}') == [1]
+    assert axis_word_maps('ALIGNMENTS = {"step": "step", "tokens": "tokens_seen", "time": "elapsed_s"}') == []
+    found = [
+        f"{path.relative_to(COMPARE)}:{line}"
+        for path in sorted(COMPARE.rglob("*.py"))
+        if "_vendor" not in path.parts and path != COMPARE / "notes" / "words.py"
+        for line in axis_word_maps(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, f"axis words outside notes/words.py: {found}"

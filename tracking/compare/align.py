@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cliptrack.compare.columns import N_STEPS, UNIT, Columns, X
-from cliptrack.compare.notes import densities_text
+from cliptrack.compare.notes import AXIS_WORDS, densities_text
 from cliptrack.compare.reasons import SparseTokenAxis, TokenDensity
 from cliptrack.compare.window import Window
 from cliptrack.core import keys
@@ -182,9 +182,6 @@ def unit_table(
     return _binned(steps, *_shared_range(steps, by, window))
 
 
-_AXIS_WORDS = {"step": "steps", "tokens_seen": "tokens seen", "elapsed_s": "elapsed seconds"}
-
-
 def check_window(runset: RunSet, align: str, window: Window) -> None:
     """Every run has data inside ``window`` on the ``align`` axis; ValueError naming the run and its
     range otherwise (an empty window would compare nothing and report NaN)."""
@@ -197,6 +194,6 @@ def check_window(runset: RunSet, align: str, window: Window) -> None:
         if values.empty or window.mask(values).any():
             continue
         raise ValueError(
-            f"--window {window} holds no data of run {info.display}: its {_AXIS_WORDS[axis]} run from "
+            f"--window {window} holds no data of run {info.display}: its {AXIS_WORDS[align].units} run from "
             f"{values.min():g} to {values.max():g}; choose a window inside that range"
         )
