@@ -79,13 +79,23 @@ class TrackedTrainingClient:
     itself before a step's first ``forward_backward`` (e.g. to the cookbook's batch index).
 
     Every other attribute is the client's own. ``forward`` (no backward) is not logged.
+    ``declaration``: the measures the service's outputs carry, merged per step
+    (:data:`cliptrack.core.measures.DEFAULT` unless given).
     """
 
-    def __init__(self, client: Any, tracker: Any, *, first_step: int = 0) -> None:
+    def __init__(
+        self,
+        client: Any,
+        tracker: Any,
+        *,
+        first_step: int = 0,
+        declaration: measures.Declaration = measures.DEFAULT,
+    ) -> None:
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
             raise ValueError(f"first_step must be an int >= 0, got {first_step!r}")
         self._client = client
         self._tracker = tracker
+        self._declaration = declaration
         self._step = first_step
         self._steps: dict[int, _Step] = {}
         self._changed = threading.Condition(threading.Lock())
@@ -233,7 +243,7 @@ class TrackedTrainingClient:
             elif record.calls:
                 outputs = [record.outputs[i] for i in range(record.calls)]
                 try:
-                    self._tracker.log_output(step, merge_outputs(outputs))
+                    self._tracker.log_output(step, merge_outputs(outputs, self._declaration))
                     self.logged_steps.append(step)
                 except Exception as exc:  # noqa: BLE001 - never break the client's callback thread
                     warnings.warn(

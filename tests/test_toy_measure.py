@@ -198,6 +198,27 @@ def test_eager_losses_megatron_merge_and_miles_carry_it_exactly(name, monkeypatc
     assert aggregator.emit("run", 0).metrics[TOY_KEY] == sum(expected)
 
 
+@pytest.mark.parametrize("stack", ["megatron", "miles", "tinker", "trl"])
+def test_each_stack_given_the_declaration_carries_it_through_a_step(stack, monkeypatch):
+    from cliptrack.adapters import tinker, trl
+    from cliptrack.adapters.miles import runtime
+    from cliptrack.adapters.shared.stack import run_step
+
+    monkeypatch.setenv(fused.ENV_VAR, "0")
+    stacks = {
+        "megatron": mg.MegatronStack(declaration=DECLARATION),
+        "miles": runtime.MilesStack(declaration=DECLARATION),
+        "tinker": tinker.TinkerStack(declaration=DECLARATION),
+        "trl": trl.TRLStack(declaration=DECLARATION),
+    }
+    batches = _batches(seed=7)
+    result = run_step(stacks[stack], "cispo", [(b["logprobs"], _inputs(b)) for b in batches])
+    expected = sum(_reference(b) for b in batches)
+    assert result.output.metrics[TOY_KEY] == expected
+    assert result.sums is not None and result.sums[TOY_KEY] == expected
+    assert result.sums.declaration is DECLARATION
+
+
 def test_cross_entropy_has_no_advantages_and_so_no_toy(monkeypatch):
     monkeypatch.setenv(fused.ENV_VAR, "0")
     batch = _batches(1)[0]
