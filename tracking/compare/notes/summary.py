@@ -4,6 +4,7 @@ warnings and notes. Run-provided text in it is ``printable``, so each line is on
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeAlias
 
 from cliptrack.compare import formatting as fmt
 from cliptrack.compare import reasons as r
@@ -120,12 +121,16 @@ def summary(result: Findings) -> str:
 # ------------------------------------------------------------------------------- grouped notes
 
 
-LISTABLE = (r.Approximate, r.NonFinite, r.WeightingGap, r.Influential, r.Stretches, r.ShortMemory, r.Lagging)
+Listable: TypeAlias = (
+    r.Approximate | r.NonFinite | r.WeightingGap | r.Influential | r.Stretches | r.ShortMemory | r.Lagging
+)
 """Note reasons whose sentence names their ``metric`` once, and so can say the same of several
 quantities at once ("each of a, b and c")."""
+LISTABLE = (r.Approximate, r.NonFinite, r.WeightingGap, r.Influential, r.Stretches, r.ShortMemory, r.Lagging)
+"""The :data:`Listable` reasons, for ``isinstance``."""
 
 
-def _same_but_metric(n: Note) -> r.NoteReason | None:
+def _same_but_metric(n: Note) -> Listable | None:
     """A note's reason with its quantity left out, when the reason is :data:`LISTABLE` and about the
     note's quantity; None otherwise (the note is shown as it is)."""
     reason = n.reason
@@ -138,7 +143,7 @@ def grouped_notes(result: Findings) -> list[str]:
     """How the comparison was made (axis, window, intervals, gates), then the notes, warnings
     first, each once: notes that say the same of several quantities are one line naming them all
     (written from their reason with the quantities listed)."""
-    grouped: dict[tuple[bool, r.NoteReason | str], list[str]] = {}
+    grouped: dict[tuple[bool, Listable | str], list[str]] = {}
     for n in result.notes:
         shape = _same_but_metric(n)
         metrics = grouped.setdefault((not n.warning, printable(n.text) if shape is None else shape), [])
