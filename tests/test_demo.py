@@ -212,11 +212,30 @@ def test_dashboard_panels_and_verdict_are_produced(demo):
     artifacts = {a.path for a in client.list_artifacts(comparison.info.run_id)}
     assert {"dashboard.html", "comparison.csv", "comparison.json"} <= artifacts
     assert any((out / "comparison-artifacts").rglob("comparison.json"))
-    # why: the dashboard's headline names the part of the mismatch KL that differs (the stale
-    # sampler's drift), the engine part agreeing at 0
+    # the dashboard's headline: three lines, then the control's verdict (same staleness, other path)
     headline = re.search(r'id="headline">(.*?)</p>', html, re.S)
     assert headline is not None
-    lines = html_module.unescape(headline.group(1)).split("\n")
+    assert len(html_module.unescape(headline.group(1)).split("\n")) == 3
+    control = re.search(r'<p class="control ([^"]*)" id="control">(.*?)</p>', html, re.S)
+    assert control is not None, "the demo ran a control: its verdict belongs on the dashboard"
+    said = html_module.unescape(control.group(2))
+    assert said.startswith(f"Control: {control.group(1).replace('-', ' ')} — megatron-stale2 "), said
+    if control.group(1) == "equivalent":
+        assert said.endswith("Staleness is the cause of the gap, not the stack."), said
+    # the MLflow experiment's page: the runs grouped by stack, the verdict in its description, the
+    # comparison run named after it
+    training = client.get_experiment_by_name("cliptrack-demo")
+    view = json.loads(training.tags["mlflow.sharedViewState.cliptrack-charts"])
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "group"}]
+    description = training.tags["mlflow.note.content"]
+    assert "Not equally on-policy" in description and "Control: " in description
+    assert comparison.info.run_name == "different: miles vs megatron (3 seeds each)"
+    assert f"/runs/{comparison.info.run_id})" in description
+    # why: the folded prose names the part of the mismatch KL that differs (the stale sampler's
+    # drift), the engine part agreeing at 0
+    prose = re.search(r'id="prose">(.*?)</p>', html, re.S)
+    assert prose is not None
+    lines = html_module.unescape(prose.group(1)).split("\n")
     why = next(line for line in lines if line.startswith("Why:"))
     assert "the drift part differs (miles" in why and "the engine part agrees (miles 0 vs megatron 0" in why
     assert why.endswith("The gap is in the drift part: staleness or the update's own drift."), why

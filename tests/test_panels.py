@@ -479,23 +479,25 @@ def test_difference_panel_draws_the_result():
     edges.append((segments[-1].start, segments[-1].end))
     band = next(t for t in fig.traces if t.kind == BAND)
     assert band.x.tolist() == [x for edge in edges for x in edge]
-    np.testing.assert_array_equal(band.y, [s.estimate.high for s in segments for _ in (0, 1)])
-    np.testing.assert_array_equal(band.y2, [s.estimate.low for s in segments for _ in (0, 1)])
+    # on the log-ratio scale every y is a ratio run / reference: exp of the log-ratio difference
+    np.testing.assert_allclose(band.y, [math.exp(s.estimate.high) for s in segments for _ in (0, 1)])
+    np.testing.assert_allclose(band.y2, [math.exp(s.estimate.low) for s in segments for _ in (0, 1)])
     step_line, whole = (t for t in fig.traces if t.kind == LINE)
-    np.testing.assert_array_equal(step_line.y, [s.estimate.value for s in segments for _ in (0, 1)])
-    assert set(whole.y) == {d.estimate.value} and tuple(whole.x) == fig.x_range
+    np.testing.assert_allclose(step_line.y, [math.exp(s.estimate.value) for s in segments for _ in (0, 1)])
+    assert np.allclose(whole.y, math.exp(d.estimate.value)) and tuple(whole.x) == fig.x_range
     spans = [tuple(t.x) for t in fig.traces if t.kind == SPAN]
     assert spans == [edge for edge, s in zip(edges, segments, strict=True) if s.verdict == DIFFERENT]
     assert any(lo < 660 and hi >= 600 for lo, hi in spans)  # the differing steps are shaded
     assert all(not (hi < 600 or lo >= 660) for lo, hi in spans)  # and nothing else
     margins = sorted(float(t.y[0]) for t in fig.traces if t.kind == HLINE and t.dash == "dash")
-    assert margins == [-d.tolerance, d.tolerance]
-    # both runs clip well away from zero: the relative margin, on the log-ratio scale
-    assert d.scale == "log-ratio" and fig.y_title == "log(run / reference)" and not fig.percent
-    assert figs["throughput_difference"].y_title == "log(run / reference)"
+    assert np.allclose(margins, [1 / 1.25, 1.25])  # the ±25 % margin, as ratios
+    # both runs clip well away from zero: the relative margin, on the log-ratio scale, drawn as ratios
+    assert d.scale == "log-ratio" and fig.ratio and fig.y_title == "run / reference (log scale)"
+    assert not fig.percent and fig.segmented and "over training" in fig.title
+    assert figs["throughput_difference"].y_title == "run / reference (log scale)"
 
 
-def test_seed_groups_draw_each_seed_and_the_groups_range():
+def test_seed_groups_draw_each_seed_and_the_groups_mean_and_spread():
     from cliptrack.compare.views.plots import BAND, LINE, panel_figures
 
     seeds = {
@@ -508,19 +510,29 @@ def test_seed_groups_draw_each_seed_and_the_groups_range():
     for color_index, (name, runs) in enumerate(seeds.items()):
         group = f"{name} (3 seeds)"
         mine = [t for t in fig.traces if t.group == group]
-        thin = [t for t in mine if t.kind == LINE]
-        assert len(thin) == 3 and all(t.width == 1 for t in thin)
-        assert [bool(t.name) for t in thin] == [True, False, False]  # one legend entry per group
+        lines = [t for t in mine if t.kind == LINE]
+        thin, (mean,) = [t for t in lines if not t.name], [t for t in lines if t.name]
+        assert len(thin) == 3 and all(t.width < mean.width for t in thin)  # each seed, thin
+        assert mean.name == f"{group}: mean ± sd over seeds"  # one legend entry per group
         (band,) = [t for t in mine if t.kind == BAND]
         per_step = np.array([[p.metrics["reward:mean"] for p in r.points] for r in runs])
-        np.testing.assert_array_equal(band.y2, per_step.min(axis=0))
-        np.testing.assert_array_equal(band.y, per_step.max(axis=0))
+        np.testing.assert_allclose(mean.y, per_step.mean(axis=0))
+        sd = per_step.std(axis=0, ddof=1)
+        np.testing.assert_allclose(band.y2, per_step.mean(axis=0) - sd)
+        np.testing.assert_allclose(band.y, per_step.mean(axis=0) + sd)
         assert {t.color for t in mine} == {PALETTE[color_index]}
     diff = next(f for f in panel_figures(runset, result) if f.panel.id == "clip_fraction_difference")
-    g = result.group_difference("clip_fraction").estimate
-    (band,) = [t for t in diff.traces if t.kind == BAND]  # the stacks' difference over seeds
-    assert set(band.y) == {g.high} and set(band.y2) == {g.low}
-    assert {float(v) for t in diff.traces if t.kind == LINE for v in t.y} == {g.value}
+    g = result.group_difference("clip_fraction")
+    if len(g.segments) > 1:  # the stacks' difference per segment across seeds, as ratios
+        step = next(t for t in diff.traces if t.kind == LINE and t.name.endswith("per segment"))
+        segments = sorted(g.segments, key=lambda s: s.start)
+        np.testing.assert_allclose(step.y, [math.exp(s.estimate.value) for s in segments for _ in (0, 1)])
+        assert diff.segmented
+    else:  # the whole window's difference over seeds alone
+        (band,) = [t for t in diff.traces if t.kind == BAND]
+        assert np.allclose(band.y, math.exp(g.estimate.high))
+        assert np.allclose(band.y2, math.exp(g.estimate.low))
+        assert not diff.segmented and "over training" not in diff.title
 
 
 def test_long_runs_are_downsampled_for_drawing_only():
@@ -563,7 +575,7 @@ def test_matplotlib_draws_what_the_dashboard_draws():
     labels = [t.get_text() for t in axes["clip_fraction_difference"].get_legend().get_texts()]
     d = result.difference("clip_fraction")
     assert d.scale == "log-ratio"
-    assert f"± margin {math.log(1.25):.3g} (25%)" in labels  # the line's height, then ±25 %, the default
+    assert "± margin 25 %" in labels  # the default, drawn as ratios ×1.25 and ×0.8
     assert "miles-run − megatron-run per segment" in labels
     import matplotlib.pyplot as plt
 

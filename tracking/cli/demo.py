@@ -177,7 +177,7 @@ def _train_run(
     tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
     with Tracker(
         run_name=run_name(config.path, args.loss, config.staleness, config.seed),
-        backends=["mlflow", "jsonl"] + (["wandb"] if args.wandb else []),
+        sinks=["mlflow", "jsonl"] + (["wandb"] if args.wandb else []),
         backend_label=config.path,
         config={**config.as_config(), "group": group},
         sink_options={
@@ -443,8 +443,13 @@ def find_output(out: str | Path = DEFAULT_OUT, *, near: Path | None = None) -> P
 
 def _training_experiment(tracking_uri: str, out: Path) -> str:
     """Create the demo's MLflow experiment (unless it exists) as a training experiment for ``mlflow
-    ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory)."""
-    return training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
+    ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory),
+    its view grouping the runs by stack (``demo_view.group_by_stack``)."""
+    from cliptrack.cli.demo_view import group_by_stack
+
+    experiment_id = training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
+    group_by_stack(tracking_uri, experiment_id)
+    return experiment_id
 
 
 def _probe(last: tuple[Any, Any], folder: Path) -> tuple[str, tuple[Path, Path]]:
@@ -510,8 +515,9 @@ def _compare(
     dashboard and the panels; then the control (Miles against the Megatron path as stale as Miles,
     on other seeds): its headline."""
     from cliptrack.backends.load import load_runs
+    from cliptrack.cli.demo_view import show_verdict
     from cliptrack.compare.engine import compare
-    from cliptrack.compare.views.dashboard import write_dashboard
+    from cliptrack.compare.views.dashboard import Control, write_dashboard
     from cliptrack.compare.views.mlflow_run import log_comparison
     from cliptrack.compare.views.wandb_panels import save_or_write
 
@@ -521,6 +527,7 @@ def _compare(
     result.worst = worst_of_runs(runs)  # the sequences that recur as worst: the dashboard shows them
     print(format_result(result))
     lines = [stacks_verdict_line(result)]
+    shown = None  # the control, on the dashboard and the experiment's page
     if control in groups and "miles" in stacks:
         both = load_runs(groups[control] + stacks["miles"], tracking_uri=tracking_uri)
         check = compare(both, groups=_labelled(both, {control: groups[control], "miles": stacks["miles"]}))
@@ -528,8 +535,13 @@ def _compare(
         print(control_heading(control))
         print("\n".join(check.headline_lines()))
         lines.append(control_verdict_line(control, check, result))
+        shown = Control(check, f"{control} (the Megatron path as stale as Miles) vs miles", "staleness")
     dashboard = write_dashboard(
-        out / "dashboard.html", runs, result, title="cliptrack demo: megatron vs miles over seeds"
+        out / "dashboard.html",
+        runs,
+        result,
+        title="cliptrack demo: megatron vs miles over seeds",
+        control=shown,
     )
     comparison_id = log_comparison(
         runs,
@@ -538,6 +550,7 @@ def _compare(
         dashboard=dashboard,
         artifact_dir=out / "comparison-artifacts",
     )
+    show_verdict(tracking_uri, EXPERIMENT, result, shown, comparison_id)  # on the experiment's page
     panels: dict[str, Any] = save_or_write(
         "cliptrack", "cliptrack-demo", names, result.summary(), out=out / "wandb-panels.json", online=False
     )

@@ -432,6 +432,8 @@ def panel_figures(
             drawn = [t for t in traces if t.kind in (LINE, MARKERS) and np.isfinite(t.y).any()]
             notes = [] if drawn else ["not logged by the compared runs"]
             ratio, is_segmented, title = False, True, panel.title
+            if result.groups and panel.band:  # a stack's band is its seeds' spread, not the rolling interval
+                title = panel.title.replace("with 90% band", "mean over seeds ± sd")
         # a ratio is a plain number (its ticks are not percentages of anything)
         percent = panel.percent and not ratio
         out.append(
