@@ -257,8 +257,10 @@ def test_margins_on_the_command_line_relative_absolute_and_floor(spool, capsys):
     absolute = clip("--margin", "clip_fraction=0.1")
     assert absolute["q"]["scale"] == "absolute" and absolute["d"]["scale"] == "absolute"
     assert absolute["d"]["verdict"] == "equivalent"
-    with pytest.warns(DeprecationWarning, match="write 10%"):
-        assert main([*base, "--margin", "throughput=0.1"]) == 0
+    assert main([*base, "--margin", "throughput=0.1"]) == 0  # a plain number: absolute, tokens/s
+    [q] = [q for q in json.loads(capsys.readouterr().out)["quantities"] if q["metric"] == "throughput"]
+    assert (q["scale"], q["margin"]) == ("absolute", 0.1)
+    assert main([*base, "--margin", "throughput=10%"]) == 0
     [q] = [q for q in json.loads(capsys.readouterr().out)["quantities"] if q["metric"] == "throughput"]
     assert (q["scale"], q["margin"]) == ("log-ratio", 0.1)
     assert main([*base, "--margin", "clip_fraction=0.1", "--margin-floor", "clip_fraction=0.001"]) == 2

@@ -69,8 +69,8 @@ def test_margins_as_written_on_the_command_line():
     clip = qs.quantity("clip_fraction")
     assert qs.parse_margin(clip, "25%") == qs.relative(0.25)
     assert qs.parse_margin(clip, "0.002") == qs.absolute(0.002)
-    with pytest.warns(DeprecationWarning, match="write 5%"):
-        assert qs.parse_margin(qs.quantity("throughput"), "0.05") == qs.relative(0.05)
+    assert qs.parse_margin(qs.quantity("throughput"), "0.05") == qs.absolute(0.05)  # as for every quantity
+    assert qs.parse_margin(qs.quantity("reward"), "5%") == qs.relative(0.05)
     for bad in ("x", "-5%", "0", "inf", "25%,x", "25%,-1", "25%,0"):
         with pytest.raises(ValueError):
             qs.parse_margin(clip, bad)

@@ -120,8 +120,7 @@ def test_equivalent_with_unequal_lengths_and_gaps():
 
 def test_small_difference_against_tight_tolerance_is_not_equivalent():
     megatron, miles = megatron_vs_miles(miles_clip_p=0.112)
-    with pytest.warns(DeprecationWarning, match="tolerances"):  # the old keyword keeps its meaning
-        result = compare(runset_of(megatron, miles), tolerances={"clip_fraction": 0.01})
+    result = compare(runset_of(megatron, miles), margins={"clip_fraction": 0.01})  # absolute
     d = result.difference("clip_fraction")
     assert d.estimate.high > 0.01
     assert d.verdict in (INCONCLUSIVE, DIFFERENT)

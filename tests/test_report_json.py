@@ -58,7 +58,7 @@ def test_the_json_validates_against_the_documented_schema_version(which, request
     jsonschema.Draft202012Validator.check_schema(schema)
     data = json.loads(result.to_json())
     jsonschema.Draft202012Validator(schema).validate(data)
-    assert data["schema_version"] == report_json.SCHEMA_VERSION == _documented_version() == 2
+    assert data["schema_version"] == report_json.SCHEMA_VERSION == _documented_version() == 3
     assert len(data["differences" if which == "pair" else "group_differences"]) >= 5
 
 

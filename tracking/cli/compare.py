@@ -236,7 +236,7 @@ def _quantity(name: str, flag: str) -> Quantity:
 
 def parse_margins(args: argparse.Namespace) -> dict[str, Margin]:
     """Margins by quantity name (``quantities.Margin``) from ``--margin Q=V`` (``V%`` relative, a
-    plain number absolute; for reward and throughput a plain number stays relative, deprecated),
+    plain number absolute, for every quantity),
     ``--margin-floor Q=V`` and the named margin options."""
     margins: dict[str, Margin] = {}
     for name, value in _pairs(getattr(args, "margin", []), "--margin", "clip_fraction=25%"):

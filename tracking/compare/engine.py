@@ -20,7 +20,6 @@ level. There is no resampling: a comparison repeats exactly.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -138,24 +137,6 @@ def _choose_quantities(
     known = {q.name for q in qs.QUANTITIES}
     given = {name: value for name, value in margins.items() if name in logged or name not in known}
     return qs.with_margins(chosen, given, abs_margins)
-
-
-def _given_margins(
-    margins: Mapping[str, qs.Margin | float] | None, tolerances: Mapping[str, float] | None
-) -> Mapping[str, qs.Margin | float]:
-    """``margins``, or the deprecated ``tolerances`` in their old meaning (not both)."""
-    if tolerances is None:
-        return margins or {}
-    if margins is not None:
-        raise ValueError("give margins either as margins= or as the deprecated tolerances=, not both")
-    warnings.warn(
-        "compare(tolerances=...) is deprecated: give margins={name: relative(0.25)} or absolute(0.002) "
-        "(cliptrack.compare.quantities); tolerances keep their old meaning (absolute for clip fractions "
-        "and the mismatch KL, relative for reward and throughput)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return qs.legacy_margins(tolerances)
 
 
 def _check_settings(align: str, confidence: float) -> None:
@@ -280,7 +261,6 @@ def compare(
     align: str = "step",
     window: Window | None = None,
     margins: Mapping[str, qs.Margin | float] | None = None,
-    tolerances: Mapping[str, float] | None = None,
     reward_abs_tolerance: float | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> ComparisonResult:
@@ -294,9 +274,7 @@ def compare(
     ``reward``, ``throughput``, ...) to margins: ``quantities.relative(0.25)`` (±25 % on the
     log-ratio scale, with the quantity's absolute floor near zero; ``relative(0.25, floor=1e-4)``
     sets the floor), ``quantities.absolute(0.002)`` (in the quantity's units, at every level), or a
-    plain number (absolute). Defaults: ``DEFAULT_TOLERANCES``. ``tolerances`` (deprecated, with a
-    DeprecationWarning) keeps its old meaning: absolute for clip fractions and the mismatch KL,
-    relative for reward and throughput. ``reward_abs_tolerance`` (reward units, default 0.02) is
+    plain number (absolute). Defaults: ``DEFAULT_TOLERANCES``. ``reward_abs_tolerance`` (reward units, default 0.02) is
     the reward's floor, the margin used when the rewards are near zero.
     """
     if group_by is not None:
@@ -307,7 +285,7 @@ def compare(
     labels, named = _labels(runset, runs, groups)
     _check_settings(align, confidence)
     window = window or Window()
-    given = _given_margins(margins, tolerances)
+    given = margins or {}
     recipes = _recipes(runset, labels)
     quantities = _labelled(_choose_quantities(runset, labels, given, reward_abs_tolerance), recipes)
     withheld = rc.quantities_defined_differently(recipes)

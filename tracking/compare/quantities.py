@@ -38,7 +38,6 @@ fraction always; a mismatch KL once it is logged), each against its own margin.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -131,9 +130,7 @@ class Quantity:
     units), ``log-ratio`` (``margin`` relative: 0.05 = ±5 %) or ``auto`` (relative ``margin``
     when clearly away from zero, else the floor ``abs_margin``). ``bounds``: the range the
     quantity lives in (intervals are kept inside it: ``FRACTION``, or ``NONNEGATIVE``, whose
-    intervals are formed on the log scale). ``plain_relative``: a margin given as a plain number
-    (the deprecated ``tolerances=``, a command-line number without ``%``) was always relative for
-    this quantity (reward, throughput), so it still is. ``percent``: shown in percent, differences in percentage
+    intervals are formed on the log scale). ``percent``: shown in percent, differences in percentage
     points. ``verdict``: its pair verdict is shown and gated on (False: shown for diagnosis only,
     the low/high split). ``on_policy``: part of the "equally on-policy" answer. ``optional``:
     its absence is no warning (compared only when logged). ``approximate_key``: another
@@ -159,7 +156,6 @@ class Quantity:
     margin_of: str | None = None
     lead_lag: bool = False
     plural: str = ""
-    plain_relative: bool = False
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -201,11 +197,6 @@ class Quantity:
         floor = self.abs_margin if margin.floor is None else margin.floor
         scale = AUTO if math.isfinite(floor) else LOG_RATIO
         return replace(self, scale=scale, margin=margin.value, abs_margin=floor)
-
-    def plain(self, value: float) -> Margin:
-        """What a margin given as a plain number means for this quantity: relative for reward and
-        throughput (``plain_relative``), absolute otherwise."""
-        return relative(value) if self.plain_relative else absolute(value)
 
     @property
     def default_margin(self) -> Margin:
@@ -402,7 +393,6 @@ QUANTITIES: tuple[Quantity, ...] = (
         RELATIVE_MARGIN,
         abs_margin=REWARD_ABS_MARGIN,
         lead_lag=True,
-        plain_relative=True,
     ),
     Quantity(
         "throughput",
@@ -412,7 +402,6 @@ QUANTITIES: tuple[Quantity, ...] = (
         LOG_RATIO,
         RELATIVE_MARGIN,
         bounds=NONNEGATIVE,
-        plain_relative=True,
     ),
 )
 """Every compared quantity, in display order."""
@@ -463,17 +452,8 @@ def margin_from_text(name: str, text: str, plain: Callable[[float], Margin] = ab
 
 def parse_margin(q: Quantity, text: str) -> Margin:
     """A margin of ``q`` as written on the command line (:func:`margin_from_text`): ``25%`` is
-    relative, a plain number absolute in ``q``'s units (for reward and throughput, whose plain
-    numbers were always relative, still relative, with a DeprecationWarning: write ``5%``)."""
-    margin = margin_from_text(q.name, text, q.plain)
-    if q.plain_relative and "%" not in text and "," not in text:
-        warnings.warn(
-            f"a plain number as the {q.name} margin is read as relative ({margin.value * 100:g}%), as before; "
-            f"write {margin.value * 100:g}% (a plain number will mean an absolute margin)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    return margin
+    relative, a plain number absolute in ``q``'s units, for every quantity."""
+    return margin_from_text(q.name, text)
 
 
 def with_margins(
@@ -499,17 +479,4 @@ def with_margins(
             if q.scale == LOG_RATIO:
                 q = replace(q, scale=AUTO)
         out.append(q)
-    return out
-
-
-def legacy_margins(tolerances: Mapping[str, float]) -> dict[str, Margin]:
-    """The deprecated ``tolerances={name: number}`` in its old meaning: relative for reward and
-    throughput, absolute for the others (clip fractions, mismatch KL, ...). Unknown names are kept
-    as absolute margins, for :func:`with_margins` to refuse by name."""
-    known = {q.name: q for q in QUANTITIES}
-    out: dict[str, Margin] = {}
-    for name, value in tolerances.items():
-        _check_margin(name, value)
-        q = known.get(name)
-        out[name] = absolute(value) if q is None else q.plain(value)
     return out

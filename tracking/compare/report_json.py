@@ -38,9 +38,10 @@ from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate
 from cliptrack.compare.stats.seeds import GroupEstimate
 from cliptrack.core.secrets import redact_value
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the JSON's layout (``schema_version``): raised when a key is renamed or removed,
-or its type changes (a key added keeps it). 2: the layout derived from the dataclasses, with ``schema_version``."""
+or its type changes (a key added keeps it). 2: the layout derived from the dataclasses, with
+``schema_version``; 3: a quantity's ``plain_relative`` dropped."""
 
 OBJECTS: dict[str, type] = {
     "estimate": Estimate,
