@@ -53,7 +53,7 @@ from cliptrack.core.recipe import Recipe
 from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
 
-__all__ = ["COOKBOOK_KEYS", "STACK", "TinkerStack", "TrackedTrainingClient", "cookbook_metrics"]
+__all__ = ["CookbookLogger", "TrackedTrainingClient"]
 
 
 @dataclass
@@ -430,3 +430,7 @@ def __getattr__(name: str) -> Any:
     if name == "CookbookLogger":
         return _cookbook_logger_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+CookbookLogger: type
+"""tinker-cookbook's ``ml_log.Logger`` writing into a cliptrack run (built on first use: :func:`_cookbook_logger_class`)."""

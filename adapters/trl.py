@@ -54,18 +54,7 @@ from cliptrack.core.sums import MeasuredSums
 from cliptrack.core.versions import check_version
 from torch import Tensor
 
-__all__ = [
-    "PPO_LOSS_TYPES",
-    "STACK",
-    "TRLStack",
-    "ExactWindow",
-    "GRPOTrainer",
-    "Measured",
-    "TRLRecipe",
-    "measure_micro_step",
-    "read_back",
-    "recipe_of",
-]
+__all__ = ["GRPOTrainer"]
 
 MINIMUM = (1, 16)
 """Oldest TRL the hooks were verified on."""

@@ -59,7 +59,7 @@ from cliptrack.core import keys, measures, verl_keys
 from cliptrack.core.sums import MeasuredSums
 from torch import Tensor
 
-__all__ = ["ENGINE_ENV", "TWINS", "VerlStack", "register", "twin_metrics"]
+__all__ = ["register"]
 
 TWINS: dict[str, str] = {"cliptrack_vanilla": "vanilla", "cliptrack_cispo": "cispo"}
 """cliptrack's mode name -> the verl mode it twins."""

@@ -23,7 +23,7 @@ PREVIOUS = (
     "import argparse, importlib, sys\n"
     "import cliptrack.compare\n"
     "from cliptrack.cli.main import COMMANDS\n"
-    "[getattr(cliptrack.compare, name) for name in cliptrack.compare.__all__]\n"
+    "[getattr(cliptrack.compare, name) for name in cliptrack.compare._HOMES]\n"
     "p = argparse.ArgumentParser(prog='cliptrack')\n"
     "sub = p.add_subparsers(dest='command', required=True)\n"
     "for name, c in COMMANDS.items():\n"

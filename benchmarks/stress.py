@@ -399,7 +399,7 @@ def worker(kind: str, spool: str) -> None:
     from cliptrack.log.tracker import Tracker
 
     if kind == "overload":
-        tracker = Tracker("overload", backends=("jsonl",), spool_dir=spool, handle_signals=False)
+        tracker = Tracker("overload", sinks=("jsonl",), spool_dir=spool, handle_signals=False)
         print(f"run {tracker.run_id}", flush=True)
         step = 0
         while True:
@@ -407,7 +407,7 @@ def worker(kind: str, spool: str) -> None:
             step += 1
     if kind == "memory":
         before = _rss_now()
-        with Tracker("memory", backends=("jsonl",), spool_dir=spool, handle_signals=False) as tracker:
+        with Tracker("memory", sinks=("jsonl",), spool_dir=spool, handle_signals=False) as tracker:
             for step in range(MEMORY_STEPS):
                 tracker.log(step, _ten(step))
         print(f"growth {_peak_rss() - before}", flush=True)
@@ -416,7 +416,7 @@ def worker(kind: str, spool: str) -> None:
         dead = f"http://127.0.0.1:{_closed_port()}"
         tracker = Tracker(
             "latency",
-            backends=(dead,),
+            sinks=(dead,),
             spool_dir=spool,
             open_timeout_s=0,
             handle_signals=False,
@@ -447,7 +447,7 @@ def worker(kind: str, spool: str) -> None:
         return
     if kind == "sigterm":
         dead = f"http://127.0.0.1:{_closed_port()}"
-        tracker = Tracker("sigterm", backends=(dead,), spool_dir=spool, open_timeout_s=0)
+        tracker = Tracker("sigterm", sinks=(dead,), spool_dir=spool, open_timeout_s=0)
         print("logging 1", flush=True)
         step = 0
         while True:

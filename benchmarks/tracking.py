@@ -57,7 +57,7 @@ def per_step(work: Path, steps: int) -> dict[str, float]:
     tracker_db = f"sqlite:///{work / 'tracker.db'}"
     fluent_db = f"sqlite:///{work / 'fluent.db'}"
     tracker = Tracker(
-        "bench-per-step", backends=(tracker_db, "jsonl"), spool_dir=work / "spool", handle_signals=False
+        "bench-per-step", sinks=(tracker_db, "jsonl"), spool_dir=work / "spool", handle_signals=False
     )
     mlflow.set_tracking_uri(fluent_db)
     mlflow.set_experiment("bench")
@@ -96,7 +96,7 @@ def end_to_end(work: Path, steps: int, repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {"tracker": [], "log_batch": []}
     for _ in range(repeats):
         tracker = Tracker(
-            "bench-e2e", backends=(uri,), experiment="e2e", spool_dir=work / "spool", handle_signals=False
+            "bench-e2e", sinks=(uri,), experiment="e2e", spool_dir=work / "spool", handle_signals=False
         )
         start = time.perf_counter()
         for step in range(steps):

@@ -45,7 +45,7 @@ variant, reference, spool, window, key = sys.argv[1], sys.argv[2], sys.argv[3], 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
 if variant == "current":
-    tracker = Tracker("w", backends=["jsonl"], spool_dir=spool, watch=live.Watch(key, reference=reference, window=window))
+    tracker = Tracker("w", sinks=["jsonl"], spool_dir=spool, watch=live.Watch(key, reference=reference, window=window))
     took = time.perf_counter() - start
     tracker.close()
 elif variant == "previous":
@@ -60,7 +60,7 @@ elif variant == "previous":
     smooth = np.array([np.median(arr[max(0, i - half) : i + half + 1]) for i in range(arr.size)])
     took = time.perf_counter() - start
 else:  # the baseline: the same imports, a tracker without a watch
-    Tracker("w", backends=["jsonl"], spool_dir=spool).close()
+    Tracker("w", sinks=["jsonl"], spool_dir=spool).close()
     took = 0.0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"seconds": took, "before_kb": before, "peak_kb": peak}))

@@ -211,7 +211,7 @@ def log_with_tracker(run: SyntheticRun, *, tracking_uri: str, spool_dir: Path, w
     os.environ.setdefault("WANDB_SILENT", "true")
     with Tracker(
         run_name=run.run_name,
-        backends=["mlflow", "wandb"],
+        sinks=["mlflow", "wandb"],
         backend_label=run.backend,
         config=run.config,
         sink_options={

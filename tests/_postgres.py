@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from cliptrack import Limits
+
 USER = "cliptrack"
 """The cluster's superuser, who owns every database the tests create."""
 
@@ -186,12 +188,12 @@ def load(spool: str, uri: str, run_id: str, metrics: int, stop_file: str, out: s
     stop = Path(stop_file)
     with Tracker(
         run_id,
-        backends=(uri,),
+        sinks=(uri,),
         run_id=run_id,
         spool_dir=spool,
         experiment="postgres-load",
         backend_label="megatron",
-        flush_interval_s=0.2,
+        limits=Limits(flush_interval_s=0.2),
         close_timeout_s=120,
         handle_signals=False,
     ) as tracker:

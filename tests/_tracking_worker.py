@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 
@@ -47,7 +48,9 @@ def signal_loop(spool: str, backend: str, mode: str, count_file: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     backends = ("jsonl",) if backend == "jsonl" else (backend, "jsonl")
-    with Tracker("sig", backends=backends, spool_dir=spool, flush_interval_s=0.2, backend_label="miles") as t:
+    with Tracker(
+        "sig", sinks=backends, spool_dir=spool, limits=Limits(flush_interval_s=0.2), backend_label="miles"
+    ) as t:
         print(f"run {t.run_id}", flush=True)
         if mode == "tight":
             _tight(t)
@@ -106,7 +109,7 @@ def fork_run(spool: str, backend: str, scenario: str) -> None:
 
     fork = multiprocessing.get_context("fork")
     backends = ("jsonl",) if backend == "jsonl" else (backend, "jsonl")
-    with Tracker("fork", backends=backends, spool_dir=spool, flush_interval_s=0.1) as tracker:
+    with Tracker("fork", sinks=backends, spool_dir=spool, limits=Limits(flush_interval_s=0.1)) as tracker:
         print(f"run {tracker.run_id}", flush=True)
         _log_range(tracker, 0, 200)
         if scenario == "child_exit":
@@ -178,7 +181,7 @@ def _workers_until_interrupted(tracker: Tracker, fork: Any) -> None:
 
 def rank_run(spool: str, db_uri: str, run_id: str | None = None) -> None:
     """One launcher-started process: log 5 steps under a fixed or fresh run id; report the rank."""
-    with Tracker("ranks", backends=(db_uri, "jsonl"), spool_dir=spool, run_id=run_id) as tracker:
+    with Tracker("ranks", sinks=(db_uri, "jsonl"), spool_dir=spool, run_id=run_id) as tracker:
         for step in range(5):
             tracker.log(step, {keys.LOSS_SUM: float(step)})
         print(f"rank {tracker.rank} active={tracker.active} run_id={tracker.run_id}", flush=True)
@@ -187,7 +190,7 @@ def rank_run(spool: str, db_uri: str, run_id: str | None = None) -> None:
 def new_store_run(spool: str, db_uri: str, count: int) -> None:
     """One of several processes starting together on a store that does not exist yet: COUNT steps of
     two keys; close waits for the store (created by one of them, however loaded the machine)."""
-    with Tracker("new-store", backends=(db_uri, "jsonl"), spool_dir=spool, close_timeout_s=600) as tracker:
+    with Tracker("new-store", sinks=(db_uri, "jsonl"), spool_dir=spool, close_timeout_s=600) as tracker:
         print(f"run {tracker.run_id}", flush=True)
         for step in range(count):
             tracker.log(step, _metrics(step))
@@ -197,7 +200,7 @@ def new_store_run(spool: str, db_uri: str, count: int) -> None:
 def crash_loop(spool: str) -> None:
     """Log forever; report flushes and, separately, how many points were logged at what time."""
     tracker = Tracker(
-        "crash", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False
+        "crash", sinks=("jsonl",), spool_dir=spool, limits=Limits(flush_interval_s=0.2), handle_signals=False
     )
     print(f"run {tracker.run_id}", flush=True)
     step = 0
@@ -220,7 +223,7 @@ def dist_run(spool: str, db_uri: str, rank: int, world: int, port: int) -> None:
     try:
         with Tracker(
             f"dist-{world}",
-            backends=(db_uri, "jsonl"),
+            sinks=(db_uri, "jsonl"),
             spool_dir=spool,
             backend_label="megatron",
             config={"world_size": world},
@@ -237,12 +240,11 @@ def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int,
     """One process's share of a run: steps FIRST .. FIRST+COUNT-1 under RUN_ID, to MLflow and W&B."""
     with Tracker(
         "resumed",
-        backends=(db_uri, "wandb"),
+        sinks=(db_uri, "wandb"),
         spool_dir=spool,
         sink_options={"wandb": {"dir": wandb_dir, "mode": "offline"}},
         run_id=run_id,
-        flush_interval_s=0.05,
-        max_batch_points=100,
+        limits=Limits(flush_interval_s=0.05, max_batch_points=100),
     ) as tracker:
         for step in range(first, first + count):
             tracker.log(step, _metrics(step))
@@ -252,7 +254,11 @@ def resume_run(spool: str, db_uri: str, wandb_dir: str, run_id: str, first: int,
 def overload_loop(spool: str) -> None:
     """Log 10-metric steps in a tight loop (faster than they can be written); report the count."""
     tracker = Tracker(
-        "overload", backends=("jsonl",), spool_dir=spool, flush_interval_s=0.2, handle_signals=False
+        "overload",
+        sinks=("jsonl",),
+        spool_dir=spool,
+        limits=Limits(flush_interval_s=0.2),
+        handle_signals=False,
     )
     print(f"run {tracker.run_id}", flush=True)
     step = 0
@@ -272,7 +278,7 @@ def slow_disk_loop(spool: str, cgroup: str, times_file: str) -> None:
 
     with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
         fh.write(f"{os.getpid()}\n")
-    tracker = Tracker("slow-disk", backends=("jsonl",), spool_dir=spool, handle_signals=False)
+    tracker = Tracker("slow-disk", sinks=("jsonl",), spool_dir=spool, handle_signals=False)
     print(f"run {tracker.run_id}", flush=True)
     fd = os.open(times_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     clock, times = time.time, array("d")
@@ -295,11 +301,10 @@ def wandb_loop(spool: str, wandb_dir: str) -> None:
     """Log to W&B offline (and the spool) until killed; report flushes."""
     tracker = Tracker(
         "wb-crash",
-        backends=("wandb",),
+        sinks=("wandb",),
         spool_dir=spool,
         sink_options={"wandb": {"dir": wandb_dir, "mode": "offline"}},
-        flush_interval_s=0.05,
-        max_batch_points=50,
+        limits=Limits(flush_interval_s=0.05, max_batch_points=50),
         handle_signals=False,
     )
     print(f"run {tracker.run_id}", flush=True)

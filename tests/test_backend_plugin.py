@@ -240,7 +240,7 @@ def _round_trip(flag: str, directory: Path, runs: dict[str, tuple[str, int, int]
 def test_a_backend_registered_with_one_call_logs_lists_and_compares(tmp_path, toy_backend, capsys):
     target = tmp_path / "toy-runs"
     runs = {
-        name: _log_run(name, p, seed, backends=[f"toy:{target}"], spool_dir=tmp_path / "spool")
+        name: _log_run(name, p, seed, sinks=[f"toy:{target}"], spool_dir=tmp_path / "spool")
         for name, p, seed in (("low", 0.10, 1), ("high", 0.30, 2))
     }
     assert len(list(target.glob("*.toy"))) == 2
@@ -266,7 +266,7 @@ def test_the_csv_backend_logs_lists_and_compares(tmp_path, capsys):
     target = tmp_path / "csv-runs"
     runs = {
         name: _log_run(
-            name, p, seed, backends=["csv"], sink_options={"csv": {"dir": target}}, spool_dir=tmp_path
+            name, p, seed, sinks=["csv"], sink_options={"csv": {"dir": target}}, spool_dir=tmp_path
         )
         for name, p, seed in (("low", 0.10, 3), ("high", 0.30, 4))
     }
@@ -291,7 +291,7 @@ def test_a_backends_vendor_library_is_imported_only_when_it_is_used(tmp_path):
     probe = (
         "import sys\n"
         "from cliptrack import Tracker, load_runs\n"
-        f"with Tracker('x', backends=['csv:{tmp_path}'], spool_dir={str(tmp_path / 'spool')!r},"
+        f"with Tracker('x', sinks=['csv:{tmp_path}'], spool_dir={str(tmp_path / 'spool')!r},"
         " handle_signals=False) as t:\n"
         "    t.log(0, {'reward:mean': 1.0})\n"
         f"assert len(load_runs(csv_dir={str(tmp_path)!r}).runs) == 1\n"

@@ -107,7 +107,7 @@ def stores(tmp_path_factory, monkeypatch_module):
         # cliptrack's own run
         with Tracker(
             "ours",
-            backends=[uri, "wandb"],
+            sinks=[uri, "wandb"],
             experiment="aliases",
             spool_dir=tmp_path / "spool",
             sink_options={"wandb": {"project": "aliases", "dir": tmp_path / "wandb-ours", "mode": "offline"}},

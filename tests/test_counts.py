@@ -62,9 +62,8 @@ def test_a_loss_that_never_clips_carries_loss_tokens_alone():
     counts = _sums(12) + _sums(30)
     assert counts.to_metrics() == {keys.LOSS_TOKENS: 42.0}
     assert not counts.clips and counts.fraction is None
-    for former in ("ClipCounts", "TokenCounts"):  # kept for one release, with a warning
-        with pytest.warns(DeprecationWarning, match=f"cliptrack.{former} is renamed cliptrack.MeasuredSums"):
-            assert getattr(cliptrack, former) is MeasuredSums
+    for former in ("ClipCounts", "TokenCounts"):  # removed: MeasuredSums is the one name
+        assert not hasattr(cliptrack, former)
     assert sum_counts([]) is None
 
 

@@ -168,7 +168,7 @@ def test_log_worst_refuses_a_table_longer_than_a_reader_takes(tmp_path: Path) ->
     alike = tuple(SequenceGauge(datum, 10, 0.5, 1.0, 0.01, 0.25, 3) for datum in range(k))  # ranked by datum
     big = Worst(0, k, dict.fromkeys(CRITERIA, alike))
     assert len(worst_store.encode(big)) > journal.MAX_LINE_BYTES
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path) as tracker:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path) as tracker:
         with pytest.raises(ValueError, match=r"step 0: the table takes \d+ bytes in worst\.jsonl"):
             tracker.log_worst(0, big)
         tracker.log_worst(1, _tables(5, range(1, 2))[0])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from cliptrack import Limits
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import fused
 from cliptrack.core import keys
@@ -299,7 +300,11 @@ def test_the_tracker_logs_the_dual_clip_count_and_the_comparison_reads_it_back(t
     with (
         loss_path("0"),
         Tracker(
-            "dual", backends=(uri,), spool_dir=tmp_path / "spool", experiment="dual", flush_interval_s=0.05
+            "dual",
+            sinks=(uri,),
+            spool_dir=tmp_path / "spool",
+            experiment="dual",
+            limits=Limits(flush_interval_s=0.05),
         ) as tracker,
     ):
         for step in range(3):

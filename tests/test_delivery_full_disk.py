@@ -13,6 +13,7 @@ import logging
 import time
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
@@ -49,8 +50,7 @@ def test_mlflow_gets_every_point_while_the_spool_disk_is_full_and_the_journal_ca
         sinks=[db],
         spool_dir=tmpfs / "spool",
         experiment="full-disk",
-        flush_interval_s=0.05,
-        max_batch_points=500,
+        limits=Limits(flush_interval_s=0.05, max_batch_points=500),
         handle_signals=False,
     )
     lane = tracker._lanes[0]
@@ -98,8 +98,7 @@ def test_a_disk_full_until_close_is_reported_with_what_reached_no_backend(tmpfs,
             sinks=[uri],
             spool_dir=tmpfs / "spool",
             experiment=experiment,
-            flush_interval_s=0.05,
-            max_batch_points=500,
+            limits=Limits(flush_interval_s=0.05, max_batch_points=500),
             open_timeout_s=0 if uri == dead else 5,
             handle_signals=False,
         )
@@ -134,11 +133,13 @@ def test_memory_stays_within_the_byte_bounds_with_200_metrics_per_point(tmpfs): 
     tracker = Tracker(
         sinks=[dead],
         spool_dir=tmpfs / "spool",
-        flush_interval_s=0.02,
-        max_batch_points=50,
-        max_queued_values=values_bound,
-        max_buffered_bytes=lane_bound,
-        max_held_bytes=held_bound,
+        limits=Limits(
+            flush_interval_s=0.02,
+            max_batch_points=50,
+            max_queued_values=values_bound,
+            max_buffered_bytes=lane_bound,
+            max_held_bytes=held_bound,
+        ),
         open_timeout_s=0,
         handle_signals=False,
     )

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
+from cliptrack import Limits
 from cliptrack.backends import Sink, SinkError, SinkRejected
 from cliptrack.log.tracker import Tracker
 from cliptrack.store.records import Point, RunInfo
@@ -47,7 +48,9 @@ def test_a_refused_point_is_skipped_and_every_other_point_delivered(tmp_path, ca
     caplog.set_level(logging.INFO, logger="cliptrack")
     sink = PickySink()
     poisoned = {17, 250, 251, 999}
-    with Tracker(sinks=[sink], spool_dir=tmp_path, max_batch_points=100, handle_signals=False) as tracker:
+    with Tracker(
+        sinks=[sink], spool_dir=tmp_path, limits=Limits(max_batch_points=100), handle_signals=False
+    ) as tracker:
         for step in range(1000):
             tracker.log(step, {"a:mean": -1.0 if step in poisoned else float(step)})
     assert journal_steps(tmp_path / tracker.run_id) == list(range(1000))  # the journal keeps all

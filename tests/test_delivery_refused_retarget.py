@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
@@ -139,7 +140,7 @@ def test_replay_delivers_every_point_to_a_server_restarted_on_an_empty_store(tmp
     spool = tmp_path / "spool"
     try:
         tracker = Tracker(
-            "emptied", sinks=[server.uri], spool_dir=spool, experiment="emptied", flush_interval_s=0.1,
+            "emptied", sinks=[server.uri], spool_dir=spool, experiment="emptied", limits=Limits(flush_interval_s=0.1),
             close_timeout_s=1, handle_signals=False,
         )  # fmt: skip
         for step in range(1000):

@@ -20,7 +20,7 @@ from tests._journal import journal_steps
 def test_eight_identical_points_per_step_are_eight_hundred_rows_in_mlflow(tmp_path):
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with Tracker(
-        "micro-batches", backends=(db,), spool_dir=tmp_path / "spool", experiment="rows", handle_signals=False
+        "micro-batches", sinks=(db,), spool_dir=tmp_path / "spool", experiment="rows", handle_signals=False
     ) as tracker:
         for step in range(100):
             for _micro_batch in range(8):  # per-micro-batch logging: equal values, one step

@@ -215,7 +215,7 @@ def test_the_readme_loop_runs_and_its_printed_command_finds_the_stale_stack(tmp_
     printed, calls the stale stack different on the clip fraction and the mismatch KL."""
     code = _readme_loop()
     assert (
-        "tracker.log_losses(" in code and "with tracker.step(step):" in code and "/ out.loss_tokens" in code
+        "tracker.log_output(" in code and "with tracker.step(step):" in code and "/ out.loss_tokens" in code
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from cliptrack import Limits
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import fused
 from cliptrack.adapters.losses.output import ForwardBackwardOutput, loss_metrics, measured_sums, merge_outputs
@@ -361,7 +362,9 @@ def test_tracker_records_the_gauge_series_beside_the_clip_series(tmp_path):
     lp = -torch.rand(40)
     out = losses.ppo(lp, lp + 0.2 * torch.randn(40), torch.randn(40))
     fbo = ForwardBackwardOutput(loss_fn_output_type="x", loss_fn_outputs=[], metrics=loss_metrics(out))
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=0.05, handle_signals=False)
+    tracker = Tracker(
+        sinks=("jsonl",), spool_dir=tmp_path, limits=Limits(flush_interval_s=0.05), handle_signals=False
+    )
     tracker.log_output(0, fbo)
     bad = dict(fbo.metrics)
     bad[keys.KL_K3_SUM] = -1.0

@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.backends import load_runs
 from cliptrack.cli.main import main
 from cliptrack.compare import RunSet
@@ -108,7 +109,7 @@ def test_the_tracker_refuses_what_the_reader_would_skip_and_the_reader_takes_bac
     size = journal.encoded_key_bytes("k" * 100)
     fits = (journal.MAX_LINE_BYTES - journal.POINT_FRAME_BYTES) // (size + journal.VALUE_FRAME_BYTES)
     big = {f"{i:0>95}:sum": 0.5 for i in range(fits)}
-    tracker = Tracker("limits", backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("limits", sinks=("jsonl",), spool_dir=tmp_path, handle_signals=False)
     with tracker:
         with pytest.raises(ValueError, match=f"at most {MAX_KEY_CHARS}"):
             tracker.log(0, {"k" * MAX_KEY_CHARS + ":mean": 1.0})
@@ -244,10 +245,10 @@ def test_replay_skips_and_names_lines_its_sink_cannot_take_and_delivers_the_rest
     spool = tmp_path / "spool"
     tracker = Tracker(
         "hostile",
-        backends=(f"http://127.0.0.1:{closed_port()}",),  # nothing delivered: all left for replay
+        sinks=(f"http://127.0.0.1:{closed_port()}",),  # nothing delivered: all left for replay
         spool_dir=spool,
         experiment="hostile",
-        flush_interval_s=0.05,
+        limits=Limits(flush_interval_s=0.05),
         open_timeout_s=0,
         handle_signals=False,
     )

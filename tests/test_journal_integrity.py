@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from cliptrack.store import journal
@@ -24,11 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _log(spool: Path, db: Path, steps: range, run_id: str | None = None, value: float = 0.25) -> Tracker:
     tracker = Tracker(
-        backends=(f"sqlite:///{db}",),
+        sinks=(f"sqlite:///{db}",),
         spool_dir=spool,
         run_id=run_id,
         handle_signals=False,
-        flush_interval_s=0.05,
+        limits=Limits(flush_interval_s=0.05),
     )
     for step in steps:
         tracker.log(step, {keys.LOSS_SUM: step * value})

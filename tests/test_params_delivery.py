@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 
@@ -135,12 +136,12 @@ def test_params_and_tags_arrive_through_503s_a_resumed_process_and_replay(tmp_pa
         proxy.fail("runs/log-batch", 3)
         tracker = Tracker(
             "flaky-params",
-            backends=(proxy.uri,),
+            sinks=(proxy.uri,),
             backend_label="megatron",
             config=CONFIG,
             spool_dir=spool,
             experiment="flaky-params",
-            flush_interval_s=0.1,
+            limits=Limits(flush_interval_s=0.1),
             close_timeout_s=60,
             handle_signals=False,
         )
@@ -159,11 +160,11 @@ def test_params_and_tags_arrive_through_503s_a_resumed_process_and_replay(tmp_pa
         # 2. a resumed process adds config while every log-batch is refused: pending, and said so
         proxy.fail("runs/log-batch", 10**9)
         resumed = Tracker(
-            backends=(proxy.uri,),
+            sinks=(proxy.uri,),
             config={"extra": 1},
             spool_dir=spool,
             run_id=tracker.run_id,
-            flush_interval_s=0.1,
+            limits=Limits(flush_interval_s=0.1),
             close_timeout_s=3,
             handle_signals=False,
         )
@@ -207,11 +208,11 @@ def test_params_mlflow_refuses_are_named_and_the_others_arrive(tmp_path, server,
     config = {"ok": 1, "big": "x" * 7000, "nul": "a\x00b", "bad key!": 2, "nested": {"lr": 0.1}}
     with Tracker(
         "refusals",
-        backends=(server.uri,),
+        sinks=(server.uri,),
         config=config,
         spool_dir=spool,
         experiment="refused-params",
-        flush_interval_s=0.1,
+        limits=Limits(flush_interval_s=0.1),
         handle_signals=False,
     ) as tracker:
         tracker.log(0, {"loss:sum": 1.0})
@@ -271,12 +272,12 @@ def test_names_and_values_postgres_refuses_are_made_storable_or_named(tmp_path, 
         name = "n\x00" + "n" * 2**20
         with Tracker(
             name,
-            backends=(server.uri,),
+            sinks=(server.uri,),
             backend_label="lab\x00el",
             config={"ok": 1, "nul": "a\x00b"},
             spool_dir=spool,
             experiment="pg-params",
-            flush_interval_s=0.1,
+            limits=Limits(flush_interval_s=0.1),
             close_timeout_s=30,
             handle_signals=False,
         ) as tracker:

@@ -227,7 +227,7 @@ def _log_run(uri: str, spool: Path, name: str, clipped: int) -> subprocess.Compl
     code = f"""
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
-with Tracker({name!r}, backends=({uri!r},), spool_dir={str(spool)!r}, experiment="postgres-direct",
+with Tracker({name!r}, sinks=({uri!r},), spool_dir={str(spool)!r}, experiment="postgres-direct",
              backend_label={name!r}, handle_signals=False) as tracker:
     for step in range(150):
         tracker.log(step, {{keys.LOSS_TOKENS: 1000.0, keys.CLIPPED_TOKENS: float({clipped} + step % 7),

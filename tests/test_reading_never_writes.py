@@ -188,7 +188,7 @@ def test_writing_to_a_new_store_is_not_affected(tmp_path):
     (tmp_path / "new").mkdir()
     with Tracker(
         "fresh",
-        backends=["mlflow"],
+        sinks=["mlflow"],
         sink_options={"mlflow": {"tracking_uri": uri}},
         spool_dir=tmp_path / "spool",
     ) as tracker:

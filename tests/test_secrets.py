@@ -231,13 +231,13 @@ def test_errors_of_load_runs_and_of_a_watch_reference_hold_no_secret(tmp_path, m
     with pytest.raises(ValueError) as watch_error:
         Tracker(
             "w",
-            backends=["jsonl"],
+            sinks=["jsonl"],
             spool_dir=tmp_path / "spool",
             handle_signals=False,
             watch=Watch("kl_k3:mean", reference=f"{uri}#r"),
         )
     with pytest.raises(ValueError) as parse_error:
-        Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=f"kl_k3:mean,reference={uri}#r,window=x")
+        Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=f"kl_k3:mean,reference={uri}#r,window=x")
     for caught in (store_error, watch_error, parse_error):
         text = "".join(traceback.format_exception(caught.value))
         assert not _leaks(text), text
@@ -345,6 +345,7 @@ class Gateway:
 _LOG_RUN = """
 import sys
 import mlflow  # imported before the watch's reference is read (a loaded machine takes seconds)
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from cliptrack.log.watch import Watch
@@ -352,9 +353,9 @@ import os
 uri = os.environ["CLIPTRACK_TEST_URI"]
 spool, wandb_dir, name, clipped, steps, reference = sys.argv[1:7]
 watch = None if reference == "-" else Watch(keys.REWARD, f"{uri}#{reference}", window=20, scale="value")
-with Tracker(name, backends=[uri, "wandb"], backend_label=name, spool_dir=spool,
+with Tracker(name, sinks=[uri, "wandb"], backend_label=name, spool_dir=spool,
              sink_options={"wandb": {"dir": wandb_dir}}, watch=watch,
-             experiment="secrets", config={"store": uri, "lr": 0.1}, flush_interval_s=0.05,
+             experiment="secrets", config={"store": uri, "lr": 0.1}, limits=Limits(flush_interval_s=0.05),
              close_timeout_s=8, handle_signals=False) as t:
     for step in range(int(steps)):
         n = 100 + step % 7
@@ -401,14 +402,14 @@ def _library_errors(real: str, reference: str, spool: Path) -> dict[str, str]:
         ),
         "Tracker(watch=) (no such run)": lambda: Tracker(
             "w",
-            backends=["jsonl"],
+            sinks=["jsonl"],
             spool_dir=spool,
             handle_signals=False,
             watch=Watch(keys.REWARD, f"{real}#no-such-run"),
         ),
         "Tracker(watch=) (malformed)": lambda: Tracker(
             "w",
-            backends=["jsonl"],
+            sinks=["jsonl"],
             spool_dir=spool,
             handle_signals=False,
             watch=f"{keys.REWARD},reference={real}#{reference},window=many",
@@ -639,7 +640,7 @@ def test_a_resumed_run_and_replay_reach_the_store_with_the_uri_run_json_does_not
 
     def log(steps: range, run_id: str | None = None) -> Tracker:
         with Tracker(
-            "resumed", backends=[real], spool_dir=spool, run_id=run_id, handle_signals=False
+            "resumed", sinks=[real], spool_dir=spool, run_id=run_id, handle_signals=False
         ) as tracker:
             for step in steps:
                 tracker.log(step, {keys.REWARD: step / 10})

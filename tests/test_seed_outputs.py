@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from cliptrack import Limits
 from cliptrack.adapters import megatron as mg
 from cliptrack.adapters.losses.builtin import INPUT_CHECKS
 from cliptrack.adapters.losses.output import (
@@ -217,10 +218,10 @@ def test_logged_by_the_tracker_and_compared(tmp_path, form):
         tokens = clipped = 0
         with Tracker(
             f"seed-{backend}-{form}",
-            backends=("jsonl",),
+            sinks=("jsonl",),
             backend_label=backend,
             spool_dir=tmp_path,
-            flush_interval_s=0.05,
+            limits=Limits(flush_interval_s=0.05),
             handle_signals=False,
         ) as tracker:
             for step in range(40):

@@ -1,7 +1,7 @@
 """Adding a sink is one class and one registry entry (docs/ARCHITECTURE.md, "How to add a sink").
 
 ``CsvSink`` below is such a class, written as a newcomer would: it is registered by name, reached
-by ``"csv:<path>"`` from ``Tracker(backends=...)``, handed over ready through
+by ``"csv:<path>"`` from ``Tracker(sinks=...)``, handed over ready through
 ``Tracker(sinks=[...])`` beside a real MLflow sink, and rebuilt by replay from run.json. Every
 point is counted in the journal and in the CSV file.
 """
@@ -83,7 +83,7 @@ def csv_registered(monkeypatch):
 
 def test_a_registered_sink_is_reached_by_name_and_receives_every_point(tmp_path, csv_registered):
     target = tmp_path / "out" / "points.csv"
-    with Tracker("csv-run", backends=[f"csv:{target}", "jsonl"], spool_dir=tmp_path / "spool") as tracker:
+    with Tracker("csv-run", sinks=[f"csv:{target}", "jsonl"], spool_dir=tmp_path / "spool") as tracker:
         for step in range(500):
             tracker.log(step, _metrics(step))
     assert journal_steps(tmp_path / "spool" / tracker.run_id) == list(range(500))
@@ -139,5 +139,3 @@ def test_register_backend_checks_the_sink_it_is_given(monkeypatch):
         register_backend("placeholder", sink=dict)
     with pytest.raises(ValueError, match="is not 'module:attribute'"):
         register_backend("placeholder", sink="no_class_here")
-    with pytest.raises(ValueError, match="give the sinks once"):
-        Tracker(backends=["jsonl"], sinks=["jsonl"])

@@ -1,5 +1,5 @@
 """A custom loop's step as one point: ``cliptrack.log.steps.step_metrics`` against a plain reference,
-and ``Tracker.log_losses`` / ``with tracker.step(step):`` through a real tracker and its spool."""
+and ``Tracker.log_output`` / ``with tracker.step(step):`` through a real tracker and its spool."""
 
 from __future__ import annotations
 
@@ -60,13 +60,13 @@ def _points(tmp_path, run_id):
 def test_a_timed_step_logs_one_point_with_step_time_and_throughput(tmp_path):
     first = {keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: 30.0, keys.CLIPPED_TOKENS: 3.0}
     second = {keys.LOSS_SUM: 2.0, keys.LOSS_TOKENS: 10.0, keys.CLIPPED_TOKENS: 1.0}
-    with Tracker("loop", backends=["jsonl"], spool_dir=tmp_path / "spool") as tracker:
+    with Tracker("loop", sinks=["jsonl"], spool_dir=tmp_path / "spool") as tracker:
         with tracker.step(0):
-            tracker.log_losses(0, first, reward=0.1)
-            tracker.log_losses(0, second, reward=0.25)  # a second epoch: counts add, the reward is replaced
-        tracker.log_losses(1, first)  # outside a step block: logged at once, untimed
+            tracker.log_output(0, first, reward=0.1)
+            tracker.log_output(0, second, reward=0.25)  # a second epoch: counts add, the reward is replaced
+        tracker.log_output(1, first)  # outside a step block: logged at once, untimed
         with pytest.raises(RuntimeError), tracker.step(2):
-            tracker.log_losses(2, first)
+            tracker.log_output(2, first)
             raise RuntimeError("a failing step logs nothing")
         run_id = tracker.run_id
     step0, step1 = _points(tmp_path, run_id)
@@ -79,9 +79,11 @@ def test_a_timed_step_logs_one_point_with_step_time_and_throughput(tmp_path):
 
 
 def test_an_empty_step_block_is_an_error(tmp_path):
-    with Tracker("loop", backends=["jsonl"], spool_dir=tmp_path / "spool") as tracker:
+    with Tracker("loop", sinks=["jsonl"], spool_dir=tmp_path / "spool") as tracker:
         with pytest.raises(ValueError, match="nothing was logged inside tracker.step"), tracker.step(0):
             pass
+        with pytest.raises(ValueError, match="step 1: log_output needs at least one output"):
+            tracker.log_output(1, reward=0.5)
 
 
 def test_parts_with_the_gauge_combine_as_one_pass():

@@ -185,7 +185,7 @@ def check_step(metrics: dict[str, float], expected: dict[str, int], *, split: bo
 @pytest.mark.parametrize("seed_keys_only", [False, True], ids=["full_set", "seed_keys"])
 def test_sync_steps_with_several_calls_resolved_out_of_order(tmp_path, seed_keys_only):
     service = InProcessService(seed_keys_only=seed_keys_only)
-    tracker = Tracker("tinker-sync", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-sync", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     assert client.get_info() == "in-process"  # everything else is the client's own
     expected, returned = {}, []
@@ -226,7 +226,7 @@ def test_sync_steps_with_several_calls_resolved_out_of_order(tmp_path, seed_keys
 
 def test_a_step_is_logged_only_when_its_optim_step_is_submitted_and_every_output_is_back(tmp_path):
     service = InProcessService()
-    tracker = Tracker("tinker-wait", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-wait", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker, first_step=7)
     data, counts = make_data(service, 4, seed=1)
     more, more_counts = make_data(service, 3, seed=2)
@@ -241,7 +241,7 @@ def test_a_step_is_logged_only_when_its_optim_step_is_submitted_and_every_output
 
 def test_async_client(tmp_path):
     service = InProcessService()
-    tracker = Tracker("tinker-async", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-async", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     expected = {}
 
@@ -283,7 +283,7 @@ def test_any_number_of_calls_resolved_in_any_order_log_the_merged_gauge_exactly(
 
     service = InProcessService()
     with tempfile.TemporaryDirectory() as spool:
-        tracker = Tracker("tinker-any", backends=["jsonl"], spool_dir=spool, handle_signals=False)
+        tracker = Tracker("tinker-any", sinks=["jsonl"], spool_dir=spool, handle_signals=False)
         client = TrackedTrainingClient(service, tracker, first_step=seed)
         futures = [
             client.forward_backward(make_data(service, n, seed + i)[0], loss_fn) for i, n in enumerate(calls)
@@ -327,7 +327,7 @@ def test_any_number_of_calls_resolved_in_any_order_log_the_merged_gauge_exactly(
 
 def test_a_failed_call_leaves_its_step_unlogged_with_a_warning(tmp_path):
     service = InProcessService()
-    tracker = Tracker("tinker-fail", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-fail", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     data, _ = make_data(service, 2, seed=3)
     future = client.forward_backward(data, "ppo")
@@ -377,7 +377,7 @@ def test_cookbook_logger_inside_the_cookbooks_multiplex_logger(tmp_path, monkeyp
 
     wandb.teardown()  # W&B reads WANDB_MODE once per process setup: an earlier test's setup must not decide
     service = InProcessService()
-    tracker = Tracker("cookbook-run", backends=["jsonl"], spool_dir=tmp_path / "spool", handle_signals=False)
+    tracker = Tracker("cookbook-run", sinks=["jsonl"], spool_dir=tmp_path / "spool", handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     cookbook = CookbookLogger(tracker)
     assert isinstance(cookbook, ml_log.Logger)
@@ -427,7 +427,7 @@ def test_datums_with_ids_log_the_steps_worst_sequences_over_all_its_calls(tmp_pa
     from tests.reference import plain_worst
 
     service = InProcessService()
-    tracker = Tracker("tinker-worst", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-worst", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker, first_step=4)
     futures = []
     for call, n in enumerate((3, 5, 2)):
@@ -453,7 +453,7 @@ def test_ids_echoed_without_a_worst_token_keep_the_steps_metrics(tmp_path):
     from cliptrack.store.worst import WORST_FILE
 
     service = InProcessService()
-    tracker = Tracker("tinker-ids", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-ids", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     data, _ = make_data(service, 3, 7)
     for i, datum in enumerate(data):
@@ -480,7 +480,7 @@ def test_the_run_records_the_recipe_of_its_loss_calls(tmp_path):
     from cliptrack.core.recipe import Recipe, recipe_from_config
 
     service = InProcessService()
-    tracker = Tracker("tinker-recipe", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker("tinker-recipe", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False)
     client = TrackedTrainingClient(service, tracker)
     data, _ = make_data(service, 3, seed=5)
     client.forward_backward(data, "ppo", {"clip_high_threshold": 1.28})

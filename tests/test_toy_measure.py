@@ -17,6 +17,7 @@ import dataclasses
 
 import pytest
 import torch
+from cliptrack import Limits
 from cliptrack.adapters import megatron as mg
 from cliptrack.adapters.losses import builtin as losses
 from cliptrack.adapters.losses import formulas, fused
@@ -248,7 +249,11 @@ def test_a_tracker_with_mlflow_and_the_comparison_read_it_back(tmp_path, monkeyp
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     expected = {}
     with Tracker(
-        "toy-measure", backends=(uri,), spool_dir=tmp_path / "spool", experiment="toy", flush_interval_s=0.05
+        "toy-measure",
+        sinks=(uri,),
+        spool_dir=tmp_path / "spool",
+        experiment="toy",
+        limits=Limits(flush_interval_s=0.05),
     ) as tracker:
         for step in range(3):
             batches = _batches(seed=step)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cliptrack import Limits
 from cliptrack.adapters.losses.output import ForwardBackwardOutput
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker, TrackerClosed
@@ -58,12 +59,12 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
     before = time.time()
     with Tracker(
         "roundtrip",
-        backends=(db_uri, "jsonl"),
+        sinks=(db_uri, "jsonl"),
         backend_label="megatron",
         config=config,
         spool_dir=tmp_path,
         experiment="t-roundtrip",
-        flush_interval_s=0.05,
+        limits=Limits(flush_interval_s=0.05),
     ) as tracker:
         sent = []
         for step in range(300):
@@ -119,7 +120,7 @@ def test_points_reach_jsonl_and_mlflow_unchanged(tmp_path, db_uri, caplog):
 
 
 def test_log_output_logs_the_clip_series_with_the_fraction_from_sums(tmp_path):
-    with Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=0.05) as tracker:
+    with Tracker(sinks=("jsonl",), spool_dir=tmp_path, limits=Limits(flush_interval_s=0.05)) as tracker:
         # a fraction merged the wrong way (mean of chunk fractions) must not survive
         bad_merge = {
             keys.LOSS_SUM: -3.5,
@@ -145,8 +146,8 @@ def test_log_output_logs_the_clip_series_with_the_fraction_from_sums(tmp_path):
         tracker.log_output(
             2, {"metrics": {keys.LOSS_SUM: 1.0, keys.LOSS_TOKENS: 0.0}}
         )  # a loss that never clips
-        with pytest.raises(ValueError, match="metrics"):
-            tracker.log_output(3, {"loss": 1.0})
+        with pytest.raises(ValueError, match="step 3: metric key 'loss' must have exactly one colon"):
+            tracker.log_output(3, {"loss": 1.0})  # a plain mapping is taken as the loss's metrics
         with pytest.raises(ValueError, match=r"step 3: .*reward:mean"):
             tracker.log_output(3, {"metrics": {keys.REWARD: 1.0}}, extra={keys.REWARD: 2.0})
     lines = _points(tmp_path / tracker.run_id)
@@ -221,7 +222,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("step", "metrics", "message"), BAD_INPUTS)
 def test_bad_input_is_refused_by_name_and_nothing_logged_is_lost(tmp_path, db_uri, step, metrics, message):
     with Tracker(
-        backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-bad", flush_interval_s=0.05
+        sinks=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-bad", limits=Limits(flush_interval_s=0.05)
     ) as tracker:
         tracker.log(0, {"ok:mean": 1.0})
         with pytest.raises(ValueError, match=message):
@@ -246,7 +247,7 @@ def test_nan_and_inf_are_logged_as_such(tmp_path, db_uri):
         "d:mean": np.float32(0.5),
         "e:sum": np.int64(3),
     }
-    with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-nan") as tracker:
+    with Tracker(sinks=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-nan") as tracker:
         tracker.log(0, values)
     (line,) = _points(tmp_path / tracker.run_id)
     assert math.isnan(line["metrics"]["a:mean"])
@@ -262,7 +263,7 @@ def test_nan_and_inf_are_logged_as_such(tmp_path, db_uri):
 
 def test_decreasing_and_repeated_steps_are_all_kept(tmp_path, db_uri):
     steps = [5, 3, 3, 1, 8, 0]
-    with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-order") as tracker:
+    with Tracker(sinks=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-order") as tracker:
         for i, step in enumerate(steps):
             tracker.log(step, {"r:mean": float(i)})
     assert [(p["step"], p["metrics"]["r:mean"]) for p in _points(tmp_path / tracker.run_id)] == [
@@ -275,7 +276,7 @@ def test_decreasing_and_repeated_steps_are_all_kept(tmp_path, db_uri):
 
 
 def test_closed_tracker_refuses_logging_and_keeps_its_points(tmp_path):
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path)
+    tracker = Tracker(sinks=("jsonl",), spool_dir=tmp_path)
     tracker.log(0, {"a:mean": 1.0})
     tracker.close()
     tracker.close()  # idempotent
@@ -298,7 +299,7 @@ def test_closed_tracker_refuses_logging_and_keeps_its_points(tmp_path):
 )
 def test_run_status_follows_how_the_block_ended(tmp_path, db_uri, error, status):
     with pytest.raises(type(error)):
-        with Tracker(backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-status") as tracker:
+        with Tracker(sinks=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-status") as tracker:
             tracker.log(0, {"a:mean": 1.0})
             raise error
     assert json.loads((tmp_path / tracker.run_id / keys.RUN_META_FILE).read_text())["status"] == status
@@ -307,7 +308,7 @@ def test_run_status_follows_how_the_block_ended(tmp_path, db_uri, error, status)
 
 
 def test_flush_makes_points_durable_before_close(tmp_path):
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=60.0)
+    tracker = Tracker(sinks=("jsonl",), spool_dir=tmp_path, limits=Limits(flush_interval_s=60.0))
     try:
         for step in range(1234):
             tracker.log(step, {"a:mean": float(step)})
@@ -320,7 +321,9 @@ def test_flush_makes_points_durable_before_close(tmp_path):
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device that is always full)")
 def test_flush_says_false_while_the_local_disk_refuses_the_points(tmp_path, caplog):
     """A full disk: flush must not claim the points are durable, and warns once, not per flush."""
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, flush_interval_s=60.0, handle_signals=False)
+    tracker = Tracker(
+        sinks=("jsonl",), spool_dir=tmp_path, limits=Limits(flush_interval_s=60.0), handle_signals=False
+    )
     real = tracker.journal._fd
     full = os.open("/dev/full", os.O_WRONLY)  # every write to it fails with ENOSPC
     tracker.journal._fd = full
@@ -340,7 +343,7 @@ def test_flush_says_false_while_the_local_disk_refuses_the_points(tmp_path, capl
 
 def test_log_config_reaches_run_json_and_mlflow_params(tmp_path, db_uri):
     with Tracker(
-        backends=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-config", config={"a": 1}
+        sinks=(db_uri, "jsonl"), spool_dir=tmp_path, experiment="t-config", config={"a": 1}
     ) as tracker:
         tracker.log(0, {"x:mean": 1.0})
         tracker.log_config({"b": {"c": "d"}})
@@ -357,7 +360,7 @@ def test_log_config_reaches_run_json_and_mlflow_params(tmp_path, db_uri):
 
 def test_ranks_other_than_zero_are_no_ops(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
-    tracker = Tracker(backends=("mlflow", "jsonl"), spool_dir=tmp_path)
+    tracker = Tracker(sinks=("mlflow", "jsonl"), spool_dir=tmp_path)
     assert (tracker.active, tracker.run_id, tracker.rank) == (False, None, 3)
     tracker.log(0, {"a:mean": 1.0})
     tracker.log_output(0, object())  # not even validated: inactive ranks do nothing
@@ -374,12 +377,10 @@ def test_dead_backend_is_isolated_bounded_spooled_and_replayed(tmp_path, db_uri,
     caplog.set_level(logging.INFO, logger="cliptrack")
     tracker = Tracker(
         "dead",
-        backends=(dead, "jsonl"),
+        sinks=(dead, "jsonl"),
         spool_dir=tmp_path,
         experiment="t-dead",
-        flush_interval_s=0.01,
-        max_batch_points=100,
-        max_buffered_points=500,
+        limits=Limits(flush_interval_s=0.01, max_batch_points=100, max_buffered_points=500),
         open_timeout_s=5,
     )
     lane = tracker._lanes[0]
@@ -440,7 +441,10 @@ def test_every_point_is_kept_in_order_exactly(tmp_path_factory, points):
     """Property: whatever steps and values are logged, the JSONL log reads back the same sequence."""
     root = tmp_path_factory.mktemp("prop")
     with Tracker(
-        backends=("jsonl",), spool_dir=root, flush_interval_s=0.01, max_batch_points=7, handle_signals=False
+        sinks=("jsonl",),
+        spool_dir=root,
+        limits=Limits(flush_interval_s=0.01, max_batch_points=7),
+        handle_signals=False,
     ) as tracker:
         for step, metrics in points:
             tracker.log(step, metrics)

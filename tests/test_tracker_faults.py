@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cliptrack import Limits
 from cliptrack.backends.base import Sink
 from cliptrack.core import keys
 from cliptrack.log.tracker import NullTracker, Tracker, TrackerClosed
@@ -177,7 +178,9 @@ def test_a_write_that_fails_midway_is_cut_back_and_written_whole_later(tmp_path,
 
     monkeypatch.setattr(journal, "_pwrite", half_then_enospc)
     recorder = RecordingSink()
-    tracker = Tracker(backends=(recorder,), spool_dir=tmp_path, flush_interval_s=60, handle_signals=False)
+    tracker = Tracker(
+        sinks=(recorder,), spool_dir=tmp_path, limits=Limits(flush_interval_s=60), handle_signals=False
+    )
     for step in range(100):
         tracker.log(step, {"a:mean": float(step)})
     assert tracker.flush(timeout_s=30) is True
@@ -201,11 +204,10 @@ def test_a_full_tmpfs_then_freed_keeps_every_point_once_in_order(tmpfs):
     filler = tmpfs / "filler"
     db = f"sqlite:///{tmpfs.parent / 'mlflow.db'}"
     tracker = Tracker(
-        backends=(db,),
+        sinks=(db,),
         spool_dir=tmpfs / "spool",
         experiment="full-disk",
-        flush_interval_s=0.05,
-        max_batch_points=200,
+        limits=Limits(flush_interval_s=0.05, max_batch_points=200),
         handle_signals=False,
     )
     with open(filler, "wb") as fh:  # leave ~40 KiB free
@@ -241,10 +243,10 @@ def test_replay_reports_a_damaged_line_and_goes_on_with_the_next_runs(tmp_path):
     for name in ("a-first", "b-second"):
         tracker = Tracker(
             name,
-            backends=(f"http://127.0.0.1:{closed_port()}",),
+            sinks=(f"http://127.0.0.1:{closed_port()}",),
             spool_dir=spool_dir,
             experiment="damaged",
-            flush_interval_s=0.05,
+            limits=Limits(flush_interval_s=0.05),
             open_timeout_s=0,
             handle_signals=False,
         )
@@ -404,7 +406,7 @@ def test_a_dead_server_under_default_mlflow_settings_is_warned_about_and_close_i
     caplog.set_level(logging.INFO, logger="cliptrack")
     began = time.monotonic()
     tracker = Tracker(
-        backends=(f"http://127.0.0.1:{closed_port()}",),
+        sinks=(f"http://127.0.0.1:{closed_port()}",),
         spool_dir=tmp_path,
         experiment="dead",
         handle_signals=False,
@@ -473,7 +475,10 @@ def test_an_unwritable_spool_never_crashes_close_nor_duplicates_points(tmpfs, ca
     gate = threading.Event()
     recorder = RecordingSink(gate)
     tracker = Tracker(
-        backends=(recorder,), spool_dir=tmpfs / "spool", flush_interval_s=0.05, handle_signals=False
+        sinks=(recorder,),
+        spool_dir=tmpfs / "spool",
+        limits=Limits(flush_interval_s=0.05),
+        handle_signals=False,
     )
     filler = None
     try:
@@ -506,10 +511,9 @@ def test_points_held_for_a_lagging_sink_cost_the_garbage_collector_nothing(tmp_p
     walks on every full collection (118 ms stalls of log() came from that)."""
     gate = threading.Event()
     tracker = Tracker(
-        backends=(RecordingSink(gate),),
+        sinks=(RecordingSink(gate),),
         spool_dir=tmp_path,
-        flush_interval_s=0.05,
-        max_buffered_points=60_000,
+        limits=Limits(flush_interval_s=0.05, max_buffered_points=60_000),
         handle_signals=False,
     )
     try:
@@ -552,7 +556,7 @@ class _SlowMetrics(Mapping[str, float]):
 def test_a_point_accepted_while_close_runs_is_never_lost(tmp_path):
     """log() passes the closed check, close() runs to the end, then log() finishes: it must either
     raise TrackerClosed or have its point on disk (it returned normally and the point was lost)."""
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker(sinks=("jsonl",), spool_dir=tmp_path, handle_signals=False)
     tracker.log(0, {"a:mean": 0.0})
     entered, release = threading.Event(), threading.Event()
     outcome: list[object] = []
@@ -579,23 +583,23 @@ def test_a_point_accepted_while_close_runs_is_never_lost(tmp_path):
 # ---- 8. statuses and bad input -------------------------------------------------------------------
 EXIT_SCRIPTS = {
     "sys_exit_3": (
-        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL, patch_sys_exit=True)\nt.log(0, {'a:mean': 1.0})\n"
+        "t = Tracker(sinks=('jsonl',), spool_dir=SPOOL, patch_sys_exit=True)\nt.log(0, {'a:mean': 1.0})\n"
         "sys.exit(3)\n"
     ),
     "sys_exit_3_in_with": (
-        "with Tracker(backends=('jsonl',), spool_dir=SPOOL) as t:\n    t.log(0, {'a:mean': 1.0})\n"
+        "with Tracker(sinks=('jsonl',), spool_dir=SPOOL) as t:\n    t.log(0, {'a:mean': 1.0})\n"
         "    sys.exit(3 if sys.exit.__module__ == 'sys' else 4)\n"
     ),
-    "sys_exit_0": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(0)\n",
+    "sys_exit_0": "t = Tracker(sinks=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nsys.exit(0)\n",
     "keyboard_interrupt": (
-        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nraise KeyboardInterrupt\n"
+        "t = Tracker(sinks=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\nraise KeyboardInterrupt\n"
     ),
     "excepthook_replaced": (
-        "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n"
+        "t = Tracker(sinks=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n"
         "sys.excepthook = lambda *a: print('app hook', file=sys.stderr)\n"
         "raise RuntimeError('diverged')\n"
     ),
-    "clean_end": "t = Tracker(backends=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n",
+    "clean_end": "t = Tracker(sinks=('jsonl',), spool_dir=SPOOL)\nt.log(0, {'a:mean': 1.0})\n",
 }
 
 
@@ -626,9 +630,9 @@ def test_a_run_left_open_gets_the_status_of_how_the_process_ended(tmp_path, scri
 def test_a_rank_that_is_not_one_refuses_to_start_instead_of_logging_nothing(tmp_path, monkeypatch, rank):
     monkeypatch.setenv("RANK", rank)
     with pytest.raises(ValueError, match=f"RANK='{rank}' is not a global rank"):
-        Tracker(backends=("jsonl",), spool_dir=tmp_path)
+        Tracker(sinks=("jsonl",), spool_dir=tmp_path)
     monkeypatch.setenv("RANK", "2")
-    other = Tracker(backends=("jsonl",), spool_dir=tmp_path)
+    other = Tracker(sinks=("jsonl",), spool_dir=tmp_path)
     assert isinstance(other, NullTracker) and isinstance(other, Tracker) and other.rank == 2
     assert not any(tmp_path.iterdir())
 
@@ -637,14 +641,14 @@ def test_a_rank_that_is_not_one_refuses_to_start_instead_of_logging_nothing(tmp_
 def test_run_ids_that_are_not_names_are_refused(tmp_path, run_id):
     spool_dir = tmp_path / "deep" / "spool"
     with pytest.raises(ValueError, match="is not a valid run id"):
-        Tracker(backends=("jsonl",), spool_dir=spool_dir, run_id=run_id)
+        Tracker(sinks=("jsonl",), spool_dir=spool_dir, run_id=run_id)
     assert not (tmp_path / "x").exists() and list(tmp_path.rglob("*.json")) == []
 
 
 def test_run_names_are_escaped_in_terminal_lines(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="cliptrack")
     name = "evil\x1b[2J\x1b[31mred\nsecond line"
-    with Tracker(name, backends=("jsonl",), spool_dir=tmp_path, backend_label="m\x07x") as tracker:
+    with Tracker(name, sinks=("jsonl",), spool_dir=tmp_path, backend_label="m\x07x") as tracker:
         tracker.log(0, {"a:mean": 1.0})
     lines = [r.getMessage() for r in caplog.records]
     assert all("\x1b" not in line and "\n" not in line and "\x07" not in line for line in lines)
@@ -659,12 +663,12 @@ def test_the_heap_is_frozen_out_of_collections_only_when_asked(tmp_path):
     inside whichever log() call triggers it. ``freeze_gc=True`` freezes what exists once the
     backends are imported; by default (a process-wide side effect) the collector is left alone."""
     gc.unfreeze()
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False)
+    tracker = Tracker(sinks=("jsonl",), spool_dir=tmp_path, handle_signals=False)
     tracker.close()
     assert gc.get_freeze_count() == 0
     gc.collect()  # garbage left by earlier tests in this process could be collected before the freeze
     alive = len(gc.get_objects())
-    tracker = Tracker(backends=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=True)
+    tracker = Tracker(sinks=("jsonl",), spool_dir=tmp_path, handle_signals=False, freeze_gc=True)
     tracker.close()
     assert gc.get_freeze_count() >= alive
     gc.unfreeze()

@@ -81,7 +81,7 @@ def test_a_child_ending_with_sys_exit_leaves_the_parents_run_whole_open_and_lock
         assert _status(spool, run_id) == "RUNNING"
         assert journal_steps(spool / run_id) == list(range(400))
         with pytest.raises(ValueError, match="being logged by another process"):
-            Tracker(backends=("jsonl",), spool_dir=spool, run_id=run_id, handle_signals=False)
+            Tracker(sinks=("jsonl",), spool_dir=spool, run_id=run_id, handle_signals=False)
         proc.stdin.write("go\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
         _read_until(proc, "closed")

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 from mlflow import MlflowClient
@@ -96,11 +97,11 @@ def test_server_killed_mid_run_then_replay_leaves_every_point_exactly_once(tmp_p
     try:
         tracker = Tracker(
             "server-run",
-            backends=(server.uri,),
+            sinks=(server.uri,),
             backend_label="miles",
             spool_dir=spool,
             experiment="server-test",
-            flush_interval_s=0.1,
+            limits=Limits(flush_interval_s=0.1),
             close_timeout_s=2,
             handle_signals=False,
         )

@@ -71,17 +71,17 @@ def test_a_rank_variable_that_is_not_a_rank_is_named(clean_env, name):
 
 def test_the_rank_argument_forces_the_rank(clean_env, tmp_path):
     clean_env.setenv("SLURM_PROCID", "1")
-    assert isinstance(Tracker(backends=("jsonl",), spool_dir=tmp_path), NullTracker)
-    with Tracker(backends=("jsonl",), spool_dir=tmp_path, rank=0, handle_signals=False) as tracker:
+    assert isinstance(Tracker(sinks=("jsonl",), spool_dir=tmp_path), NullTracker)
+    with Tracker(sinks=("jsonl",), spool_dir=tmp_path, rank=0, handle_signals=False) as tracker:
         tracker.log(0, {"a:mean": 1.0})
     assert tracker.active and tracker.rank == 0 and (tmp_path / tracker.run_id / keys.POINTS_FILE).is_file()
     with pytest.raises(ValueError, match="rank=-1 is not a global rank"):
-        Tracker(backends=("jsonl",), spool_dir=tmp_path, rank=-1)
+        Tracker(sinks=("jsonl",), spool_dir=tmp_path, rank=-1)
 
 
 def test_a_null_tracker_lets_an_interrupt_through_its_with_block(clean_env, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        with Tracker(backends=("jsonl",), spool_dir=tmp_path, rank=1) as tracker:
+        with Tracker(sinks=("jsonl",), spool_dir=tmp_path, rank=1) as tracker:
             tracker.log(0, {"a:mean": 1.0})
             raise KeyboardInterrupt
     assert not tracker.active and not any(tmp_path.iterdir())
@@ -142,8 +142,8 @@ def test_every_public_method_of_a_tracker_on_another_rank_writes_nothing(clean_e
     clean_env.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store / 'mlflow.db'}")
     threads = threading.active_count()
     api = _public_api()
-    assert {"log", "log_output", "log_losses", "log_config", "step", "flush", "close", "summary"} <= set(api)
-    with Tracker("r1", backends=("mlflow", "jsonl"), spool_dir=tmp_path / "spool") as tracker:
+    assert {"log", "log_output", "log_config", "step", "flush", "close", "summary"} <= set(api)
+    with Tracker("r1", sinks=("mlflow", "jsonl"), spool_dir=tmp_path / "spool") as tracker:
         assert isinstance(tracker, NullTracker) and (tracker.active, tracker.rank) == (False, 1)
         for name, member in api.items():
             if name in ("__enter__", "__exit__"):

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+from cliptrack import Limits
 from cliptrack.core import keys
 from cliptrack.log.tracker import Tracker
 
@@ -46,12 +47,12 @@ def test_every_step_is_in_the_transaction_log_including_out_of_order_ones(offlin
     steps = [0, 1, 2, 10, 3, 3, 4, 9, 5]  # a resumed run going back, and a repeated step
     with Tracker(
         "wb-order",
-        backends=("wandb",),
+        sinks=("wandb",),
         backend_label="miles",
         config={"lr": 0.1},
         spool_dir=offline / "spool",
         sink_options={"wandb": {"dir": offline}},
-        flush_interval_s=0.05,
+        limits=Limits(flush_interval_s=0.05),
     ) as tracker:
         assert "wandb offline" in tracker.locations()["wandb"]
         for i, step in enumerate(steps):
@@ -87,7 +88,7 @@ def test_a_failing_training_loop_ends_the_wandb_run_with_a_nonzero_exit_code(off
     with pytest.raises(RuntimeError, match="diverged"):
         with Tracker(
             "wb-fail",
-            backends=("wandb",),
+            sinks=("wandb",),
             spool_dir=offline / "spool",
             sink_options={"wandb": {"dir": offline}},
         ) as tracker:

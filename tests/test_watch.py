@@ -282,7 +282,7 @@ def test_a_reference_run_is_read_from_an_mlflow_store(tmp_path) -> None:
     assert steps == list(range(200)) and len(values) == 200 and min(values) > 0
     band = live.band_of_reference(watch)
     assert band.points == 200 and abs(band.level - math.log(1e-3)) < 0.1
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path / "spool", watch=watch) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path / "spool", watch=watch) as t:
         for step, value in enumerate(_planted()):
             t.log(step, {KL: value})
     (alert,) = t.breaches
@@ -331,7 +331,7 @@ def test_bad_watch_arguments_are_named(make, error, message) -> None:
 
 
 def test_other_ranks_watch_nothing(tmp_path) -> None:
-    tracker = Tracker("r", backends=["jsonl"], spool_dir=tmp_path, rank=1, watch=KL)
+    tracker = Tracker("r", sinks=["jsonl"], spool_dir=tmp_path, rank=1, watch=KL)
     assert isinstance(tracker, NullTracker)
     tracker.log(0, {KL: 1.0})
     assert tracker.breaches == []
@@ -355,7 +355,7 @@ def test_log_never_waits_on_a_slow_callback_nor_raises_from_a_failing_one(tmp_pa
     values = _planted()
     done = threading.Event()
     errors: list[BaseException] = []
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=live.Watch(KL, on_breach=slow)) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=live.Watch(KL, on_breach=slow)) as t:
 
         def train() -> None:
             try:
@@ -384,7 +384,7 @@ def test_log_never_waits_on_a_slow_callback_nor_raises_from_a_failing_one(tmp_pa
 
 
 def test_the_spool_records_each_breach(tmp_path) -> None:
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=KL) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=KL) as t:
         for step, value in enumerate(_planted()):
             t.log(step, {KL: value})
     (alert,) = live.read_breaches(t.run_dir)
@@ -408,7 +408,7 @@ def test_each_sink_raises_the_alert_its_own_way(tmp_path, monkeypatch, capfd) ->
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     got: list[object] = []
     reference = tmp_path / "reference"
-    with Tracker("ref", backends=["jsonl"], spool_dir=reference) as ref:
+    with Tracker("ref", sinks=["jsonl"], spool_dir=reference) as ref:
         for step, value in enumerate(_kl(np.random.default_rng(2).normal(0, 0.1, 200))):
             ref.log(step, {KL: float(value)})
     watch = live.Watch(KL, reference=ref.run_dir.path, on_breach=got.append)
@@ -440,10 +440,10 @@ def test_each_sink_raises_the_alert_its_own_way(tmp_path, monkeypatch, capfd) ->
 def test_cliptrack_watch_reads_a_run(tmp_path, capsys) -> None:
     from cliptrack.cli.main import main
 
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=None) as jumped:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=None) as jumped:
         for step, value in enumerate(_planted()):
             jumped.log(step, {KL: value})
-    with Tracker("h", backends=["jsonl"], spool_dir=tmp_path) as healthy:
+    with Tracker("h", sinks=["jsonl"], spool_dir=tmp_path) as healthy:
         for step, value in enumerate(_planted(factor=1.0)):
             healthy.log(step, {KL: value})
     capsys.readouterr()
@@ -462,7 +462,7 @@ def test_a_watched_key_never_logged_is_named_with_the_keys_it_resembles(tmp_path
     logged gets no such line."""
     from cliptrack.cli.main import main
 
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen;clip_fraction:mean") as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen;clip_fraction:mean") as t:
         for step in range(5):
             t.log(step, {KL: 0.01, "clip_fraction:mean": 0.1, "reward:mean": 0.5})
     err = capfd.readouterr().err
@@ -477,7 +477,7 @@ def test_a_watched_key_never_logged_is_named_with_the_keys_it_resembles(tmp_path
 
 
 def test_a_run_without_points_names_no_key(tmp_path, capfd) -> None:
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen"):
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch="kl_k3:maen"):
         pass
     assert "was never logged" not in capfd.readouterr().err
 
@@ -491,9 +491,7 @@ def test_a_watched_series_that_blows_up_is_alerted_once_per_run_of_such_values(t
     series = healthy + [math.nan, math.nan, 1.02, math.inf, math.inf, -math.inf, 1.01, math.nan]
     up = live.Watch("grad_norm:mean", scale="value", window=20)
     down = live.Watch("reward:mean", scale="value", window=20, direction="down")
-    with Tracker(
-        "blowup", backends=["jsonl"], spool_dir=tmp_path, watch=[up, down], handle_signals=False
-    ) as t:
+    with Tracker("blowup", sinks=["jsonl"], spool_dir=tmp_path, watch=[up, down], handle_signals=False) as t:
         for step, value in enumerate(series):
             t.log(step, {"grad_norm:mean": value, "reward:mean": value})
     got = [(a.key, a.step, a.direction) for a in t.breaches]

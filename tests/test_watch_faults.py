@@ -82,7 +82,7 @@ def test_a_callback_that_raises_anything_is_one_line_and_the_other_watches_go_on
         live.Watch(GRAD, on_breach=lambda alert: seen.append(alert.key)),
     ]
     kl, grad = _planted(), _planted(at=230, seed=12)
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=watches) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=watches) as t:
         for step in range(len(kl)):
             t.log(step, {KL: kl[step], GRAD: grad[step]})
     assert [a.key for a in t.breaches] == [KL, GRAD]
@@ -113,7 +113,7 @@ def test_close_from_a_callback_is_refused_and_the_run_ends_finished(tmp_path, ca
             called.set()
 
     values = _planted()
-    t = Tracker("w", backends=["jsonl"], spool_dir=tmp_path, watch=live.Watch(KL, on_breach=stop_now))
+    t = Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, watch=live.Watch(KL, on_breach=stop_now))
     box["t"] = t
     for step, value in enumerate(values):
         t.log(step, {KL: value})
@@ -145,7 +145,7 @@ WORKER = textwrap.dedent(
 
     x = 1e-3 * np.exp(np.random.default_rng(11).normal(0, 0.1, 260))
     x[200:] *= 5
-    t = Tracker("stuck", backends=[server], spool_dir=spool, watch=Watch("kl_k3:mean", on_breach=stuck))
+    t = Tracker("stuck", sinks=[server], spool_dir=spool, watch=Watch("kl_k3:mean", on_breach=stuck))
     print("run", t.run_id, flush=True)
     for step, value in enumerate(x):
         t.log(step, {"kl_k3:mean": float(value)})
@@ -225,7 +225,7 @@ def test_a_reference_that_cannot_be_read_fails_before_the_run_opens(tmp_path, wh
     spool = tmp_path / "spool"
     started = time.monotonic()
     with pytest.raises(ValueError, match=f"watch {KL}: ") as caught:
-        Tracker("w", backends=["jsonl"], spool_dir=spool, watch=live.Watch(KL, reference=reference))
+        Tracker("w", sinks=["jsonl"], spool_dir=spool, watch=live.Watch(KL, reference=reference))
     took = time.monotonic() - started
     assert not spool.exists() or list(spool.iterdir()) == [], list(spool.iterdir())
     assert type(caught.value) is ValueError
@@ -244,7 +244,7 @@ KILLED_WRITER = textwrap.dedent(
     import os, signal, sys
     from cliptrack.log.tracker import Tracker
 
-    t = Tracker("killed", backends=["jsonl"], spool_dir=sys.argv[1], handle_signals=False)
+    t = Tracker("killed", sinks=["jsonl"], spool_dir=sys.argv[1], handle_signals=False)
     for step in range(150):
         t.log(step, {"kl_k3:mean": 1e-3})
     assert t.flush(30)
@@ -283,7 +283,7 @@ def test_cliptrack_watch_stops_following_a_run_whose_writer_was_killed(tmp_path)
     assert "150 points" not in done.stderr  # the key was logged: no never-logged line
     assert run_dir.writer_alive() is False and run_dir.read_meta()["status"] == "RUNNING"  # read-only
 
-    with Tracker("live", backends=["jsonl"], spool_dir=spool) as alive:
+    with Tracker("live", sinks=["jsonl"], spool_dir=spool) as alive:
         alive.log(0, {KL: 1e-3})
         assert RunDir(spool, alive.run_id).writer_alive() is True
     assert RunDir(spool, alive.run_id).writer_alive() is False

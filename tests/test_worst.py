@@ -266,5 +266,5 @@ def test_a_datum_in_several_micro_batches_ranks_once_and_the_table_is_logged(tmp
     ]
     assert worst.by == worst_of(every, 3)
     assert all(sorted(s.datum for s in v) == [3, 7, 9] for v in worst.by.values())
-    with Tracker("passes", backends=["jsonl"], spool_dir=tmp_path, handle_signals=False) as tracker:
+    with Tracker("passes", sinks=["jsonl"], spool_dir=tmp_path, handle_signals=False) as tracker:
         tracker.log_worst(1, worst)

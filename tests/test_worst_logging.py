@@ -55,7 +55,7 @@ def _lines(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_log_worst_writes_each_step_to_the_run_directory(tmp_path) -> None:
     tables = [_worst(step) for step in range(5)] + [_worst(2, k=3)]  # step 2 logged again
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path) as t:
         for worst in tables:
             t.log(worst.step, {"loss:sum": 1.0})
             t.log_worst(worst.step, worst)
@@ -70,7 +70,7 @@ def test_log_worst_writes_each_step_to_the_run_directory(tmp_path) -> None:
 
 
 def test_bad_input_is_named_and_loses_nothing(tmp_path) -> None:
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path) as t:
         t.log_worst(0, _worst(0))
         with pytest.raises(TypeError, match="step 1: log_worst takes a cliptrack.core.worst.Worst, got dict"):
             t.log_worst(1, {"datum": 3})
@@ -112,7 +112,7 @@ def test_numpy_values_are_logged_as_plain_numbers(tmp_path) -> None:
         s.max_abs_log_ratio,
         np.int64(s.worst_token),
     )
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path) as t:
         t.log_worst(0, Worst(0, 1, {"kl_k3": (odd,)}))
     (line,) = _lines(t.run_dir.path)
     (record,) = line["records"]
@@ -120,7 +120,7 @@ def test_numpy_values_are_logged_as_plain_numbers(tmp_path) -> None:
 
 
 def test_other_ranks_log_no_worst_sequences(tmp_path) -> None:
-    t = Tracker("w", backends=["jsonl"], spool_dir=tmp_path, rank=1)
+    t = Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, rank=1)
     assert isinstance(t, NullTracker)
     assert t.log_worst(0, _worst(0)) is None
     assert t.log_worst(0, "anything") is None  # a no-op: nothing is checked on other ranks
@@ -196,11 +196,11 @@ def test_a_disk_that_refuses_the_file_keeps_the_tables_for_the_sinks(tmp_path, c
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_starts_a_line(tmp_path, caplog) -> None:
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path) as t:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path) as t:
         t.log_worst(0, _worst(0))
     path = t.run_dir.path / worst_store.WORST_FILE
     path.write_bytes(path.read_bytes() + b'{"step":1,"k":4,"rec')  # a crash mid-line
-    with Tracker("w", backends=["jsonl"], spool_dir=tmp_path, run_id=t.run_id) as again:
+    with Tracker("w", sinks=["jsonl"], spool_dir=tmp_path, run_id=t.run_id) as again:
         again.log_worst(2, _worst(2))
     assert worst_store.read_worst_file(path) == [_worst(0), _worst(2)]
     assert "line 2 is not a worst-sequences table" in caplog.text

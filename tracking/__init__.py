@@ -4,7 +4,6 @@ Importing this package never imports torch.
 """
 
 import logging
-import warnings
 from typing import TYPE_CHECKING
 
 from cliptrack.core import keys, secrets
@@ -15,13 +14,11 @@ secrets.install_filter(logging.getLogger("cliptrack"))
 
 if TYPE_CHECKING:
     from cliptrack.backends.load import load_runs, load_worst
+    from cliptrack.log.limits import Limits
     from cliptrack.log.tracker import Tracker
     from cliptrack.log.watch import Watch
 
-__all__ = ["MeasuredSums", "Tracker", "Watch", "keys", "load_runs", "load_worst"]
-
-_RENAMED = {"ClipCounts": "MeasuredSums", "TokenCounts": "MeasuredSums"}
-"""Former public names, kept for one release (a DeprecationWarning on use)."""
+__all__ = ["Limits", "MeasuredSums", "Tracker", "Watch", "keys", "load_runs", "load_worst"]
 
 
 def __getattr__(name: str) -> object:
@@ -29,6 +26,10 @@ def __getattr__(name: str) -> object:
         from cliptrack.log.tracker import Tracker
 
         return Tracker
+    if name == "Limits":  # the tracker's bounds (cliptrack.log.limits), with the tracker
+        from cliptrack.log.limits import Limits
+
+        return Limits
     if name == "Watch":  # the live watch's settings (cliptrack.log.watch), with the tracker
         from cliptrack.log.watch import Watch
 
@@ -41,12 +42,4 @@ def __getattr__(name: str) -> object:
         from cliptrack.backends.load import load_worst
 
         return load_worst
-    if name in _RENAMED:
-        warnings.warn(
-            f"cliptrack.{name} is renamed cliptrack.{_RENAMED[name]} (built from a mapping of metric "
-            "key -> value); the old name goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return MeasuredSums
     raise AttributeError(f"module 'cliptrack' has no attribute {name!r}")

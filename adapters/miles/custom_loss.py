@@ -71,13 +71,7 @@ from cliptrack.adapters.miles.keys import COUNT_ENTRIES, COUNT_SCALE, ENTRIES, G
 from cliptrack.core import keys
 from torch import Tensor
 
-__all__ = [
-    "COUNT_ENTRIES",
-    "COUNT_SCALE",
-    "GAUGE_ENTRIES",
-    "clip_count_entries",
-    "policy_loss_with_clip_counts",
-]
+__all__ = ["policy_loss_with_clip_counts"]
 
 
 def policy_loss_with_clip_counts(

@@ -31,6 +31,8 @@ _HOMES = {
     "build_frame": "cliptrack.store.frame",
     "QUANTITIES": "cliptrack.compare.quantities",
     "Quantity": "cliptrack.compare.quantities",
+    "absolute": "cliptrack.compare.quantities",
+    "relative": "cliptrack.compare.quantities",
     "ComparisonResult": "cliptrack.compare.result",
     "Difference": "cliptrack.compare.result",
     "DifferenceSegment": "cliptrack.compare.result",
@@ -42,53 +44,19 @@ _HOMES = {
     "Estimate": "cliptrack.compare.stats",
     "wilson_interval": "cliptrack.compare.stats",
 }
-"""Public name -> the module that holds it (imported on first use, so that
-``cliptrack compare --help`` does not import pandas)."""
+"""Name -> the module that holds it (imported on first use, so that ``cliptrack compare --help``
+does not import pandas). The public ones are ``__all__`` (docs/API.md); the others serve the
+command line, the views and the tests."""
 
 if TYPE_CHECKING:
-    from cliptrack.compare.align import ALIGNMENTS, unit_table
-    from cliptrack.compare.engine import DEFAULT_CONFIDENCE, DEFAULT_TOLERANCES, compare
-    from cliptrack.compare.quantities import QUANTITIES, Quantity
-    from cliptrack.compare.result import (
-        ComparisonResult,
-        Difference,
-        DifferenceSegment,
-        GroupDifference,
-        Note,
-        RunEstimate,
-    )
-    from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate, wilson_interval
-    from cliptrack.compare.window import Window, parse_window
-    from cliptrack.store.frame import COLUMNS, LoadedRun, Point, RunSet, build_frame
+    from cliptrack.compare.engine import compare
+    from cliptrack.compare.quantities import absolute, relative
+    from cliptrack.compare.result import ComparisonResult
+    from cliptrack.compare.window import parse_window
 
 
 def __getattr__(name: str) -> Any:
     return lazy_attribute(__name__, _HOMES, name)
 
 
-__all__ = [
-    "ALIGNMENTS",
-    "COLUMNS",
-    "ComparisonResult",
-    "DEFAULT_CONFIDENCE",
-    "DEFAULT_TOLERANCES",
-    "Difference",
-    "DifferenceSegment",
-    "Estimate",
-    "GroupDifference",
-    "LoadedRun",
-    "MIN_ESS",
-    "MIN_UNITS",
-    "Note",
-    "Point",
-    "QUANTITIES",
-    "Quantity",
-    "RunEstimate",
-    "RunSet",
-    "Window",
-    "build_frame",
-    "compare",
-    "parse_window",
-    "unit_table",
-    "wilson_interval",
-]
+__all__ = ["ComparisonResult", "absolute", "compare", "parse_window", "relative"]

@@ -5,7 +5,7 @@
 exactly when there are several (token counts are integers; ``clip_fraction:mean`` is formed once,
 from the sums), the mean reward (``keys.REWARD``) and, given the step's wall time, ``keys.STEP_TIME``
 (seconds) and ``keys.THROUGHPUT`` (loss tokens per second). ``OpenStep`` is the state of
-``with tracker.step(step):``: it times the block and gathers what ``log_losses`` adds inside it.
+``with tracker.step(step):``: it times the block and gathers what ``log_output`` adds inside it.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class OpenStep:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def add(self, parts: tuple[object, ...], reward: float | None, extra: Mapping[str, Any] | None) -> None:
-        """Gather a ``log_losses`` call made inside the block (a second reward replaces the first)."""
+        """Gather a ``log_output`` call made inside the block (a second reward replaces the first)."""
         self.parts.extend(parts)
         if reward is not None:
             self.reward = reward
@@ -114,7 +114,7 @@ class OpenStep:
 
 @contextlib.contextmanager
 def timed_step(tracker: Any, step: int) -> Iterator[OpenStep]:
-    """The block of ``tracker.step(step)``: ``tracker.log_losses(step, ...)`` inside it is gathered;
+    """The block of ``tracker.step(step)``: ``tracker.log_output(step, ...)`` inside it is gathered;
     on a normal exit one point is logged, timed; an exception logs nothing for the step."""
     open_step = OpenStep(step)
     tracker._open_step = open_step
@@ -124,6 +124,6 @@ def timed_step(tracker: Any, step: int) -> Iterator[OpenStep]:
         tracker._open_step = None
     if not open_step.parts and open_step.reward is None and not open_step.extra:
         raise ValueError(
-            f"step {step}: nothing was logged inside tracker.step(); call tracker.log_losses there"
+            f"step {step}: nothing was logged inside tracker.step(); call tracker.log_output there"
         )
     tracker.log(step, open_step.finish())

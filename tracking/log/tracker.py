@@ -3,24 +3,24 @@ blocking, dropping or killing training.
 
 One tracker per run, opened once (context manager or ``close()``)::
 
-    with Tracker("ppo-7b", backends=("mlflow", "wandb"), backend_label="megatron", config=cfg) as t:
+    with Tracker("ppo-7b", sinks=("mlflow", "wandb"), backend_label="megatron", config=cfg) as t:
         for step in range(steps):
             fbo = train_step(...)
-            t.log_output(step, fbo, extra={keys.REWARD: reward})
+            t.log_output(step, fbo, reward=reward)
 
 Guarantees and choices (each point = one ``log`` call = step + wall time + metrics):
 
 - The training thread only validates and enqueues (microseconds); a background writer appends
-  to ``<spool_dir>/<run_id>/points.jsonl`` every ``flush_interval_s`` seconds (sooner once
-  ``max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
+  to ``<spool_dir>/<run_id>/points.jsonl`` every ``limits.flush_interval_s`` seconds (sooner once
+  ``limits.max_batch_points`` points wait), one atomic fsynced batch at a time, and feeds each remote
   sink from its own thread, in batches (``cliptrack.log._pipeline.writer``).
 - Backpressure: ``log`` waits only while the writer is behind by more than the bound (more than
-  ``max_queued_points`` points or ``max_queued_values`` values queued, or the oldest queued point
+  ``limits.max_queued_points`` points or ``limits.max_queued_values`` values queued, or the oldest queued point
   older than ``flush_interval_s`` + 0.25 s) and warns once; so a crash (SIGKILL, power loss) loses
   at most the points of the last ``flush_interval_s`` + 0.5 s, at any load. Memory for points is
   bounded in bytes (``cliptrack.log.limits``; 256 MB at the defaults with one remote sink).
 - A full or read-only spool disk: remote sinks keep receiving every point from memory (held at
-  its journal offset, up to ``max_held_bytes``), the journal catches up when space returns, and
+  its journal offset, up to ``limits.max_held_bytes``), the journal catches up when space returns, and
   ``close`` counts what reached neither the disk nor any backend (``cliptrack.log._pipeline.held``).
 - A key or value one sink refuses is reported once and left out for that sink only
   (``cliptrack.log._pipeline.delivery``). Each point is one row per sink: points of one step never share a
@@ -72,24 +72,22 @@ import os
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cliptrack.backends import is_jsonl, jsonl_root, make_sink, sink_names
+from cliptrack.backends import BACKENDS, is_jsonl, jsonl_root, make_sink
 from cliptrack.backends.base import Alert, Sink
 from cliptrack.core import keys
-from cliptrack.core.outputs import metrics_of
 from cliptrack.core.secrets import redact, redacted_errors
 from cliptrack.core.sums import CLIP_VALUE_KEYS, exact_clip_metrics
 from cliptrack.core.text import printable
 from cliptrack.core.validation import MAX_STEP as MAX_STEP  # re-exported: the tracker's bound
 from cliptrack.core.validation import check_key_size, check_step, metric_value
-from cliptrack.log._pipeline.held import MAX_HELD_BYTES, HeldTail
-from cliptrack.log._pipeline.lane import MAX_BUFFERED_BYTES, LaneState, SinkLane
-from cliptrack.log._pipeline.writer import LOG, MAX_QUEUED_VALUES, BackgroundWriter, WriterClosed
+from cliptrack.log._pipeline.held import HeldTail
+from cliptrack.log._pipeline.lane import LaneState, SinkLane
+from cliptrack.log._pipeline.writer import LOG, BackgroundWriter, WriterClosed
 from cliptrack.log.limits import Limits
 from cliptrack.log.process import HOOKS, SIGNAL_CLOSE_S, Owner, Terminated, global_rank, rank_zero_only
 from cliptrack.log.steps import AbstractContextManager, OpenStep, step_metrics, timed_step
@@ -128,19 +126,18 @@ def _ensure_log_handler() -> None:
 
 
 class Tracker:
-    """One run, logged to every backend in ``backends``; see the module docstring for guarantees.
+    """One run, logged to every sink in ``sinks``; see the module docstring for guarantees.
 
     On a global rank other than 0, ``Tracker(...)`` is a ``NullTracker`` (every method a no-op).
 
     Args:
         run_name: display name (default ``<backend_label or "run">-<run id prefix>``).
-        backends: names or URIs, see ``cliptrack.backends`` ("mlflow", "wandb", "jsonl",
-            "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", any name in
-            ``cliptrack.backends.sink_names()``, or Sink objects). The JSONL run directory is always written:
-            it is the spool. Default ``("mlflow",)``.
-        sinks: the same as ``backends`` (give one of them), typically ready sink objects with their
-            vendor options: ``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``.
-        sink_options: per sink name, the vendor options of a sink named in ``backends``: its
+        sinks: where the run goes: names or URIs, see ``cliptrack.backends`` ("mlflow", "wandb",
+            "jsonl", "sqlite:///x.db", "http://127.0.0.1:5000", "wandb:project", "jsonl:/dir", the
+            name of any registered backend with a sink), or ready ``Sink`` objects with their vendor
+            options (``[MlflowSink(tracking_uri=...), WandbSink(project=...)]``). The JSONL run
+            directory is always written: it is the spool. Default ``("mlflow",)``.
+        sink_options: per sink name, the vendor options of a sink named in ``sinks``: its
             constructor's arguments, e.g. ``{"mlflow": {"tracking_uri": ...}, "wandb": {"project":
             ..., "mode": ..., "dir": ..., "entity": ...}, "csv": {"dir": ...}}``. MLflow's default
             store is ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory;
@@ -150,19 +147,10 @@ class Tracker:
         config: run configuration (nested dicts allowed): MLflow params, W&B config, run.json.
         experiment: the run's experiment (run.json; MLflow's experiment unless
             ``sink_options["mlflow"]["experiment"]`` names another).
-        spool_dir: where run directories live (unless a "jsonl:/dir" backend names another).
-        flush_interval_s: seconds between writes of queued points (the most a crash can lose,
-            plus 0.5 s under overload).
-        max_batch_points: points per batch; the writer also wakes when this many are queued.
-        max_queued_points: points ``log`` may queue ahead of the writer before it waits.
-        max_queued_values: metric values ``log`` may queue ahead of the writer before it waits.
-        max_buffered_points: points a lagging sink may hold in memory before reading back from disk.
-        max_buffered_bytes: bytes of encoded points a lagging sink may hold in memory.
-        max_held_bytes: bytes of encoded points held in memory while the local disk refuses them
-            (remote sinks are fed from there; see ``cliptrack.log._pipeline.writer`` and ``cliptrack.log.limits``).
-        tracking_uri, wandb_project, wandb_mode, wandb_dir: deprecated (a DeprecationWarning);
-            ``sink_options={"mlflow": {"tracking_uri": ...}, "wandb": {"project": ..., "mode": ...,
-            "dir": ...}}`` says the same.
+        spool_dir: where run directories live (unless a "jsonl:/dir" sink names another).
+        limits: the tracker's bounds in seconds, points, values and bytes (``cliptrack.Limits``:
+            ``flush_interval_s``, the most a crash can lose; the queue, buffer and held-tail sizes;
+            see ``cliptrack.log.limits``). Default ``Limits()``.
         open_timeout_s: how long the constructor waits for backends to open (they keep trying
             in the background after that).
         close_timeout_s: how long ``close`` waits for remote backends to drain.
@@ -201,25 +189,14 @@ class Tracker:
     def __init__(
         self,
         run_name: str | None = None,
-        backends: Iterable[Any] | str | None = None,
+        sinks: Iterable[Any] | str | None = None,
         *,
-        sinks: Iterable[Any] | None = None,
         sink_options: Mapping[str, Mapping[str, Any]] | None = None,
         backend_label: str | None = None,
         config: Mapping[str, Any] | None = None,
-        tracking_uri: str | None = None,
         experiment: str = "cliptrack",
         spool_dir: str | os.PathLike[str] = ".cliptrack",
-        flush_interval_s: float = 1.0,
-        max_batch_points: int = 2000,
-        max_queued_points: int = 20_000,
-        max_queued_values: int = MAX_QUEUED_VALUES,
-        max_buffered_points: int = 50_000,
-        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
-        max_held_bytes: int = MAX_HELD_BYTES,
-        wandb_project: str | None = None,
-        wandb_mode: str | None = None,
-        wandb_dir: str | os.PathLike[str] | None = None,
+        limits: Limits | None = None,
         open_timeout_s: float = 5.0,
         close_timeout_s: float = 30.0,
         handle_signals: bool = True,
@@ -237,23 +214,9 @@ class Tracker:
         self.points_logged = 0
         self._closed = False
         self.close_timeout_s = close_timeout_s
-        limits = Limits(
-            flush_interval_s,
-            max_batch_points,
-            max_queued_points,
-            max_queued_values,
-            max_buffered_points,
-            max_buffered_bytes,
-            max_held_bytes,
-        )
-        vendor = _sink_options(
-            sink_options,
-            tracking_uri=tracking_uri,
-            wandb_project=wandb_project,
-            wandb_mode=wandb_mode,
-            wandb_dir=wandb_dir,
-        )
-        root, self.sinks = _sinks(_chosen(backends, sinks), spool_dir, vendor, experiment=experiment)
+        limits = _limits(limits)
+        chosen_sinks = ("mlflow",) if sinks is None else sinks
+        root, self.sinks = _sinks(chosen_sinks, spool_dir, _sink_options(sink_options), experiment=experiment)
         self.run_id: str = check_run_id(run_id) if run_id is not None else uuid.uuid4().hex
         self.run_dir = RunDir(root, self.run_id)
         self._known_keys: dict[str, int] = {}
@@ -472,18 +435,30 @@ class Tracker:
             f"tracker for run {self.run_id} is closed ({self.status}); step {step!r} was not logged"
         )
 
-    def log_output(self, step: int, output: object, extra: Mapping[str, Any] | None = None) -> None:
-        """Log a ForwardBackwardOutput's metrics (its clip series: ``clip_fraction:mean`` recomputed
-        from the summed counts; a loss that never clips logs no clip keys) plus ``extra``."""
+    def log_output(
+        self,
+        step: int,
+        *outputs: object,
+        reward: float | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Log step ``step`` of the loss: ``outputs`` are ``ForwardBackwardOutput``s (or what
+        ``cliptrack.adapters.losses.loss_metrics`` returns, or their dicts), their measured sums
+        added exactly (token counts are integers; ``clip_fraction:mean`` is formed once, from the
+        sums; a loss that never clips logs no clip keys); ``reward`` is the step's mean reward
+        (``keys.REWARD``), ``extra`` any other ``name:reduction`` metrics. Inside
+        ``with tracker.step(step):`` the point is logged when the block ends, with the step time
+        (seconds) and the throughput (loss tokens per second); outside it, now."""
+        if not outputs:
+            raise ValueError(f"step {step!r}: log_output needs at least one output")
+        open_step: OpenStep | None = getattr(self, "_open_step", None)
+        if open_step is not None and open_step.step == step:
+            open_step.add(outputs, reward, extra)
+            return
         try:
-            metrics = dict(metrics_of(output))
+            metrics = step_metrics(*outputs, reward=reward, extra=extra)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"step {step!r}: {exc}") from None
-        if extra:
-            clash = sorted(set(extra) & set(metrics))
-            if clash:
-                raise ValueError(f"step {step!r}: extra metrics {clash} are already in the output's metrics")
-            metrics.update(extra)
         self.log(step, metrics)
 
     def log_config(self, config: Mapping[str, Any]) -> None:
@@ -716,26 +691,9 @@ class Tracker:
         self._known_keys[key] = size
         self._longest_key = max(self._longest_key, size)
 
-    # ---- a custom loop in a few lines (cliptrack.log.steps) -------------------------------------------
-    def log_losses(
-        self,
-        step: int,
-        *losses: object,
-        reward: float | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Log one step of a custom loop: ``losses`` are what ``cliptrack.adapters.losses.output.loss_metrics``
-        returns (or ``ForwardBackwardOutput``s), their counts summed exactly; ``reward`` is the
-        step's mean reward. Inside ``with tracker.step(step):`` the point is logged when the block
-        ends, with the step time and tokens per second; outside it, now."""
-        open_step: OpenStep | None = getattr(self, "_open_step", None)
-        if open_step is not None and open_step.step == step:
-            open_step.add(losses, reward, extra)
-            return
-        self.log(step, step_metrics(*losses, reward=reward, extra=extra))
-
+    # ---- a timed step (cliptrack.log.steps) ----------------------------------------------------
     def step(self, step: int) -> AbstractContextManager[OpenStep]:
-        """Time the block as trainer step ``step``: on a normal exit, log what ``log_losses`` gave
+        """Time the block as trainer step ``step``: on a normal exit, log what ``log_output`` gave
         inside it plus ``keys.STEP_TIME`` (seconds) and ``keys.THROUGHPUT`` (loss tokens/s)."""
         return timed_step(self, self._check_step(step))
 
@@ -785,15 +743,6 @@ class NullTracker(Tracker):
         self.close_timeout_s = 0.0
 
 
-def _chosen(backends: Iterable[Any] | str | None, sinks: Iterable[Any] | None) -> Iterable[Any] | str:
-    """The sinks a tracker writes: ``sinks`` (Sink objects, names, URIs) or its older spelling
-    ``backends``; ``("mlflow",)`` when neither is given."""
-    if sinks is not None and backends is not None:
-        raise ValueError("give the sinks once: sinks=[...] or backends=[...], not both")
-    chosen = sinks if sinks is not None else backends
-    return ("mlflow",) if chosen is None else chosen
-
-
 def _rank(forced: object) -> int:
     """The rank a ``rank=`` argument forces (a non-negative int), else the detected global rank."""
     if forced is None:
@@ -803,62 +752,46 @@ def _rank(forced: object) -> int:
     return forced
 
 
-_DEPRECATED_OPTIONS = {
-    "tracking_uri": ("mlflow", "tracking_uri"),
-    "wandb_project": ("wandb", "project"),
-    "wandb_mode": ("wandb", "mode"),
-    "wandb_dir": ("wandb", "dir"),
-}
-"""``Tracker`` keyword argument (deprecated) -> the sink and option of ``sink_options`` it sets."""
+def _limits(given: object) -> Limits:
+    """``limits`` checked: a ``Limits`` (``Limits()`` when None)."""
+    if given is None:
+        return Limits()
+    if not isinstance(given, Limits):
+        raise ValueError(
+            f"limits={given!r} must be a cliptrack.Limits, e.g. limits=Limits(flush_interval_s=0.5)"
+        )
+    return given
 
 
-def _sink_options(
-    given: Mapping[str, Mapping[str, Any]] | None, **deprecated: Any
-) -> dict[str, dict[str, Any]]:
-    """``sink_options`` checked (a mapping of registered sink names to mappings), with the
-    deprecated keyword arguments given moved in (each with a DeprecationWarning naming the new
-    form; an option given both ways is refused)."""
+def _sink_options(given: Mapping[str, Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """``sink_options`` checked: a mapping of the names of backends with a sink to mappings."""
     if given is not None and not isinstance(given, Mapping):
         raise ValueError(f"sink_options={given!r} must map sink names to their options")
+    names = sorted(name for name, found in BACKENDS.items() if found.sink is not None)
     options: dict[str, dict[str, Any]] = {}
     for name, own in (given or {}).items():
-        if name not in sink_names():
-            raise ValueError(
-                f"sink_options names {name!r}, which is no registered sink: {sorted(sink_names())}"
-            )
+        if name not in names:
+            raise ValueError(f"sink_options names {name!r}, which is no registered sink: {names}")
         if not isinstance(own, Mapping):
             raise ValueError(f"sink_options[{name!r}]={own!r} must be a mapping of option names to values")
         options[name] = dict(own)
-    for keyword, value in deprecated.items():
-        if value is None:
-            continue
-        name, option = _DEPRECATED_OPTIONS[keyword]
-        warnings.warn(
-            f"Tracker({keyword}=...) is deprecated and goes in the next release: pass "
-            f"sink_options={{{name!r}: {{{option!r}: ...}}}} (or a ready sink in sinks=[...])",
-            DeprecationWarning,
-            stacklevel=4,  # the caller of Tracker(): past this helper, __init__ and its redacted_errors wrapper
-        )
-        if option in options.get(name, {}):
-            raise ValueError(f"give {name} {option!r} once: sink_options or {keyword}=, not both")
-        options.setdefault(name, {})[option] = value
     return options
 
 
 def _sinks(
-    backends: Iterable[Any] | str,
+    sinks: Iterable[Any] | str,
     spool_dir: str | os.PathLike[str],
     options: Mapping[str, Mapping[str, Any]],
     **common: Any,
 ) -> tuple[Path, list[Sink]]:
-    """The spool root and the remote sinks a ``backends`` argument names (duplicates refused):
+    """The spool root and the remote sinks a ``sinks`` argument names (duplicates refused):
     ``options`` per sink name, ``common`` offered to every sink (``cliptrack.backends.make_sink``)."""
-    if isinstance(backends, str):
-        backends = (backends,)
-    backends = list(backends)
+    if isinstance(sinks, str):
+        sinks = (sinks,)
+    sinks = list(sinks)
     root: str | os.PathLike[str] = spool_dir
     remote = []
-    for spec in backends:
+    for spec in sinks:
         if is_jsonl(spec):
             root = jsonl_root(spec) or spool_dir
         else:
@@ -866,5 +799,5 @@ def _sinks(
     names = [sink.name for sink in remote]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"backends {backends!r} name the sink(s) {duplicates} more than once")
+        raise ValueError(f"sinks {sinks!r} name the sink(s) {duplicates} more than once")
     return Path(root), remote
