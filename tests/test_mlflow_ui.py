@@ -85,7 +85,10 @@ def test_the_printed_address_opens_on_the_clip_fraction_the_kl_reward_and_throug
     port, experiment_id, _ = ui
     url = mlflow_ui_url(experiment_id, port)
     assert f"viewStateShareKey={CHARTS_VIEW_KEY}" in url
-    text = settled_text(url, tmp_path, lambda t: "Model metrics (4)" in t and keys.THROUGHPUT in t)
+    # settled once every one of the four charts is drawn (grouped by stack, a chart takes longer)
+    text = settled_text(
+        url, tmp_path, lambda t: "Model metrics (4)" in t and all(k in t for k in CHARTS_FIRST)
+    )
     assert "You're viewing a shared view" in text and "Model metrics (4)" in text, text[:1500]
     shown = [text.index(key) for key in CHARTS_FIRST]
     assert shown == sorted(shown), text[:3000]  # in that order

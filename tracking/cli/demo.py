@@ -27,6 +27,7 @@ from typing import Any
 
 from cliptrack.backends.mlflow.experiments import CHARTS_VIEW_QUERY, training_experiment
 from cliptrack.cli.compare import format_result, worst_of_runs
+from cliptrack.cli.demo_view import group_by_stack, show_verdict
 from cliptrack.cli.progress import Progress
 from cliptrack.core import keys
 from cliptrack.core.secrets import redact
@@ -445,8 +446,6 @@ def _training_experiment(tracking_uri: str, out: Path) -> str:
     """Create the demo's MLflow experiment (unless it exists) as a training experiment for ``mlflow
     ui``, its artifact store under ``out`` (MLflow's default would be ./mlruns of the working directory),
     its view grouping the runs by stack (``demo_view.group_by_stack``)."""
-    from cliptrack.cli.demo_view import group_by_stack
-
     experiment_id = training_experiment(tracking_uri, EXPERIMENT, (out / "mlruns").as_uri())
     group_by_stack(tracking_uri, experiment_id)
     return experiment_id
@@ -515,7 +514,6 @@ def _compare(
     dashboard and the panels; then the control (Miles against the Megatron path as stale as Miles,
     on other seeds): its headline."""
     from cliptrack.backends.load import load_runs
-    from cliptrack.cli.demo_view import show_verdict
     from cliptrack.compare.engine import compare
     from cliptrack.compare.views.dashboard import Control, write_dashboard
     from cliptrack.compare.views.mlflow_run import log_comparison

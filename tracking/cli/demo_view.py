@@ -2,7 +2,7 @@
 
 - Grouped: every demo run logs its stack (``megatron``, ``miles``, or the control) as its param
   ``group`` (``STACK_PARAM``); the view the printed address opens (``experiments.CHARTS_VIEW_KEY``)
-  groups the runs by it (``_compat.grouped_view_state``): the run list shows one row per stack with
+  groups the runs by it (``experiments.group_charts_view``): the run list shows one row per stack with
   its seeds under it, and the charts draw each stack's mean over its seeds with their range, one
   colour per stack instead of one per run.
 - The verdict: the experiment's description, which the MLflow UI shows at the top of the experiment
@@ -16,12 +16,7 @@ the one link is built here from the comparison run's ids.
 
 from __future__ import annotations
 
-from cliptrack.backends.mlflow._compat import (
-    EXPERIMENT_DESCRIPTION_TAG,
-    SHARED_VIEW_TAG_PREFIX,
-    grouped_view_state,
-)
-from cliptrack.backends.mlflow.experiments import CHARTS_VIEW_KEY, charts_view_tags
+from cliptrack.backends.mlflow.experiments import describe_experiment, group_charts_view
 from cliptrack.compare.findings import Findings
 from cliptrack.compare.views.headline import Control, control_line, headline_lines, subject
 from cliptrack.core.secrets import redact
@@ -35,11 +30,7 @@ RUN_NAME_TAG = "mlflow.runName"
 def group_by_stack(tracking_uri: str, experiment_id: str) -> None:
     """Make the view the printed address opens group experiment ``experiment_id``'s runs by
     ``STACK_PARAM`` (the charts view of ``experiments.charts_view_tags``, grouped)."""
-    from mlflow.tracking import MlflowClient
-
-    tag = SHARED_VIEW_TAG_PREFIX + CHARTS_VIEW_KEY
-    grouped = grouped_view_state(charts_view_tags()[tag], STACK_PARAM)
-    MlflowClient(tracking_uri=tracking_uri).set_experiment_tag(experiment_id, tag, grouped)
+    group_charts_view(tracking_uri, experiment_id, STACK_PARAM)
 
 
 def description(result: Findings, control: Control | None, link: str) -> str:
@@ -73,6 +64,6 @@ def show_verdict(
     comparison = client.get_run(comparison_id)
     link = f"#/experiments/{comparison.info.experiment_id}/runs/{comparison_id}"
     text = redact(description(result, control, link))
-    client.set_experiment_tag(experiment_id, EXPERIMENT_DESCRIPTION_TAG, text)
+    describe_experiment(tracking_uri, experiment_id, text)
     client.set_tag(comparison_id, RUN_NAME_TAG, redact(run_name(result)))
     return text

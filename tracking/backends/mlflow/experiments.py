@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 
 from cliptrack.backends.mlflow._compat import (
+    EXPERIMENT_DESCRIPTION_TAG,
     EXPERIMENT_KIND_TAG,
     SHARED_VIEW_PARAM,
     SHARED_VIEW_TAG_PREFIX,
     TRAINING_EXPERIMENT_KIND,
     artifacts_beside,
+    grouped_view_state,
     shared_view_state,
 )
 from cliptrack.core import keys
@@ -27,6 +29,8 @@ __all__ = [
     "TRAINING_EXPERIMENT_KIND",
     "artifacts_beside",
     "charts_view_tags",
+    "describe_experiment",
+    "group_charts_view",
     "training_experiment",
 ]
 
@@ -63,3 +67,25 @@ def training_experiment(tracking_uri: str, name: str, artifact_location: str) ->
         return str(found.experiment_id)
     tags = {EXPERIMENT_KIND_TAG: TRAINING_EXPERIMENT_KIND, **view}
     return str(client.create_experiment(name, artifact_location=artifact_location, tags=tags))
+
+
+def group_charts_view(tracking_uri: str, experiment_id: str, param: str) -> None:
+    """Make experiment ``experiment_id``'s charts view (``charts_view_tags``, what the address
+    carrying ``CHARTS_VIEW_QUERY`` opens) group its runs by their param ``param``: the run list one
+    row per value with its runs under it, the charts each group's mean over its runs with their
+    range (``_compat.grouped_view_state``)."""
+    from mlflow.tracking import MlflowClient
+
+    tag = SHARED_VIEW_TAG_PREFIX + CHARTS_VIEW_KEY
+    grouped = grouped_view_state(charts_view_tags()[tag], param)
+    MlflowClient(tracking_uri=tracking_uri).set_experiment_tag(experiment_id, tag, grouped)
+
+
+def describe_experiment(tracking_uri: str, experiment_id: str, text: str) -> None:
+    """Set experiment ``experiment_id``'s description to ``text`` (markdown): the MLflow UI shows
+    it at the top of the experiment's page. The caller escapes run-provided text in it."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=tracking_uri).set_experiment_tag(
+        experiment_id, EXPERIMENT_DESCRIPTION_TAG, text
+    )

@@ -177,6 +177,20 @@ def _shape(t: Trace) -> dict[str, Any]:
     }
 
 
+def _ratio_axis(fig: PanelFigure) -> dict[str, Any]:
+    """A ratio panel's y axis settings: log scale, ticks read as ×2 or +25 % (``plots.ratio_ticks``)."""
+    values = [v for t in fig.traces if t.kind != SPAN for v in (t.y, t.y2) if v is not None]
+    ticks = ratio_ticks(
+        np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.ones(1)
+    )
+    return {
+        "type": "log",
+        "tickmode": "array",
+        "tickvals": [t for t, _ in ticks],
+        "ticktext": [lb for _, lb in ticks],
+    }
+
+
 def _layout(fig: PanelFigure) -> dict[str, Any]:
     lo, hi = fig.x_range
     tick0, dtick = nice_ticks(lo, hi)
@@ -188,14 +202,8 @@ def _layout(fig: PanelFigure) -> dict[str, Any]:
     }
     if fig.percent:
         yaxis["tickformat"] = ".3~%"  # 0.15%, 12.5%, 10%: enough digits near zero, none wasted
-    if fig.ratio:  # ratios on a log axis, ticks read as ×2 or +25 %
-        values = [v for t in fig.traces if t.kind != SPAN for v in (t.y, t.y2) if v is not None]
-        ticks = ratio_ticks(
-            np.concatenate([np.asarray(v, dtype=float) for v in values]) if values else np.ones(1)
-        )
-        yaxis.update(
-            type="log", tickmode="array", tickvals=[t for t, _ in ticks], ticktext=[lb for _, lb in ticks]
-        )
+    if fig.ratio:
+        yaxis.update(_ratio_axis(fig))
     return {
         "title": _title(html_text(fig.title or fig.panel.title)),
         "xaxis": {

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
+from cliptrack.compare.findings import DifferenceSegment, GroupSegment
 from cliptrack.compare.result import ComparisonResult, Difference, GroupDifference
 from cliptrack.compare.stats import DIFFERENT, LOG_RATIO
 from cliptrack.compare.views import downsample
@@ -224,12 +225,13 @@ def segment_views(d: Difference | GroupDifference, x_range: tuple[float, float])
     """The difference's segments in x order (each from ``start`` to ``end`` on the alignment axis;
     episodes found by the scan are segments of their own; a group's are across seeds); without
     segments, the whole window as one segment spanning ``x_range``."""
-    if not d.segments:
+    segments: Sequence[DifferenceSegment | GroupSegment] = d.segments
+    if not segments:
         e = d.estimate
         return [SegmentView(x_range[0], x_range[1], e.value, e.low, e.high, d.verdict)]
     return [
         SegmentView(seg.start, seg.end, seg.estimate.value, seg.estimate.low, seg.estimate.high, seg.verdict)
-        for seg in sorted(d.segments, key=lambda seg: (seg.start, seg.end))
+        for seg in sorted(segments, key=lambda seg: (seg.start, seg.end))
     ]
 
 
