@@ -372,8 +372,8 @@ def mlflow_ui_url(experiment_id: str, port: int | None = None) -> str:
     (the URL parameter, else the browser's saved choice, default GenAI), not from the experiment's
     ``mlflow.experimentKind`` tag; ``workflowType=machine_learning`` and ``compareRunsMode=CHART``
     open the runs with their charts in any browser, and ``viewStateShareKey`` the view cliptrack
-    wrote for the experiment (``_compat.charts_view_tags``): the clip fraction, the mismatch KL,
-    reward and throughput alone, full width.
+    wrote for the experiment (``experiments.charts_view_tags``): the clip fraction, the mismatch KL,
+    reward and throughput alone, full width, the runs grouped by stack (``demo_view.group_by_stack``).
     """
     return (
         f"http://127.0.0.1:{port or UI_PORT}/#/experiments/{experiment_id}/runs"
