@@ -9,7 +9,6 @@ torch.
 """
 
 from cliptrack.adapters.losses.builtin import (
-    LOSSES,
     LossOutput,
     LossSpec,
     cispo,
@@ -18,34 +17,18 @@ from cliptrack.adapters.losses.builtin import (
     importance_sampling,
     ppo,
     register_loss,
-    unregister_loss,
 )
-from cliptrack.adapters.losses.output import (
-    ForwardBackwardOutput,
-    clip_counts,
-    loss_metrics,
-    measured_sums,
-    merge_metrics,
-    merge_outputs,
-    validate_metrics,
-)
+from cliptrack.adapters.losses.output import ForwardBackwardOutput, loss_metrics
 
 __all__ = [
-    "LOSSES",
     "ForwardBackwardOutput",
     "LossOutput",
     "LossSpec",
     "cispo",
-    "clip_counts",
     "cross_entropy",
     "dro",
     "importance_sampling",
     "loss_metrics",
-    "measured_sums",
-    "merge_metrics",
-    "merge_outputs",
     "ppo",
     "register_loss",
-    "unregister_loss",
-    "validate_metrics",
 ]
