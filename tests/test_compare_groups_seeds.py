@@ -11,9 +11,9 @@ import pytest
 from cliptrack.compare import RunSet, compare
 from cliptrack.compare.groups import groups_by
 from cliptrack.compare.stats import DIFFERENT, EQUIVALENT
+from cliptrack.compare.stats.estimate import probability_greater
 from cliptrack.compare.stats.seeds import (
     group_difference,
-    probability_greater,
     seeds_needed,
     segment_verdict,
     stack_verdict,

@@ -16,7 +16,7 @@ import pytest
 from cliptrack.compare import RunSet, compare, report_json
 from cliptrack.compare.findings import Difference, GroupDifference, RunEstimate
 from cliptrack.compare.stats import Estimate
-from cliptrack.compare.stats.seeds import GroupEstimate
+from cliptrack.compare.stats.estimate import GroupEstimate
 from cliptrack.store.frame import LoadedRun
 from cliptrack.store.records import RunInfo
 

@@ -152,7 +152,7 @@ def test_the_dashboard_shows_the_table_and_the_spread(spool, tmp_path, capsys) -
     body = text[text.index("<body") :]
     assert '<h2 id="worst">Worst sequences</h2>' in body
     assert 'data-panel="worst-spread"' in body
-    assert body.index("The runs") < body.index('id="worst"') < body.index('id="details"')
+    assert body.index('id="curves"') < body.index('id="worst"') < body.index('id="details"')
     recurring = body[body.index('<table class="worst recurring">') :]
     recurring = recurring[: recurring.index("</table>")]
     counts = _plain_counts(tables["miles-run"], "abs_log_ratio")

@@ -24,7 +24,7 @@ from cliptrack.compare.stats.estimate import (
 
 if TYPE_CHECKING:
     from cliptrack.compare.reasons import NoteReason, VerdictReason
-    from cliptrack.compare.stats.seeds import GroupEstimate
+    from cliptrack.compare.stats.estimate import GroupEstimate
     from cliptrack.compare.window import Window
     from cliptrack.compare.worst import WorstSequences
 
@@ -163,7 +163,7 @@ class GroupDifference:
     power when the stacks are equal) at the measured spread (None when it cannot be said);
     ``steps_factor``: how many times the steps per seed would settle it with the present seeds
     (None when more steps alone cannot: the between-seed spread is too large).
-    ``probability_greater``: P(group > reference) (``stats.seeds.probability_greater``).
+    ``probability_greater``: P(group > reference) (``stats.estimate.probability_greater``).
     ``segments``: the same step ranges judged across seeds (empty when the window is too short for
     two, under ``2 * MIN_SEGMENT_UNITS`` units in its shortest seed); ``differing``: those not shown
     within the margin; ``average_verdict``: the whole window's verdict alone (``verdict`` is the

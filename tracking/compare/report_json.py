@@ -35,7 +35,7 @@ from cliptrack.compare.findings import (
 from cliptrack.compare.notes import headline, why
 from cliptrack.compare.quantities import Estimand, Quantity
 from cliptrack.compare.stats import MIN_ESS, MIN_UNITS, Estimate
-from cliptrack.compare.stats.seeds import GroupEstimate
+from cliptrack.compare.stats.estimate import GroupEstimate
 from cliptrack.core.secrets import redact_value
 
 SCHEMA_VERSION = 3

@@ -48,7 +48,7 @@ _HOMES = {
     "step_weighted_estimate": "cliptrack.compare.stats.intervals",
     "autocovariances": "cliptrack.compare.stats.lrv",
     "long_run_variance": "cliptrack.compare.stats.lrv",
-    "GroupEstimate": "cliptrack.compare.stats.seeds",
+    "GroupEstimate": "cliptrack.compare.stats.estimate",
     "group_difference": "cliptrack.compare.stats.seeds",
     "seeds_needed": "cliptrack.compare.stats.seeds",
     "Segment": "cliptrack.compare.stats.segments",

@@ -173,3 +173,46 @@ def interval_verdict(low: float, high: float, tolerance: float) -> str:
     if low > tolerance or high < -tolerance:
         return DIFFERENT
     return INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class GroupEstimate:
+    """Group b minus group a over seeds. ``value``/``low``/``high``: on the scale's units (NaN bounds
+    when there is no interval, with ``reason``); ``seeds_a``/``seeds_b``: seeds per group;
+    ``between_sd_a``/``between_sd_b``: standard deviation of the seeds' ratios per group (the
+    quantity's units); ``df``: Welch degrees of freedom."""
+
+    value: float
+    low: float
+    high: float
+    confidence: float
+    seeds_a: int
+    seeds_b: int
+    between_sd_a: float
+    between_sd_b: float
+    df: float
+    reason: str = ""
+    se: float = float("nan")
+    """Standard error of ``value`` (on the scale's units; NaN without an interval)."""
+
+    @property
+    def probability_greater(self) -> float:
+        """P(group b's value > group a's): ``probability_greater(value, se, df)`` (NaN without an interval)."""
+        return probability_greater(self.value, self.se, self.df)
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+
+def probability_greater(value: float, se: float, df: float) -> float:
+    """``P(b > a) = F_t(value / se; df)``: Student's t distribution function with ``df`` degrees of
+    freedom at the standardised difference (see the module docstring); 1 or 0 (0.5 at 0) when
+    ``se`` is 0; NaN when any input is undefined."""
+    if not (math.isfinite(value) and math.isfinite(se) and se >= 0 and df > 0):
+        return float("nan")
+    if se == 0:
+        return 1.0 if value > 0 else 0.0 if value < 0 else 0.5
+    from cliptrack.compare.stats.quantiles import _special  # scipy, on first use
+
+    return float(_special().stdtr(float(df), value / se))
