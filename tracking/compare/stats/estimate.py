@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cliptrack.compare.stats.quantiles import _special
+
 MIN_UNITS = 100
 """Fewest paired units (steps, or bins) for which a verdict is given."""
 MIN_ESS = 10.0
@@ -213,6 +215,4 @@ def probability_greater(value: float, se: float, df: float) -> float:
         return float("nan")
     if se == 0:
         return 1.0 if value > 0 else 0.0 if value < 0 else 0.5
-    from cliptrack.compare.stats.quantiles import _special  # scipy, on first use
-
     return float(_special().stdtr(float(df), value / se))
