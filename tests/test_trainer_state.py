@@ -164,6 +164,7 @@ def test_a_trl_output_dir_reads_exact_with_trls_own_fraction_beside(tmp_path: Pa
     assert (keys.CLIP_FRACTION, "clip_ratio/region_mean") in info.audited
     assert "rewards/accuracy/mean" not in wide  # TRL's null: no value, never a made-up one
     assert wide["train_runtime"].dropna().tolist() == [0.8948]  # the closing entry joins its step
+    assert wide[keys.REWARD].tolist() == pytest.approx([0.25 * s for s in (1, 2, 3, 4)])  # TRL's reward
     assert runs.frame.groupby("step").wall_time.first().tolist() == [0.0, 0.5, 1.0, 1.5]
 
 

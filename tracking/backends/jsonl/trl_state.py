@@ -16,7 +16,9 @@ window's mean seconds per optimizer step) for each optimizer step since the prev
 TRL logged none. The points go through the same key translation as other trackers'
 (:mod:`cliptrack.store.aliases`): cliptrack's exact sums (logged by ``cliptrack.adapters.trl``)
 are ours, TRL's ``clip_ratio/region_mean`` is kept beside them, or read as an approximate
-``clip_fraction:mean`` without them (docs/FRAMEWORKS.md).
+``clip_fraction:mean`` without them (docs/FRAMEWORKS.md). TRL's ``reward`` (the window's mean
+reward of its generation batches) is read as ``reward:mean`` where the entry has none, as
+``cliptrack.adapters.trl`` logs it to a tracker; TRL's own key stays beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cliptrack.backends.catalog import RunEntry
+from cliptrack.core import keys
 from cliptrack.store.aliases import as_logged, canonical_points
 from cliptrack.store.frame import LoadedRun
 from cliptrack.store.records import Point, RunInfo
@@ -40,6 +43,8 @@ STATE_FILE = "trainer_state.json"
 """transformers' ``TRAINER_STATE_NAME``."""
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 """transformers' ``PREFIX_CHECKPOINT_DIR``-``<global_step>``."""
+_REWARD = "reward"
+"""TRL's mean reward of the logging window's generation batches (read as ``reward:mean``)."""
 _CLOSING = "train_runtime"
 """A key of the entry ``train()`` logs when it completes."""
 
@@ -117,6 +122,9 @@ def _steps(path: Path, history: list[Any]) -> list[tuple[int, dict[str, float]]]
     for number, entry in enumerate(history):
         step, values = _entry_metrics(entry, path, number)
         merged.setdefault(step, {}).update(values)
+    for values in merged.values():
+        if _REWARD in values and keys.REWARD not in values:
+            values[keys.REWARD] = values[_REWARD]
     return sorted(merged.items())
 
 
