@@ -29,5 +29,16 @@ def read(path: Path) -> tuple[LoadedRun, list[Point]]:
 
 
 def entry(path: Path) -> RunEntry:
-    """The run of one file :func:`find` gave, as ``cliptrack runs`` lists it."""
-    return trl_state.trl_entry(path) if _is_trl(path) else verl_log.verl_entry(path)
+    """The run of one file :func:`find` gave, as ``cliptrack runs`` lists it (its steps: the
+    points read)."""
+    info, points = read(path)
+    return RunEntry(
+        cliptrack_id=info.run.run_id,
+        store_id=str(path),
+        name=info.run.run_name,
+        backend=info.run.backend_label or "",
+        status=info.run.status,
+        started=info.run.started,
+        steps=len(points),
+        experiment=info.run.experiment,
+    )

@@ -29,13 +29,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.catalog import RunEntry
 from cliptrack.core import keys
 from cliptrack.store.aliases import as_logged, canonical_points
 from cliptrack.store.frame import LoadedRun
 from cliptrack.store.records import Point, RunInfo
 
-__all__ = ["BACKEND", "STATE_FILE", "find_states", "read_state", "trl_entry"]
+__all__ = ["BACKEND", "STATE_FILE", "find_states", "read_state"]
 
 BACKEND = "trl"
 """The stack label of a run read from TRL's trainer state."""
@@ -162,18 +161,3 @@ def read_state(path: Path) -> tuple[LoadedRun, list[Point]]:
     )
     read = canonical_points(_points(steps))
     return as_logged(LoadedRun(info, source="jsonl", location=str(path)), read), read.points
-
-
-def trl_entry(path: Path) -> RunEntry:
-    """A TRL output directory's run (its state file ``path``) as ``cliptrack runs`` lists it."""
-    info, points = read_state(path)
-    return RunEntry(
-        cliptrack_id=info.run.run_id,
-        store_id=str(path),
-        name=info.run.run_name,
-        backend=BACKEND,
-        status=info.run.status,
-        started=info.run.started,
-        steps=len(points),
-        experiment=info.run.experiment,
-    )

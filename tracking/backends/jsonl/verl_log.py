@@ -21,14 +21,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cliptrack.backends.catalog import RunEntry
 from cliptrack.core import verl_keys
 from cliptrack.core.recipe import CONFIG_KEY
 from cliptrack.store.aliases import as_logged, canonical_points
 from cliptrack.store.frame import LoadedRun
 from cliptrack.store.records import Point, RunInfo
 
-__all__ = ["BACKEND", "find_logs", "read_log", "verl_entry"]
+__all__ = ["BACKEND", "find_logs", "read_log"]
 
 BACKEND = "verl"
 """The stack label of a run read from verl's own log."""
@@ -148,18 +147,3 @@ def read_log(path: Path) -> tuple[LoadedRun, list[Point]]:
     )
     read = canonical_points(points)
     return as_logged(LoadedRun(info, source="jsonl", location=str(path)), read), read.points
-
-
-def verl_entry(path: Path) -> RunEntry:
-    """A verl log file as ``cliptrack runs`` lists it."""
-    info, points = read_log(path)
-    return RunEntry(
-        cliptrack_id=info.run.run_id,
-        store_id=str(path),
-        name=info.run.run_name,
-        backend=BACKEND,
-        status=info.run.status,
-        started=info.run.started,
-        steps=len(points),
-        experiment=info.run.experiment,
-    )
